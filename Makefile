@@ -1,0 +1,64 @@
+# idemproxy - build, test, demo. `make` builds; `make deps` installs what is missing.
+
+CC       ?= cc
+PKGS      = hiredis nanomsg libprotobuf-c yaml-0.1 json-c
+WARN      = -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wwrite-strings -Werror
+OPT      ?= -O2 -g
+CFLAGS   += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -MMD -MP -Iproxy -Ibuild/gen
+LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lev -lm
+ifdef SANITIZE
+CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
+LDFLAGS  += -fsanitize=$(SANITIZE)
+endif
+
+B         = build
+GEN       = $(B)/gen/idemproxy/v1/idemproxy.pb-c
+PROXY_SRC = $(wildcard proxy/*.c)
+PROXY_OBJ = $(patsubst proxy/%.c,$(B)/proxy/%.o,$(PROXY_SRC)) $(GEN).o
+LIB_OBJ   = $(filter-out $(B)/proxy/main.o,$(PROXY_OBJ))
+
+UNIT      = $(patsubst tests/unit/test_%.c,$(B)/tests/test_%,$(wildcard tests/unit/test_*.c))
+
+.PHONY: all deps test unit demo bench clean clients-c
+all: $(B)/idemproxy clients-c
+
+$(GEN).c $(GEN).h: proto/idemproxy/v1/idemproxy.proto
+	@mkdir -p $(B)/gen
+	protoc-c --proto_path=proto --c_out=$(B)/gen $<
+
+$(GEN).o: $(GEN).c
+	$(CC) -std=c11 $(OPT) -Ibuild/gen -c -o $@ $<
+
+$(B)/proxy/%.o: proxy/%.c $(GEN).h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(B)/idemproxy: $(PROXY_OBJ)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# Each unit test links only the modules it tests (listed here).
+$(B)/tests/test_template: $(B)/proxy/template.o $(B)/proxy/px.o
+$(B)/tests/test_config:   $(B)/proxy/config.o $(B)/proxy/template.o $(B)/proxy/px.o
+$(B)/tests/test_%: tests/unit/test_%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+unit: $(UNIT)
+
+clients-c:
+	$(MAKE) -C clients/c
+
+deps:
+	./tests/deps.sh
+
+test: deps all unit
+	./tests/run
+
+demo: deps all
+	./demo/run.sh
+
+clean:
+	rm -rf $(B)
+	$(MAKE) -C clients/c clean
+
+-include $(wildcard $(B)/proxy/*.d $(B)/tests/*.d)

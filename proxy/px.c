@@ -1,0 +1,132 @@
+/*
+ * px.c - allocation helpers, px_buf and UTF-8 validation shared by all modules.
+ */
+#include "px.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+static void px_oom(size_t size)
+{
+    fprintf(stderr, "idemproxy: out of memory allocating %zu bytes\n", size);
+    abort();
+}
+
+void *px_malloc(size_t size)
+{
+    void *p = malloc(size ? size : 1);
+    if (p == NULL) px_oom(size);
+    return p;
+}
+
+void *px_calloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (p == NULL) px_oom(n * size);
+    return p;
+}
+
+void *px_realloc(void *ptr, size_t size)
+{
+    void *p = realloc(ptr, size ? size : 1);
+    if (p == NULL) px_oom(size);
+    return p;
+}
+
+char *px_strndup(const char *s, size_t n)
+{
+    char *p = px_malloc(n + 1);
+    memcpy(p, s, n);
+    p[n] = '\0';
+    return p;
+}
+
+char *px_strdup(const char *s)
+{
+    return s ? px_strndup(s, strlen(s)) : NULL;
+}
+
+void px_buf_reserve(px_buf *b, size_t extra)
+{
+    size_t need = b->len + extra + 1;
+    if (need <= b->cap) return;
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap < need) cap *= 2;
+    b->data = px_realloc(b->data, cap);
+    b->cap = cap;
+}
+
+void px_buf_append(px_buf *b, const void *p, size_t n)
+{
+    px_buf_reserve(b, n);
+    if (n) memcpy(b->data + b->len, p, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+}
+
+void px_buf_appends(px_buf *b, const char *s)
+{
+    px_buf_append(b, s, strlen(s));
+}
+
+void px_buf_printf(px_buf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    px_buf_reserve(b, (size_t)n);
+    va_start(ap, fmt);
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+void px_buf_reset(px_buf *b)
+{
+    b->len = 0;
+    if (b->data) b->data[0] = '\0';
+}
+
+void px_buf_deinit(px_buf *b)
+{
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+}
+
+bool px_utf8_valid(const char *str, size_t n)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        size_t k;
+        unsigned cp;
+        if (c < 0x80) { i++; continue; }
+        else if ((c & 0xE0) == 0xC0) { k = 1; cp = c & 0x1F; if (c < 0xC2) return false; }
+        else if ((c & 0xF0) == 0xE0) { k = 2; cp = c & 0x0F; }
+        else if ((c & 0xF8) == 0xF0 && c <= 0xF4) { k = 3; cp = c & 0x07; }
+        else return false;
+        if (i + k >= n) return false;   /* truncated sequence */
+        for (size_t j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xC0) != 0x80) return false;
+            cp = (cp << 6) | (s[i + j] & 0x3F);
+        }
+        if (k == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) return false;
+        if (k == 3 && (cp < 0x10000 || cp > 0x10FFFF)) return false;
+        i += k + 1;
+    }
+    return true;
+}
+
+uint64_t px_now_ms(void)
+{
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+}

@@ -1,0 +1,49 @@
+/*
+ * template.h - the key template language (SPEC 5.1).
+ *
+ * A template is compiled once at start and rendered once per entry. Rendering
+ * writes into a caller-owned px_buf and allocates nothing else: the buffer is
+ * the only memory that grows, and it is reused across entries.
+ *
+ * Values come from json-c objects. json-c keeps the text of a JSON number as
+ * it was written for doubles, which is how "numbers as written in the JSON"
+ * (SPEC 5.1) is honoured.
+ */
+#ifndef PX_TEMPLATE_H
+#define PX_TEMPLATE_H
+
+#include <json-c/json.h>
+#include "px.h"
+
+typedef struct px_template px_template;
+
+/* What a template may refer to; all borrowed (ref) for one render. */
+typedef struct px_tvars {
+    struct json_object *event;   /* (ref) #event and #root; may be NULL (then it is null) */
+    struct json_object *fields;  /* (ref) #fields: the entry's fields as an object; may be NULL */
+    const char         *stream;  /* (ref) #stream */
+    const char         *id;      /* (ref) #id, the entry id */
+} px_tvars;
+
+/*
+ * Compile 'src'. On success returns the template (free with px_template_destroy).
+ * On failure returns NULL, writes a message into 'err' ('errlen' bytes) and the
+ * 1-based column in 'src' where the problem is into '*errcol' (if not NULL).
+ */
+px_template *px_template_compile(const char *src, char *err, size_t errlen, int *errcol);
+
+/*
+ * Render 't' over 'vars' into 'out' (reset first, NUL-terminated after).
+ * Returns PX_OK, or PX_ERR with a message in 'err' when the result would be
+ * null, missing, an object or an array, or navigation hit null without '?.'.
+ * Never renders the text "null".
+ */
+int px_template_render(const px_template *t, const px_tvars *vars, px_buf *out,
+                       char *err, size_t errlen);
+
+/* The source text the template was compiled from (ref, lives as long as 't'). */
+const char *px_template_source(const px_template *t);
+
+void px_template_destroy(px_template *t);
+
+#endif

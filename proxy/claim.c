@@ -1,0 +1,617 @@
+/*
+ * claim.c - the dedup decision and every write that finishes an entry
+ * (SPEC 5.3 - 5.5). Read this file top to bottom to know what idemproxy does
+ * in Redis.
+ *
+ * Claim. For each entry the outcome is claimed, duplicate or busy:
+ *
+ *   layout single: one key, prefix + key, holds "L:<token>" while locked and
+ *   "D" once done. `SET k L:<token> NX PX lease GET` is the whole double-checked
+ *   lock in one atomic command: nil means we took the lock on a key that was
+ *   not done; "D" means done (duplicate); "L:<our token>" means we already held
+ *   it (a reply lost in a reconnect); any other "L:" means busy.
+ *
+ *   layout split: lock_prefix + key and done_prefix + key, exactly as the
+ *   seeds' @RedisLock aspect uses them, so a consumer running the seeds' code
+ *   and idemproxy can share the keys. First `EXISTS done` (the fast path). If
+ *   not done, `SET lock <token> NX PX lease GET` and, in the same pipeline,
+ *   `EXISTS done` again: the check after the lock is held, which closes the
+ *   race of seed 000 (a holder that writes done and releases between our first
+ *   check and our lock). The commands run in order, so this holds even when
+ *   lock and done keys live on different cluster nodes.
+ *
+ * Then, for a claimed entry with lock_key, the resource lock: `SET lock_key
+ * <token> NX PX lease GET`. With fencing, `INCR idemproxy:fence` is pipelined
+ * right after the SET that takes the lock the token belongs to; one counter
+ * serves every lock, so tokens increase per lock as they must, and no counter
+ * key is left behind per event.
+ *
+ * Finish. ACK: the done mark (`SET done PX done_ttl`, in single layout with
+ * GET, whose old value tells whether our lock was still there), the lock_key
+ * released; XACK only after the done mark's reply is OK. DROP or exhausted:
+ * XADD to the dead-letter stream and the done mark, then XACK. Releases are a
+ * compare-and-delete script, so a holder whose lease ran out never deletes the
+ * next holder's lock.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "proxy.h"
+
+#define PX_FENCE_KEY "idemproxy:fence"
+
+static px_script release_script = {
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end "
+    "return 0", ""
+};
+static px_script extend_script = {
+    "if redis.call('get', KEYS[1]) == ARGV[1] then "
+    "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0", ""
+};
+
+/* Test hook: IDEMPROXY_DEBUG_CLAIM_PAUSE_MS holds a split claim between its
+ * first done check and its lock, so a test can run another holder's whole
+ * cycle in that gap (seed 000's race) instead of hoping for it. */
+static long debug_claim_pause_ms;
+
+void px_claim_init(void)
+{
+    const char *pause = getenv("IDEMPROXY_DEBUG_CLAIM_PAUSE_MS");
+    debug_claim_pause_ms = pause ? atol(pause) : 0;
+    px_script_init(&release_script);
+    px_script_init(&extend_script);
+}
+
+/* --- commands tied to an entry ------------------------------------------
+ * Every command about an entry goes through entry_cmd. 'io' counts the
+ * entry's outstanding replies, so an entry is never freed under one (see
+ * px_entry_finish). Commands of a step (claim, commit) also count in
+ * 'step_pending': when the step's last reply is in, its completion runs. A
+ * reply handler reads what it needs out of the reply; 'step_failed' notes a
+ * lost link or an error reply. Lease extensions are not part of a step. */
+
+typedef void reply_fn(px_entry *e, redisReply *r);
+
+typedef struct entry_cmd_ctx { px_entry *e; reply_fn *on; bool step; } entry_cmd_ctx;
+
+static void step_check(px_entry *e)
+{
+    if (e->step_pending == 0 && e->step_done) {
+        px_step_fn *done = e->step_done;
+        e->step_done = NULL;
+        done(e);
+    }
+}
+
+static void entry_reply_cb(px_redis *r, redisReply *reply, void *priv)
+{
+    (void)r;
+    entry_cmd_ctx ctx = *(entry_cmd_ctx *)priv;
+    px_entry *e = ctx.e;
+    free(priv);
+    e->io--;
+    if (e->gone) { if (e->io == 0) px_entry_free(e); return; }
+    if (ctx.step && (reply == NULL || reply->type == REDIS_REPLY_ERROR)) e->step_failed = true;
+    else if (reply && reply->type != REDIS_REPLY_ERROR && ctx.on) ctx.on(e, reply);
+    if (ctx.step) {
+        e->step_pending--;
+        step_check(e);
+    }
+}
+
+static void step_begin(px_entry *e, px_step_fn *done)
+{
+    e->step_pending = 1;          /* held until step_end, so replies cannot finish early */
+    e->step_failed = false;
+    e->step_done = done;
+}
+
+static void step_end(px_entry *e)
+{
+    e->step_pending--;
+    step_check(e);
+}
+
+static entry_cmd_ctx *ctx_new(px_entry *e, reply_fn *on, bool step)
+{
+    entry_cmd_ctx *ctx = px_malloc(sizeof(*ctx));
+    ctx->e = e;
+    ctx->on = on;
+    ctx->step = step;
+    e->io++;
+    if (step) e->step_pending++;
+    return ctx;
+}
+
+static void ctx_unsent(entry_cmd_ctx *ctx)
+{
+    px_entry *e = ctx->e;
+    e->io--;
+    if (ctx->step) { e->step_pending--; e->step_failed = true; }
+    free(ctx);
+}
+
+static void entry_cmd(px_entry *e, reply_fn *on, int argc, const char **argv, const size_t *lens)
+{
+    entry_cmd_ctx *ctx = ctx_new(e, on, true);
+    if (px_redis_argv(e->st->px->redis, argv[1], 0, entry_reply_cb, ctx, argc, argv, lens) != PX_OK)
+        ctx_unsent(ctx);
+}
+
+static void entry_script(px_entry *e, px_script *s, reply_fn *on, bool step, const char *key,
+                         const char *arg1, const char *arg2)
+{
+    entry_cmd_ctx *ctx = ctx_new(e, on, step);
+    const char *argv[3] = { key, arg1, arg2 };
+    size_t lens[3] = { strlen(key), strlen(arg1), arg2 ? strlen(arg2) : 0 };
+    if (px_redis_script(e->st->px->redis, s, entry_reply_cb, ctx, 1, arg2 ? 3 : 2, argv, lens)
+        != PX_OK)
+        ctx_unsent(ctx);
+}
+
+/* --- key names ------------------------------------------------------------ */
+
+static const char *lock_name(px_entry *e, px_buf *b)
+{
+    px_stream_conf *sc = e->st->conf;
+    px_buf_reset(b);
+    px_buf_appends(b, sc->layout == PX_LAYOUT_SINGLE ? sc->prefix : sc->lock_prefix);
+    px_buf_appends(b, e->key);
+    return b->data;
+}
+
+static const char *done_name(px_entry *e, px_buf *b)
+{
+    px_stream_conf *sc = e->st->conf;
+    px_buf_reset(b);
+    px_buf_appends(b, sc->layout == PX_LAYOUT_SINGLE ? sc->prefix : sc->done_prefix);
+    px_buf_appends(b, e->key);
+    return b->data;
+}
+
+/* The value our dedup lock holds. */
+static const char *lock_value(px_entry *e, char *buf, size_t size)
+{
+    if (e->st->conf->layout == PX_LAYOUT_SINGLE) snprintf(buf, size, "L:%s", e->token);
+    else snprintf(buf, size, "%s", e->token);
+    return buf;
+}
+
+static void new_token(px_entry *e)
+{
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < 20; i++) e->token[i] = hex[random() & 15];
+    e->token[20] = '\0';
+}
+
+/* Send `SET key value NX PX lease GET`. */
+static void set_nx_get(px_entry *e, reply_fn *on, const char *key, const char *value)
+{
+    char px[24];
+    snprintf(px, sizeof(px), "%lld", e->st->conf->lease_ms);
+    const char *argv[] = { "SET", key, value, "NX", "PX", px, "GET" };
+    size_t lens[] = { 3, strlen(key), strlen(value), 2, 2, strlen(px), 3 };
+    entry_cmd(e, on, 7, argv, lens);
+}
+
+static void incr_fence(px_entry *e);
+
+/* --- claim ---------------------------------------------------------------- */
+
+/* What the SET NX GET on a lock said: 'claim_set' is 1 taken (or already
+ * ours), 2 held by someone else, 3 done (single layout). */
+static void on_lock_set(px_entry *e, redisReply *r)
+{
+    char mine[32];
+    lock_value(e, mine, sizeof(mine));
+    if (r->type == REDIS_REPLY_NIL) e->claim_set = 1;
+    else if (r->type == REDIS_REPLY_STRING && strcmp(r->str, mine) == 0) e->claim_set = 1;
+    else if (r->type == REDIS_REPLY_STRING && r->str[0] == 'D') e->claim_set = 3;
+    else e->claim_set = 2;
+}
+
+static void on_done_exists(px_entry *e, redisReply *r)
+{
+    e->claim_done = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+}
+
+static void on_fence(px_entry *e, redisReply *r)
+{
+    if (r->type == REDIS_REPLY_INTEGER) e->fence = (uint64_t)r->integer;
+}
+
+/* Send `EXISTS done`, naming the key in 'b'. */
+static void exists_done(px_entry *e, px_buf *b)
+{
+    const char *argv[2] = { "EXISTS", done_name(e, b) };
+    size_t lens[2] = { 6, b->len };
+    entry_cmd(e, on_done_exists, 2, argv, lens);
+}
+
+/* The last reply of a claim round trip is in: decide. */
+static void claim_decided(px_entry *e)
+{
+    e->in_claim_io = false;
+    if (e->step_failed) {
+        /* The link went down or Redis refused: we may or may not hold the lock.
+         * Keep the token; the next claim recognises our own lock. */
+        e->has_dedup = true;
+        px_proxy_claim_failed(e);
+        return;
+    }
+    bool after = e->examined;
+    e->examined = true;
+    if (e->claim_set == 3 || (e->claim_set == 0 && e->claim_done)) {
+        px_proxy_duplicate(e, after);      /* done before we touched the lock */
+    } else if (e->claim_set == 1 && e->claim_done) {
+        e->has_dedup = true;               /* done under our lock: the double check */
+        px_claim_release(e);
+        px_proxy_duplicate(e, true);
+    } else if (e->claim_set == 1) {
+        e->has_dedup = true;
+        if (e->lock_key) px_claim_lock_key(e);
+        else px_proxy_claimed(e);
+    } else if (e->claim_done) {
+        px_proxy_duplicate(e, true);       /* busy, but done by now */
+    } else {
+        e->has_dedup = false;
+        px_proxy_busy(e, false);
+    }
+}
+
+
+static void claim_split_lock_now(px_entry *e);
+
+static void claim_resume_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    claim_split_lock_now(w->data);
+}
+
+/* Split layout, second half: the lock, then done again. */
+static void claim_split_lock(px_entry *e)
+{
+    if (e->step_failed) { claim_decided(e); return; }
+    if (e->claim_done) { claim_decided(e); return; }   /* fast path: done, no lock taken */
+    if (debug_claim_pause_ms > 0) {
+        px_log_info("debug: claim of key %s paused for %ld ms after the first check", e->key,
+                    debug_claim_pause_ms);
+        ev_timer_stop(e->st->px->loop, &e->timer);
+        ev_init(&e->timer, claim_resume_cb);
+        ev_timer_set(&e->timer, (double)debug_claim_pause_ms / 1000.0, 0.);
+        e->timer.data = e;
+        ev_timer_start(e->st->px->loop, &e->timer);
+        return;
+    }
+    claim_split_lock_now(e);
+}
+
+static void claim_split_lock_now(px_entry *e)
+{
+    px_buf b = {0};
+    char val[32];
+    step_begin(e, claim_decided);
+    set_nx_get(e, on_lock_set, lock_name(e, &b), lock_value(e, val, sizeof(val)));
+    if (e->st->conf->fencing && !e->lock_key) incr_fence(e);
+    exists_done(e, &b);
+    step_end(e);
+    px_buf_deinit(&b);
+}
+
+static void claim_one(px_entry *e)
+{
+    px_buf b = {0};
+    char val[32];
+    if (!e->has_dedup) new_token(e);
+    e->claim_set = 0;
+    e->claim_done = false;
+    e->in_claim_io = true;
+    if (e->st->conf->layout == PX_LAYOUT_SINGLE) {
+        step_begin(e, claim_decided);
+        set_nx_get(e, on_lock_set, lock_name(e, &b), lock_value(e, val, sizeof(val)));
+        if (e->st->conf->fencing && !e->lock_key) incr_fence(e);
+    } else {
+        step_begin(e, claim_split_lock);
+        exists_done(e, &b);
+    }
+    step_end(e);
+    px_buf_deinit(&b);
+}
+
+void px_claim_flush(px_proxy *px)
+{
+    if (!px_redis_is_up(px->redis)) return;
+    px_entry *e;
+    while ((e = px_queue_pop(&px->claim_q)) != NULL) claim_one(e);
+}
+
+static void incr_fence(px_entry *e)
+{
+    const char *argv[] = { "INCR", PX_FENCE_KEY };
+    size_t lens[] = { 4, sizeof(PX_FENCE_KEY) - 1 };
+    entry_cmd(e, on_fence, 2, argv, lens);
+}
+
+/* --- lock_key ------------------------------------------------------------- */
+
+static void lock_key_decided(px_entry *e)
+{
+    e->in_claim_io = false;
+    if (e->step_failed) {
+        e->has_lock = true;   /* maybe; the release compares tokens */
+        px_proxy_claim_failed(e);
+        return;
+    }
+    if (e->claim_set == 1) {
+        e->has_lock = true;
+        px_proxy_claimed(e);
+    } else {
+        px_proxy_busy(e, true);
+    }
+}
+
+static void on_lock_key_set(px_entry *e, redisReply *r)
+{
+    if (r->type == REDIS_REPLY_NIL) e->claim_set = 1;
+    else if (r->type == REDIS_REPLY_STRING && strcmp(r->str, e->token) == 0) e->claim_set = 1;
+    else e->claim_set = 2;
+}
+
+void px_claim_lock_key(px_entry *e)
+{
+    if (!px_redis_is_up(e->st->px->redis)) { px_proxy_claim_failed(e); return; }
+    e->claim_set = 0;
+    e->in_claim_io = true;
+    step_begin(e, lock_key_decided);
+    set_nx_get(e, on_lock_key_set, e->lock_key, e->token);
+    if (e->st->conf->fencing) incr_fence(e);
+    step_end(e);
+}
+
+/* --- release and lease extension ------------------------------------------ */
+
+void px_claim_release(px_entry *e)
+{
+    px_redis *r = e->st->px->redis;
+    if (e->has_dedup) {
+        px_buf b = {0};
+        char val[32];
+        const char *argv[] = { lock_name(e, &b), lock_value(e, val, sizeof(val)) };
+        size_t lens[] = { b.len, strlen(val) };
+        px_redis_script(r, &release_script, NULL, NULL, 1, 2, argv, lens);
+        px_buf_deinit(&b);
+        e->has_dedup = false;
+    }
+    if (e->has_lock) {
+        const char *argv[] = { e->lock_key, e->token };
+        size_t lens[] = { strlen(e->lock_key), strlen(e->token) };
+        px_redis_script(r, &release_script, NULL, NULL, 1, 2, argv, lens);
+        e->has_lock = false;
+    }
+}
+
+static void on_extended(px_entry *e, redisReply *r)
+{
+    if (r->type == REDIS_REPLY_INTEGER && r->integer == 0 && !e->lease_lost) {
+        e->lease_lost = true;
+        e->st->c.lease_lost++;
+        px_log_warn("lease lost: stream %s entry %s key %s", e->st->conf->stream, e->id, e->key);
+    }
+}
+
+void px_claim_extend(px_stream *st)
+{
+    if (!px_redis_is_up(st->px->redis)) return;
+    char lease[24];
+    snprintf(lease, sizeof(lease), "%lld", st->conf->lease_ms);
+    for (px_entry *e = st->head; e; e = e->next) {
+        if (e->state != PX_E_SEND && e->state != PX_E_SENT) continue;
+        px_buf b = {0};
+        char val[32];
+        if (e->has_dedup)
+            entry_script(e, &extend_script, on_extended, false, lock_name(e, &b),
+                         lock_value(e, val, sizeof(val)), lease);
+        if (e->has_lock)
+            entry_script(e, &extend_script, on_extended, false, e->lock_key, e->token, lease);
+        px_buf_deinit(&b);
+    }
+}
+
+/* --- commit: done mark, dead letter ---------------------------------------- */
+
+static void on_done_set(px_entry *e, redisReply *r)
+{
+    char mine[32];
+    if (e->st->conf->layout != PX_LAYOUT_SINGLE || e->outcome != PX_OUT_ACKED) return;
+    lock_value(e, mine, sizeof(mine));
+    if (!(r->type == REDIS_REPLY_STRING && strcmp(r->str, mine) == 0) && !e->lease_lost) {
+        e->lease_lost = true;
+        e->st->c.lease_lost++;
+        px_log_warn("late ack after the lease was lost: stream %s entry %s key %s (done mark written)",
+                    e->st->conf->stream, e->id, e->key);
+    }
+}
+
+static void on_split_release(px_entry *e, redisReply *r)
+{
+    if (e->outcome == PX_OUT_ACKED) on_extended(e, r);   /* 0: not our lock any more */
+}
+
+static void on_dl_added(px_entry *e, redisReply *r)
+{
+    (void)r;
+    e->dl_written = true;
+}
+
+static void commit_decided(px_entry *e)
+{
+    px_proxy_committed(e, !e->step_failed);
+}
+
+/* XADD the entry to the dead-letter stream with the idemproxy-* fields. */
+static void dead_letter_add(px_entry *e, const char *reason)
+{
+    px_stream_conf *sc = e->st->conf;
+    if (sc->dead_letter == NULL || e->dl_written) return;
+    size_t argc = 3 + 2 * e->nfields + 8;
+    const char **argv = px_malloc(sizeof(char *) * argc);
+    size_t *lens = px_malloc(sizeof(size_t) * argc);
+    char attempts[16];
+    snprintf(attempts, sizeof(attempts), "%u", e->attempt);
+    size_t n = 0;
+#define ARG(p, l) do { argv[n] = (p); lens[n] = (l); n++; } while (0)
+    ARG("XADD", 4);
+    ARG(sc->dead_letter, strlen(sc->dead_letter));
+    ARG("*", 1);
+    for (size_t i = 0; i < e->nfields; i++) {
+        ARG(e->fields[i].name, e->fields[i].name_len);
+        ARG(e->fields[i].value, e->fields[i].value_len);
+    }
+    ARG("idemproxy-reason", 16);        ARG(reason, strlen(reason));
+    ARG("idemproxy-stream", 16);        ARG(sc->stream, strlen(sc->stream));
+    ARG("idemproxy-entry-id", 18);      ARG(e->id, strlen(e->id));
+    ARG("idemproxy-attempts", 18);      ARG(attempts, strlen(attempts));
+#undef ARG
+    entry_cmd(e, on_dl_added, (int)n, argv, lens);
+    free(argv);
+    free(lens);
+}
+
+static void commit_one(px_entry *e)
+{
+    px_stream_conf *sc = e->st->conf;
+    if (e->bad) { px_dead_letter_bad(e, e->reason); return; }
+    px_buf b = {0};
+    char ttl[24];
+    snprintf(ttl, sizeof(ttl), "%lld", sc->done_ttl_ms);
+    step_begin(e, commit_decided);
+    if (e->outcome == PX_OUT_DEAD_LETTERED) dead_letter_add(e, e->reason ? e->reason : "dropped");
+    if (e->key && e->mark_done) {
+        const char *val = sc->layout == PX_LAYOUT_SINGLE ? "D" : "1";
+        const char *argv[] = { "SET", done_name(e, &b), val, "PX", ttl, "GET" };
+        size_t lens[] = { 3, b.len, 1, 2, strlen(ttl), 3 };
+        entry_cmd(e, on_done_set, sc->layout == PX_LAYOUT_SINGLE ? 6 : 5, argv, lens);
+        if (sc->layout == PX_LAYOUT_SINGLE) e->has_dedup = false;  /* the done mark replaced it */
+    }
+    if (e->has_dedup && sc->layout == PX_LAYOUT_SPLIT) {
+        char val[32];
+        entry_script(e, &release_script, on_split_release, true, lock_name(e, &b),
+                     lock_value(e, val, sizeof(val)), NULL);
+        e->has_dedup = false;
+    }
+    px_claim_release(e);   /* whatever is left: lock_key, or a dedup lock not marked done */
+    step_end(e);
+    px_buf_deinit(&b);
+}
+
+void px_commit_flush(px_proxy *px)
+{
+    if (!px_redis_is_up(px->redis)) return;
+    px_entry *e;
+    while ((e = px_queue_pop(&px->commit_q)) != NULL) commit_one(e);
+}
+
+/* --- XACK ------------------------------------------------------------------ */
+
+typedef struct xack_batch { px_entry **v; size_t n; } xack_batch;
+
+static void xack_reply_cb(px_redis *r, redisReply *reply, void *priv)
+{
+    (void)r;
+    xack_batch *b = priv;
+    bool ok = reply && reply->type == REDIS_REPLY_INTEGER;
+    for (size_t i = 0; i < b->n; i++) {
+        px_entry *e = b->v[i];
+        e->in_claim_io = false;
+        if (ok) px_entry_finish(e, e->outcome);
+        else px_queue_push(&e->st->px->xack_q, e);   /* written again when Redis is back */
+    }
+    free(b->v);
+    free(b);
+}
+
+void px_xack_flush(px_proxy *px)
+{
+    if (!px_redis_is_up(px->redis) || px->xack_q.n == 0) return;
+    /* One XACK per stream, naming every id that stream finished. */
+    for (size_t s = 0; s < px->nstreams; s++) {
+        px_stream *st = &px->streams[s];
+        xack_batch *b = px_calloc(1, sizeof(*b));
+        b->v = px_malloc(sizeof(px_entry *) * px->xack_q.n);
+        px_queue keep = {0};
+        px_entry *e;
+        while ((e = px_queue_pop(&px->xack_q)) != NULL) {
+            if (e->st == st) b->v[b->n++] = e;
+            else px_queue_push(&keep, e);
+        }
+        px->xack_q = keep;
+        if (b->n == 0) { free(b->v); free(b); continue; }
+        size_t argc = 3 + b->n;
+        const char **argv = px_malloc(sizeof(char *) * argc);
+        size_t *lens = px_malloc(sizeof(size_t) * argc);
+        argv[0] = "XACK"; lens[0] = 4;
+        argv[1] = st->conf->stream; lens[1] = strlen(st->conf->stream);
+        argv[2] = st->conf->group; lens[2] = strlen(st->conf->group);
+        for (size_t i = 0; i < b->n; i++) {
+            argv[3 + i] = b->v[i]->id;
+            lens[3 + i] = strlen(b->v[i]->id);
+            b->v[i]->in_claim_io = true;
+        }
+        if (px_redis_argv(px->redis, st->conf->stream, 0, xack_reply_cb, b, (int)argc, argv, lens)
+            != PX_OK) {
+            for (size_t i = 0; i < b->n; i++) {
+                b->v[i]->in_claim_io = false;
+                px_queue_push(&px->xack_q, b->v[i]);
+            }
+            free(b->v);
+            free(b);
+        }
+        free(argv);
+        free(lens);
+    }
+}
+
+/* --- bad input ------------------------------------------------------------- */
+
+static void bad_added(px_entry *e)
+{
+    px_proxy_committed(e, !e->step_failed);
+}
+
+static void on_bad_marker(px_entry *e, redisReply *r)
+{
+    /* Group-less: every replica reads every entry; only the first to set the
+     * marker writes the dead letter, and a restart does not write it again. */
+    if (r->type != REDIS_REPLY_STATUS) e->dl_written = true;
+}
+
+static void bad_marked(px_entry *e)
+{
+    if (e->step_failed) { px_proxy_committed(e, false); return; }
+    step_begin(e, bad_added);
+    dead_letter_add(e, e->reason);
+    step_end(e);
+}
+
+void px_dead_letter_bad(px_entry *e, const char *why)
+{
+    px_stream_conf *sc = e->st->conf;
+    if (why != e->reason) { free(e->reason); e->reason = px_strdup(why); }
+    if (sc->group == NULL && sc->dead_letter) {
+        px_buf b = {0};
+        char ttl[24];
+        snprintf(ttl, sizeof(ttl), "%lld", sc->done_ttl_ms);
+        px_buf_printf(&b, "idemproxy:bad:%s:%s", sc->stream, e->id);
+        const char *argv[] = { "SET", b.data, "1", "NX", "PX", ttl };
+        size_t lens[] = { 3, b.len, 1, 2, 2, strlen(ttl) };
+        step_begin(e, bad_marked);
+        entry_cmd(e, on_bad_marker, 6, argv, lens);
+        step_end(e);
+        px_buf_deinit(&b);
+        return;
+    }
+    step_begin(e, bad_added);
+    dead_letter_add(e, e->reason);
+    step_end(e);
+}

@@ -1,0 +1,118 @@
+/*
+ * codec.c - Delivery encoding and Ack decoding with protobuf-c.
+ */
+#include "codec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "idemproxy/v1/idemproxy.pb-c.h"
+
+/* Fill a stack Delivery that borrows from 'd'. 'fields' and 'ptrs' have
+ * room for d->nfields each. */
+static void delivery_fill(const px_delivery_view *d, Idemproxy__V1__Delivery *m,
+                          Idemproxy__V1__Field *fields, Idemproxy__V1__Field **ptrs,
+                          char **names)
+{
+    idemproxy__v1__delivery__init(m);
+    m->stream = (char *)d->stream;
+    m->entry_id = (char *)d->entry_id;
+    m->key = (char *)d->key;
+    for (size_t i = 0; i < d->nfields; i++) {
+        idemproxy__v1__field__init(&fields[i]);
+        fields[i].name = names[i];
+        fields[i].value.data = (uint8_t *)d->fields[i].value;
+        fields[i].value.len = d->fields[i].value_len;
+        ptrs[i] = &fields[i];
+    }
+    m->n_fields = d->nfields;
+    m->fields = ptrs;
+    m->payload.data = (uint8_t *)d->payload;
+    m->payload.len = d->payload_len;
+    m->attempt = d->attempt;
+    m->fencing_token = d->fencing_token;
+    m->deadline_unix_ms = d->deadline_unix_ms;
+}
+
+/* protobuf-c wants NUL-terminated names; field names in a stream entry are
+ * binary-safe, so they are copied into one scratch block. */
+static char **names_copy(const px_delivery_view *d, px_buf *scratch)
+{
+    char **names = px_malloc(sizeof(char *) * (d->nfields ? d->nfields : 1));
+    size_t *offs = px_malloc(sizeof(size_t) * (d->nfields ? d->nfields : 1));
+    px_buf_reset(scratch);
+    for (size_t i = 0; i < d->nfields; i++) {
+        offs[i] = scratch->len;
+        px_buf_append(scratch, d->fields[i].name, d->fields[i].name_len);
+        px_buf_append(scratch, "", 1);
+    }
+    for (size_t i = 0; i < d->nfields; i++) names[i] = scratch->data + offs[i];
+    free(offs);
+    return names;
+}
+
+static size_t encode(const px_delivery_view *d, px_buf *out)
+{
+    static px_buf scratch;
+    size_t n = d->nfields ? d->nfields : 1;
+    Idemproxy__V1__Field *fields = px_malloc(sizeof(*fields) * n);
+    Idemproxy__V1__Field **ptrs = px_malloc(sizeof(*ptrs) * n);
+    char **names = names_copy(d, &scratch);
+    Idemproxy__V1__Delivery m;
+    delivery_fill(d, &m, fields, ptrs, names);
+    size_t size = idemproxy__v1__delivery__get_packed_size(&m);
+    if (out) {
+        px_buf_reset(out);
+        px_buf_reserve(out, size);
+        idemproxy__v1__delivery__pack(&m, (uint8_t *)out->data);
+        out->len = size;
+    }
+    free(fields);
+    free(ptrs);
+    free(names);
+    return size;
+}
+
+size_t px_codec_delivery_size(const px_delivery_view *d)
+{
+    return encode(d, NULL);
+}
+
+void px_codec_delivery_encode(const px_delivery_view *d, px_buf *out)
+{
+    encode(d, out);
+}
+
+px_ack_status px_codec_ack_decode(const void *data, size_t len, const char *stream,
+                                  const char *entry_id, char *reason, size_t reason_size,
+                                  const char **why)
+{
+    reason[0] = '\0';
+    *why = NULL;
+    Idemproxy__V1__Ack *a = idemproxy__v1__ack__unpack(NULL, len, data);
+    if (a == NULL) {
+        *why = "reply is not a protobuf Ack";
+        return PX_ACK_INVALID;
+    }
+    px_ack_status st = PX_ACK_INVALID;
+    switch (a->status) {
+    case IDEMPROXY__V1__ACK__STATUS__ACK:   st = PX_ACK_ACK; break;
+    case IDEMPROXY__V1__ACK__STATUS__RETRY: st = PX_ACK_RETRY; break;
+    case IDEMPROXY__V1__ACK__STATUS__DROP:  st = PX_ACK_DROP; break;
+    default: *why = "ack status is unspecified"; break;
+    }
+    if (st != PX_ACK_INVALID && a->stream && a->stream[0] && strcmp(a->stream, stream) != 0) {
+        *why = "ack echoes another stream";
+        st = PX_ACK_INVALID;
+    }
+    if (st != PX_ACK_INVALID && a->entry_id && a->entry_id[0] && strcmp(a->entry_id, entry_id) != 0) {
+        *why = "ack echoes another entry id";
+        st = PX_ACK_INVALID;
+    }
+    if (a->reason) {
+        strncpy(reason, a->reason, reason_size - 1);
+        reason[reason_size - 1] = '\0';
+    }
+    idemproxy__v1__ack__free_unpacked(a, NULL);
+    return st;
+}

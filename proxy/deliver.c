@@ -1,0 +1,294 @@
+/*
+ * deliver.c - the app socket (SPEC 1, 2, 5.4): one raw (AF_SP_RAW) NN_REQ
+ * socket bound on app.endpoint, so any number of deliveries are in flight.
+ * Workers connect cooked NN_REP sockets.
+ *
+ * Raw REQ leaves the request id to us: it travels in the SP header, sent as a
+ * PROTO_SP/SP_HDR control message (a size_t length, then the 4 header bytes)
+ * and received the same way with the reply. Our id is a slot in a table of
+ * deliveries plus a generation, so a late reply to an earlier delivery of the
+ * same slot is recognised and ignored:
+ *
+ *   bit 31 set (SP's "last hop" mark) | 11 bits generation | 20 bits slot
+ *
+ * NN_RCVFD and NN_SNDFD are eventfds that signal by becoming readable and are
+ * level-triggered: both are watched for EV_READ and drained with NN_DONTWAIT
+ * until EAGAIN. The send watcher runs only while deliveries wait for room.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <nanomsg/nn.h>
+#include <nanomsg/reqrep.h>
+
+#include "log.h"
+#include "proxy.h"
+
+#define PX_SLOT_BITS 20
+#define PX_SLOT_MASK ((1u << PX_SLOT_BITS) - 1)
+#define PX_GEN_MASK  0x7FFu
+
+unsigned long long px_protocol_errors;
+
+typedef struct px_deliver {
+    int        sock;
+    ev_io      rcv_w, snd_w;
+    px_entry **slots;      /* entry per slot, NULL when free */
+    uint16_t  *gens;       /* generation per slot */
+    uint32_t  *free_slots; /* stack of free slot numbers */
+    size_t     nfree, nslots;
+    px_buf     enc;        /* encoding buffer, reused */
+    px_field  *fields;     /* scratch: the fields of one delivery */
+    size_t     fields_cap;
+} px_deliver;
+
+static uint32_t slot_take(px_deliver *d, px_entry *e)
+{
+    uint32_t s = d->free_slots[--d->nfree];
+    d->slots[s] = e;
+    d->gens[s] = (uint16_t)((d->gens[s] + 1) & PX_GEN_MASK);
+    return 0x80000000u | ((uint32_t)d->gens[s] << PX_SLOT_BITS) | s;
+}
+
+static void slot_put(px_deliver *d, uint32_t req_id)
+{
+    uint32_t s = req_id & PX_SLOT_MASK;
+    d->slots[s] = NULL;
+    d->free_slots[d->nfree++] = s;
+}
+
+static px_entry *slot_find(px_deliver *d, uint32_t req_id)
+{
+    uint32_t s = req_id & PX_SLOT_MASK;
+    if (s >= d->nslots || d->slots[s] == NULL) return NULL;
+    if (((req_id >> PX_SLOT_BITS) & PX_GEN_MASK) != d->gens[s]) return NULL;
+    return d->slots[s];
+}
+
+/* The ack timeout of one delivery. */
+static void ack_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    px_entry *e = w->data;
+    px_deliver *d = e->st->px->deliver;
+    slot_put(d, e->req_id);
+    e->st->c.ack_timeouts++;
+    px_log_warn("ack timeout: stream %s entry %s key %s attempt %u", e->st->conf->stream, e->id,
+                e->key, e->attempt);
+    px_proxy_on_answer(e, PX_ACK_TIMEOUT, "ack timeout");
+}
+
+/* Send one delivery. PX_EAGAIN when the socket has no room (or no worker). */
+static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
+{
+    if (d->nfree == 0) return PX_EAGAIN;
+    if (d->fields_cap < e->nfields) {
+        d->fields_cap = e->nfields;
+        d->fields = px_realloc(d->fields, sizeof(px_field) * d->fields_cap);
+    }
+    size_t nf = 0;
+    for (size_t i = 0; i < e->nfields; i++)
+        if ((int)i != e->payload_idx) d->fields[nf++] = e->fields[i];
+    px_delivery_view v = {
+        .stream = e->st->conf->stream, .entry_id = e->id, .key = e->key,
+        .fields = d->fields, .nfields = nf,
+        .payload = e->payload_idx >= 0 ? e->fields[e->payload_idx].value : NULL,
+        .payload_len = e->payload_idx >= 0 ? e->fields[e->payload_idx].value_len : 0,
+        .attempt = e->attempt + 1, .fencing_token = e->fence,
+        .deadline_unix_ms = px_now_ms() + (uint64_t)px->conf->ack_timeout_ms,
+    };
+    px_codec_delivery_encode(&v, &d->enc);
+
+    uint32_t id = slot_take(d, e);
+    unsigned char ctrl[NN_CMSG_SPACE(sizeof(size_t) + 4)];
+    memset(ctrl, 0, sizeof(ctrl));
+    struct nn_cmsghdr *cmsg = (struct nn_cmsghdr *)ctrl;
+    cmsg->cmsg_len = NN_CMSG_LEN(sizeof(size_t) + 4);
+    cmsg->cmsg_level = PROTO_SP;
+    cmsg->cmsg_type = SP_HDR;
+    unsigned char *data = NN_CMSG_DATA(cmsg);
+    size_t hlen = 4;
+    memcpy(data, &hlen, sizeof(hlen));
+    data[sizeof(size_t) + 0] = (unsigned char)(id >> 24);
+    data[sizeof(size_t) + 1] = (unsigned char)(id >> 16);
+    data[sizeof(size_t) + 2] = (unsigned char)(id >> 8);
+    data[sizeof(size_t) + 3] = (unsigned char)id;
+
+    struct nn_iovec iov = { d->enc.data, d->enc.len };
+    struct nn_msghdr hdr = { &iov, 1, ctrl, sizeof(ctrl) };
+    if (nn_sendmsg(d->sock, &hdr, NN_DONTWAIT) < 0) {
+        slot_put(d, id);
+        if (nn_errno() == EAGAIN) return PX_EAGAIN;
+        px_log_error("app socket: send failed: %s", nn_strerror(nn_errno()));
+        return PX_EAGAIN;
+    }
+    e->req_id = id;
+    e->attempt++;
+    e->deadline_ms = v.deadline_unix_ms;
+    e->state = PX_E_SENT;
+    e->st->c.deliveries++;
+    ev_timer_stop(px->loop, &e->timer);
+    ev_init(&e->timer, ack_timeout_cb);
+    ev_timer_set(&e->timer, (double)px->conf->ack_timeout_ms / 1000.0, 0.);
+    e->timer.data = e;
+    ev_timer_start(px->loop, &e->timer);
+    px_log_debug("delivered stream %s entry %s key %s attempt %u", e->st->conf->stream, e->id,
+                 e->key, e->attempt);
+    return PX_OK;
+}
+
+void px_deliver_flush(px_proxy *px)
+{
+    px_deliver *d = px->deliver;
+    px_entry *e;
+    while ((e = px->send_q.head) != NULL) {
+        if (send_one(px, d, e) != PX_OK) {
+            if (!ev_is_active(&d->snd_w)) ev_io_start(px->loop, &d->snd_w);
+            return;
+        }
+        px_queue_pop(&px->send_q);
+    }
+    ev_io_stop(px->loop, &d->snd_w);
+}
+
+static void snd_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)loop; (void)revents;
+    px_deliver_flush(w->data);
+}
+
+/* Read the request id out of a received message's control data. */
+static bool reply_id(const struct nn_msghdr *hdr, uint32_t *id)
+{
+    struct nn_cmsghdr *cmsg = NN_CMSG_FIRSTHDR(hdr);
+    while (cmsg) {
+        if (cmsg->cmsg_level == PROTO_SP && cmsg->cmsg_type == SP_HDR) {
+            unsigned char *p = NN_CMSG_DATA(cmsg);
+            size_t len;
+            memcpy(&len, p, sizeof(len));
+            if (len < 4) return false;
+            p += sizeof(size_t);
+            *id = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+            return true;
+        }
+        cmsg = NN_CMSG_NXTHDR(hdr, cmsg);
+    }
+    return false;
+}
+
+static void rcv_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)loop; (void)revents;
+    px_proxy *px = w->data;
+    px_deliver *d = px->deliver;
+    for (;;) {
+        void *body = NULL;
+        unsigned char ctrl[256];
+        struct nn_iovec iov = { &body, NN_MSG };
+        struct nn_msghdr hdr = { &iov, 1, ctrl, sizeof(ctrl) };
+        int n = nn_recvmsg(d->sock, &hdr, NN_DONTWAIT);
+        if (n < 0) {
+            if (nn_errno() != EAGAIN && nn_errno() != EINTR)
+                px_log_error("app socket: receive failed: %s", nn_strerror(nn_errno()));
+            break;
+        }
+        uint32_t id = 0;
+        px_entry *e = reply_id(&hdr, &id) ? slot_find(d, id) : NULL;
+        if (e == NULL || e->state != PX_E_SENT) {
+            px_log_debug("reply to no delivery in flight (late or unknown), %d bytes ignored", n);
+            nn_freemsg(body);
+            continue;
+        }
+        char reason[512];
+        const char *why = NULL;
+        px_ack_status st = px_codec_ack_decode(body, (size_t)n, e->st->conf->stream, e->id, reason,
+                                               sizeof(reason), &why);
+        nn_freemsg(body);
+        slot_put(d, id);
+        ev_timer_stop(px->loop, &e->timer);
+        if (st == PX_ACK_INVALID) {
+            px_protocol_errors++;
+            px_log_warn("invalid reply for stream %s entry %s: %s; treated as RETRY",
+                        e->st->conf->stream, e->id, why);
+            snprintf(reason, sizeof(reason), "invalid reply: %s", why);
+        }
+        px_proxy_on_answer(e, st, reason);
+    }
+}
+
+int px_deliver_init(px_proxy *px)
+{
+    px_config *c = px->conf;
+    px_deliver *d = px_calloc(1, sizeof(*d));
+    px->deliver = d;
+    d->nslots = (size_t)c->max_inflight;
+    d->slots = px_calloc(d->nslots, sizeof(*d->slots));
+    d->gens = px_calloc(d->nslots, sizeof(*d->gens));
+    d->free_slots = px_malloc(sizeof(uint32_t) * d->nslots);
+    for (size_t i = 0; i < d->nslots; i++) d->free_slots[i] = (uint32_t)(d->nslots - 1 - i);
+    d->nfree = d->nslots;
+
+    d->sock = nn_socket(AF_SP_RAW, NN_REQ);
+    if (d->sock < 0) {
+        px_log_error("app socket: %s", nn_strerror(nn_errno()));
+        return PX_ERR;
+    }
+    int linger = 0;
+    nn_setsockopt(d->sock, NN_SOL_SOCKET, NN_LINGER, &linger, sizeof(linger));
+    bool ipc = strncmp(c->endpoint, "ipc://", 6) == 0;
+    /* The socket file is born with 'socket_mode': no window where others reach it. */
+    mode_t old = ipc ? umask((mode_t)(~c->socket_mode & 0777)) : 0;
+    int ep = nn_bind(d->sock, c->endpoint);
+    if (ipc) {
+        umask(old);
+        if (ep >= 0) chmod(c->endpoint + 6, (mode_t)c->socket_mode);
+    }
+    if (ep < 0) {
+        px_log_error("app socket: bind %s: %s", c->endpoint, nn_strerror(nn_errno()));
+        return PX_ERR;
+    }
+    int rfd, sfd;
+    size_t sz = sizeof(int);
+    if (nn_getsockopt(d->sock, NN_SOL_SOCKET, NN_RCVFD, &rfd, &sz) < 0 ||
+        nn_getsockopt(d->sock, NN_SOL_SOCKET, NN_SNDFD, &sfd, &sz) < 0) {
+        px_log_error("app socket: %s", nn_strerror(nn_errno()));
+        return PX_ERR;
+    }
+    ev_io_init(&d->rcv_w, rcv_cb, rfd, EV_READ);
+    d->rcv_w.data = px;
+    ev_io_start(px->loop, &d->rcv_w);
+    ev_io_init(&d->snd_w, snd_cb, sfd, EV_READ);
+    d->snd_w.data = px;
+    px_log_info("app socket bound on %s", c->endpoint);
+    return PX_OK;
+}
+
+void px_deliver_forget(px_proxy *px, px_entry *e)
+{
+    px_deliver *d = px->deliver;
+    if (e->state == PX_E_SENT && slot_find(d, e->req_id) == e) slot_put(d, e->req_id);
+}
+
+void px_deliver_deinit(px_proxy *px)
+{
+    px_deliver *d = px->deliver;
+    if (d == NULL) return;
+    ev_io_stop(px->loop, &d->rcv_w);
+    ev_io_stop(px->loop, &d->snd_w);
+    if (d->sock >= 0) nn_close(d->sock);
+    free(d->slots);
+    free(d->gens);
+    free(d->free_slots);
+    free(d->fields);
+    px_buf_deinit(&d->enc);
+    free(d);
+    px->deliver = NULL;
+}
+
+int px_deliver_workers(px_proxy *px)
+{
+    px_deliver *d = px->deliver;
+    return d ? (int)nn_get_statistic(d->sock, NN_STAT_CURRENT_CONNECTIONS) : 0;
+}

@@ -1,0 +1,508 @@
+/*
+ * proxy.c - moves entries through their life (see proxy.h) and owns the
+ * policies: backpressure (max_inflight), busy handling (wait_ms, on_busy),
+ * retries with exponential backoff, max_deliveries, bad input
+ * (on_missing_key), and the SIGTERM drain.
+ */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "proxy.h"
+
+#define PX_BACKOFF_CAP_MS   30000
+#define PX_ERROR_PAUSE_MS   200
+
+/* --- queues ------------------------------------------------------------------ */
+
+void px_queue_push(px_queue *q, px_entry *e)
+{
+    e->qnext = NULL;
+    if (q->tail) q->tail->qnext = e; else q->head = e;
+    q->tail = e;
+    q->n++;
+}
+
+px_entry *px_queue_pop(px_queue *q)
+{
+    px_entry *e = q->head;
+    if (e == NULL) return NULL;
+    q->head = e->qnext;
+    if (q->head == NULL) q->tail = NULL;
+    q->n--;
+    e->qnext = NULL;
+    return e;
+}
+
+/* --- timers on an entry ---------------------------------------------------------- */
+
+static void entry_timer(px_entry *e, void (*cb)(struct ev_loop *, ev_timer *, int), double ms)
+{
+    struct ev_loop *loop = e->st->px->loop;
+    ev_timer_stop(loop, &e->timer);
+    ev_init(&e->timer, cb);
+    ev_timer_set(&e->timer, ms / 1000.0, 0.);
+    e->timer.data = e;
+    ev_timer_start(loop, &e->timer);
+}
+
+static double jitter(double lo, double hi)
+{
+    return lo + (hi - lo) * ((double)(random() % 1000) / 1000.0);
+}
+
+static void to_claim(px_entry *e)
+{
+    e->state = PX_E_CLAIM;
+    px_queue_push(&e->st->px->claim_q, e);
+}
+
+static void back_to_claim_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    to_claim(w->data);
+}
+
+static void lock_key_again_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    px_entry *e = w->data;
+    e->state = PX_E_CLAIM;
+    px_claim_lock_key(e);
+}
+
+/* --- entries ----------------------------------------------------------------------- */
+
+px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields)
+{
+    px_stream_conf *sc = st->conf;
+    size_t nf = fields->elements / 2, bytes = 0, idlen = strlen(id);
+    for (size_t i = 0; i < nf * 2; i++) bytes += fields->element[i]->len + 1;
+    px_entry *e = px_calloc(1, sizeof(*e));
+    e->st = st;
+    e->payload_idx = -1;
+    e->blob = px_malloc(idlen + 1 + bytes);
+    e->fields = px_calloc(nf ? nf : 1, sizeof(px_field));
+    e->nfields = nf;
+    char *p = e->blob;
+    memcpy(p, id, idlen + 1);
+    e->id = p;
+    p += idlen + 1;
+    for (size_t i = 0; i < nf; i++) {
+        redisReply *k = fields->element[2 * i], *v = fields->element[2 * i + 1];
+        e->fields[i].name = p;
+        e->fields[i].name_len = k->len;
+        memcpy(p, k->str ? k->str : "", k->len);
+        p[k->len] = '\0';
+        p += k->len + 1;
+        e->fields[i].value = p;
+        e->fields[i].value_len = v->len;
+        memcpy(p, v->str ? v->str : "", v->len);
+        p[v->len] = '\0';
+        p += v->len + 1;
+        e->bytes += k->len + v->len;
+        if (sc->payload_field && e->payload_idx < 0 && strcmp(e->fields[i].name, sc->payload_field) == 0)
+            e->payload_idx = (int)i;
+    }
+    /* Track it: the stream's list and the global count (backpressure). */
+    e->next = st->head;
+    if (st->head) st->head->prev = e;
+    st->head = e;
+    st->tracked++;
+    st->px->tracked++;
+    st->c.entries_read++;
+
+    char why[512];
+    if (px_event_prepare(e, why, sizeof(why)) != PX_OK) {
+        px_proxy_bad_entry(e, why);
+        return e;
+    }
+    px_log_debug("read stream %s entry %s key %s", sc->stream, e->id, e->key);
+    to_claim(e);
+    return e;
+}
+
+void px_entry_free(px_entry *e)
+{
+    free(e->key);
+    free(e->lock_key);
+    free(e->reason);
+    free(e->fields);
+    free(e->blob);
+    free(e);
+}
+
+void px_entry_finish(px_entry *e, px_outcome outcome)
+{
+    px_stream *st = e->st;
+    switch (outcome) {
+    case PX_OUT_ACKED: st->c.acked++; break;
+    case PX_OUT_DUPLICATE: st->c.duplicate++; break;
+    case PX_OUT_DEAD_LETTERED: st->c.dead_lettered++; break;
+    case PX_OUT_SKIPPED: st->c.skipped++; break;
+    case PX_OUT_NONE: break;   /* released at shutdown: still pending in Redis */
+    }
+    ev_timer_stop(st->px->loop, &e->timer);
+    if (e->prev) e->prev->next = e->next; else st->head = e->next;
+    if (e->next) e->next->prev = e->prev;
+    st->tracked--;
+    st->px->tracked--;
+    e->gone = true;
+    if (e->io == 0) px_entry_free(e);
+}
+
+bool px_proxy_tracks(px_stream *st, const char *id)
+{
+    /* Linear: only XAUTOCLAIM and history replays ask, a batch at a time. */
+    for (px_entry *e = st->head; e; e = e->next)
+        if (strcmp(e->id, id) == 0) return true;
+    return false;
+}
+
+size_t px_proxy_room(px_proxy *px)
+{
+    size_t max = (size_t)px->conf->max_inflight;
+    return px->tracked >= max ? 0 : max - px->tracked;
+}
+
+/* The entry leaves: XACK first in group mode, then it is gone. */
+static void leave(px_entry *e, px_outcome outcome)
+{
+    e->outcome = outcome;
+    if (e->st->conf->group) {
+        e->state = PX_E_XACK;
+        px_queue_push(&e->st->px->xack_q, e);
+    } else {
+        px_entry_finish(e, outcome);
+    }
+}
+
+static void commit(px_entry *e, px_outcome outcome, bool mark_done, const char *reason)
+{
+    e->outcome = outcome;
+    e->mark_done = mark_done;
+    if (reason) { free(e->reason); e->reason = px_strdup(reason); }
+    e->state = PX_E_COMMIT;
+    px_queue_push(&e->st->px->commit_q, e);
+}
+
+/* --- claim outcomes (from claim.c) ---------------------------------------------- */
+
+void px_proxy_claimed(px_entry *e)
+{
+    e->wait_until_ms = 0;
+    if (e->st->px->stopping) {      /* claimed while draining: give it back at once */
+        px_claim_release(e);
+        px_entry_finish(e, PX_OUT_NONE);
+        return;
+    }
+    e->state = PX_E_SEND;
+    px_queue_push(&e->st->px->send_q, e);
+}
+
+void px_proxy_duplicate(px_entry *e, bool after_lock)
+{
+    if (after_lock) e->st->c.dup_after_lock++; else e->st->c.dup_before_lock++;
+    px_log_debug("duplicate (%s): stream %s entry %s key %s", after_lock ? "after_lock" : "before_lock",
+                 e->st->conf->stream, e->id, e->key);
+    leave(e, PX_OUT_DUPLICATE);
+}
+
+void px_proxy_busy(px_entry *e, bool lock_key_busy)
+{
+    px_stream_conf *sc = e->st->conf;
+    uint64_t now = px_now_ms();
+    e->st->c.lock_busy++;
+    if (e->st->px->stopping) {
+        px_claim_release(e);
+        px_entry_finish(e, PX_OUT_NONE);
+        return;
+    }
+    if (e->wait_until_ms == 0) e->wait_until_ms = now + (uint64_t)sc->wait_ms;
+    if (now < e->wait_until_ms) {
+        /* Within wait_ms: look again in 10-50 ms, on the loop, never blocking. */
+        e->state = lock_key_busy ? PX_E_LOCKWAIT : PX_E_PARKED;
+        entry_timer(e, lock_key_busy ? lock_key_again_cb : back_to_claim_cb, jitter(10, 50));
+        return;
+    }
+    e->wait_until_ms = 0;
+    if (lock_key_busy && sc->on_busy == PX_BUSY_DEAD_LETTER) {
+        /* Refused at once, as the seeds answer 409: dead-lettered, not done. */
+        px_log_info("busy: stream %s entry %s lock %s held elsewhere; dead-lettered",
+                    sc->stream, e->id, e->lock_key);
+        commit(e, PX_OUT_DEAD_LETTERED, false, "busy");
+        return;
+    }
+    /* Look again once the holder's lease could have ended; never lost. */
+    px_claim_release(e);
+    e->state = PX_E_PARKED;
+    px_log_debug("busy: stream %s entry %s key %s; looking again in %lld ms", sc->stream, e->id,
+                 e->key, sc->lease_ms);
+    entry_timer(e, back_to_claim_cb, (double)sc->lease_ms + jitter(0, 50));
+}
+
+void px_proxy_claim_failed(px_entry *e)
+{
+    if (e->st->px->stopping) {
+        px_claim_release(e);
+        px_entry_finish(e, PX_OUT_NONE);
+        return;
+    }
+    /* Redis is down or refused: try again shortly (the flush waits for the link). */
+    e->state = PX_E_PARKED;
+    entry_timer(e, back_to_claim_cb, PX_ERROR_PAUSE_MS);
+}
+
+/* --- answers from workers (from deliver.c) -------------------------------------------- */
+
+static void backoff_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    px_entry *e = w->data;
+    e->examined = true;
+    to_claim(e);
+}
+
+void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
+{
+    px_stream *st = e->st;
+    px_stream_conf *sc = st->conf;
+    switch (status) {
+    case PX_ACK_ACK:     st->c.acks_ack++; break;
+    case PX_ACK_RETRY:   st->c.acks_retry++; break;
+    case PX_ACK_DROP:    st->c.acks_drop++; break;
+    case PX_ACK_TIMEOUT: st->c.acks_timeout++; break;
+    case PX_ACK_INVALID: st->c.acks_invalid++; break;
+    }
+    if (status == PX_ACK_ACK) {
+        commit(e, PX_OUT_ACKED, true, NULL);
+        return;
+    }
+    if (status == PX_ACK_DROP) {
+        px_log_info("drop: stream %s entry %s key %s: %s", sc->stream, e->id, e->key, reason);
+        commit(e, PX_OUT_DEAD_LETTERED, true, reason[0] ? reason : "dropped");
+        return;
+    }
+    /* RETRY, a bad reply or no reply. */
+    if ((int)e->attempt >= sc->max_deliveries) {
+        char why[600];
+        snprintf(why, sizeof(why), "max_deliveries (%d) reached: %s", sc->max_deliveries,
+                 reason[0] ? reason : "retry");
+        px_log_warn("stream %s entry %s key %s: %s", sc->stream, e->id, e->key, why);
+        commit(e, PX_OUT_DEAD_LETTERED, true, why);
+        return;
+    }
+    px_claim_release(e);
+    if (st->px->stopping) { px_entry_finish(e, PX_OUT_NONE); return; }
+    double ms = (double)sc->retry_backoff_ms;
+    for (uint32_t i = 1; i < e->attempt && ms < PX_BACKOFF_CAP_MS; i++) ms *= 2;
+    if (ms > PX_BACKOFF_CAP_MS) ms = PX_BACKOFF_CAP_MS;
+    e->state = PX_E_BACKOFF;
+    px_log_debug("retry: stream %s entry %s key %s in %.0f ms (%s)", sc->stream, e->id, e->key, ms,
+                 reason);
+    entry_timer(e, backoff_cb, ms);
+}
+
+/* --- commits (from claim.c) ---------------------------------------------------------- */
+
+static void commit_again_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    px_entry *e = w->data;
+    px_queue_push(&e->st->px->commit_q, e);
+}
+
+void px_proxy_committed(px_entry *e, bool ok)
+{
+    if (!ok) {
+        /* Kept until written: the app's answer is never forgotten. */
+        entry_timer(e, commit_again_cb, PX_ERROR_PAUSE_MS);
+        return;
+    }
+    if (e->outcome == PX_OUT_DEAD_LETTERED) e->st->c.dead_letters++;
+    leave(e, e->outcome);
+}
+
+void px_proxy_bad_entry(px_entry *e, const char *why)
+{
+    px_stream_conf *sc = e->st->conf;
+    px_log_warn("bad entry: stream %s entry %s: %s (%s)", sc->stream, e->id, why,
+                sc->on_missing_key == PX_MISSING_SKIP ? "skipped" : "dead-lettered");
+    if (sc->on_missing_key == PX_MISSING_SKIP) { leave(e, PX_OUT_SKIPPED); return; }
+    e->outcome = PX_OUT_DEAD_LETTERED;
+    e->mark_done = false;
+    e->state = PX_E_COMMIT;
+    if (sc->dead_letter == NULL) { e->st->c.dead_letters++; leave(e, PX_OUT_DEAD_LETTERED); return; }
+    free(e->reason);
+    e->reason = px_strdup(why);
+    e->bad = true;
+    px_queue_push(&e->st->px->commit_q, e);
+}
+
+void px_proxy_trimmed(px_stream *st, const char *id)
+{
+    st->c.trimmed++;
+    px_log_info("stream %s: pending entry %s was trimmed or deleted; acked away", st->conf->stream, id);
+    px_redis_cmd(st->px->redis, NULL, NULL, "XACK %s %s %s", st->conf->stream, st->conf->group, id);
+}
+
+/* --- the loop ------------------------------------------------------------------------ */
+
+static bool drained(px_proxy *px)
+{
+    for (size_t s = 0; s < px->nstreams; s++)
+        if (px->streams[s].tracked) return false;
+    return px_redis_pending(px->redis) == 0;
+}
+
+/* Once per loop iteration: pipeline whatever each step has queued. */
+static void flush_cb(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+    (void)revents;
+    px_proxy *px = w->data;
+    px_claim_flush(px);
+    px_commit_flush(px);
+    px_xack_flush(px);
+    px_deliver_flush(px);
+    for (size_t s = 0; s < px->nstreams; s++) px_reader_kick(&px->streams[s]);
+    if (px->stopping && drained(px)) ev_break(loop, EVBREAK_ALL);
+}
+
+static void lease_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    px_claim_extend(w->data);
+}
+
+/* Give back what was not delivered, so another replica can take it at once. */
+static void release_undelivered(px_proxy *px, bool all)
+{
+    for (size_t s = 0; s < px->nstreams; s++) {
+        px_entry *e = px->streams[s].head, *next;
+        for (; e; e = next) {
+            next = e->next;
+            bool waiting = e->state == PX_E_PARKED || e->state == PX_E_LOCKWAIT ||
+                           e->state == PX_E_BACKOFF || e->state == PX_E_SEND ||
+                           (e->state == PX_E_CLAIM && !e->in_claim_io);
+            if (waiting || (all && e->state == PX_E_SENT)) {
+                if (e->state == PX_E_SENT) px_deliver_forget(px, e);
+                px_claim_release(e);
+                px_entry_finish(e, PX_OUT_NONE);
+            }
+        }
+    }
+    /* The queues may now name freed entries: rebuild them from what is left. */
+    px_queue *qs[] = { &px->claim_q, &px->send_q };
+    for (size_t i = 0; i < 2; i++) {
+        px_queue keep = {0};
+        px_entry *e;
+        while ((e = px_queue_pop(qs[i])) != NULL) if (!e->gone) px_queue_push(&keep, e);
+        *qs[i] = keep;
+    }
+}
+
+static void final_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)w; (void)revents;
+    px_log_warn("shutdown: Redis did not confirm every write in time");
+    ev_break(loop, EVBREAK_ALL);
+}
+
+static void grace_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    px_proxy *px = w->data;
+    px_log_warn("shutdown grace over: releasing deliveries still unanswered");
+    release_undelivered(px, true);
+    /* What is left (commits and acks being written) gets one more timeout. */
+    ev_timer_init(w, final_cb, (double)px->conf->timeout_ms / 1000.0, 0.);
+    ev_timer_start(loop, w);
+}
+
+static void signal_cb(struct ev_loop *loop, ev_signal *w, int revents)
+{
+    (void)revents;
+    px_proxy *px = w->data;
+    if (px->stopping) return;
+    px_log_info("signal %d: draining (up to %lld ms)", w->signum, px->conf->shutdown_grace_ms);
+    px->stopping = true;
+    for (size_t s = 0; s < px->nstreams; s++) {
+        px_reader_stop(&px->streams[s]);
+        ev_timer_stop(loop, &px->streams[s].lease);
+        ev_timer_start(loop, &px->streams[s].lease);
+    }
+    release_undelivered(px, false);
+    ev_timer_init(&px->grace, grace_cb, (double)px->conf->shutdown_grace_ms / 1000.0, 0.);
+    px->grace.data = px;
+    ev_timer_start(loop, &px->grace);
+}
+
+static void command_link_cb(px_redis *r, bool up, void *udata)
+{
+    (void)r; (void)udata;
+    px_log_info("redis: %s", up ? "ready" : "not ready: not reading until Redis is back");
+}
+
+px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *password)
+{
+    px_proxy *px = px_calloc(1, sizeof(*px));
+    px->loop = loop;
+    px->conf = conf;
+    px->password = px_strdup(password);
+    px_claim_init();
+    if (px_deliver_init(px) != PX_OK) {
+        px_proxy_destroy(px);
+        return NULL;
+    }
+    px_redis_opts o = { "commands", conf->redis_host, conf->redis_port, conf->redis_unix,
+                        conf->redis_user, px->password, conf->redis_db, conf->timeout_ms };
+    px->redis = px_redis_create(loop, &o, command_link_cb, px);
+
+    px->nstreams = conf->nstreams;
+    px->streams = px_calloc(conf->nstreams, sizeof(px_stream));
+    for (size_t s = 0; s < conf->nstreams; s++) {
+        px_stream *st = &px->streams[s];
+        st->px = px;
+        st->conf = &conf->streams[s];
+        st->index = s;
+        double every = (double)st->conf->lease_ms / 3000.0;
+        ev_timer_init(&st->lease, lease_cb, every, every);
+        st->lease.data = st;
+        ev_timer_start(loop, &st->lease);
+        px_reader_start(st);
+    }
+    ev_prepare_init(&px->flush, flush_cb);
+    px->flush.data = px;
+    ev_prepare_start(loop, &px->flush);
+    ev_signal_init(&px->sigterm, signal_cb, SIGTERM);
+    px->sigterm.data = px;
+    ev_signal_start(loop, &px->sigterm);
+    ev_signal_init(&px->sigint, signal_cb, SIGINT);
+    px->sigint.data = px;
+    ev_signal_start(loop, &px->sigint);
+    return px;
+}
+
+void px_proxy_destroy(px_proxy *px)
+{
+    if (px == NULL) return;
+    for (size_t s = 0; s < px->nstreams; s++) {
+        px_stream *st = &px->streams[s];
+        if (st->link) px_reader_stop(st);
+        ev_timer_stop(px->loop, &st->lease);
+        while (st->head) {
+            px_entry *e = st->head;
+            px_entry_finish(e, PX_OUT_NONE);
+        }
+    }
+    ev_prepare_stop(px->loop, &px->flush);
+    ev_signal_stop(px->loop, &px->sigterm);
+    ev_signal_stop(px->loop, &px->sigint);
+    ev_timer_stop(px->loop, &px->grace);
+    px_redis_destroy(px->redis);
+    px_deliver_deinit(px);
+    free(px->streams);
+    free(px->password);
+    free(px);
+}

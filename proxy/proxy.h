@@ -1,0 +1,179 @@
+/*
+ * proxy.h - the daemon's state and the life of an entry.
+ *
+ * An entry is read once from its stream (reader.c), parsed and given its key
+ * (event.c), claimed in Redis (claim.c), delivered to a worker (deliver.c) and
+ * finished when the worker's answer is written back (claim.c again: done mark,
+ * dead letter, XACK). proxy.c moves entries between those steps:
+ *
+ *   READ -> CLAIM -+-> claimed --> SEND -> SENT --ACK/DROP--> COMMIT -> XACK -> gone
+ *                  |                        \--RETRY/timeout--> release, BACKOFF -> CLAIM
+ *                  +-> duplicate ---------------------------------------> XACK -> gone
+ *                  +-> busy --> PARKED (timer) --------------------------> CLAIM
+ *
+ * Work queued during one loop iteration is flushed once, in an ev_prepare
+ * watcher, so every step pipelines across all entries that reached it.
+ */
+#ifndef PX_PROXY_H
+#define PX_PROXY_H
+
+#include <ev.h>
+#include <json-c/json.h>
+
+#include "codec.h"
+#include "config.h"
+#include "redis.h"
+
+typedef struct px_proxy px_proxy;
+typedef struct px_stream px_stream;
+typedef struct px_entry px_entry;
+typedef void px_step_fn(px_entry *e);
+
+typedef enum {
+    PX_E_CLAIM,      /* queued for (or in) a claim round trip */
+    PX_E_PARKED,     /* busy: its timer brings it back to CLAIM */
+    PX_E_LOCKWAIT,   /* dedup lock held, lock_key busy: retried within wait_ms */
+    PX_E_SEND,       /* claimed, queued for the socket */
+    PX_E_SENT,       /* with a worker; its timer is the ack timeout */
+    PX_E_BACKOFF,    /* released after RETRY/timeout; its timer brings it back */
+    PX_E_COMMIT,     /* answer known; done mark / dead letter being written */
+    PX_E_XACK,       /* finished; XACK queued or in flight (group mode) */
+} px_entry_state;
+
+typedef enum {        /* what the entry leaves as (SPEC 6 outcomes) */
+    PX_OUT_NONE = 0, PX_OUT_ACKED, PX_OUT_DUPLICATE, PX_OUT_DEAD_LETTERED, PX_OUT_SKIPPED,
+} px_outcome;
+
+struct px_entry {
+    px_stream      *st;            /* (ref) */
+    px_entry_state  state;
+    char           *id;            /* entry id; owned, in 'blob' */
+    px_field       *fields;        /* all fields, in stream order; point into 'blob' */
+    size_t          nfields;
+    int             payload_idx;   /* index of the payload field, or -1 */
+    char           *blob;          /* owned: one block holding id and field bytes */
+    size_t          bytes;         /* size of the entry's fields, for max_entry_bytes */
+    char           *key;           /* rendered dedup key; owned; NULL for bad input */
+    char           *lock_key;      /* rendered lock_key; owned; NULL when none */
+    char            token[24];     /* our random lock token for this claim */
+    uint64_t        fence;         /* fencing token of this claim, 0 when off */
+    uint32_t        attempt;       /* deliveries so far (1 on the first) */
+    bool            examined;      /* claimed at least once before: a later 'done' is after_lock */
+    bool            has_dedup;     /* we hold the dedup lock (or may: reply lost) */
+    bool            has_lock;      /* we hold lock_key */
+    bool            lease_lost;    /* an extension found our token gone */
+    bool            in_claim_io;   /* a claim or XACK round trip is in flight */
+    bool            mark_done;     /* the commit writes the done mark */
+    bool            dl_written;    /* the dead letter is written (not again on a retry) */
+    bool            gone;          /* finished; freed when 'io' reaches 0 */
+    bool            bad;           /* bad input: the commit is its dead letter */
+    int             io;            /* commands about this entry awaiting replies */
+    int             step_pending;  /* replies the current step still waits for */
+    bool            step_failed;   /* a reply of the step was lost or an error */
+    px_step_fn     *step_done;     /* runs when the step's last reply is in */
+    int             claim_set;     /* claim: 1 lock taken, 2 busy, 3 done (single layout) */
+    bool            claim_done;    /* claim: the done key exists */
+    uint64_t        wait_until_ms; /* LOCKWAIT: give up on lock_key after this */
+    px_outcome      outcome;       /* set when the final answer is known */
+    char           *reason;        /* owned: dead-letter reason, or NULL */
+    uint32_t        req_id;        /* SP request id of the current delivery */
+    uint64_t        deadline_ms;   /* ack deadline of the current delivery */
+    ev_timer        timer;         /* park / backoff / lock wait / ack timeout */
+    px_entry       *prev, *next;   /* the stream's list of tracked entries */
+    px_entry       *qnext;         /* the queue it waits in (claim, send, commit, xack) */
+};
+
+/* A singly linked FIFO of entries through 'qnext'. */
+typedef struct px_queue { px_entry *head, *tail; size_t n; } px_queue;
+
+void px_queue_push(px_queue *q, px_entry *e);
+px_entry *px_queue_pop(px_queue *q);
+
+/* Per-stream counters of SPEC 6 (metrics come later; tests read them in the log). */
+#define PX_STREAM_COUNTERS(X) \
+    X(entries_read) X(acked) X(duplicate) X(dead_lettered) X(skipped) X(deliveries) \
+    X(dup_before_lock) X(dup_after_lock) X(lock_busy) X(acks_ack) X(acks_retry) \
+    X(acks_drop) X(acks_timeout) X(acks_invalid) X(ack_timeouts) X(dead_letters) X(lease_lost) \
+    X(trimmed)
+
+struct px_stream {
+    px_proxy       *px;            /* (ref) */
+    px_stream_conf *conf;          /* (ref) */
+    size_t          index;
+    px_redis       *link;          /* the stream's own link for blocking reads */
+    int             rstate;        /* reader state (reader.c) */
+    bool            reading;       /* a read is in flight */
+    char            last_id[64];   /* group-less: last id read; group: history cursor */
+    ev_timer        autoclaim;     /* group mode: periodic XAUTOCLAIM */
+    char            autoclaim_cursor[64];
+    ev_timer        lease;         /* periodic lease extension */
+    ev_timer        janitor;       /* group mode: idle consumer removal */
+    ev_timer        pause;         /* a short wait after an error reply, then read again */
+    px_entry       *head;          /* tracked entries of this stream */
+    size_t          tracked;
+#define PX_COUNTER_FIELD(n) unsigned long long n;
+    struct { PX_STREAM_COUNTERS(PX_COUNTER_FIELD) } c;
+#undef PX_COUNTER_FIELD
+};
+
+struct px_proxy {
+    struct ev_loop *loop;          /* (ref) */
+    px_config      *conf;          /* (ref) */
+    px_redis       *redis;         /* the command link (claims, commits, acks) */
+    char           *password;      /* from the url or password_file; never logged */
+    px_stream      *streams;
+    size_t          nstreams;
+    size_t          tracked;       /* entries read and not yet gone, all streams */
+    px_queue        claim_q, send_q, commit_q, xack_q;
+    void           *deliver;       /* deliver.c state */
+    ev_prepare      flush;         /* flushes the queues once per loop iteration */
+    ev_signal       sigterm, sigint;
+    ev_timer        grace;         /* shutdown grace */
+    bool            stopping;
+    int             exit_code;
+};
+
+/* proxy.c */
+px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *password);
+void px_proxy_destroy(px_proxy *px);
+px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields);
+void px_entry_finish(px_entry *e, px_outcome outcome);   /* after XACK (or none needed) */
+void px_entry_free(px_entry *e);                          /* only when e->io == 0 */
+void px_proxy_claimed(px_entry *e);
+void px_proxy_busy(px_entry *e, bool lock_key_busy);
+void px_proxy_duplicate(px_entry *e, bool after_lock);
+void px_proxy_claim_failed(px_entry *e);
+void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason);
+void px_proxy_committed(px_entry *e, bool ok);
+void px_proxy_bad_entry(px_entry *e, const char *why);
+void px_proxy_trimmed(px_stream *st, const char *id);
+bool px_proxy_tracks(px_stream *st, const char *id);
+size_t px_proxy_room(px_proxy *px);
+
+/* reader.c */
+void px_reader_start(px_stream *st);
+void px_reader_kick(px_stream *st);
+void px_reader_stop(px_stream *st);
+
+/* event.c: parse the entry and render its keys; PX_ERR with 'why' for bad input. */
+int px_event_prepare(px_entry *e, char *why, size_t whylen);
+
+/* claim.c */
+void px_claim_init(void);
+void px_claim_flush(px_proxy *px);            /* claim_q -> claimed | duplicate | busy */
+void px_claim_lock_key(px_entry *e);          /* retry lock_key within wait_ms */
+void px_claim_release(px_entry *e);           /* give back our locks, fire and forget */
+void px_claim_extend(px_stream *st);          /* extend leases of delivered entries */
+void px_commit_flush(px_proxy *px);           /* commit_q -> done mark / dead letter */
+void px_xack_flush(px_proxy *px);             /* xack_q -> XACK */
+void px_dead_letter_bad(px_entry *e, const char *why); /* bad input to the dead letter */
+
+/* deliver.c */
+int  px_deliver_init(px_proxy *px);
+void px_deliver_deinit(px_proxy *px);
+void px_deliver_flush(px_proxy *px);          /* send_q -> socket */
+int  px_deliver_workers(px_proxy *px);
+void px_deliver_forget(px_proxy *px, px_entry *e);  /* drop e's slot (shutdown) */
+extern unsigned long long px_protocol_errors;
+
+#endif

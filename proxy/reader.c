@@ -1,0 +1,313 @@
+/*
+ * reader.c - reading one stream (SPEC 5.2), on the stream's own Redis link so a
+ * blocking read never holds up claims and commits.
+ *
+ * Group mode: create the group (MKSTREAM; BUSYGROUP is fine), replay this
+ * consumer's own pending entries (XREADGROUP from "0": what a restart with the
+ * same consumer name left unfinished), then read new entries with ">". A timer
+ * takes over entries pending longer than claim_idle_ms (XAUTOCLAIM), including
+ * our own that we no longer track (a read whose reply was lost); entries still
+ * tracked are left alone. Deleted or trimmed pending entries are acked away and
+ * counted. A janitor removes consumers with nothing pending, idle for an hour.
+ *
+ * Group-less mode: XREAD from 'start' ("$" is resolved to the last id first, so
+ * nothing added between two reads is missed); nothing is acked.
+ *
+ * The reader asks for at most as many entries as there is room for
+ * (max_inflight minus what is tracked), and waits to be kicked otherwise.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "log.h"
+#include "proxy.h"
+
+#define PX_READER_BLOCK_MS   2000
+#define PX_READER_BATCH      256
+#define PX_JANITOR_S         300.0
+#define PX_IDLE_CONSUMER_MS  3600000LL
+
+enum { R_DOWN = 0, R_CREATE, R_HISTORY, R_LIVE, R_STOPPED };
+
+static void read_next(px_stream *st);
+
+static size_t batch_size(px_stream *st)
+{
+    size_t room = px_proxy_room(st->px);
+    return room < PX_READER_BATCH ? room : PX_READER_BATCH;
+}
+
+/* Take the entries of one stream out of an XREAD/XREADGROUP/XAUTOCLAIM reply.
+ * Returns how many there were. */
+static size_t take_entries(px_stream *st, redisReply *entries, bool fresh)
+{
+    if (entries == NULL || entries->type != REDIS_REPLY_ARRAY) return 0;
+    for (size_t i = 0; i < entries->elements; i++) {
+        redisReply *en = entries->element[i];
+        if (en->type != REDIS_REPLY_ARRAY || en->elements < 2 ||
+            en->element[0]->type != REDIS_REPLY_STRING) continue;
+        const char *id = en->element[0]->str;
+        if (st->conf->group == NULL) snprintf(st->last_id, sizeof(st->last_id), "%s", id);
+        else if (st->rstate == R_HISTORY) snprintf(st->last_id, sizeof(st->last_id), "%s", id);
+        if (!fresh && px_proxy_tracks(st, id)) continue;
+        if (en->element[1]->type != REDIS_REPLY_ARRAY) {
+            px_proxy_trimmed(st, id);     /* pending, but deleted from the stream */
+            continue;
+        }
+        px_entry_create(st, id, en->element[1]);
+    }
+    return entries->elements;
+}
+
+static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
+{
+    (void)r;
+    px_stream *st = priv;
+    st->reading = false;
+    if (st->rstate == R_STOPPED) return;
+    if (reply == NULL) return;  /* link down: the state callback restarts us */
+    if (reply->type == REDIS_REPLY_ERROR) {
+        if (strncmp(reply->str, "NOGROUP", 7) == 0) st->rstate = R_CREATE;  /* group or key gone */
+        ev_timer_start(st->px->loop, &st->pause);  /* a brief pause, then again */
+        return;
+    }
+    size_t got = 0;
+    if (reply->type == REDIS_REPLY_ARRAY) {
+        for (size_t i = 0; i < reply->elements; i++) {
+            redisReply *sr = reply->element[i];
+            if (sr->type == REDIS_REPLY_ARRAY && sr->elements == 2)
+                got += take_entries(st, sr->element[1], st->rstate == R_LIVE);
+        }
+    }
+    if (st->rstate == R_HISTORY && got == 0) {
+        st->rstate = R_LIVE;
+        px_log_info("stream %s: reading new entries as %s/%s", st->conf->stream, st->conf->group,
+                    st->conf->consumer);
+    }
+    read_next(st);
+}
+
+static void create_reply_cb(px_redis *r, redisReply *reply, void *priv)
+{
+    (void)r;
+    px_stream *st = priv;
+    st->reading = false;
+    if (st->rstate == R_STOPPED || reply == NULL) return;
+    if (st->conf->group) {
+        if (reply->type == REDIS_REPLY_ERROR && strncmp(reply->str, "BUSYGROUP", 9) != 0) {
+            px_log_warn("stream %s: XGROUP CREATE: %s", st->conf->stream, reply->str);
+            ev_timer_start(st->px->loop, &st->pause);
+            return;
+        }
+        st->rstate = R_HISTORY;
+        strcpy(st->last_id, "0");
+    } else {
+        /* XREVRANGE s + - COUNT 1: start after the newest entry ("$"). */
+        strcpy(st->last_id, "0-0");
+        if (reply->type == REDIS_REPLY_ARRAY && reply->elements > 0 &&
+            reply->element[0]->type == REDIS_REPLY_ARRAY &&
+            reply->element[0]->elements > 0)
+            snprintf(st->last_id, sizeof(st->last_id), "%s", reply->element[0]->element[0]->str);
+        st->rstate = R_LIVE;
+    }
+    read_next(st);
+}
+
+/* Issue the next read if the link is up, nothing is in flight and there is room. */
+static void read_next(px_stream *st)
+{
+    px_stream_conf *sc = st->conf;
+    if (st->reading || st->rstate == R_STOPPED || st->rstate == R_DOWN || st->px->stopping) return;
+    if (!px_redis_is_up(st->link)) return;
+    int rc = PX_ERR;
+    if (st->rstate == R_CREATE) {
+        if (sc->group)
+            rc = px_redis_cmd(st->link, create_reply_cb, st, "XGROUP CREATE %s %s %s MKSTREAM",
+                              sc->stream, sc->group, sc->start);
+        else if (strcmp(sc->start, "$") == 0)
+            rc = px_redis_cmd(st->link, create_reply_cb, st, "XREVRANGE %s + - COUNT 1", sc->stream);
+        else {
+            snprintf(st->last_id, sizeof(st->last_id), "%s", sc->start);
+            st->rstate = R_LIVE;
+            read_next(st);
+            return;
+        }
+        if (rc == PX_OK) st->reading = true;
+        return;
+    }
+    size_t n = batch_size(st);
+    if (n == 0) return;  /* px_reader_kick resumes us when entries leave */
+    char count[24], block[24];
+    snprintf(count, sizeof(count), "%zu", n);
+    snprintf(block, sizeof(block), "%d", PX_READER_BLOCK_MS);
+    if (sc->group && st->rstate == R_HISTORY) {
+        const char *argv[] = { "XREADGROUP", "GROUP", sc->group, sc->consumer, "COUNT", count,
+                               "STREAMS", sc->stream, st->last_id };
+        size_t lens[9];
+        for (int i = 0; i < 9; i++) lens[i] = strlen(argv[i]);
+        rc = px_redis_argv(st->link, sc->stream, 0, read_reply_cb, st, 9, argv, lens);
+    } else if (sc->group) {
+        const char *argv[] = { "XREADGROUP", "GROUP", sc->group, sc->consumer, "COUNT", count,
+                               "BLOCK", block, "STREAMS", sc->stream, ">" };
+        size_t lens[11];
+        for (int i = 0; i < 11; i++) lens[i] = strlen(argv[i]);
+        rc = px_redis_argv(st->link, sc->stream, PX_READER_BLOCK_MS, read_reply_cb, st, 11, argv,
+                           lens);
+    } else {
+        const char *argv[] = { "XREAD", "COUNT", count, "BLOCK", block, "STREAMS", sc->stream,
+                               st->last_id };
+        size_t lens[8];
+        for (int i = 0; i < 8; i++) lens[i] = strlen(argv[i]);
+        rc = px_redis_argv(st->link, sc->stream, PX_READER_BLOCK_MS, read_reply_cb, st, 8, argv,
+                           lens);
+    }
+    if (rc == PX_OK) st->reading = true;
+}
+
+/* --- XAUTOCLAIM ------------------------------------------------------------ */
+
+static void autoclaim_reply_cb(px_redis *r, redisReply *reply, void *priv)
+{
+    (void)r;
+    px_stream *st = priv;
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements < 2) return;
+    if (reply->element[0]->type == REDIS_REPLY_STRING)
+        snprintf(st->autoclaim_cursor, sizeof(st->autoclaim_cursor), "%s", reply->element[0]->str);
+    take_entries(st, reply->element[1], false);
+    if (reply->elements >= 3 && reply->element[2]->type == REDIS_REPLY_ARRAY) {
+        /* Redis 7: ids that were pending but deleted; XAUTOCLAIM removed them. */
+        redisReply *del = reply->element[2];
+        for (size_t i = 0; i < del->elements; i++) {
+            st->c.trimmed++;
+            px_log_info("stream %s: pending entry %s was trimmed or deleted; acked away",
+                        st->conf->stream, del->element[i]->str);
+        }
+    }
+}
+
+static void autoclaim_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    px_stream *st = w->data;
+    px_stream_conf *sc = st->conf;
+    if (st->px->stopping || st->rstate != R_LIVE) return;
+    size_t n = batch_size(st);
+    if (n == 0) return;
+    char idle[24], count[24];
+    snprintf(idle, sizeof(idle), "%lld", sc->claim_idle_ms);
+    snprintf(count, sizeof(count), "%zu", n);
+    const char *argv[] = { "XAUTOCLAIM", sc->stream, sc->group, sc->consumer, idle,
+                           st->autoclaim_cursor, "COUNT", count };
+    size_t lens[8];
+    for (int i = 0; i < 8; i++) lens[i] = strlen(argv[i]);
+    px_redis_argv(st->px->redis, sc->stream, 0, autoclaim_reply_cb, st, 8, argv, lens);
+}
+
+/* --- janitor: consumers idle for an hour with nothing pending -------------- */
+
+static long long info_int(redisReply *c, const char *name)
+{
+    for (size_t i = 0; i + 1 < c->elements; i += 2)
+        if (c->element[i]->type == REDIS_REPLY_STRING && strcmp(c->element[i]->str, name) == 0)
+            return c->element[i + 1]->integer;
+    return -1;
+}
+
+static const char *info_str(redisReply *c, const char *name)
+{
+    for (size_t i = 0; i + 1 < c->elements; i += 2)
+        if (c->element[i]->type == REDIS_REPLY_STRING && strcmp(c->element[i]->str, name) == 0 &&
+            c->element[i + 1]->type == REDIS_REPLY_STRING)
+            return c->element[i + 1]->str;
+    return NULL;
+}
+
+static void consumers_reply_cb(px_redis *r, redisReply *reply, void *priv)
+{
+    px_stream *st = priv;
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY) return;
+    for (size_t i = 0; i < reply->elements; i++) {
+        redisReply *c = reply->element[i];
+        const char *name = info_str(c, "name");
+        if (name == NULL || strcmp(name, st->conf->consumer) == 0) continue;
+        if (info_int(c, "pending") == 0 && info_int(c, "idle") > PX_IDLE_CONSUMER_MS) {
+            px_log_info("stream %s: removing idle consumer %s", st->conf->stream, name);
+            px_redis_cmd(r, NULL, NULL, "XGROUP DELCONSUMER %s %s %s", st->conf->stream,
+                         st->conf->group, name);
+        }
+    }
+}
+
+static void janitor_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    px_stream *st = w->data;
+    if (st->px->stopping || st->rstate != R_LIVE) return;
+    px_redis_cmd(st->px->redis, consumers_reply_cb, st, "XINFO CONSUMERS %s %s", st->conf->stream,
+                 st->conf->group);
+}
+
+/* --- public ------------------------------------------------------------------ */
+
+static void pause_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    read_next(w->data);
+}
+
+static void link_state_cb(px_redis *r, bool up, void *udata)
+{
+    (void)r;
+    px_stream *st = udata;
+    if (st->rstate == R_STOPPED) return;
+    if (!up) {
+        st->reading = false;
+        st->rstate = R_DOWN;
+        return;
+    }
+    /* Group mode starts over (the group may be gone, our history may hold
+     * entries whose replies were lost); group-less resumes from the last id. */
+    st->rstate = R_CREATE;
+    if (st->conf->group == NULL && st->last_id[0]) st->rstate = R_LIVE;
+    read_next(st);
+}
+
+void px_reader_start(px_stream *st)
+{
+    px_config *c = st->px->conf;
+    char name[300];
+    snprintf(name, sizeof(name), "reader %s", st->conf->stream);
+    px_redis_opts o = { name, c->redis_host, c->redis_port, c->redis_unix, c->redis_user,
+                        st->px->password, c->redis_db, c->timeout_ms };
+    st->rstate = R_DOWN;
+    ev_timer_init(&st->pause, pause_cb, 0.5, 0.);
+    st->pause.data = st;
+    st->link = px_redis_create(st->px->loop, &o, link_state_cb, st);
+    if (st->conf->group) {
+        double every = (double)st->conf->claim_idle_ms / 2000.0;
+        if (every < 0.1) every = 0.1;
+        strcpy(st->autoclaim_cursor, "0-0");
+        ev_timer_init(&st->autoclaim, autoclaim_cb, every, every);
+        st->autoclaim.data = st;
+        ev_timer_start(st->px->loop, &st->autoclaim);
+        ev_timer_init(&st->janitor, janitor_cb, 5.0, PX_JANITOR_S);
+        st->janitor.data = st;
+        ev_timer_start(st->px->loop, &st->janitor);
+    }
+}
+
+void px_reader_kick(px_stream *st)
+{
+    read_next(st);
+}
+
+void px_reader_stop(px_stream *st)
+{
+    st->rstate = R_STOPPED;
+    ev_timer_stop(st->px->loop, &st->pause);
+    ev_timer_stop(st->px->loop, &st->autoclaim);
+    ev_timer_stop(st->px->loop, &st->janitor);
+    px_redis_destroy(st->link);
+    st->link = NULL;
+}

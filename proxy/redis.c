@@ -1,0 +1,383 @@
+/*
+ * redis.c - see redis.h. Replies on one connection come back in the order the
+ * commands went out, so the pending commands form a FIFO and only its head
+ * can be the first to miss its deadline... except that a blocking read may sit
+ * ahead of short commands: each command's deadline is kept, and the timer
+ * checks the earliest of them (the FIFO is short: reads are alone on their
+ * links, and the command link carries batches that share one timeout).
+ */
+#include "redis.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <hiredis/async.h>
+#include <hiredis/adapters/libev.h>
+
+#include "log.h"
+
+#define PX_REDIS_BACKOFF_MIN_MS 100
+#define PX_REDIS_BACKOFF_MAX_MS 5000
+
+unsigned long long px_redis_errors;
+
+typedef struct px_rcmd {
+    px_redis       *r;            /* (ref) */
+    px_redis_cb    *cb;
+    void           *priv;
+    ev_tstamp       deadline;     /* loop time after which the link is dropped */
+    px_script      *script;       /* (ref) set for EVALSHA, to retry as EVAL */
+    char          **argv;         /* owned copy, kept only for scripts */
+    size_t         *lens;
+    int             argc;
+    struct px_rcmd *next;         /* FIFO order */
+} px_rcmd;
+
+struct px_redis {
+    struct ev_loop     *loop;      /* (ref) */
+    px_redis_opts       opts;      /* strings copied */
+    redisAsyncContext  *ac;        /* NULL while disconnected */
+    bool                up;        /* connected and authenticated */
+    px_redis_state_cb  *state_cb;
+    void               *udata;
+    ev_timer            deadline;  /* the earliest pending command's deadline */
+    ev_timer            retry;     /* reconnect backoff */
+    long long           backoff_ms;
+    px_rcmd            *head, *tail; /* pending commands, oldest first */
+    bool                destroying;
+};
+
+static void connect_start(px_redis *r);
+
+/* --- small helpers ------------------------------------------------------ */
+
+static void fifo_push(px_redis *r, px_rcmd *c)
+{
+    c->next = NULL;
+    if (r->tail) r->tail->next = c; else r->head = c;
+    r->tail = c;
+}
+
+static void fifo_remove(px_redis *r, px_rcmd *c)
+{
+    px_rcmd **pp = &r->head, *prev = NULL;
+    while (*pp && *pp != c) { prev = *pp; pp = &(*pp)->next; }
+    if (*pp == NULL) return;
+    *pp = c->next;
+    if (r->tail == c) r->tail = prev;
+}
+
+static void rcmd_free(px_rcmd *c)
+{
+    if (c->argv) {
+        for (int i = 0; i < c->argc; i++) free(c->argv[i]);
+        free(c->argv);
+        free(c->lens);
+    }
+    free(c);
+}
+
+static void deadline_rearm(px_redis *r)
+{
+    ev_timer_stop(r->loop, &r->deadline);
+    if (r->head == NULL) return;
+    ev_tstamp first = r->head->deadline;
+    for (px_rcmd *c = r->head->next; c; c = c->next)
+        if (c->deadline < first) first = c->deadline;
+    ev_tstamp after = first - ev_now(r->loop);
+    ev_timer_set(&r->deadline, after > 0 ? after : 0.001, 0.);
+    ev_timer_start(r->loop, &r->deadline);
+}
+
+static void set_up(px_redis *r, bool up)
+{
+    if (r->up == up) return;
+    r->up = up;
+    if (r->state_cb && !r->destroying) r->state_cb(r, up, r->udata);
+}
+
+/* The link is gone (or being dropped): schedule a reconnect with backoff.
+ * Called once per context: every caller first checks that 'r->ac' is the
+ * context in question, and clears it here. */
+static void link_lost(px_redis *r, const char *why)
+{
+    r->ac = NULL;
+    if (!r->destroying) {
+        px_log_warn("redis %s: link lost: %s; reconnecting in %lld ms", r->opts.name, why,
+                    r->backoff_ms);
+        ev_timer_set(&r->retry, (double)r->backoff_ms / 1000.0, 0.);
+        ev_timer_start(r->loop, &r->retry);
+        r->backoff_ms *= 2;
+        if (r->backoff_ms > PX_REDIS_BACKOFF_MAX_MS) r->backoff_ms = PX_REDIS_BACKOFF_MAX_MS;
+    }
+    set_up(r, false);
+}
+
+/* --- callbacks ---------------------------------------------------------- */
+
+static void reply_cb(redisAsyncContext *ac, void *reply, void *privdata);
+
+static int send_rcmd(px_redis *r, px_rcmd *c, int argc, const char **argv, const size_t *lens)
+{
+    if (redisAsyncCommandArgv(r->ac, reply_cb, c, argc, argv, lens) != REDIS_OK) return PX_ERR;
+    fifo_push(r, c);
+    if (!ev_is_active(&r->deadline)) deadline_rearm(r);
+    return PX_OK;
+}
+
+static void reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+{
+    (void)ac;
+    px_rcmd *c = privdata;
+    px_redis *r = c->r;
+    redisReply *rep = reply;
+    fifo_remove(r, c);
+    deadline_rearm(r);
+
+    if (rep && rep->type == REDIS_REPLY_ERROR && c->script &&
+        strncmp(rep->str, "NOSCRIPT", 8) == 0 && r->ac) {
+        /* The script cache is volatile (restart, failover, SCRIPT FLUSH): send the body. */
+        c->argv[0] = (free(c->argv[0]), px_strdup("EVAL"));
+        free(c->argv[1]);
+        c->argv[1] = px_strdup(c->script->body);
+        c->lens[0] = 4;
+        c->lens[1] = strlen(c->script->body);
+        c->script = NULL;
+        c->deadline = ev_now(r->loop) + (double)r->opts.timeout_ms / 1000.0;
+        if (send_rcmd(r, c, c->argc, (const char **)c->argv, c->lens) == PX_OK) return;
+        rep = NULL;
+    }
+    if (rep == NULL || rep->type == REDIS_REPLY_ERROR) {
+        px_redis_errors++;
+        if (rep) px_log_warn("redis %s: %s", r->opts.name, rep->str);
+    }
+    if (c->cb) c->cb(r, rep, c->priv);
+    rcmd_free(c);
+}
+
+static void deadline_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)revents;
+    px_redis *r = w->data;
+    if (r->head == NULL || r->ac == NULL) return;
+    ev_tstamp now = ev_now(loop);
+    bool late = false;
+    for (px_rcmd *c = r->head; c; c = c->next) if (c->deadline <= now) late = true;
+    if (!late) { deadline_rearm(r); return; }
+    /* Freeing the context runs every pending callback with reply == NULL. */
+    redisAsyncContext *ac = r->ac;
+    link_lost(r, "command timed out");
+    redisAsyncFree(ac);
+}
+
+/* Scripts are loaded on every new connection; the sha lets later calls use EVALSHA. */
+static px_script *scripts[8];
+static size_t nscripts;
+
+void px_script_init(px_script *s)
+{
+    s->sha[0] = '\0';
+    if (nscripts < sizeof(scripts) / sizeof(scripts[0])) scripts[nscripts++] = s;
+}
+
+static void script_loaded_cb(px_redis *r, redisReply *reply, void *priv)
+{
+    (void)r;
+    px_script *s = priv;
+    if (reply && reply->type == REDIS_REPLY_STRING && reply->len == 40)
+        memcpy(s->sha, reply->str, 41);
+}
+
+static void hello_cb(px_redis *r, redisReply *reply, void *priv)
+{
+    (void)priv;
+    if (reply == NULL || r->ac == NULL) return;
+    if (reply->type == REDIS_REPLY_ERROR) {
+        /* Wrong password or db: keep retrying, as with any other outage. */
+        redisAsyncContext *ac = r->ac;
+        link_lost(r, "handshake refused");
+        redisAsyncDisconnect(ac);
+        return;
+    }
+    if (reply->type != REDIS_REPLY_STATUS || strcmp(reply->str, "PONG") != 0) return;
+    r->backoff_ms = PX_REDIS_BACKOFF_MIN_MS;
+    px_log_info("redis %s: connected", r->opts.name);
+    set_up(r, true);
+}
+
+static void connect_cb(const redisAsyncContext *ac, int status)
+{
+    px_redis *r = ac->data;
+    if (status != REDIS_OK) {
+        /* hiredis frees the context itself; the disconnect callback will not run. */
+        char why[160];
+        snprintf(why, sizeof(why), "connect failed: %s", ac->c.errstr);
+        if (r->ac == ac) link_lost(r, why);
+    }
+}
+
+static void disconnect_cb(const redisAsyncContext *ac, int status)
+{
+    px_redis *r = ac->data;
+    if (r->ac != ac) return;  /* already handled (timeout, destroy) */
+    link_lost(r, status == REDIS_OK ? "closed" : ac->c.errstr);
+}
+
+static void retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    connect_start(w->data);
+}
+
+static void connect_start(px_redis *r)
+{
+    redisAsyncContext *ac = r->opts.unix_path
+        ? redisAsyncConnectUnix(r->opts.unix_path)
+        : redisAsyncConnect(r->opts.host, r->opts.port);
+    if (ac == NULL || ac->err) {
+        char why[160];
+        snprintf(why, sizeof(why), "connect failed: %s", ac ? ac->errstr : "out of memory");
+        if (ac) redisAsyncFree(ac);
+        link_lost(r, why);
+        return;
+    }
+    ac->data = r;
+    r->ac = ac;
+    redisLibevAttach(r->loop, ac);
+    redisAsyncSetConnectCallback(ac, connect_cb);
+    redisAsyncSetDisconnectCallback(ac, disconnect_cb);
+    if (!r->opts.unix_path) redisEnableKeepAlive(&ac->c);
+
+    /* Commands queue up before the connection completes; PING's reply says we are in. */
+    if (r->opts.password) {
+        if (r->opts.user)
+            px_redis_cmd(r, hello_cb, NULL, "AUTH %s %s", r->opts.user, r->opts.password);
+        else
+            px_redis_cmd(r, hello_cb, NULL, "AUTH %s", r->opts.password);
+    }
+    if (r->opts.db) px_redis_cmd(r, hello_cb, NULL, "SELECT %d", r->opts.db);
+    for (size_t i = 0; i < nscripts; i++)
+        px_redis_cmd(r, script_loaded_cb, scripts[i], "SCRIPT LOAD %s", scripts[i]->body);
+    px_redis_cmd(r, hello_cb, NULL, "PING");
+}
+
+/* --- public ------------------------------------------------------------- */
+
+px_redis *px_redis_create(struct ev_loop *loop, const px_redis_opts *opts,
+                          px_redis_state_cb *state_cb, void *udata)
+{
+    px_redis *r = px_calloc(1, sizeof(*r));
+    r->loop = loop;
+    r->opts = *opts;
+    r->opts.name = px_strdup(opts->name);
+    r->opts.host = px_strdup(opts->host);
+    r->opts.unix_path = px_strdup(opts->unix_path);
+    r->opts.user = px_strdup(opts->user);
+    r->opts.password = px_strdup(opts->password);
+    r->state_cb = state_cb;
+    r->udata = udata;
+    r->backoff_ms = PX_REDIS_BACKOFF_MIN_MS;
+    ev_timer_init(&r->deadline, deadline_cb, 0., 0.);
+    r->deadline.data = r;
+    ev_timer_init(&r->retry, retry_cb, 0., 0.);
+    r->retry.data = r;
+    connect_start(r);
+    return r;
+}
+
+void px_redis_destroy(px_redis *r)
+{
+    if (r == NULL) return;
+    r->destroying = true;
+    ev_timer_stop(r->loop, &r->deadline);
+    ev_timer_stop(r->loop, &r->retry);
+    if (r->ac) {
+        redisAsyncContext *ac = r->ac;
+        r->ac = NULL;
+        redisAsyncFree(ac);
+    }
+    free((char *)r->opts.name);
+    free((char *)r->opts.host);
+    free((char *)r->opts.unix_path);
+    free((char *)r->opts.user);
+    free((char *)r->opts.password);
+    free(r);
+}
+
+bool px_redis_is_up(const px_redis *r)
+{
+    return r->up;
+}
+
+size_t px_redis_pending(const px_redis *r)
+{
+    size_t n = 0;
+    for (px_rcmd *c = r->head; c; c = c->next) n++;
+    return n;
+}
+
+static px_rcmd *rcmd_new(px_redis *r, px_redis_cb *cb, void *priv, long long extra_ms)
+{
+    px_rcmd *c = px_calloc(1, sizeof(*c));
+    c->r = r;
+    c->cb = cb;
+    c->priv = priv;
+    c->deadline = ev_now(r->loop) + (double)(r->opts.timeout_ms + extra_ms) / 1000.0;
+    return c;
+}
+
+int px_redis_argv(px_redis *r, const char *key, long long extra_ms, px_redis_cb *cb,
+                  void *priv, int argc, const char **argv, const size_t *lens)
+{
+    (void)key;  /* a cluster router picks the node by this key */
+    if (r->ac == NULL || !r->up) return PX_ERR;
+    px_rcmd *c = rcmd_new(r, cb, priv, extra_ms);
+    if (send_rcmd(r, c, argc, argv, lens) != PX_OK) { rcmd_free(c); return PX_ERR; }
+    return PX_OK;
+}
+
+int px_redis_cmd(px_redis *r, px_redis_cb *cb, void *priv, const char *fmt, ...)
+{
+    if (r->ac == NULL) return PX_ERR;
+    px_rcmd *c = rcmd_new(r, cb, priv, 0);
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = redisvAsyncCommand(r->ac, reply_cb, c, fmt, ap);
+    va_end(ap);
+    if (rc != REDIS_OK) { rcmd_free(c); return PX_ERR; }
+    fifo_push(r, c);
+    if (!ev_is_active(&r->deadline)) deadline_rearm(r);
+    return PX_OK;
+}
+
+int px_redis_script(px_redis *r, px_script *s, px_redis_cb *cb, void *priv, int nkeys,
+                    int argc, const char **argv, const size_t *lens)
+{
+    if (r->ac == NULL || !r->up) return PX_ERR;
+    px_rcmd *c = rcmd_new(r, cb, priv, 0);
+    c->script = s;
+    c->argc = argc + 3;
+    c->argv = px_malloc(sizeof(char *) * (size_t)c->argc);
+    c->lens = px_malloc(sizeof(size_t) * (size_t)c->argc);
+    char nk[16];
+    snprintf(nk, sizeof(nk), "%d", nkeys);
+    if (s->sha[0]) {
+        c->argv[0] = px_strdup("EVALSHA");  c->lens[0] = 7;
+        c->argv[1] = px_strdup(s->sha);     c->lens[1] = 40;
+    } else {
+        c->script = NULL;
+        c->argv[0] = px_strdup("EVAL");     c->lens[0] = 4;
+        c->argv[1] = px_strdup(s->body);    c->lens[1] = strlen(s->body);
+    }
+    c->argv[2] = px_strdup(nk);         c->lens[2] = strlen(nk);
+    for (int i = 0; i < argc; i++) {
+        c->argv[i + 3] = px_strndup(argv[i], lens[i]);
+        c->lens[i + 3] = lens[i];
+    }
+    if (send_rcmd(r, c, c->argc, (const char **)c->argv, c->lens) != PX_OK) {
+        rcmd_free(c);
+        return PX_ERR;
+    }
+    return PX_OK;
+}

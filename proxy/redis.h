@@ -1,0 +1,75 @@
+/*
+ * redis.h - one asynchronous Redis connection on the libev loop, with what
+ * hiredis 0.14 lacks: a deadline on every command (an ev_timer watches the
+ * oldest outstanding one; when it passes, the connection is dropped and every
+ * pending callback runs with reply == NULL), reconnection with jittered
+ * backoff, AUTH/SELECT on connect, and scripts sent as EVALSHA that fall back
+ * to EVAL after NOSCRIPT.
+ *
+ * Callers route through px_redis_argv with the key the command is about, so a
+ * cluster router can later pick the node by the key's hash slot without any
+ * caller changing.
+ */
+#ifndef PX_REDIS_H
+#define PX_REDIS_H
+
+#include <ev.h>
+#include <hiredis/hiredis.h>
+
+#include "px.h"
+
+typedef struct px_redis px_redis;
+
+/* 'reply' is NULL when the link went down before the reply came; it is valid
+ * only for the duration of the callback. */
+typedef void px_redis_cb(px_redis *r, redisReply *reply, void *priv);
+
+typedef struct px_redis_opts {
+    const char *name;          /* (ref) for logs: "commands", "reader room" */
+    const char *host;          /* (ref) numeric address; NULL with 'unix_path' */
+    int         port;
+    const char *unix_path;     /* (ref) */
+    const char *user;          /* (ref) may be NULL */
+    const char *password;      /* (ref) may be NULL; never logged */
+    int         db;
+    long long   timeout_ms;    /* deadline of every command */
+} px_redis_opts;
+
+/* Called when the link becomes usable (after AUTH/SELECT) and when it is lost. */
+typedef void px_redis_state_cb(px_redis *r, bool up, void *udata);
+
+typedef struct px_script {
+    const char *body;          /* Lua source */
+    char        sha[41];       /* filled by px_script_init */
+} px_script;
+
+void px_script_init(px_script *s);
+
+px_redis *px_redis_create(struct ev_loop *loop, const px_redis_opts *opts,
+                          px_redis_state_cb *state_cb, void *udata);
+void px_redis_destroy(px_redis *r);
+
+bool px_redis_is_up(const px_redis *r);
+
+/* Commands sent and not yet answered. */
+size_t px_redis_pending(const px_redis *r);
+
+/*
+ * Send one command. 'key' names the key the command routes by (may be NULL).
+ * 'extra_ms' is added to the deadline (a blocking read's BLOCK time).
+ * Returns PX_OK, or PX_ERR when the link is down (then 'cb' is never called).
+ */
+int px_redis_argv(px_redis *r, const char *key, long long extra_ms, px_redis_cb *cb,
+                  void *priv, int argc, const char **argv, const size_t *lens);
+
+/* Printf-style convenience for rare commands (hiredis' format, %b for binary). */
+int px_redis_cmd(px_redis *r, px_redis_cb *cb, void *priv, const char *fmt, ...);
+
+/* Run script 's' with 'nkeys' keys followed by args; argv excludes EVALSHA/sha/numkeys. */
+int px_redis_script(px_redis *r, px_script *s, px_redis_cb *cb, void *priv, int nkeys,
+                    int argc, const char **argv, const size_t *lens);
+
+/* Count of commands that failed (error replies, timeouts, lost links). */
+extern unsigned long long px_redis_errors;
+
+#endif

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install what idemproxy needs to build and test, on Debian 12, only what is
+# missing: Debian's packages with apt-get, the Python test tools into .venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pkgs="build-essential pkg-config redis-server libhiredis-dev libev-dev libnanomsg-dev
+      nanomsg-utils libprotobuf-c-dev protobuf-c-compiler libyaml-dev libjson-c-dev
+      python3 python3-venv valgrind"
+missing=""
+for p in $pkgs; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    echo "deps: installing$missing" >&2
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import pytest, redis, pynng, grpc_tools" 2>/dev/null; then
+    echo "deps: preparing .venv (pytest, redis, pynng, grpcio-tools)" >&2
+    python3 -m venv .venv
+    .venv/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt
+fi

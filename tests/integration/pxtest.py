@@ -1,0 +1,300 @@
+"""Fixtures for the integration tests: a real redis-server on a free port in a
+temp dir, the real idemproxy binary, and workers on real SP sockets: a Python
+REP worker (pynng) that a test can script or drive step by step, and the C
+example worker from clients/c."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import redis as redis_lib
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = ROOT / "build" / "idemproxy"
+C_WORKER = ROOT / "clients" / "c" / "build" / "example_worker"
+PYGEN = ROOT / "build" / "py"
+
+
+def _gen_proto():
+    PYGEN.mkdir(parents=True, exist_ok=True)
+    out = PYGEN / "idemproxy" / "v1" / "idemproxy_pb2.py"
+    src = ROOT / "proto" / "idemproxy" / "v1" / "idemproxy.proto"
+    if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
+        from grpc_tools import protoc
+        rc = protoc.main(["protoc", f"-I{ROOT / 'proto'}", f"--python_out={PYGEN}", str(src)])
+        assert rc == 0, "protoc failed"
+    if str(PYGEN) not in sys.path:
+        sys.path.insert(0, str(PYGEN))
+
+
+_gen_proto()
+from idemproxy.v1 import idemproxy_pb2 as pb  # noqa: E402
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(cond, timeout=10.0, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class RedisServer:
+    def __init__(self, tmp: Path):
+        self.dir = tmp
+        self.port = free_port()
+        self.proc = None
+        self.start()
+
+    def start(self, extra=()):
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+             "--save", "", "--appendonly", "no", *extra],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.client = redis_lib.Redis(port=self.port, decode_responses=True)
+        wait_for(self._ping, what="redis-server")
+
+    def _ping(self):
+        try:
+            return self.client.ping()
+        except redis_lib.exceptions.ConnectionError:
+            return False
+
+    def stop(self):
+        if self.proc:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    @property
+    def url(self):
+        return f"redis://127.0.0.1:{self.port}"
+
+
+class Proxy:
+    """One idemproxy process with a config written from keyword arguments."""
+
+    def __init__(self, tmp: Path, name: str, redis_url: str, endpoint: str, streams, **app):
+        self.tmp = tmp
+        self.name = name
+        self.endpoint = endpoint
+        self.config = tmp / f"{name}.yaml"
+        self.log = tmp / f"{name}.log"
+        self.proc = None
+        lines = [f"redis:\n  url: {redis_url}\n  timeout_ms: {app.pop('timeout_ms', 1000)}",
+                 f"app:\n  endpoint: {endpoint}\n  ack_timeout_ms: {app.pop('ack_timeout_ms', 5000)}"]
+        for k in ("max_inflight", "max_entry_bytes"):
+            if k in app:
+                lines[-1] += f"\n  {k}: {app.pop(k)}"
+        lines.append(f"log:\n  level: {app.pop('log_level', 'debug')}")
+        lines.append(f"shutdown_grace_ms: {app.pop('shutdown_grace_ms', 3000)}")
+        assert not app, app
+        lines.append("streams:")
+        for s in streams:
+            first = True
+            for k, v in s.items():
+                if isinstance(v, bool):
+                    v = "true" if v else "false"
+                elif isinstance(v, str):
+                    v = "'" + v.replace("'", "''") + "'"
+                lines.append(f"  {'- ' if first else '  '}{k}: {v}")
+                first = False
+        self.config.write_text("\n".join(lines) + "\n")
+
+    def start(self, **env):
+        self.logf = open(self.log, "ab")
+        e = dict(os.environ)
+        e.update({k: str(v) for k, v in env.items()})
+        self.proc = subprocess.Popen([str(BIN), "-c", str(self.config)], stdout=self.logf,
+                                     stderr=subprocess.STDOUT, env=e)
+        return self
+
+    def log_text(self):
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def wait_log(self, text, timeout=10.0):
+        wait_for(lambda: text in self.log_text(), timeout, f"'{text}' in {self.name} log")
+
+    def stop(self, sig=signal.SIGTERM, timeout=15.0):
+        if self.proc is None:
+            return None
+        self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self.proc = None
+        self.logf.close()
+        return rc
+
+    def kill9(self):
+        return self.stop(signal.SIGKILL)
+
+
+class PyWorker:
+    """A REP worker on pynng. 'behave(delivery) -> (status, reason) or None'
+    decides each answer (None: do not answer, the delivery times out).
+    With manual=True, deliveries queue up in 'inbox' for the test to answer."""
+
+    def __init__(self, endpoint, behave=None, manual=False):
+        import pynng
+        self.pynng = pynng
+        self.endpoint = endpoint
+        self.behave = behave or (lambda d: (pb.Ack.ACK, ""))
+        self.manual = manual
+        self.got = []
+        self.inbox = []
+        self.replies = []
+        self.lock = threading.Lock()
+        self.stopped = False
+        self.sock = pynng.Rep0(recv_timeout=100)
+        self.sock.dial(endpoint, block=False)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stopped:
+            try:
+                msg = self.sock.recv()
+            except self.pynng.Timeout:
+                self._send_pending()
+                continue
+            except self.pynng.Closed:
+                return
+            d = pb.Delivery()
+            d.ParseFromString(msg)
+            with self.lock:
+                self.got.append(d)
+            if self.manual:
+                with self.lock:
+                    self.inbox.append(d)
+                while not self.stopped:
+                    if self._send_pending():
+                        break
+                    time.sleep(0.005)
+                continue
+            ans = self.behave(d)
+            if ans is None:
+                continue
+            if isinstance(ans, bytes):
+                self.sock.send(ans)
+            else:
+                self.sock.send(pb.Ack(status=ans[0], reason=ans[1]).SerializeToString())
+
+    def _send_pending(self):
+        with self.lock:
+            if not self.replies:
+                return False
+            data = self.replies.pop(0)
+        self.sock.send(data)
+        return True
+
+    def answer(self, status, reason=""):
+        """Manual mode: answer the delivery in hand."""
+        with self.lock:
+            self.inbox.pop(0)
+            self.replies.append(pb.Ack(status=status, reason=reason).SerializeToString())
+
+    def keys(self):
+        with self.lock:
+            return [d.key for d in self.got]
+
+    def close(self):
+        self.stopped = True
+        self.sock.close()
+        self.thread.join(2)
+
+
+class CWorker:
+    """clients/c's example worker: prints '<key> attempt=<n>' per delivery."""
+
+    def __init__(self, endpoint, tmp, **env):
+        self.out = tmp / f"cworker-{time.time_ns()}.out"
+        e = dict(os.environ)
+        e.update({k: str(v) for k, v in env.items()})
+        self.f = open(self.out, "wb")
+        self.proc = subprocess.Popen([str(C_WORKER), "--endpoint", endpoint], stdout=self.f,
+                                     stderr=subprocess.DEVNULL, env=e)
+
+    def lines(self):
+        return [l for l in self.out.read_text().splitlines() if l]
+
+    def keys(self):
+        return [l.split(" attempt=")[0] for l in self.lines()]
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(5)
+        self.f.close()
+
+
+class Env:
+    def __init__(self, tmp, redis_server):
+        self.tmp = tmp
+        self.redis = redis_server
+        self.r = redis_server.client
+        self.proxies = []
+        self.workers = []
+        self.n = 0
+
+    def endpoint(self):
+        self.n += 1
+        return f"ipc://{self.tmp}/app{self.n}.sock"
+
+    def proxy(self, streams, endpoint=None, proc_env=None, **app):
+        p = Proxy(self.tmp, f"proxy{len(self.proxies) + 1}", self.redis.url,
+                  endpoint or self.endpoint(), streams, **app)
+        self.proxies.append(p)
+        return p.start(**(proc_env or {}))
+
+    def worker(self, endpoint, **kw):
+        w = PyWorker(endpoint, **kw)
+        self.workers.append(w)
+        return w
+
+    def cworker(self, endpoint, **env):
+        w = CWorker(endpoint, self.tmp, **env)
+        self.workers.append(w)
+        return w
+
+    def close(self):
+        for w in self.workers:
+            (w.stop if isinstance(w, CWorker) else w.close)()
+        for p in self.proxies:
+            p.stop(signal.SIGKILL)
+
+
+
+
+def publish(r, stream, events, field="payload"):
+    """XADD each event (a dict, sent as JSON in 'field'; or raw bytes/str)."""
+    import json
+    ids = []
+    for ev in events:
+        if isinstance(ev, dict) and field is not None:
+            ids.append(r.xadd(stream, {field: json.dumps(ev)}))
+        elif isinstance(ev, dict):
+            ids.append(r.xadd(stream, ev))
+        else:
+            ids.append(r.xadd(stream, {field: ev}))
+    return ids
+
+
+def pending(r, stream, group):
+    try:
+        return r.xpending(stream, group)["pending"]
+    except Exception:
+        return 0

@@ -1,0 +1,327 @@
+"""End to end: redis-server, idemproxy and a worker on real sockets; the
+assertions are on what the worker received and what Redis holds."""
+import json
+import signal
+import time
+
+import pytest
+
+from pxtest import pb, publish, pending, wait_for
+
+LAYOUTS = ["single", "split"]
+MODES = ["group", "groupless"]
+
+
+def stream_conf(mode, layout, **kw):
+    s = {"stream": "room", "payload_field": "payload", "key": "#event.eventId", "layout": layout}
+    if mode == "group":
+        s["group"] = "game-server"
+        s["consumer"] = kw.pop("consumer", "c1")
+    s.update(kw)
+    return s
+
+
+def done_key(layout, key):
+    return ("idem:" if layout == "single" else "done:") + key
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("mode", MODES)
+def test_copies_skipped(env, mode, layout):
+    r = env.r
+    # RouletteSpinEvent / MiniGameFinishedEvent, each published twice or three times.
+    events = []
+    for i in range(10):
+        ev = {"eventId": f"spin-{i}", "joinCode": "A1B2", "type": "RouletteSpinEvent"}
+        events += [ev] * (2 + i % 2)
+    publish(r, "room", events)
+    p = env.proxy([stream_conf(mode, layout, done_ttl_ms=600000)])
+    w = env.worker(p.endpoint)
+    wait_for(lambda: len(w.keys()) >= 10, what="10 deliveries")
+    time.sleep(0.5)
+    assert sorted(w.keys()) == sorted(f"spin-{i}" for i in range(10))
+    for i in range(10):
+        k = done_key(layout, f"spin-{i}")
+        assert r.exists(k)
+        assert 590000 < r.pttl(k) <= 600000
+        if layout == "split":
+            assert not r.exists(f"lock:spin-{i}")
+    if mode == "group":
+        wait_for(lambda: pending(r, "room", "game-server") == 0, what="nothing pending")
+    d = w.got[0]
+    assert d.stream == "room" and d.attempt == 1 and d.fencing_token == 0
+    assert json.loads(d.payload)["eventId"] == d.key
+    assert [f.name for f in d.fields] == []   # the payload field is not repeated in fields
+    assert int(d.entry_id.split("-")[0]) < d.deadline_unix_ms <= time.time() * 1000 + 5000
+
+
+def test_fields_as_event_and_dotted_names(env):
+    r = env.r
+    r.xadd("minigame", {"eventId": "m-1", "winner.name": "kim", "score": "10"})
+    r.xadd("minigame", {"eventId": "m-1", "winner.name": "kim", "score": "10"})
+    p = env.proxy([{"stream": "minigame", "group": "g", "key": "game:#{event.winner.name}:#{event.eventId}"}])
+    w = env.worker(p.endpoint)
+    wait_for(lambda: w.keys(), what="delivery")
+    time.sleep(0.5)
+    assert w.keys() == ["game:kim:m-1"]
+    d = w.got[0]
+    assert [(f.name, f.value) for f in d.fields] == [("eventId", b"m-1"), ("winner.name", b"kim"), ("score", b"10")]
+    assert d.payload == b""
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_restart_rereads_from_zero_without_redelivery(env, layout):
+    r = env.r
+    publish(r, "room", [{"eventId": f"e{i}"} for i in range(20)])
+    conf = [stream_conf("groupless", layout, start="0")]
+    ep = env.endpoint()
+    w = env.worker(ep)
+    p = env.proxy(conf, endpoint=ep)
+    wait_for(lambda: len(w.keys()) == 20, what="20 deliveries")
+    assert p.stop() == 0
+    p2 = env.proxy(conf, endpoint=ep)
+    p2.wait_log("duplicate (before_lock)")
+    time.sleep(1.0)
+    assert len(w.keys()) == 20          # nothing delivered twice
+    assert p2.log_text().count("duplicate (before_lock)") == 20
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_two_replicas_never_deliver_a_key_twice(env, mode):
+    r = env.r
+    events = [{"eventId": f"k{i % 60}"} for i in range(120)]
+    publish(r, "room", events)
+    p1 = env.proxy([stream_conf(mode, "single", consumer="c1")])
+    p2 = env.proxy([stream_conf(mode, "single", consumer="c2")])
+    w1 = env.worker(p1.endpoint)
+    w2 = env.worker(p2.endpoint)
+    wait_for(lambda: len(w1.keys()) + len(w2.keys()) >= 60, what="60 deliveries")
+    time.sleep(1.0)
+    keys = w1.keys() + w2.keys()
+    assert sorted(keys) == sorted(f"k{i}" for i in range(60))
+
+
+def test_retry_then_ack(env):
+    def behave(d):
+        return (pb.Ack.RETRY, "not yet") if d.attempt == 1 else (pb.Ack.ACK, "")
+    p = env.proxy([stream_conf("group", "single", retry_backoff_ms=100)])
+    w = env.worker(p.endpoint, behave=behave)
+    publish(env.r, "room", [{"eventId": "r1"}])
+    wait_for(lambda: len(w.got) == 2, what="two deliveries")
+    assert [(d.key, d.attempt) for d in w.got] == [("r1", 1), ("r1", 2)]
+    wait_for(lambda: env.r.get("idem:r1") == "D", what="done mark")
+    wait_for(lambda: pending(env.r, "room", "game-server") == 0, what="acked")
+
+
+def test_drop_goes_to_dead_letter(env):
+    def behave(d):
+        return (pb.Ack.DROP, "cannot handle") if d.key == "bad" else (pb.Ack.ACK, "")
+    p = env.proxy([stream_conf("group", "split", dead_letter="room:dlq")])
+    w = env.worker(p.endpoint, behave=behave)
+    ids = publish(env.r, "room", [{"eventId": "bad"}, {"eventId": "good"}])
+    wait_for(lambda: env.r.xlen("room:dlq") == 1, what="dead letter")
+    dl = env.r.xrange("room:dlq")[0][1]
+    assert dl["idemproxy-reason"] == "cannot handle"
+    assert dl["idemproxy-stream"] == "room"
+    assert dl["idemproxy-entry-id"] == ids[0]
+    assert dl["idemproxy-attempts"] == "1"
+    assert json.loads(dl["payload"]) == {"eventId": "bad"}
+    wait_for(lambda: env.r.exists("done:bad") and env.r.exists("done:good"), what="done marks")
+    wait_for(lambda: pending(env.r, "room", "game-server") == 0, what="acked")
+    assert sorted(w.keys()) == ["bad", "good"]
+
+
+def test_max_deliveries_then_dead_letter(env):
+    p = env.proxy([stream_conf("group", "single", dead_letter="dlq", max_deliveries=3,
+                               retry_backoff_ms=50)])
+    w = env.worker(p.endpoint, behave=lambda d: (pb.Ack.RETRY, "still failing"))
+    publish(env.r, "room", [{"eventId": "poison"}])
+    wait_for(lambda: env.r.xlen("dlq") == 1, what="dead letter")
+    assert [d.attempt for d in w.got] == [1, 2, 3]
+    dl = env.r.xrange("dlq")[0][1]
+    assert dl["idemproxy-attempts"] == "3"
+    assert "max_deliveries" in dl["idemproxy-reason"] and "still failing" in dl["idemproxy-reason"]
+    wait_for(lambda: env.r.get("idem:poison") == "D", what="done mark")
+    wait_for(lambda: pending(env.r, "room", "game-server") == 0, what="acked")
+
+
+def test_ack_timeout_redelivers(env):
+    def behave(d):
+        return None if d.attempt == 1 else (pb.Ack.ACK, "")
+    p = env.proxy([stream_conf("group", "single", retry_backoff_ms=50)], ack_timeout_ms=700)
+    w = env.worker(p.endpoint, behave=behave)
+    publish(env.r, "room", [{"eventId": "slow"}])
+    wait_for(lambda: len(w.got) == 2, timeout=10, what="redelivery after the ack timeout")
+    assert [d.attempt for d in w.got] == [1, 2]
+    wait_for(lambda: env.r.get("idem:slow") == "D", what="done mark")
+    assert "ack timeout" in p.log_text()
+
+
+def test_garbage_reply_counts_as_retry(env):
+    def behave(d):
+        return b"\xff\xff\xff" if d.attempt == 1 else (pb.Ack.ACK, "")
+    p = env.proxy([stream_conf("group", "single", retry_backoff_ms=50)])
+    w = env.worker(p.endpoint, behave=behave)
+    publish(env.r, "room", [{"eventId": "g1"}])
+    wait_for(lambda: len(w.got) == 2, what="redelivery after a garbage reply")
+    wait_for(lambda: env.r.get("idem:g1") == "D", what="done mark")
+    assert "invalid reply" in p.log_text()
+
+
+def test_wrong_echo_counts_as_retry(env):
+    def behave(d):
+        if d.attempt == 1:
+            return pb.Ack(status=pb.Ack.ACK, entry_id="0-1").SerializeToString()
+        return (pb.Ack.ACK, "")
+    p = env.proxy([stream_conf("group", "single", retry_backoff_ms=50)])
+    w = env.worker(p.endpoint, behave=behave)
+    publish(env.r, "room", [{"eventId": "echo"}])
+    wait_for(lambda: len(w.got) == 2, what="redelivery after a wrong echo")
+    assert "echoes another entry id" in p.log_text()
+
+
+def test_worker_connects_late_c_worker(env):
+    publish(env.r, "room", [{"eventId": f"late{i}"} for i in range(5)] * 2)
+    p = env.proxy([stream_conf("group", "single")])
+    time.sleep(1.0)
+    w = env.cworker(p.endpoint)
+    wait_for(lambda: len(w.lines()) >= 5, what="C worker deliveries")
+    time.sleep(0.5)
+    assert sorted(w.lines()) == sorted(f"late{i} attempt=1" for i in range(5))
+    wait_for(lambda: pending(env.r, "room", "game-server") == 0, what="acked")
+
+
+def test_c_worker_started_before_proxy(env):
+    ep = env.endpoint()
+    w = env.cworker(ep)
+    time.sleep(0.3)
+    publish(env.r, "room", [{"eventId": "early"}])
+    env.proxy([stream_conf("group", "single")], endpoint=ep)
+    wait_for(lambda: w.lines() == ["early attempt=1"], what="C worker delivery")
+
+
+def test_lock_key_serialises_one_resource_across_replicas(env):
+    spans = []
+
+    def behave(d):
+        t0 = time.time()
+        time.sleep(0.15)
+        spans.append((t0, time.time(), d.key))
+        return (pb.Ack.ACK, "")
+    conf = dict(lock_key="lock:game:room:#{event.roomId}", wait_ms=5000)
+    p1 = env.proxy([stream_conf("groupless", "single", **conf)])
+    p2 = env.proxy([stream_conf("groupless", "single", **conf)])
+    env.worker(p1.endpoint, behave=behave)
+    env.worker(p2.endpoint, behave=behave)
+    publish(env.r, "room", [{"eventId": f"leave{i}", "roomId": "R1"} for i in range(8)])
+    wait_for(lambda: len(spans) == 8, timeout=20, what="8 handled")
+    spans.sort()
+    for a, b in zip(spans, spans[1:]):
+        assert b[0] >= a[1] - 0.005, f"overlap: {a} {b}"
+    assert sorted(s[2] for s in spans) == [f"leave{i}" for i in range(8)]
+    assert not env.r.exists("lock:game:room:R1")
+
+
+def test_on_busy_dead_letter_refuses_at_once(env):
+    env.r.set("lock:seat:7", "someone-else", px=60000)
+    p = env.proxy([stream_conf("group", "split", lock_key="lock:seat:#{event.seatId}",
+                               on_busy="dead_letter", dead_letter="dlq")])
+    w = env.worker(p.endpoint)
+    publish(env.r, "room", [{"eventId": "book1", "seatId": 7}, {"eventId": "book2", "seatId": 8}])
+    wait_for(lambda: env.r.xlen("dlq") == 1, what="refused entry dead-lettered")
+    assert env.r.xrange("dlq")[0][1]["idemproxy-reason"] == "busy"
+    wait_for(lambda: w.keys() == ["book2"], what="the free seat delivered")
+    assert not env.r.exists("done:book1")         # refused, not done
+    assert not env.r.exists("lock:book1")         # the dedup lock was released
+    assert env.r.get("lock:seat:7") == "someone-else"
+    wait_for(lambda: pending(env.r, "room", "game-server") == 0, what="acked")
+
+
+def test_busy_dedup_lock_is_looked_at_again(env):
+    # Another consumer (say, the seeds' code during a migration) holds the lock.
+    env.r.set("lock:mig1", "other-token", px=1500)
+    p = env.proxy([stream_conf("group", "split", lease_ms=2000)])
+    w = env.worker(p.endpoint)
+    publish(env.r, "room", [{"eventId": "mig1"}])
+    p.wait_log("busy:")
+    assert w.keys() == []
+    # It never wrote done: once its lease ends, we take the entry.
+    wait_for(lambda: w.keys() == ["mig1"], timeout=10, what="delivered after the holder's lease")
+    wait_for(lambda: env.r.exists("done:mig1"), what="done")
+
+
+def test_lease_extended_past_lease_ms(env):
+    p = env.proxy([stream_conf("group", "single", lease_ms=2000)], ack_timeout_ms=20000)
+    w = env.worker(p.endpoint, manual=True)
+    publish(env.r, "room", [{"eventId": "long"}])
+    wait_for(lambda: w.inbox, what="delivery")
+    value = env.r.get("idem:long")
+    assert value.startswith("L:")
+    time.sleep(4.5)                           # more than twice the lease
+    assert env.r.get("idem:long") == value    # still ours: extended
+    assert 0 < env.r.pttl("idem:long") <= 2000
+    w.answer(pb.Ack.ACK)
+    wait_for(lambda: env.r.get("idem:long") == "D", what="done")
+    assert "lease lost" not in p.log_text()
+
+
+def test_fencing_tokens_increase(env):
+    def behave(d):
+        return (pb.Ack.RETRY, "") if d.attempt < 3 else (pb.Ack.ACK, "")
+    p = env.proxy([stream_conf("group", "single", fencing=True, retry_backoff_ms=20)])
+    w = env.worker(p.endpoint, behave=behave)
+    publish(env.r, "room", [{"eventId": "f1"}, {"eventId": "f2"}])
+    wait_for(lambda: len(w.got) == 6, what="6 deliveries")
+    for k in ("f1", "f2"):
+        toks = [d.fencing_token for d in w.got if d.key == k]
+        assert len(toks) == 3 and all(t > 0 for t in toks)
+        assert toks == sorted(toks) and len(set(toks)) == 3
+
+
+def test_pending_entry_of_dead_consumer_is_reclaimed(env):
+    r = env.r
+    r.xgroup_create("room", "game-server", id="0", mkstream=True)
+    publish(r, "room", [{"eventId": "orphan1"}, {"eventId": "orphan2"}])
+    r.xreadgroup("game-server", "dead-pod", {"room": ">"})   # read, never acked
+    assert pending(r, "room", "game-server") == 2
+    p = env.proxy([stream_conf("group", "single", claim_idle_ms=300)])
+    w = env.worker(p.endpoint)
+    wait_for(lambda: sorted(w.keys()) == ["orphan1", "orphan2"], what="reclaimed")
+    wait_for(lambda: pending(r, "room", "game-server") == 0, what="acked")
+
+
+def test_trimmed_pending_entry_is_acked_away(env):
+    r = env.r
+    r.xgroup_create("room", "game-server", id="0", mkstream=True)
+    ids = publish(r, "room", [{"eventId": "gone1"}, {"eventId": "kept"}])
+    r.xreadgroup("game-server", "dead-pod", {"room": ">"})
+    r.xdel("room", ids[0])
+    p = env.proxy([stream_conf("group", "single", claim_idle_ms=300)])
+    w = env.worker(p.endpoint)
+    wait_for(lambda: w.keys() == ["kept"], what="the surviving entry")
+    wait_for(lambda: pending(r, "room", "game-server") == 0, what="trimmed entry acked away")
+    assert "trimmed or deleted" in p.log_text()
+
+
+def test_own_history_replayed_after_restart(env):
+    r = env.r
+    r.xgroup_create("room", "game-server", id="0", mkstream=True)
+    publish(r, "room", [{"eventId": "h1"}])
+    r.xreadgroup("game-server", "c1", {"room": ">"})   # as if we read it and died
+    p = env.proxy([stream_conf("group", "single", consumer="c1")])
+    w = env.worker(p.endpoint)
+    wait_for(lambda: w.keys() == ["h1"], what="own pending entry replayed")
+    wait_for(lambda: pending(r, "room", "game-server") == 0, what="acked")
+
+
+def test_done_mark_expiry_allows_the_key_again(env):
+    # Seed 003: a coupon re-opened after its done mark expired is handled again.
+    p = env.proxy([stream_conf("group", "single", done_ttl_ms=800)])
+    w = env.worker(p.endpoint)
+    publish(env.r, "room", [{"eventId": "coupon-1"}])
+    wait_for(lambda: w.keys() == ["coupon-1"], what="first")
+    publish(env.r, "room", [{"eventId": "coupon-1"}])
+    p.wait_log("duplicate (before_lock)")
+    wait_for(lambda: not env.r.exists("idem:coupon-1"), timeout=5, what="done mark expired")
+    publish(env.r, "room", [{"eventId": "coupon-1"}])
+    wait_for(lambda: w.keys() == ["coupon-1", "coupon-1"], what="delivered again")

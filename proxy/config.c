@@ -1,0 +1,1727 @@
+/*
+ * config.c - load, expand and validate the YAML configuration (SPEC 3, 4).
+ *
+ * This is the only code that touches libyaml. The text is loaded as one libyaml
+ * document (a node tree that keeps the line and column of every node) and
+ * walked with one key -> setter table per section, after twemproxy's
+ * nc_conf.c: a setter checks the type and the value of one node and writes one
+ * field of px_config or px_stream_conf. The checks that involve several keys
+ * (lease_ms against redis.timeout_ms, duplicate stream blocks, redis.url
+ * against redis.cluster, the endpoint against app.allow_remote) run after the
+ * walk, then the IDEMPROXY_* environment overrides are applied. Nothing stops
+ * at the first problem: each one is appended to px_diags as
+ * "FILE:LINE:COL: message" (warnings as "FILE:LINE:COL: warning: message"),
+ * and the caller gets a config only when none of them is an error.
+ *
+ * How values are read, where SPEC 4 leaves it open:
+ * - ${VAR} and ${VAR:-default} are expanded in every scalar value (never in
+ *   keys) before it is interpreted. ${VAR:-default} takes the default when VAR
+ *   is unset or empty, as the shell does; the default is literal text up to
+ *   the first '}' (no nesting). An unset ${VAR} becomes "" with a warning at
+ *   the scalar. "$$" is a literal "$" (as in docker compose), so "$${X}" gives
+ *   the text "${X}"; a '$' followed by anything else is literal (start: "$"
+ *   needs no escape). A malformed "${" (no name, no closing '}') is an error.
+ * - A YAML null (an empty value, ~ or null) means the key is not set: the
+ *   default applies, as if the key were omitted.
+ * - Integers and booleans must be plain scalars: timeout_ms: "1000" is a
+ *   string and an error. Integers are decimal; durations are integers in ms.
+ *   Booleans are true / false only (YAML 1.2: True and TRUE too), not the
+ *   YAML 1.1 yes / no / on / off, which read as a typo more often than not.
+ * - Enum words (single, retry, info, ...) are matched exactly (lowercase).
+ * - "" means "none" for group, payload_field, lock_key, dead_letter, url and
+ *   password_file, "the default" for consumer, "disabled" for metrics.listen,
+ *   and is an error for stream, key and endpoint.
+ * - No redis.url and no cluster means redis://127.0.0.1:6379. A url and a
+ *   non-empty cluster together are an error. unix:// urls carry no user,
+ *   password or db; rediss:// and ?query parameters are refused.
+ * - Beyond SPEC 4, also refused: timeout_ms, ack_timeout_ms, lease_ms and
+ *   done_ttl_ms of 0 (a timeout or a Redis expiry of 0 cannot work), durations
+ *   over 100 years, max_entry_bytes over INT_MAX, a dead_letter equal to the
+ *   stream read, equal lock_prefix and done_prefix in the split layout, and a
+ *   second YAML document in the file.
+ * - A duplicate stream block is one with the same stream and the same group
+ *   (both absent counts as the same); one stream read by two groups is fine.
+ * - IDEMPROXY_* variables set to "" are ignored; IDEMPROXY_LOG_LEVEL is matched
+ *   without regard to case, as environment variables are usually upper case.
+ *
+ * Positions: lines and columns count from 1, columns in characters as libyaml
+ * counts them. An error about a value points at the value, an unknown or
+ * duplicate key at the key, a problem of a whole stream block at the block. A
+ * template error points at the character of the YAML source the template
+ * compiler complained about (through quotes, escapes and ${} expansions).
+ *
+ * Never echoes the redis url or any part of it: it may hold a password.
+ */
+#include "config.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+#include <yaml.h>
+
+#define PX_CONFIG_DEFAULT_REDIS_URL         "redis://127.0.0.1:6379"
+#define PX_CONFIG_DEFAULT_REDIS_PORT        6379
+#define PX_CONFIG_DEFAULT_TIMEOUT_MS        1000
+#define PX_CONFIG_DEFAULT_ENDPOINT          "ipc:///tmp/idemproxy.sock"
+#define PX_CONFIG_DEFAULT_MAX_INFLIGHT      256
+#define PX_CONFIG_DEFAULT_MAX_ENTRY_BYTES   1048576
+#define PX_CONFIG_DEFAULT_ACK_TIMEOUT_MS    30000
+#define PX_CONFIG_DEFAULT_SOCKET_MODE       0660
+#define PX_CONFIG_DEFAULT_METRICS_LISTEN    "127.0.0.1:9464"
+#define PX_CONFIG_DEFAULT_SHUTDOWN_GRACE_MS 10000
+#define PX_CONFIG_DEFAULT_START             "0"
+#define PX_CONFIG_DEFAULT_KEY               "#event.eventId"
+#define PX_CONFIG_DEFAULT_PREFIX            "idem:"
+#define PX_CONFIG_DEFAULT_LOCK_PREFIX       "lock:"
+#define PX_CONFIG_DEFAULT_DONE_PREFIX       "done:"
+#define PX_CONFIG_DEFAULT_WAIT_MS           0
+#define PX_CONFIG_DEFAULT_LEASE_MS          5000
+#define PX_CONFIG_DEFAULT_DONE_TTL_MS       600000
+#define PX_CONFIG_DEFAULT_MAX_DELIVERIES    5
+#define PX_CONFIG_DEFAULT_RETRY_BACKOFF_MS  100
+#define PX_CONFIG_DEFAULT_CLAIM_IDLE_MS     30000
+
+/*
+ * The largest duration accepted: 100 years. Far beyond any real setting, and
+ * far enough from LLONG_MAX that "now + duration" cannot overflow anywhere
+ * (Redis itself refuses a PX whose deadline does not fit).
+ */
+#define CFG_MAX_MS 3153600000000LL
+
+#define CFG_MAX_OPTS 24     /* keys in the largest table (a stream block) */
+#define CFG_ECHO_MAX 48     /* at most this much of a bad value is quoted back */
+
+#define CFG_URL_FORMS "expected redis://[user:password@]host[:port][/db] or unix:///path"
+
+/* String setters: what an empty value means. */
+#define CFG_EMPTY_NULL 1    /* "" is the same as not set (NULL) */
+#define CFG_EMPTY_ERR  2    /* "" is an error */
+
+/* The enums are written through an int pointer by cfg_set_enum. */
+_Static_assert(sizeof(px_layout) == sizeof(int), "enum size");
+_Static_assert(sizeof(px_on_busy) == sizeof(int), "enum size");
+_Static_assert(sizeof(px_on_missing) == sizeof(int), "enum size");
+_Static_assert(sizeof(px_log_level) == sizeof(int), "enum size");
+_Static_assert(sizeof(px_log_format) == sizeof(int), "enum size");
+
+/* The key and value nodes of one key of a mapping, once seen. */
+typedef struct cfg_seen {
+    yaml_node_t *key;   /* (ref) NULL: the key is absent */
+    yaml_node_t *val;   /* (ref) */
+} cfg_seen;
+
+/* What the checks after the walk need to know about one stream block. */
+typedef struct cfg_stream_aux {
+    yaml_node_t *block;        /* (ref) the block's mapping */
+    yaml_node_t *lease;        /* (ref) lease_ms value, NULL when defaulted */
+    yaml_node_t *lock_prefix;  /* (ref) or NULL */
+    yaml_node_t *done_prefix;  /* (ref) or NULL */
+    yaml_node_t *dead_letter;  /* (ref) or NULL */
+    char         name[32];     /* "streams[N]", for messages */
+} cfg_stream_aux;
+
+/* One parse: the text, its document, and where the results go. */
+typedef struct cfg_parser {
+    const char      *path;       /* (ref) FILE in messages */
+    const char      *text;       /* (ref) the YAML source */
+    size_t           len;
+    size_t          *lines;      /* byte offset of the start of each line */
+    size_t           nlines;
+    yaml_document_t  doc;
+    px_diags        *d;          /* (ref) */
+    px_config       *c;          /* the config being built */
+    cfg_seen         top_seen[CFG_MAX_OPTS];
+    cfg_seen         redis_seen[CFG_MAX_OPTS];
+    cfg_seen         app_seen[CFG_MAX_OPTS];
+    cfg_stream_aux  *aux;        /* parallel to c->streams */
+    char            *consumer;   /* the default consumer name, made once */
+} cfg_parser;
+
+/* A scalar value, read and expanded. */
+typedef struct cfg_scalar {
+    char   *s;       /* the value after ${} expansion; owned, NUL-terminated */
+    size_t  len;
+    size_t *map;     /* s[i] came from text[map[i]]; map[len] is just past the value;
+                        NULL when the source position is not known (multi-line) */
+    bool    quoted;  /* quoted or a block scalar: never a number or a boolean */
+} cfg_scalar;
+
+typedef struct cfg_opt cfg_opt;
+typedef void (*cfg_set_fn)(cfg_parser *p, const cfg_opt *o, yaml_node_t *v,
+                           void *obj, const char *name);
+
+/* One key of a section: its name, its setter and the field it sets. */
+struct cfg_opt {
+    const char        *name;
+    cfg_set_fn         set;
+    size_t             offset;   /* the field in px_config / px_stream_conf */
+    size_t             offset2;  /* templates: the px_template * field */
+    long long          min, max; /* integers */
+    const char *const *words;    /* enums: the allowed words, in enum order */
+    int                flags;    /* strings: CFG_EMPTY_* */
+};
+
+/* ---------------------------------------------------------------- diags */
+
+static char *cfg_vformat(const char *fmt, va_list ap) __attribute__((format(printf, 1, 0)));
+
+static char *cfg_vformat(const char *fmt, va_list ap)
+{
+    va_list ap2;
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap2);
+    va_end(ap2);
+    if (n < 0) return px_strdup("(unprintable message)");
+    char *s = px_malloc((size_t)n + 1);
+    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    return s;
+}
+
+/* Append 'text' (owned by 'd' from now on) to 'd'. */
+static void diag_push(px_diags *d, bool warning, char *text)
+{
+    if (d->n == d->cap) {
+        d->cap = d->cap ? d->cap * 2 : 8;
+        d->v = px_realloc(d->v, d->cap * sizeof *d->v);
+    }
+    d->v[d->n].warning = warning;
+    d->v[d->n].text = text;
+    d->n++;
+    if (!warning) d->nerrors++;
+}
+
+static void diag_addv(px_diags *d, bool warning, const char *prefix, const char *fmt,
+                      va_list ap) __attribute__((format(printf, 4, 0)));
+
+static void diag_addv(px_diags *d, bool warning, const char *prefix, const char *fmt,
+                      va_list ap)
+{
+    char *body = cfg_vformat(fmt, ap);
+    px_buf b = {0};
+    px_buf_printf(&b, "%s: %s%s", prefix, warning ? "warning: " : "", body);
+    free(body);
+    diag_push(d, warning, b.data);
+}
+
+static void cfg_diag_at(cfg_parser *p, bool warning, size_t line, size_t col,
+                        const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* A problem at 1-based 'line' and 'col' of the file. */
+static void cfg_diag_at(cfg_parser *p, bool warning, size_t line, size_t col,
+                        const char *fmt, ...)
+{
+    char prefix[PATH_MAX + 64];
+    snprintf(prefix, sizeof prefix, "%s:%zu:%zu", p->path, line, col);
+    va_list ap;
+    va_start(ap, fmt);
+    diag_addv(p->d, warning, prefix, fmt, ap);
+    va_end(ap);
+}
+
+static void cfg_error(cfg_parser *p, const yaml_node_t *n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void cfg_warning(cfg_parser *p, const yaml_node_t *n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void cfg_env_error(cfg_parser *p, const char *var, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void diag_plain(px_diags *d, const char *prefix, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* An error at the start of node 'n'. */
+static void cfg_error(cfg_parser *p, const yaml_node_t *n, const char *fmt, ...)
+{
+    char prefix[PATH_MAX + 64];
+    snprintf(prefix, sizeof prefix, "%s:%zu:%zu", p->path,
+             n->start_mark.line + 1, n->start_mark.column + 1);
+    va_list ap;
+    va_start(ap, fmt);
+    diag_addv(p->d, false, prefix, fmt, ap);
+    va_end(ap);
+}
+
+/* A warning at the start of node 'n'. */
+static void cfg_warning(cfg_parser *p, const yaml_node_t *n, const char *fmt, ...)
+{
+    char prefix[PATH_MAX + 64];
+    snprintf(prefix, sizeof prefix, "%s:%zu:%zu", p->path,
+             n->start_mark.line + 1, n->start_mark.column + 1);
+    va_list ap;
+    va_start(ap, fmt);
+    diag_addv(p->d, true, prefix, fmt, ap);
+    va_end(ap);
+}
+
+/* An error in the value of environment variable 'var': "VAR: message". */
+static void cfg_env_error(cfg_parser *p, const char *var, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    diag_addv(p->d, false, var, fmt, ap);
+    va_end(ap);
+}
+
+/* An error without a position: "PREFIX: message". */
+static void diag_plain(px_diags *d, const char *prefix, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    diag_addv(d, false, prefix, fmt, ap);
+    va_end(ap);
+}
+
+void px_diags_deinit(px_diags *d)
+{
+    if (d == NULL) return;
+    for (size_t i = 0; i < d->n; i++) free(d->v[i].text);
+    free(d->v);
+    d->v = NULL;
+    d->n = d->cap = d->nerrors = 0;
+}
+
+/* ------------------------------------------------------------ positions */
+
+/*
+ * Record where each line of the text starts, breaking lines where libyaml
+ * does: CR LF, CR, LF, NEL, LS and PS. A UTF-8 byte order mark is not part of
+ * line 1's columns.
+ */
+static void cfg_index_lines(cfg_parser *p)
+{
+    const unsigned char *t = (const unsigned char *)p->text;
+    size_t n = p->len, cap = 64, k = 0;
+    p->lines = px_malloc(cap * sizeof *p->lines);
+    p->lines[k++] = (n >= 3 && t[0] == 0xEF && t[1] == 0xBB && t[2] == 0xBF) ? 3 : 0;
+    for (size_t i = 0; i < n;) {
+        size_t w = 0;
+        if (t[i] == '\r') w = (i + 1 < n && t[i + 1] == '\n') ? 2 : 1;
+        else if (t[i] == '\n') w = 1;
+        else if (t[i] == 0xC2 && i + 1 < n && t[i + 1] == 0x85) w = 2;
+        else if (t[i] == 0xE2 && i + 2 < n && t[i + 1] == 0x80 &&
+                 (t[i + 2] == 0xA8 || t[i + 2] == 0xA9)) w = 3;
+        if (w == 0) { i++; continue; }
+        i += w;
+        if (k == cap) {
+            cap *= 2;
+            p->lines = px_realloc(p->lines, cap * sizeof *p->lines);
+        }
+        p->lines[k++] = i;
+    }
+    p->nlines = k;
+}
+
+static size_t cfg_utf8_width(unsigned char c)
+{
+    if (c < 0x80) return 1;
+    if ((c & 0xE0) == 0xC0) return 2;
+    if ((c & 0xF0) == 0xE0) return 3;
+    if ((c & 0xF8) == 0xF0) return 4;
+    return 1;
+}
+
+/* The byte offset in the text of libyaml mark 'm' (columns are characters). */
+static size_t cfg_mark_offset(const cfg_parser *p, yaml_mark_t m)
+{
+    if (m.line >= p->nlines) return SIZE_MAX;
+    size_t off = p->lines[m.line];
+    for (size_t k = 0; k < m.column && off < p->len; k++)
+        off += cfg_utf8_width((unsigned char)p->text[off]);
+    return off;
+}
+
+/* The 1-based line and column (in characters) of byte offset 'off'. */
+static void cfg_offset_pos(const cfg_parser *p, size_t off, size_t *line, size_t *col)
+{
+    size_t lo = 0, hi = p->nlines;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (p->lines[mid] <= off) lo = mid;
+        else hi = mid;
+    }
+    size_t c = 1;
+    for (size_t k = p->lines[lo]; k < off && k < p->len; k++)
+        if (((unsigned char)p->text[k] & 0xC0) != 0x80) c++;
+    *line = lo + 1;
+    *col = c;
+}
+
+static int cfg_hexval(int c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/*
+ * How many bytes of value the double-quoted escape at 't' (the backslash,
+ * 'avail' bytes left) produces, and how many source bytes it takes ('*srclen').
+ * Returns 0 for an escape it does not know (then positions are not mapped).
+ */
+static size_t cfg_escape_width(const char *t, size_t avail, size_t *srclen)
+{
+    if (avail < 2) return 0;
+    size_t hex;
+    switch (t[1]) {
+    case 'x': hex = 2; break;
+    case 'u': hex = 4; break;
+    case 'U': hex = 8; break;
+    case 'N': case '_': *srclen = 2; return 2;      /* U+0085, U+00A0 */
+    case 'L': case 'P': *srclen = 2; return 3;      /* U+2028, U+2029 */
+    case '0': case 'a': case 'b': case 't': case '\t': case 'n': case 'v':
+    case 'f': case 'r': case 'e': case ' ': case '"': case '/': case '\\':
+        *srclen = 2;
+        return 1;
+    default:
+        return 0;
+    }
+    if (avail < 2 + hex) return 0;
+    unsigned long cp = 0;
+    for (size_t i = 0; i < hex; i++) {
+        int h = cfg_hexval((unsigned char)t[2 + i]);
+        if (h < 0) return 0;
+        cp = cp * 16 + (unsigned long)h;
+    }
+    *srclen = 2 + hex;
+    return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+}
+
+/*
+ * Map each byte of scalar 'n''s value to the byte of the text it was written
+ * as. Only for scalars written on one line (plain, single- or double-quoted);
+ * returns NULL for the others, or if the source does not match the value.
+ * The array has length + 1 entries and is freed by the caller.
+ */
+static size_t *cfg_raw_map(const cfg_parser *p, const yaml_node_t *n)
+{
+    const char *v = (const char *)n->data.scalar.value;
+    size_t len = n->data.scalar.length;
+    yaml_scalar_style_t style = n->data.scalar.style;
+    if (n->start_mark.line != n->end_mark.line) return NULL;
+    if (style != YAML_PLAIN_SCALAR_STYLE && style != YAML_SINGLE_QUOTED_SCALAR_STYLE &&
+        style != YAML_DOUBLE_QUOTED_SCALAR_STYLE) return NULL;
+    size_t s = cfg_mark_offset(p, n->start_mark);
+    if (s >= p->len && len > 0) return NULL;
+    const char *t = p->text;
+    size_t *map = px_malloc((len + 1) * sizeof *map);
+    size_t i = 0;
+    if (style != YAML_PLAIN_SCALAR_STYLE) s++;                /* the opening quote */
+    while (i < len) {
+        if (s >= p->len) goto fail;
+        if (style == YAML_SINGLE_QUOTED_SCALAR_STYLE && t[s] == '\'') {
+            if (s + 1 >= p->len || t[s + 1] != '\'' || v[i] != '\'') goto fail;
+            map[i++] = s;
+            s += 2;
+        } else if (style == YAML_DOUBLE_QUOTED_SCALAR_STYLE && t[s] == '\\') {
+            size_t srclen = 0, w = cfg_escape_width(t + s, p->len - s, &srclen);
+            if (w == 0 || i + w > len) goto fail;
+            while (w--) map[i++] = s;
+            s += srclen;
+        } else {
+            if (t[s] != v[i]) goto fail;
+            map[i++] = s++;
+        }
+    }
+    map[len] = s;
+    return map;
+fail:
+    free(map);
+    return NULL;
+}
+
+/* ------------------------------------------------------------- scalars */
+
+static bool cfg_is_null(const yaml_node_t *n)
+{
+    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+        return false;
+    const char *v = (const char *)n->data.scalar.value;
+    size_t len = n->data.scalar.length;
+    return len == 0 || (len == 1 && v[0] == '~') ||
+           (len == 4 && (memcmp(v, "null", 4) == 0 || memcmp(v, "Null", 4) == 0 ||
+                         memcmp(v, "NULL", 4) == 0));
+}
+
+static const char *cfg_kind(const yaml_node_t *n)
+{
+    switch (n->type) {
+    case YAML_MAPPING_NODE:  return "a mapping";
+    case YAML_SEQUENCE_NODE: return "a list";
+    default:                 return cfg_is_null(n) ? "null" : "a scalar";
+    }
+}
+
+static bool cfg_name_start(char c)
+{
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_';
+}
+
+static bool cfg_name_char(char c)
+{
+    return cfg_name_start(c) || (c >= '0' && c <= '9');
+}
+
+/*
+ * Append 'n' bytes of 's' to 'out' and their source offsets to 'map' (when
+ * 'inmap' is known): inmap[at + k] for literal text ('step'), inmap[at] for
+ * every byte of an expanded variable.
+ */
+static void cfg_emit(px_buf *out, px_buf *map, const size_t *inmap, const char *s,
+                     size_t n, size_t at, bool step)
+{
+    px_buf_append(out, s, n);
+    if (inmap == NULL) return;
+    for (size_t k = 0; k < n; k++)
+        px_buf_append(map, &inmap[step ? at + k : at], sizeof(size_t));
+}
+
+/*
+ * Expand ${VAR}, ${VAR:-default} and $$ in 'in' ('len' bytes; source offsets
+ * in 'inmap' or NULL) into 'sc'. Unset variables warn at node 'n'; a malformed
+ * "${" is an error. Returns false after reporting an error.
+ */
+static bool cfg_expand(cfg_parser *p, const yaml_node_t *n, const char *name,
+                       const char *in, size_t len, const size_t *inmap, cfg_scalar *sc)
+{
+    px_buf out = {0}, map = {0};
+    size_t i = 0;
+    while (i < len) {
+        if (in[i] != '$' || i + 1 >= len || (in[i + 1] != '$' && in[i + 1] != '{')) {
+            cfg_emit(&out, &map, inmap, in + i, 1, i, true);
+            i++;
+            continue;
+        }
+        if (in[i + 1] == '$') {
+            cfg_emit(&out, &map, inmap, "$", 1, i, false);
+            i += 2;
+            continue;
+        }
+        size_t at = i + 2, j = at;
+        if (j < len && cfg_name_start(in[j]))
+            for (j++; j < len && cfg_name_char(in[j]); j++) {}
+        if (j == at) {
+            cfg_error(p, n, "%s: expected a variable name after '${' "
+                      "(write $$ for a literal $)", name);
+            goto fail;
+        }
+        char *var = px_strndup(in + at, j - at);
+        const char *def = NULL;
+        size_t def_at = 0, def_len = 0;
+        if (j < len && in[j] == '}') {
+            j++;
+        } else if (j + 1 < len && in[j] == ':' && in[j + 1] == '-') {
+            size_t k = j + 2;
+            while (k < len && in[k] != '}') k++;
+            if (k >= len) {
+                cfg_error(p, n, "%s: '${%s:-' has no closing '}'", name, var);
+                free(var);
+                goto fail;
+            }
+            def = in + j + 2;
+            def_at = j + 2;
+            def_len = k - def_at;
+            j = k + 1;
+        } else {
+            cfg_error(p, n, "%s: '${%s' has no closing '}' (or ':-default}')", name, var);
+            free(var);
+            goto fail;
+        }
+        const char *val = getenv(var);
+        if (def != NULL && (val == NULL || *val == '\0')) {
+            cfg_emit(&out, &map, inmap, def, def_len, def_at, true);
+        } else {
+            if (val == NULL) {
+                cfg_warning(p, n, "%s: environment variable %s is not set; "
+                            "using the empty string", name, var);
+                val = "";
+            }
+            cfg_emit(&out, &map, inmap, val, strlen(val), i, false);
+        }
+        free(var);
+        i = j;
+    }
+    px_buf_append(&out, "", 0);                 /* allocated and terminated */
+    sc->s = out.data;
+    sc->len = out.len;
+    sc->map = NULL;
+    if (inmap != NULL) {
+        px_buf_append(&map, &inmap[len], sizeof(size_t));
+        sc->map = (size_t *)(void *)map.data;
+    }
+    return true;
+fail:
+    px_buf_deinit(&out);
+    px_buf_deinit(&map);
+    return false;
+}
+
+static void cfg_scalar_free(cfg_scalar *sc)
+{
+    free(sc->s);
+    free(sc->map);
+    sc->s = NULL;
+    sc->map = NULL;
+}
+
+/*
+ * Read scalar node 'n' into 'sc', ${} expanded. 'expect' says what the key
+ * takes ("an integer") for the message when 'n' is not a scalar. Returns false
+ * after reporting an error; on true the caller frees 'sc' (cfg_scalar_free).
+ */
+static bool cfg_scalar_get(cfg_parser *p, const yaml_node_t *n, const char *name,
+                           const char *expect, cfg_scalar *sc)
+{
+    memset(sc, 0, sizeof *sc);
+    if (n->type != YAML_SCALAR_NODE) {
+        cfg_error(p, n, "%s: expected %s, got %s", name, expect, cfg_kind(n));
+        return false;
+    }
+    const char *raw = (const char *)n->data.scalar.value;
+    size_t len = n->data.scalar.length;
+    if (memchr(raw, '\0', len) != NULL) {
+        cfg_error(p, n, "%s: the value contains a NUL character", name);
+        return false;
+    }
+    sc->quoted = n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE;
+    size_t *rawmap = cfg_raw_map(p, n);
+    bool ok = cfg_expand(p, n, name, raw, len, rawmap, sc);
+    free(rawmap);
+    return ok;
+}
+
+/* ------------------------------------------------------ small validators */
+
+/* Parse a decimal integer: 0 ok, 1 not an integer, 2 out of range. */
+static int cfg_parse_ll(const char *s, long long *out)
+{
+    const char *d = s;
+    if (*d == '-' || *d == '+') d++;
+    if (*d == '\0') return 1;
+    for (const char *q = d; *q; q++)
+        if (*q < '0' || *q > '9') return 1;
+    errno = 0;
+    long long v = strtoll(s, NULL, 10);
+    if (errno == ERANGE) return 2;
+    *out = v;
+    return 0;
+}
+
+/* 'n' bytes of 's' are a TCP port, 1..65535. */
+static bool cfg_port(const char *s, size_t n, int *port)
+{
+    if (n == 0 || n > 5) return false;
+    int v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return false;
+        v = v * 10 + (s[i] - '0');
+    }
+    if (v < 1 || v > 65535) return false;
+    if (port) *port = v;
+    return true;
+}
+
+/* 'n' bytes of 's' make a host name or an IPv4 address (letters, digits, . - _). */
+static bool cfg_hostname(const char *s, size_t n)
+{
+    if (n == 0) return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!cfg_name_char(c) && c != '.' && c != '-') return false;
+    }
+    return true;
+}
+
+/* 'n' bytes of 's' could be an IPv6 address (what goes between brackets). */
+static bool cfg_ipv6ish(const char *s, size_t n)
+{
+    if (n == 0) return false;
+    for (size_t i = 0; i < n; i++)
+        if (cfg_hexval((unsigned char)s[i]) < 0 && s[i] != ':' && s[i] != '.') return false;
+    return true;
+}
+
+/*
+ * 's' is "host:port" with host a name, an IPv4 address or a bracketed IPv6
+ * address. With 'host_optional', ":port" (every interface) is accepted too.
+ */
+static bool cfg_host_port(const char *s, bool host_optional)
+{
+    const char *port;
+    if (s[0] == '[') {
+        const char *close = strchr(s, ']');
+        if (close == NULL || close[1] != ':' || !cfg_ipv6ish(s + 1, (size_t)(close - s - 1)))
+            return false;
+        port = close + 2;
+    } else {
+        const char *colon = strchr(s, ':');
+        if (colon == NULL) return false;
+        size_t hlen = (size_t)(colon - s);
+        if (!(hlen == 0 && host_optional) && !cfg_hostname(s, hlen)) return false;
+        port = colon + 1;
+    }
+    return cfg_port(port, strlen(port), NULL);
+}
+
+/* "localhost", 127.x.x.x or ::1, decided without resolving anything. */
+static bool cfg_loopback(const char *host)
+{
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (strcasecmp(host, "localhost") == 0) return true;
+    if (inet_pton(AF_INET, host, &a4) == 1)
+        return ((const unsigned char *)&a4)[0] == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1) return IN6_IS_ADDR_LOOPBACK(&a6);
+    return false;
+}
+
+/*
+ * Check app endpoint 'ep': ipc://PATH, or tcp://HOST:PORT on a loopback
+ * address unless 'allow_remote'. Returns true, or false with the reason in 'why'.
+ */
+static bool cfg_endpoint_ok(const char *ep, bool allow_remote, char *why, size_t whylen)
+{
+    if (strncmp(ep, "ipc://", 6) == 0) {
+        if (ep[6] == '\0') {
+            snprintf(why, whylen, "ipc:// needs a path, as in ipc:///tmp/idemproxy.sock");
+            return false;
+        }
+        return true;
+    }
+    if (strncmp(ep, "tcp://", 6) != 0) {
+        snprintf(why, whylen, "'%.*s' must start with ipc:// or tcp://", CFG_ECHO_MAX, ep);
+        return false;
+    }
+    const char *addr = ep + 6, *colon = strrchr(addr, ':');
+    if (colon == NULL || colon == addr || !cfg_port(colon + 1, strlen(colon + 1), NULL)) {
+        snprintf(why, whylen, "'%.*s' needs a host and a port, as in tcp://127.0.0.1:5555",
+                 CFG_ECHO_MAX, ep);
+        return false;
+    }
+    size_t hlen = (size_t)(colon - addr);
+    if (hlen >= 2 && addr[0] == '[' && addr[hlen - 1] == ']') {
+        addr++;
+        hlen -= 2;
+    }
+    char host[256];
+    snprintf(host, sizeof host, "%.*s", (int)(hlen < sizeof host ? hlen : sizeof host - 1), addr);
+    if (!allow_remote && !cfg_loopback(host)) {
+        snprintf(why, whylen, "'%.*s' is not on a loopback address (127.0.0.1, localhost, "
+                 "[::1]); set app.allow_remote: true to let remote workers connect",
+                 CFG_ECHO_MAX, ep);
+        return false;
+    }
+    return true;
+}
+
+/* Percent-decode 'n' bytes of 's' into a new string; false on a bad or %00 escape. */
+static bool cfg_percent_decode(const char *s, size_t n, char **out)
+{
+    char *o = px_malloc(n + 1);
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        if (s[i] != '%') {
+            o[k++] = s[i++];
+            continue;
+        }
+        if (i + 2 >= n) {                       /* fewer than two hex digits follow */
+            free(o);
+            return false;
+        }
+        int h1 = cfg_hexval((unsigned char)s[i + 1]), h2 = cfg_hexval((unsigned char)s[i + 2]);
+        if (h1 < 0 || h2 < 0 || (h1 == 0 && h2 == 0)) {
+            free(o);
+            return false;
+        }
+        o[k++] = (char)(h1 * 16 + h2);
+        i += 3;
+    }
+    o[k] = '\0';
+    *out = o;
+    return true;
+}
+
+/* Forget what was parsed from the redis url. */
+static void cfg_redis_reset(px_config *c)
+{
+    free(c->redis_host);
+    free(c->redis_unix);
+    free(c->redis_user);
+    free(c->redis_password);
+    c->redis_host = c->redis_unix = c->redis_user = c->redis_password = NULL;
+    c->redis_port = PX_CONFIG_DEFAULT_REDIS_PORT;
+    c->redis_db = 0;
+}
+
+/*
+ * Parse 'url' into c->redis_host / port / unix / user / password / db:
+ * redis://[user[:password]@]host[:port][/db] or unix:///path. The user info
+ * ends at the last '@', so an unescaped '@' or '/' in a password still works;
+ * user and password are percent-decoded. Returns true, or false with a reason
+ * in 'why' that never quotes the url.
+ */
+static bool cfg_redis_url(px_config *c, const char *url, char *why, size_t whylen)
+{
+    char *user = NULL, *pass = NULL;
+    cfg_redis_reset(c);
+    if (strncmp(url, "unix://", 7) == 0) {
+        const char *path = url + 7;
+        if (path[0] != '/' || path[1] == '\0') {
+            snprintf(why, whylen, "unix:// needs an absolute socket path");
+            return false;
+        }
+        if (strpbrk(path, "?#") != NULL) {
+            snprintf(why, whylen, "query parameters are not supported");
+            return false;
+        }
+        c->redis_unix = px_strdup(path);
+        return true;
+    }
+    if (strncmp(url, "rediss://", 9) == 0) {
+        snprintf(why, whylen, "TLS (rediss://) is not supported");
+        return false;
+    }
+    if (strncmp(url, "redis://", 8) != 0) {
+        snprintf(why, whylen, "unknown scheme");
+        return false;
+    }
+    const char *rest = url + 8, *host = rest, *at = strrchr(rest, '@');
+    if (at != NULL) {
+        const char *colon = memchr(rest, ':', (size_t)(at - rest));
+        const char *uend = colon ? colon : at;
+        if (!cfg_percent_decode(rest, (size_t)(uend - rest), &user) ||
+            (colon && !cfg_percent_decode(colon + 1, (size_t)(at - colon - 1), &pass))) {
+            snprintf(why, whylen, "bad percent-encoding in the user or password");
+            goto fail;
+        }
+        host = at + 1;
+    }
+    if (strpbrk(host, "?#") != NULL) {
+        snprintf(why, whylen, "query parameters are not supported");
+        goto fail;
+    }
+    const char *slash = strchr(host, '/');
+    const char *aend = slash ? slash : host + strlen(host);
+    const char *hs = host, *he, *ps = NULL;
+    if (hs < aend && hs[0] == '[') {
+        const char *close = memchr(hs, ']', (size_t)(aend - hs));
+        if (close == NULL || !cfg_ipv6ish(hs + 1, (size_t)(close - hs - 1)) ||
+            (close + 1 < aend && close[1] != ':')) {
+            snprintf(why, whylen, "bad IPv6 host");
+            goto fail;
+        }
+        he = close;
+        hs++;
+        if (close + 1 < aend) ps = close + 2;
+    } else {
+        const char *colon = memchr(hs, ':', (size_t)(aend - hs));
+        he = colon ? colon : aend;
+        if (colon) ps = colon + 1;
+        if ((colon && memchr(colon + 1, ':', (size_t)(aend - colon - 1))) ||
+            (he > hs && !cfg_hostname(hs, (size_t)(he - hs)))) {
+            snprintf(why, whylen, "bad host (an IPv6 address goes in brackets)");
+            goto fail;
+        }
+    }
+    if (he == hs) {
+        snprintf(why, whylen, "no host");
+        goto fail;
+    }
+    int port = PX_CONFIG_DEFAULT_REDIS_PORT;
+    if (ps && !cfg_port(ps, (size_t)(aend - ps), &port)) {
+        snprintf(why, whylen, "bad port");
+        goto fail;
+    }
+    long long db = 0;
+    if (slash && slash[1] != '\0' &&
+        (slash[1] == '-' || slash[1] == '+' || cfg_parse_ll(slash + 1, &db) != 0 || db > INT_MAX)) {
+        snprintf(why, whylen, "the database must be a number");
+        goto fail;
+    }
+    c->redis_host = px_strndup(hs, (size_t)(he - hs));
+    c->redis_port = port;
+    c->redis_db = (int)db;
+    if (user && *user) c->redis_user = user;
+    else free(user);
+    if (pass && *pass) c->redis_password = pass;
+    else free(pass);
+    return true;
+fail:
+    free(user);
+    free(pass);
+    return false;
+}
+
+/* "<hostname>-<pid>": the default consumer name, made once per parse. */
+static const char *cfg_default_consumer(cfg_parser *p)
+{
+    if (p->consumer == NULL) {
+        char host[256];
+        if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "localhost");
+        host[sizeof host - 1] = '\0';
+        px_buf b = {0};
+        px_buf_printf(&b, "%s-%ld", host, (long)getpid());
+        p->consumer = b.data;
+    }
+    return p->consumer;
+}
+
+/* ------------------------------------------------------------- setters */
+
+static void cfg_set_str(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                        const char *name)
+{
+    cfg_scalar sc;
+    if (!cfg_scalar_get(p, v, name, "a string", &sc)) return;
+    char **field = (char **)(void *)((char *)obj + o->offset);
+    if (sc.len == 0 && (o->flags & CFG_EMPTY_ERR)) {
+        cfg_error(p, v, "%s: must not be empty", name);
+    } else {
+        free(*field);
+        *field = NULL;
+        if (sc.len > 0 || !(o->flags & CFG_EMPTY_NULL)) {
+            *field = sc.s;
+            sc.s = NULL;
+        }
+    }
+    cfg_scalar_free(&sc);
+}
+
+/* Read an integer in [o->min, o->max]; 'ms' says it is a duration. */
+static bool cfg_integer(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, const char *name,
+                        bool ms, long long *out)
+{
+    cfg_scalar sc;
+    long long val = 0;
+    bool ok = false;
+    if (!cfg_scalar_get(p, v, name, ms ? "a duration in milliseconds" : "an integer", &sc))
+        return false;
+    int rc = sc.quoted ? 1 : cfg_parse_ll(sc.s, &val);
+    if (sc.quoted)
+        cfg_error(p, v, "%s: expected %s, got a quoted string (write numbers without quotes)",
+                  name, ms ? "a duration in milliseconds" : "an integer");
+    else if (rc == 1)
+        cfg_error(p, v, "%s: expected %s, got '%.*s'", name,
+                  ms ? "a duration (an integer, in milliseconds)" : "an integer",
+                  CFG_ECHO_MAX, sc.s);
+    else if (rc == 2)
+        cfg_error(p, v, "%s: %.*s is out of range", name, CFG_ECHO_MAX, sc.s);
+    else if (ms && val < 0)
+        cfg_error(p, v, "%s: a duration must not be negative (got %lld)", name, val);
+    else if (val < o->min)
+        cfg_error(p, v, "%s: must be at least %lld (got %lld)", name, o->min, val);
+    else if (val > o->max)
+        cfg_error(p, v, "%s: must be at most %lld (got %lld)", name, o->max, val);
+    else
+        ok = true;
+    cfg_scalar_free(&sc);
+    if (ok) *out = val;
+    return ok;
+}
+
+static void cfg_set_ms(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                       const char *name)
+{
+    long long val;
+    if (cfg_integer(p, o, v, name, true, &val))
+        *(long long *)(void *)((char *)obj + o->offset) = val;
+}
+
+static void cfg_set_llong(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                          const char *name)
+{
+    long long val;
+    if (cfg_integer(p, o, v, name, false, &val))
+        *(long long *)(void *)((char *)obj + o->offset) = val;
+}
+
+static void cfg_set_int(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                        const char *name)
+{
+    long long val;
+    if (cfg_integer(p, o, v, name, false, &val))
+        *(int *)(void *)((char *)obj + o->offset) = (int)val;
+}
+
+static void cfg_set_bool(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                         const char *name)
+{
+    cfg_scalar sc;
+    if (!cfg_scalar_get(p, v, name, "true or false", &sc)) return;
+    bool *field = (bool *)(void *)((char *)obj + o->offset);
+    if (sc.quoted)
+        cfg_error(p, v, "%s: expected true or false, got a quoted string", name);
+    else if (!strcmp(sc.s, "true") || !strcmp(sc.s, "True") || !strcmp(sc.s, "TRUE"))
+        *field = true;
+    else if (!strcmp(sc.s, "false") || !strcmp(sc.s, "False") || !strcmp(sc.s, "FALSE"))
+        *field = false;
+    else
+        cfg_error(p, v, "%s: expected true or false, got '%.*s'", name, CFG_ECHO_MAX, sc.s);
+    cfg_scalar_free(&sc);
+}
+
+/* "a, b or c" for the words of an enum. */
+static void cfg_words(px_buf *b, const char *const *words)
+{
+    for (size_t i = 0; words[i]; i++)
+        px_buf_printf(b, "%s%s", i == 0 ? "" : words[i + 1] ? ", " : " or ", words[i]);
+}
+
+/* The index of 'word' in the NULL-terminated 'words', or -1. */
+static int cfg_word_index(const char *const *words, const char *word)
+{
+    for (int i = 0; words[i]; i++)
+        if (strcmp(words[i], word) == 0) return i;
+    return -1;
+}
+
+static void cfg_set_enum(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                         const char *name)
+{
+    cfg_scalar sc;
+    px_buf b = {0};
+    cfg_words(&b, o->words);
+    if (cfg_scalar_get(p, v, name, b.data, &sc)) {
+        int i = cfg_word_index(o->words, sc.s);
+        if (i >= 0) *(int *)(void *)((char *)obj + o->offset) = i;
+        else cfg_error(p, v, "%s: expected %s, got '%.*s'", name, b.data, CFG_ECHO_MAX, sc.s);
+        cfg_scalar_free(&sc);
+    }
+    px_buf_deinit(&b);
+}
+
+/* socket_mode: an octal string of four digits, "0660". */
+static void cfg_set_mode(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                         const char *name)
+{
+    cfg_scalar sc;
+    if (!cfg_scalar_get(p, v, name, "an octal mode such as \"0660\"", &sc)) return;
+    const char *s = sc.s;
+    if (sc.len == 4 && s[0] == '0' && s[1] >= '0' && s[1] <= '7' && s[2] >= '0' &&
+        s[2] <= '7' && s[3] >= '0' && s[3] <= '7')
+        *(int *)(void *)((char *)obj + o->offset) = (int)strtol(s, NULL, 8);
+    else
+        cfg_error(p, v, "%s: expected an octal mode such as \"0660\", got '%.*s'", name,
+                  CFG_ECHO_MAX, s);
+    cfg_scalar_free(&sc);
+}
+
+/* 's' is "0", "$" or an entry id: digits, optionally "-" digits. */
+static bool cfg_start_ok(const char *s)
+{
+    if (strcmp(s, "$") == 0) return true;
+    const char *q = s;
+    for (int part = 0; part < 2; part++) {
+        const char *d = q;
+        while (*q >= '0' && *q <= '9') q++;
+        if (q == d || q - d > 20) return false;
+        errno = 0;
+        (void)strtoull(d, NULL, 10);
+        if (errno == ERANGE) return false;
+        if (*q == '\0') return true;
+        if (*q != '-' || part == 1) return false;
+        q++;
+    }
+    return false;
+}
+
+static void cfg_set_start(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                          const char *name)
+{
+    cfg_scalar sc;
+    if (!cfg_scalar_get(p, v, name, "\"0\", \"$\" or an entry id", &sc)) return;
+    char **field = (char **)(void *)((char *)obj + o->offset);
+    if (cfg_start_ok(sc.s)) {
+        free(*field);
+        *field = sc.s;
+        sc.s = NULL;
+    } else {
+        cfg_error(p, v, "%s: expected \"0\", \"$\" or an entry id such as 1700000000000-0, "
+                  "got '%.*s'", name, CFG_ECHO_MAX, sc.s);
+    }
+    cfg_scalar_free(&sc);
+}
+
+/* metrics.listen: host:port, or "" to disable. */
+static void cfg_set_listen(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                           const char *name)
+{
+    cfg_scalar sc;
+    if (!cfg_scalar_get(p, v, name, "host:port", &sc)) return;
+    char **field = (char **)(void *)((char *)obj + o->offset);
+    if (sc.len == 0 || cfg_host_port(sc.s, true)) {
+        free(*field);
+        *field = sc.s;
+        sc.s = NULL;
+    } else {
+        cfg_error(p, v, "%s: expected host:port such as 127.0.0.1:9464 (or \"\" to disable), "
+                  "got '%.*s'", name, CFG_ECHO_MAX, sc.s);
+    }
+    cfg_scalar_free(&sc);
+}
+
+/* redis.cluster: a list of "host:port" seeds. */
+static void cfg_set_cluster(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                            const char *name)
+{
+    px_config *c = obj;
+    (void)o;
+    if (v->type != YAML_SEQUENCE_NODE) {
+        cfg_error(p, v, "%s: expected a list of host:port seeds, got %s", name, cfg_kind(v));
+        return;
+    }
+    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    c->cluster = px_calloc(n, sizeof *c->cluster);
+    c->ncluster = 0;
+    for (size_t i = 0; i < n; i++) {
+        yaml_node_t *item = yaml_document_get_node(&p->doc, v->data.sequence.items.start[i]);
+        char iname[64];
+        cfg_scalar sc;
+        if (item == NULL) continue;
+        snprintf(iname, sizeof iname, "%s[%zu]", name, i);
+        if (!cfg_scalar_get(p, item, iname, "host:port", &sc)) continue;
+        if (cfg_host_port(sc.s, false)) {
+            c->cluster[c->ncluster++] = sc.s;
+            sc.s = NULL;
+        } else {
+            cfg_error(p, item, "%s: expected host:port, got '%.*s'", iname, CFG_ECHO_MAX, sc.s);
+        }
+        cfg_scalar_free(&sc);
+    }
+}
+
+/* key / lock_key: the source goes to 'offset', the compiled template to 'offset2'. */
+static void cfg_set_template(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                             const char *name)
+{
+    cfg_scalar sc;
+    if (!cfg_scalar_get(p, v, name, "a template", &sc)) return;
+    char **src = (char **)(void *)((char *)obj + o->offset);
+    px_template **tpl = (px_template **)(void *)((char *)obj + o->offset2);
+    if (sc.len == 0) {
+        if (o->flags & CFG_EMPTY_NULL) {
+            free(*src);
+            if (*tpl) px_template_destroy(*tpl);
+            *src = NULL;
+            *tpl = NULL;
+        } else {
+            cfg_error(p, v, "%s: must not be empty", name);
+        }
+        cfg_scalar_free(&sc);
+        return;
+    }
+    char err[256] = "";
+    int errcol = 0;
+    px_template *t = px_template_compile(sc.s, err, sizeof err, &errcol);
+    if (t == NULL) {
+        /* 'errcol' counts characters of the value: find its byte, then its source */
+        size_t chars = errcol > 0 ? (size_t)errcol - 1 : 0, k = 0, line, col;
+        for (size_t c = 0; c < chars && k < sc.len; c++)
+            k += cfg_utf8_width((unsigned char)sc.s[k]);
+        if (k > sc.len) k = sc.len;
+        if (sc.map != NULL) {
+            cfg_offset_pos(p, sc.map[k], &line, &col);
+        } else {
+            /* multi-line: the scalar's position plus the column, past a quote */
+            bool quote = v->data.scalar.style == YAML_SINGLE_QUOTED_SCALAR_STYLE ||
+                         v->data.scalar.style == YAML_DOUBLE_QUOTED_SCALAR_STYLE;
+            line = v->start_mark.line + 1;
+            col = v->start_mark.column + 1 + (quote ? 1 : 0) + chars;
+        }
+        cfg_diag_at(p, false, line, col, "%s: %s", name, err[0] ? err : "bad template");
+    } else {
+        free(*src);
+        if (*tpl) px_template_destroy(*tpl);
+        *src = sc.s;
+        *tpl = t;
+        sc.s = NULL;
+    }
+    cfg_scalar_free(&sc);
+}
+
+/* ---------------------------------------------------------- the walker */
+
+static size_t cfg_nopts(const cfg_opt *opts)
+{
+    size_t n = 0;
+    while (opts[n].name) n++;
+    return n;
+}
+
+/* Edit distance of two short strings, for "did you mean". */
+static size_t cfg_distance(const char *a, size_t alen, const char *b)
+{
+    size_t blen = strlen(b), row[42];
+    if (alen > 40 || blen > 40) return SIZE_MAX;
+    for (size_t j = 0; j <= blen; j++) row[j] = j;
+    for (size_t i = 1; i <= alen; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= blen; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] == b[j - 1] ? 0 : 1);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[blen];
+}
+
+/*
+ * Walk mapping 'map' with table 'opts', calling each key's setter on 'obj'.
+ * 'prefix' names the section in messages (NULL at the top level). 'seen'
+ * (CFG_MAX_OPTS entries, zeroed) gets the key and value node of every key set.
+ * Unknown keys, duplicate keys and non-scalar keys are errors; a null value is
+ * skipped (the default stays).
+ */
+static void cfg_walk(cfg_parser *p, yaml_node_t *map, const cfg_opt *opts, void *obj,
+                     const char *prefix, cfg_seen *seen)
+{
+    size_t nopts = cfg_nopts(opts);
+    if (map->type != YAML_MAPPING_NODE) {
+        cfg_error(p, map, "%s: expected a mapping, got %s", prefix ? prefix : "the config",
+                  cfg_kind(map));
+        return;
+    }
+    for (yaml_node_pair_t *pair = map->data.mapping.pairs.start;
+         pair < map->data.mapping.pairs.top; pair++) {
+        yaml_node_t *k = yaml_document_get_node(&p->doc, pair->key);
+        yaml_node_t *v = yaml_document_get_node(&p->doc, pair->value);
+        if (k == NULL || v == NULL) continue;
+        if (k->type != YAML_SCALAR_NODE) {
+            cfg_error(p, k, "%s%sexpected a key, got %s", prefix ? prefix : "",
+                      prefix ? ": " : "", cfg_kind(k));
+            continue;
+        }
+        const char *key = (const char *)k->data.scalar.value;
+        size_t klen = k->data.scalar.length, i;
+        for (i = 0; i < nopts; i++)
+            if (strlen(opts[i].name) == klen && memcmp(opts[i].name, key, klen) == 0) break;
+        if (i == nopts) {
+            const char *near = NULL;
+            size_t best = 3;
+            for (size_t j = 0; j < nopts; j++) {
+                size_t dist = cfg_distance(key, klen, opts[j].name);
+                if (dist < best) { best = dist; near = opts[j].name; }
+            }
+            cfg_error(p, k, "%s%sunknown key '%.*s'%s%s%s", prefix ? prefix : "",
+                      prefix ? ": " : "", CFG_ECHO_MAX, key,
+                      near ? " (did you mean '" : "", near ? near : "", near ? "'?)" : "");
+            continue;
+        }
+        if (seen[i].key != NULL) {
+            cfg_error(p, k, "%s%sduplicate key '%s' (first at line %zu)", prefix ? prefix : "",
+                      prefix ? ": " : "", opts[i].name, seen[i].key->start_mark.line + 1);
+            continue;
+        }
+        seen[i].key = k;
+        seen[i].val = v;
+        if (cfg_is_null(v)) continue;
+        char name[96];
+        if (prefix) snprintf(name, sizeof name, "%s.%s", prefix, opts[i].name);
+        else snprintf(name, sizeof name, "%s", opts[i].name);
+        opts[i].set(p, &opts[i], v, obj, name);
+    }
+}
+
+/* The value node of key 'name' in a walked mapping, NULL when absent or null. */
+static yaml_node_t *cfg_seen_val(const cfg_opt *opts, const cfg_seen *seen, const char *name)
+{
+    for (size_t i = 0; opts[i].name; i++)
+        if (strcmp(opts[i].name, name) == 0)
+            return seen[i].val && !cfg_is_null(seen[i].val) ? seen[i].val : NULL;
+    return NULL;
+}
+
+/* ------------------------------------------------------------ the tables */
+
+static const char *const cfg_layouts[] = { "single", "split", NULL };
+static const char *const cfg_busy[] = { "retry", "dead_letter", NULL };
+static const char *const cfg_missing[] = { "dead_letter", "skip", NULL };
+static const char *const cfg_levels[] = { "error", "warn", "info", "debug", NULL };
+static const char *const cfg_formats[] = { "text", "json", NULL };
+
+#define CFG_STR(type, f, fl)  { .name = #f, .set = cfg_set_str, .offset = offsetof(type, f), \
+                                .flags = (fl) }
+#define CFG_MS(type, f, lo)   { .name = #f, .set = cfg_set_ms, .offset = offsetof(type, f), \
+                                .min = (lo), .max = CFG_MAX_MS }
+#define CFG_INT(type, f, lo)  { .name = #f, .set = cfg_set_int, .offset = offsetof(type, f), \
+                                .min = (lo), .max = INT_MAX }
+#define CFG_ENUM(n, type, f, w) { .name = n, .set = cfg_set_enum, .offset = offsetof(type, f), \
+                                  .words = (w) }
+#define CFG_BOOL(type, f)     { .name = #f, .set = cfg_set_bool, .offset = offsetof(type, f) }
+
+static const cfg_opt cfg_redis_opts[] = {
+    { .name = "url", .set = cfg_set_str, .offset = offsetof(px_config, redis_url),
+      .flags = CFG_EMPTY_NULL },
+    { .name = "cluster", .set = cfg_set_cluster },
+    CFG_STR(px_config, password_file, CFG_EMPTY_NULL),
+    CFG_MS(px_config, timeout_ms, 1),
+    { .name = NULL }
+};
+
+static const cfg_opt cfg_app_opts[] = {
+    CFG_STR(px_config, endpoint, CFG_EMPTY_ERR),
+    CFG_INT(px_config, max_inflight, 1),
+    { .name = "max_entry_bytes", .set = cfg_set_llong,
+      .offset = offsetof(px_config, max_entry_bytes), .min = 1, .max = INT_MAX },
+    CFG_MS(px_config, ack_timeout_ms, 1),
+    { .name = "socket_mode", .set = cfg_set_mode, .offset = offsetof(px_config, socket_mode) },
+    CFG_BOOL(px_config, allow_remote),
+    { .name = NULL }
+};
+
+static const cfg_opt cfg_metrics_opts[] = {
+    { .name = "listen", .set = cfg_set_listen, .offset = offsetof(px_config, metrics_listen) },
+    { .name = NULL }
+};
+
+static const cfg_opt cfg_log_opts[] = {
+    CFG_ENUM("level", px_config, log_level, cfg_levels),
+    CFG_ENUM("format", px_config, log_format, cfg_formats),
+    { .name = NULL }
+};
+
+static const cfg_opt cfg_stream_opts[] = {
+    CFG_STR(px_stream_conf, stream, CFG_EMPTY_ERR),
+    CFG_STR(px_stream_conf, group, CFG_EMPTY_NULL),
+    CFG_STR(px_stream_conf, consumer, CFG_EMPTY_NULL),
+    { .name = "start", .set = cfg_set_start, .offset = offsetof(px_stream_conf, start) },
+    CFG_STR(px_stream_conf, payload_field, CFG_EMPTY_NULL),
+    { .name = "key", .set = cfg_set_template, .offset = offsetof(px_stream_conf, key),
+      .offset2 = offsetof(px_stream_conf, key_tpl) },
+    { .name = "lock_key", .set = cfg_set_template, .offset = offsetof(px_stream_conf, lock_key),
+      .offset2 = offsetof(px_stream_conf, lock_tpl), .flags = CFG_EMPTY_NULL },
+    CFG_ENUM("layout", px_stream_conf, layout, cfg_layouts),
+    CFG_STR(px_stream_conf, prefix, 0),
+    CFG_STR(px_stream_conf, lock_prefix, 0),
+    CFG_STR(px_stream_conf, done_prefix, 0),
+    CFG_MS(px_stream_conf, wait_ms, 0),
+    CFG_ENUM("on_busy", px_stream_conf, on_busy, cfg_busy),
+    CFG_MS(px_stream_conf, lease_ms, 1),
+    CFG_MS(px_stream_conf, done_ttl_ms, 1),
+    CFG_INT(px_stream_conf, max_deliveries, 1),
+    CFG_MS(px_stream_conf, retry_backoff_ms, 0),
+    CFG_STR(px_stream_conf, dead_letter, CFG_EMPTY_NULL),
+    CFG_ENUM("on_missing_key", px_stream_conf, on_missing_key, cfg_missing),
+    CFG_BOOL(px_stream_conf, fencing),
+    CFG_MS(px_stream_conf, claim_idle_ms, 0),
+    { .name = NULL }
+};
+
+_Static_assert(sizeof cfg_stream_opts / sizeof *cfg_stream_opts <= CFG_MAX_OPTS + 1,
+               "CFG_MAX_OPTS is too small for a stream block");
+
+/* ------------------------------------------------------------ sections */
+
+static void cfg_set_redis(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                          const char *name)
+{
+    (void)o;
+    cfg_walk(p, v, cfg_redis_opts, obj, name, p->redis_seen);
+}
+
+static void cfg_set_app(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                        const char *name)
+{
+    (void)o;
+    cfg_walk(p, v, cfg_app_opts, obj, name, p->app_seen);
+}
+
+static void cfg_set_metrics(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                            const char *name)
+{
+    cfg_seen seen[CFG_MAX_OPTS] = {{0}};
+    (void)o;
+    cfg_walk(p, v, cfg_metrics_opts, obj, name, seen);
+}
+
+static void cfg_set_log(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                        const char *name)
+{
+    cfg_seen seen[CFG_MAX_OPTS] = {{0}};
+    (void)o;
+    cfg_walk(p, v, cfg_log_opts, obj, name, seen);
+}
+
+/* Fill the defaults of a stream block, including the compiled default key. */
+static void cfg_stream_defaults(cfg_parser *p, px_stream_conf *s, const yaml_node_t *block,
+                                const char *name)
+{
+    char err[256] = "";
+    int errcol = 0;
+    memset(s, 0, sizeof *s);
+    s->start = px_strdup(PX_CONFIG_DEFAULT_START);
+    s->key = px_strdup(PX_CONFIG_DEFAULT_KEY);
+    s->layout = PX_LAYOUT_SINGLE;
+    s->prefix = px_strdup(PX_CONFIG_DEFAULT_PREFIX);
+    s->lock_prefix = px_strdup(PX_CONFIG_DEFAULT_LOCK_PREFIX);
+    s->done_prefix = px_strdup(PX_CONFIG_DEFAULT_DONE_PREFIX);
+    s->wait_ms = PX_CONFIG_DEFAULT_WAIT_MS;
+    s->on_busy = PX_BUSY_RETRY;
+    s->lease_ms = PX_CONFIG_DEFAULT_LEASE_MS;
+    s->done_ttl_ms = PX_CONFIG_DEFAULT_DONE_TTL_MS;
+    s->max_deliveries = PX_CONFIG_DEFAULT_MAX_DELIVERIES;
+    s->retry_backoff_ms = PX_CONFIG_DEFAULT_RETRY_BACKOFF_MS;
+    s->on_missing_key = PX_MISSING_DEAD_LETTER;
+    s->fencing = false;
+    s->claim_idle_ms = PX_CONFIG_DEFAULT_CLAIM_IDLE_MS;
+    s->line = (int)block->start_mark.line + 1;
+    s->key_tpl = px_template_compile(s->key, err, sizeof err, &errcol);
+    if (s->key_tpl == NULL)
+        cfg_error(p, block, "%s: the default key %s does not compile: %s", name,
+                  PX_CONFIG_DEFAULT_KEY, err);
+}
+
+/* streams: a list of stream blocks. */
+static void cfg_set_streams(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                            const char *name)
+{
+    px_config *c = obj;
+    (void)o;
+    if (v->type != YAML_SEQUENCE_NODE) {
+        cfg_error(p, v, "%s: expected a list of stream blocks, got %s", name, cfg_kind(v));
+        return;
+    }
+    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    c->streams = px_calloc(n, sizeof *c->streams);
+    p->aux = px_calloc(n, sizeof *p->aux);
+    for (size_t i = 0; i < n; i++) {
+        yaml_node_t *b = yaml_document_get_node(&p->doc, v->data.sequence.items.start[i]);
+        cfg_stream_aux *aux = &p->aux[c->nstreams];
+        if (b == NULL) continue;
+        snprintf(aux->name, sizeof aux->name, "%s[%zu]", name, i);
+        if (b->type != YAML_MAPPING_NODE) {
+            cfg_error(p, b, "%s: expected a stream block (a mapping with at least 'stream'), "
+                      "got %s", aux->name, cfg_kind(b));
+            continue;
+        }
+        px_stream_conf *s = &c->streams[c->nstreams++];
+        cfg_seen seen[CFG_MAX_OPTS] = {{0}};
+        cfg_stream_defaults(p, s, b, aux->name);
+        cfg_walk(p, b, cfg_stream_opts, s, aux->name, seen);
+        if (s->stream == NULL && cfg_seen_val(cfg_stream_opts, seen, "stream") == NULL)
+            cfg_error(p, b, "%s: missing 'stream' (the key of the stream to read)", aux->name);
+        if (s->consumer == NULL) s->consumer = px_strdup(cfg_default_consumer(p));
+        aux->block = b;
+        aux->lease = cfg_seen_val(cfg_stream_opts, seen, "lease_ms");
+        aux->lock_prefix = cfg_seen_val(cfg_stream_opts, seen, "lock_prefix");
+        aux->done_prefix = cfg_seen_val(cfg_stream_opts, seen, "done_prefix");
+        aux->dead_letter = cfg_seen_val(cfg_stream_opts, seen, "dead_letter");
+    }
+}
+
+static const cfg_opt cfg_top_opts[] = {
+    { .name = "redis", .set = cfg_set_redis },
+    { .name = "app", .set = cfg_set_app },
+    { .name = "metrics", .set = cfg_set_metrics },
+    { .name = "log", .set = cfg_set_log },
+    CFG_MS(px_config, shutdown_grace_ms, 0),
+    { .name = "streams", .set = cfg_set_streams },
+    { .name = NULL }
+};
+
+/* ------------------------------------------------- checks after the walk */
+
+/* redis.url against redis.cluster, then the url itself. */
+static void cfg_check_redis(cfg_parser *p)
+{
+    px_config *c = p->c;
+    yaml_node_t *url = cfg_seen_val(cfg_redis_opts, p->redis_seen, "url");
+    char why[128];
+    if (c->redis_url != NULL && c->ncluster > 0) {
+        cfg_error(p, url, "redis.url: redis.url and a non-empty redis.cluster are both set; "
+                  "use url for one server or cluster for Redis Cluster seeds");
+    } else if (c->redis_url != NULL) {
+        if (!cfg_redis_url(c, c->redis_url, why, sizeof why))
+            cfg_error(p, url, "redis.url: invalid Redis url (%s); " CFG_URL_FORMS, why);
+    } else if (c->ncluster == 0) {
+        c->redis_url = px_strdup(PX_CONFIG_DEFAULT_REDIS_URL);
+        (void)cfg_redis_url(c, c->redis_url, why, sizeof why);
+    }
+}
+
+static void cfg_check_app(cfg_parser *p)
+{
+    yaml_node_t *ep = cfg_seen_val(cfg_app_opts, p->app_seen, "endpoint");
+    char why[256];
+    if (ep != NULL && p->c->endpoint != NULL &&
+        !cfg_endpoint_ok(p->c->endpoint, p->c->allow_remote, why, sizeof why))
+        cfg_error(p, ep, "app.endpoint: %s", why);
+}
+
+/* Every stream block against redis.timeout_ms, itself and the blocks before it. */
+static void cfg_check_streams(cfg_parser *p, yaml_node_t *root)
+{
+    px_config *c = p->c;
+    yaml_node_t *timeout = cfg_seen_val(cfg_redis_opts, p->redis_seen, "timeout_ms");
+    cfg_seen *streams = NULL;
+    for (size_t i = 0; cfg_top_opts[i].name; i++)
+        if (strcmp(cfg_top_opts[i].name, "streams") == 0) streams = &p->top_seen[i];
+    if (c->nstreams == 0) {
+        if (streams->key == NULL)
+            cfg_error(p, root, "missing 'streams': at least one stream block is required");
+        else if (cfg_is_null(streams->val) || (streams->val->type == YAML_SEQUENCE_NODE &&
+                 streams->val->data.sequence.items.top == streams->val->data.sequence.items.start))
+            cfg_error(p, streams->key, "streams: at least one stream block is required");
+        return;
+    }
+    for (size_t i = 0; i < c->nstreams; i++) {
+        px_stream_conf *s = &c->streams[i];
+        cfg_stream_aux *a = &p->aux[i];
+        /* lease < 2 * timeout, written so that it cannot overflow */
+        if (c->timeout_ms > s->lease_ms / 2) {
+            yaml_node_t *at = a->lease ? a->lease : timeout ? timeout : a->block;
+            cfg_error(p, at, "%s.lease_ms: %s%lld is less than twice redis.timeout_ms (%lld): "
+                      "a lease must outlive two Redis round trips", a->name,
+                      a->lease ? "" : "the default ", s->lease_ms, c->timeout_ms);
+        }
+        if (s->layout == PX_LAYOUT_SPLIT && s->lock_prefix && s->done_prefix &&
+            strcmp(s->lock_prefix, s->done_prefix) == 0) {
+            yaml_node_t *at = a->done_prefix ? a->done_prefix :
+                              a->lock_prefix ? a->lock_prefix : a->block;
+            cfg_error(p, at, "%s: lock_prefix and done_prefix must differ in the split layout "
+                      "(the lock and the done mark would be one key)", a->name);
+        }
+        if (s->stream && s->dead_letter && strcmp(s->stream, s->dead_letter) == 0)
+            cfg_error(p, a->dead_letter, "%s.dead_letter: must not be the stream being read",
+                      a->name);
+        if (s->stream == NULL) continue;
+        for (size_t j = 0; j < i; j++) {
+            px_stream_conf *t = &c->streams[j];
+            if (t->stream == NULL || strcmp(t->stream, s->stream) != 0) continue;
+            if ((t->group == NULL) != (s->group == NULL)) continue;
+            if (t->group && strcmp(t->group, s->group) != 0) continue;
+            if (s->group)
+                cfg_error(p, a->block, "%s: duplicate stream block: stream '%s' with group "
+                          "'%s' is already configured at line %d", a->name, s->stream,
+                          s->group, t->line);
+            else
+                cfg_error(p, a->block, "%s: duplicate stream block: stream '%s' without a "
+                          "group is already configured at line %d", a->name, s->stream,
+                          t->line);
+            break;
+        }
+    }
+}
+
+/*
+ * IDEMPROXY_REDIS_URL, IDEMPROXY_ENDPOINT and IDEMPROXY_LOG_LEVEL replace the
+ * file's values; an empty variable counts as unset. Problems are reported as
+ * "VAR: message".
+ */
+static void cfg_apply_env(cfg_parser *p)
+{
+    px_config *c = p->c;
+    const char *url = getenv("IDEMPROXY_REDIS_URL");
+    const char *ep = getenv("IDEMPROXY_ENDPOINT");
+    const char *level = getenv("IDEMPROXY_LOG_LEVEL");
+    char why[256];
+    if (url && *url) {
+        free(c->redis_url);
+        c->redis_url = px_strdup(url);
+        if (c->ncluster > 0)
+            cfg_env_error(p, "IDEMPROXY_REDIS_URL", "cannot be used with redis.cluster "
+                          "(the file lists cluster seeds)");
+        else if (!cfg_redis_url(c, url, why, sizeof why))
+            cfg_env_error(p, "IDEMPROXY_REDIS_URL", "invalid Redis url (%s); " CFG_URL_FORMS,
+                          why);
+    }
+    if (ep && *ep) {
+        free(c->endpoint);
+        c->endpoint = px_strdup(ep);
+        if (!cfg_endpoint_ok(ep, c->allow_remote, why, sizeof why))
+            cfg_env_error(p, "IDEMPROXY_ENDPOINT", "%s", why);
+    }
+    if (level && *level) {
+        int i = -1;
+        for (int k = 0; cfg_levels[k]; k++)
+            if (strcasecmp(cfg_levels[k], level) == 0) i = k;
+        if (i >= 0) c->log_level = (px_log_level)i;
+        else cfg_env_error(p, "IDEMPROXY_LOG_LEVEL", "expected error, warn, info or debug, "
+                           "got '%.*s'", CFG_ECHO_MAX, level);
+    }
+}
+
+/* ------------------------------------------------------------- loading */
+
+/* Report libyaml's error from 'yp' with its position. */
+static void cfg_yaml_error(cfg_parser *p, const yaml_parser_t *yp)
+{
+    size_t line = yp->problem_mark.line + 1, col = yp->problem_mark.column + 1;
+    const char *problem = yp->problem ? yp->problem : "cannot parse";
+    if (yp->error == YAML_MEMORY_ERROR) {
+        diag_plain(p->d, p->path, "out of memory while parsing");
+        return;
+    }
+    if (yp->error == YAML_READER_ERROR) {
+        cfg_offset_pos(p, yp->problem_offset, &line, &col);
+        cfg_diag_at(p, false, line, col, "YAML: %s", problem);
+        return;
+    }
+    if (yp->context)
+        cfg_diag_at(p, false, line, col, "YAML: %s (%s at line %zu, column %zu)", problem,
+                    yp->context, yp->context_mark.line + 1, yp->context_mark.column + 1);
+    else
+        cfg_diag_at(p, false, line, col, "YAML: %s", problem);
+}
+
+static void cfg_defaults(px_config *c, const char *path)
+{
+    c->path = px_strdup(path);
+    c->timeout_ms = PX_CONFIG_DEFAULT_TIMEOUT_MS;
+    c->redis_port = PX_CONFIG_DEFAULT_REDIS_PORT;
+    c->redis_db = 0;
+    c->endpoint = px_strdup(PX_CONFIG_DEFAULT_ENDPOINT);
+    c->max_inflight = PX_CONFIG_DEFAULT_MAX_INFLIGHT;
+    c->max_entry_bytes = PX_CONFIG_DEFAULT_MAX_ENTRY_BYTES;
+    c->ack_timeout_ms = PX_CONFIG_DEFAULT_ACK_TIMEOUT_MS;
+    c->socket_mode = PX_CONFIG_DEFAULT_SOCKET_MODE;
+    c->allow_remote = false;
+    c->metrics_listen = px_strdup(PX_CONFIG_DEFAULT_METRICS_LISTEN);
+    c->log_level = PX_LOG_INFO;
+    c->log_format = PX_LOG_TEXT;
+    c->shutdown_grace_ms = PX_CONFIG_DEFAULT_SHUTDOWN_GRACE_MS;
+}
+
+/* Load the one document of the text into p->doc; false after reporting why. */
+static bool cfg_load_document(cfg_parser *p)
+{
+    yaml_parser_t yp;
+    yaml_document_t extra;
+    bool ok = false;
+    if (!yaml_parser_initialize(&yp)) {
+        diag_plain(p->d, p->path, "cannot initialise the YAML parser");
+        return false;
+    }
+    yaml_parser_set_input_string(&yp, (const unsigned char *)p->text, p->len);
+    if (!yaml_parser_load(&yp, &p->doc)) {
+        cfg_yaml_error(p, &yp);
+        yaml_parser_delete(&yp);
+        return false;
+    }
+    ok = true;
+    if (yaml_document_get_root_node(&p->doc) != NULL) {
+        /* a second document is a mistake (a stray "---"), not something to ignore */
+        if (!yaml_parser_load(&yp, &extra)) {
+            cfg_yaml_error(p, &yp);
+            ok = false;
+        } else {
+            yaml_node_t *root2 = yaml_document_get_root_node(&extra);
+            if (root2 != NULL) {
+                cfg_error(p, root2, "only one YAML document is allowed");
+                ok = false;
+            }
+            yaml_document_delete(&extra);
+        }
+    }
+    yaml_parser_delete(&yp);
+    if (!ok) yaml_document_delete(&p->doc);
+    return ok;
+}
+
+px_config *px_config_parse(const char *path, const char *text, size_t len, px_diags *d)
+{
+    cfg_parser p;
+    size_t errors_before = d->nerrors;
+    memset(&p, 0, sizeof p);
+    p.path = path ? path : "<config>";
+    p.text = text ? text : "";
+    p.len = text ? len : 0;
+    p.d = d;
+    cfg_index_lines(&p);
+
+    if (!cfg_load_document(&p)) {
+        free(p.lines);
+        return NULL;
+    }
+    p.c = px_calloc(1, sizeof *p.c);
+    cfg_defaults(p.c, p.path);
+
+    yaml_node_t *root = yaml_document_get_root_node(&p.doc);
+    if (root == NULL) {
+        cfg_diag_at(&p, false, 1, 1, "the config is empty: at least one stream block "
+                    "is required");
+    } else if (root->type != YAML_MAPPING_NODE) {
+        cfg_error(&p, root, "the config must be a mapping (redis:, app:, streams: ...), "
+                  "got %s", cfg_kind(root));
+    } else {
+        cfg_walk(&p, root, cfg_top_opts, p.c, NULL, p.top_seen);
+        cfg_check_redis(&p);
+        cfg_check_app(&p);
+        cfg_check_streams(&p, root);
+    }
+    cfg_apply_env(&p);
+
+    px_config *c = p.c;
+    if (d->nerrors > errors_before) {
+        px_config_destroy(c);
+        c = NULL;
+    }
+    yaml_document_delete(&p.doc);
+    free(p.lines);
+    free(p.aux);
+    free(p.consumer);
+    return c;
+}
+
+px_config *px_config_load(const char *path, px_diags *d)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        diag_plain(d, path, "cannot read the config: %s", strerror(errno));
+        return NULL;
+    }
+    px_buf b = {0};
+    char chunk[8192];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) px_buf_append(&b, chunk, n);
+    if (ferror(f)) {
+        int e = errno;
+        fclose(f);
+        px_buf_deinit(&b);
+        diag_plain(d, path, "cannot read the config: %s", strerror(e ? e : EIO));
+        return NULL;
+    }
+    fclose(f);
+    px_config *c = px_config_parse(path, b.data ? b.data : "", b.len, d);
+    px_buf_deinit(&b);
+    return c;
+}
+
+void px_config_destroy(px_config *c)
+{
+    if (c == NULL) return;
+    free(c->path);
+    free(c->redis_url);
+    for (size_t i = 0; i < c->ncluster; i++) free(c->cluster[i]);
+    free(c->cluster);
+    free(c->password_file);
+    cfg_redis_reset(c);
+    free(c->endpoint);
+    free(c->metrics_listen);
+    for (size_t i = 0; i < c->nstreams; i++) {
+        px_stream_conf *s = &c->streams[i];
+        free(s->stream);
+        free(s->group);
+        free(s->consumer);
+        free(s->start);
+        free(s->payload_field);
+        free(s->key);
+        free(s->lock_key);
+        free(s->prefix);
+        free(s->lock_prefix);
+        free(s->done_prefix);
+        free(s->dead_letter);
+        if (s->key_tpl) px_template_destroy(s->key_tpl);
+        if (s->lock_tpl) px_template_destroy(s->lock_tpl);
+    }
+    free(c->streams);
+    free(c);
+}

@@ -1,0 +1,167 @@
+/*
+ * example_worker.c - an idemproxy worker built on idemproxy_client.h.
+ *
+ * It connects to idemproxy (which may start later: nanomsg keeps dialing),
+ * answers every delivery and prints one line per delivery on stdout,
+ * "<key> attempt=<n>", flushed once the answer is handed to nanomsg (at once
+ * for a delivery it leaves unanswered). Everything else goes to stderr.
+ * SIGTERM or SIGINT: the delivery in hand is finished, then it exits 0.
+ *
+ * The environment turns it into a test double:
+ *   IDEMPROXY_ENDPOINT   endpoint when --endpoint is not given
+ *   WORKER_DELAY_MS      work this long before answering each delivery
+ *   WORKER_RETRY_KEYS    k1,k2: answer RETRY while attempt <= WORKER_RETRY_TIMES (1)
+ *   WORKER_DROP_KEYS     k3: answer DROP, reason "dropped by worker"
+ *   WORKER_NOACK_KEYS    k4: never answer (the next receive abandons it, so
+ *                        idemproxy's ack timeout fires)
+ *   WORKER_CRASH_KEYS    k5: exit(3) on receipt, unanswered, as a crash would
+ *   WORKER_MAX_BYTES     NN_RCVMAXSIZE, if app.max_entry_bytes was raised (-1: none)
+ *   WORKER_VERBOSE=1     describe each delivery on stderr
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <nanomsg/nn.h>
+
+#include "idemproxy_client.h"
+
+static volatile sig_atomic_t stop;
+
+static void stop_cb(int sig)
+{
+    (void) sig;
+    stop = 1;
+}
+
+/* True when 'key' is one of the comma-separated names in 'list' (may be NULL). */
+static int in_list(const char *list, const char *key)
+{
+    size_t klen = strlen(key);
+
+    while (list != NULL && *list != '\0') {
+        const char *end = strchr(list, ',');
+        size_t len = end ? (size_t) (end - list) : strlen(list);
+
+        if (len == klen && memcmp(list, key, len) == 0)
+            return 1;
+        list = end ? end + 1 : NULL;
+    }
+    return 0;
+}
+
+static long env_long(const char *name, long dflt)
+{
+    const char *v = getenv(name);
+
+    return v != NULL && *v != '\0' ? strtol(v, NULL, 10) : dflt;
+}
+
+/* Sleeps 'ms' in full even if a signal arrives: the work in hand is finished. */
+static void work(long ms)
+{
+    struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+
+    while (ms > 0 && nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static void describe(const px_delivery *d)
+{
+    size_t i;
+
+    fprintf(stderr, "delivery %s %s key=%s attempt=%u fencing=%llu deadline=%llu\n",
+            d->stream, d->entry_id, d->key, d->attempt,
+            (unsigned long long) d->fencing_token,
+            (unsigned long long) d->deadline_unix_ms);
+    for (i = 0; i < d->nfields; i++)
+        fprintf(stderr, "  %s = %.*s\n", d->fields[i].name,
+                (int) d->fields[i].value_len, (const char *) d->fields[i].value);
+    fprintf(stderr, "  payload = %.*s\n", (int) d->payload_len, (const char *) d->payload);
+}
+
+/* Answers 'd' the way the environment asks; returns what the client returned. */
+static int answer(px_client *c, const px_delivery *d)
+{
+    if (in_list(getenv("WORKER_DROP_KEYS"), d->key))
+        return px_client_drop(c, d, "dropped by worker");
+    if (in_list(getenv("WORKER_RETRY_KEYS"), d->key) &&
+        d->attempt <= env_long("WORKER_RETRY_TIMES", 1))
+        return px_client_retry(c, d, "retry requested by worker");
+    return px_client_ack(c, d);
+}
+
+int main(int argc, char **argv)
+{
+    const char *endpoint = getenv("IDEMPROXY_ENDPOINT");
+    long delay_ms = env_long("WORKER_DELAY_MS", 0);
+    long max_bytes = env_long("WORKER_MAX_BYTES", 0);
+    int verbose = env_long("WORKER_VERBOSE", 0) != 0;
+    struct sigaction sa;
+    px_client *c;
+    int i;
+
+    for (i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--endpoint") == 0 && i + 1 < argc) {
+            endpoint = argv[++i];
+        } else {
+            fprintf(stderr, "usage: %s [--endpoint URL]   (default %s)\n",
+                    argv[0], PX_CLIENT_DEFAULT_ENDPOINT);
+            return strcmp(argv[i], "--help") == 0 ? 0 : 2;
+        }
+    }
+
+    /* No SA_RESTART: the signal interrupts a waiting px_client_recv. nanomsg's
+     * own threads block every signal, so this thread is the one that gets it. */
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = stop_cb;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+
+    c = px_client_connect(endpoint);
+    if (c == NULL || c->err) {
+        fprintf(stderr, "example_worker: %s\n", c ? c->errstr : "out of memory");
+        px_client_free(c);
+        return 1;
+    }
+    if (max_bytes != 0) {
+        int n = (int) max_bytes;
+        nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &n, sizeof(n));
+    }
+    fprintf(stderr, "example_worker: waiting for deliveries on %s\n",
+            endpoint ? endpoint : PX_CLIENT_DEFAULT_ENDPOINT);
+
+    while (!stop) {
+        px_delivery *d;
+        int rc = px_client_recv(c, 1000, &d);
+
+        if (rc == PX_CLIENT_EAGAIN)
+            continue;
+        if (rc != PX_CLIENT_OK) {
+            fprintf(stderr, "example_worker: %s\n", c->errstr);
+            if (c->err == EBADF || c->err == ETERM)
+                break;
+            continue;
+        }
+        if (verbose)
+            describe(d);
+        if (in_list(getenv("WORKER_CRASH_KEYS"), d->key)) {
+            fprintf(stderr, "example_worker: crashing on %s as asked\n", d->key);
+            exit(3);
+        }
+        if (!in_list(getenv("WORKER_NOACK_KEYS"), d->key)) {
+            work(delay_ms);
+            if (answer(c, d) != PX_CLIENT_OK)
+                fprintf(stderr, "example_worker: %s\n", c->errstr);
+        }
+        printf("%s attempt=%u\n", d->key, d->attempt);
+        fflush(stdout);
+        px_delivery_free(d);
+    }
+    px_client_free(c);
+    return 0;
+}

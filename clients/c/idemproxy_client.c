@@ -1,0 +1,214 @@
+/*
+ * idemproxy_client.c - a worker's side of idemproxy: an NN_REP socket that
+ * receives idemproxy.v1.Delivery messages and answers each with an Ack.
+ *
+ * A cooked REP socket does the routing for us: nanomsg keeps the request's
+ * backtrace (the request id idemproxy put in the SP header) from nn_recv and
+ * puts it on the next nn_send, so a reply needs no header here. What we add is
+ * the protobuf coding (protoc-c output, generated at build time), a copy of the
+ * Delivery into plain C types, and a check that each delivery is answered once.
+ */
+#include "idemproxy_client.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <nanomsg/nn.h>
+#include <nanomsg/reqrep.h>
+
+#include "idemproxy/v1/idemproxy.pb-c.h"
+
+_Static_assert((int) PX_STATUS_ACK == (int) IDEMPROXY__V1__ACK__STATUS__ACK &&
+               (int) PX_STATUS_RETRY == (int) IDEMPROXY__V1__ACK__STATUS__RETRY &&
+               (int) PX_STATUS_DROP == (int) IDEMPROXY__V1__ACK__STATUS__DROP,
+               "px_status must be idemproxy.v1.Ack.Status");
+
+/* Records an error on 'c' (a printf-style description and an errno value)
+ * and returns PX_CLIENT_ERR, so callers can write 'return set_error(...)'. */
+static int set_error(px_client *c, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int set_error(px_client *c, int err, const char *fmt, ...)
+{
+    va_list ap;
+
+    c->err = err;
+    va_start(ap, fmt);
+    vsnprintf(c->errstr, sizeof(c->errstr), fmt, ap);
+    va_end(ap);
+    return PX_CLIENT_ERR;
+}
+
+px_client *px_client_connect(const char *endpoint)
+{
+    px_client *c = calloc(1, sizeof(*c));
+
+    if (c == NULL)
+        return NULL;
+    if (endpoint == NULL)
+        endpoint = PX_CLIENT_DEFAULT_ENDPOINT;
+
+    c->sock = nn_socket(AF_SP, NN_REP);
+    if (c->sock < 0) {
+        set_error(c, errno, "nn_socket: %s", nn_strerror(errno));
+        return c;
+    }
+    /* nn_connect only checks the address: the dialing happens in nanomsg's
+     * threads, again every NN_RECONNECT_IVL (100 ms) until idemproxy is up. */
+    if (nn_connect(c->sock, endpoint) < 0) {
+        set_error(c, errno, "nn_connect %s: %s", endpoint, nn_strerror(errno));
+        nn_close(c->sock);
+        c->sock = -1;
+    }
+    return c;
+}
+
+void px_client_free(px_client *c)
+{
+    if (c == NULL)
+        return;
+    if (c->sock >= 0) {
+        while (nn_close(c->sock) < 0 && errno == EINTR)
+            ;
+    }
+    free(c);
+}
+
+/* Packs an Ack and hands it to nanomsg, which routes it to the request the
+ * socket received last. Empty strings are simply left out of the encoding. */
+static int send_ack(px_client *c, px_status status, const char *reason,
+                    const char *stream, const char *entry_id)
+{
+    Idemproxy__V1__Ack ack = IDEMPROXY__V1__ACK__INIT;
+    uint8_t *buf;
+    size_t len;
+    int rc;
+
+    ack.status = (Idemproxy__V1__Ack__Status) status;
+    if (reason != NULL)
+        ack.reason = (char *) reason;
+    if (stream != NULL)
+        ack.stream = (char *) stream;
+    if (entry_id != NULL)
+        ack.entry_id = (char *) entry_id;
+
+    len = idemproxy__v1__ack__get_packed_size(&ack);
+    buf = malloc(len);
+    if (buf == NULL)
+        return set_error(c, ENOMEM, "out of memory packing an Ack of %zu bytes", len);
+    idemproxy__v1__ack__pack(&ack, buf);
+    rc = nn_send(c->sock, buf, len, 0);
+    free(buf);
+    if (rc < 0)
+        return set_error(c, errno, "nn_send: %s", nn_strerror(errno));
+    c->pending = 0;
+    return PX_CLIENT_OK;
+}
+
+/* Copies what the unpacked message holds into a px_delivery that points into
+ * it; returns NULL when out of memory. */
+static px_delivery *delivery_create(Idemproxy__V1__Delivery *msg)
+{
+    px_delivery *d = calloc(1, sizeof(*d));
+    px_field *fields = calloc(msg->n_fields ? msg->n_fields : 1, sizeof(*fields));
+    size_t i;
+
+    if (d == NULL || fields == NULL) {
+        free(d);
+        free(fields);
+        return NULL;
+    }
+    for (i = 0; i < msg->n_fields; i++) {
+        fields[i].name = msg->fields[i]->name;
+        fields[i].value = msg->fields[i]->value.data;
+        fields[i].value_len = msg->fields[i]->value.len;
+    }
+    d->stream = msg->stream;
+    d->entry_id = msg->entry_id;
+    d->key = msg->key;
+    d->fields = fields;
+    d->nfields = msg->n_fields;
+    d->payload = msg->payload.data;
+    d->payload_len = msg->payload.len;
+    d->attempt = msg->attempt;
+    d->fencing_token = msg->fencing_token;
+    d->deadline_unix_ms = msg->deadline_unix_ms;
+    d->msg = msg;
+    return d;
+}
+
+int px_client_recv(px_client *c, int timeout_ms, px_delivery **out)
+{
+    Idemproxy__V1__Delivery *msg;
+    void *buf = NULL;
+    int n;
+
+    *out = NULL;
+    if (c->sock < 0)
+        return set_error(c, EBADF, "not connected");
+    if (nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RCVTIMEO, &timeout_ms,
+                      sizeof(timeout_ms)) < 0)
+        return set_error(c, errno, "NN_RCVTIMEO: %s", nn_strerror(errno));
+
+    /* Receiving abandons an unanswered delivery (REP holds one request). */
+    c->pending = 0;
+    n = nn_recv(c->sock, &buf, NN_MSG, 0);
+    if (n < 0) {
+        if (errno == ETIMEDOUT || errno == EAGAIN || errno == EINTR)
+            return PX_CLIENT_EAGAIN;
+        return set_error(c, errno, "nn_recv: %s", nn_strerror(errno));
+    }
+    c->pending = 1;
+    c->seq++;
+
+    /* protobuf-c returns NULL both for bad input and for a failed malloc. */
+    msg = idemproxy__v1__delivery__unpack(NULL, (size_t) n, buf);
+    nn_freemsg(buf);
+    if (msg != NULL && (*out = delivery_create(msg)) == NULL)
+        idemproxy__v1__delivery__free_unpacked(msg, NULL);
+    if (*out == NULL) {
+        /* The application has nothing to answer, so answer for it: a RETRY
+         * lets idemproxy count the attempt and dead-letter it in the end. */
+        send_ack(c, PX_STATUS_RETRY, "worker could not decode the Delivery", NULL, NULL);
+        return set_error(c, EPROTO, "cannot decode a Delivery of %d bytes "
+                         "(or out of memory); answered RETRY", n);
+    }
+    (*out)->seq = c->seq;
+    return PX_CLIENT_OK;
+}
+
+int px_client_reply(px_client *c, const px_delivery *d, px_status status,
+                    const char *reason)
+{
+    if (status != PX_STATUS_ACK && status != PX_STATUS_RETRY && status != PX_STATUS_DROP)
+        return set_error(c, EINVAL, "unknown status %d", (int) status);
+    if (!c->pending || d->seq != c->seq)
+        return set_error(c, EINVAL, "delivery %s is not awaiting an answer (answer "
+                         "each delivery once, before receiving the next)", d->entry_id);
+    return send_ack(c, status, reason, d->stream, d->entry_id);
+}
+
+int px_client_ack(px_client *c, const px_delivery *d)
+{
+    return px_client_reply(c, d, PX_STATUS_ACK, NULL);
+}
+
+int px_client_retry(px_client *c, const px_delivery *d, const char *reason)
+{
+    return px_client_reply(c, d, PX_STATUS_RETRY, reason);
+}
+
+int px_client_drop(px_client *c, const px_delivery *d, const char *reason)
+{
+    return px_client_reply(c, d, PX_STATUS_DROP, reason);
+}
+
+void px_delivery_free(px_delivery *d)
+{
+    if (d == NULL)
+        return;
+    idemproxy__v1__delivery__free_unpacked(d->msg, NULL);
+    free((void *) d->fields);
+    free(d);
+}

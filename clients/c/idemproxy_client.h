@@ -1,0 +1,118 @@
+/*
+ * idemproxy_client.h - the C client for idemproxy workers.
+ *
+ * idemproxy binds an endpoint with a raw NN_REQ socket and sends one
+ * idemproxy.v1.Delivery per stream entry; a worker connects a plain NN_REP
+ * socket and loops: px_client_recv(), handle the delivery, answer it with
+ * px_client_ack(), px_client_retry() or px_client_drop(), px_delivery_free().
+ *
+ *     px_client *c = px_client_connect("ipc:///tmp/idemproxy.sock");
+ *     if (c == NULL || c->err) { ...c ? c->errstr : "out of memory"... }
+ *     for (;;) {
+ *         px_delivery *d;
+ *         int rc = px_client_recv(c, -1, &d);
+ *         if (rc == PX_CLIENT_EAGAIN) continue;        (timeout or signal)
+ *         if (rc != PX_CLIENT_OK) { ...c->errstr...; continue; }
+ *         ...handle d->key, d->payload, d->fields...
+ *         px_client_ack(c, d);
+ *         px_delivery_free(d);
+ *     }
+ *
+ * Answer every delivery exactly once, before receiving the next: a REP socket
+ * holds one request at a time, so receiving again without answering abandons
+ * the unanswered delivery, which idemproxy redelivers after ack_timeout_ms
+ * with attempt + 1 (that is also the way to "not answer" on purpose). A reply
+ * is routed back by nanomsg and dropped silently if idemproxy went away in the
+ * meantime: PX_CLIENT_OK means "handed to nanomsg", and idemproxy's ack
+ * timeout covers the rest. Check d->deadline_unix_ms: an answer after it is
+ * too late, and d->fencing_token lets your database refuse stale work.
+ *
+ * nanomsg re-dials by itself, so a worker may start before idemproxy and
+ * survives its restarts. Messages larger than the socket's NN_RCVMAXSIZE
+ * (nanomsg's default, 1 MiB, matches idemproxy's default app.max_entry_bytes)
+ * make nanomsg drop the connection; if you raise max_entry_bytes, raise it on
+ * c->sock too: nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &n, sizeof n).
+ *
+ * The library never prints or aborts: functions return PX_CLIENT_OK,
+ * PX_CLIENT_ERR (with c->err and c->errstr filled, as hiredis does) or
+ * PX_CLIENT_EAGAIN. One px_client belongs to one thread at a time.
+ */
+#ifndef IDEMPROXY_CLIENT_H
+#define IDEMPROXY_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PX_CLIENT_OK      0
+#define PX_CLIENT_ERR    -1
+#define PX_CLIENT_EAGAIN -2   /* nothing arrived in time, or a signal interrupted the wait */
+
+#define PX_CLIENT_DEFAULT_ENDPOINT "ipc:///tmp/idemproxy.sock"
+
+/* The answers a worker can give; the values are idemproxy.v1.Ack.Status. */
+typedef enum px_status {
+    PX_STATUS_ACK   = 1,  /* done: idemproxy marks the key done and acks the entry */
+    PX_STATUS_RETRY = 2,  /* not now: delivered again later with attempt + 1 */
+    PX_STATUS_DROP  = 3   /* never: dead-lettered with the reason */
+} px_status;
+
+/* A connection to idemproxy. Read the fields, never write them. */
+typedef struct px_client {
+    int      err;          /* 0, or the errno of the last failure */
+    char     errstr[128];  /* what the last failure was, for people */
+    int      sock;         /* the nanomsg NN_REP socket, -1 when none */
+    int      pending;      /* 1 while a received delivery awaits its answer */
+    uint64_t seq;          /* number of the last delivery received */
+} px_client;
+
+/* One stream field: a UTF-8 name and a binary value (not NUL-terminated). */
+typedef struct px_field {
+    const char    *name;
+    const uint8_t *value;
+    size_t         value_len;
+} px_field;
+
+/* One delivery. Every pointer points into memory the delivery owns: all of it
+ * stays valid until px_delivery_free(), independently of the client. */
+typedef struct px_delivery {
+    const char     *stream;            /* stream key */
+    const char     *entry_id;          /* Redis entry id, "1700000000000-0" */
+    const char     *key;               /* the rendered dedup key */
+    const px_field *fields;            /* the entry's fields in stream order, minus the payload */
+    size_t          nfields;
+    const uint8_t  *payload;           /* the payload field's value, or empty */
+    size_t          payload_len;
+    uint32_t        attempt;           /* 1 on the first delivery */
+    uint64_t        fencing_token;     /* strictly increasing per lock; 0 when fencing is off */
+    uint64_t        deadline_unix_ms;  /* an answer after this is too late */
+    uint64_t        seq;               /* private: which receive this was */
+    void           *msg;               /* private: the unpacked protobuf message */
+} px_delivery;
+
+/* Creates an NN_REP socket and connects it to 'endpoint' (NULL means
+ * PX_CLIENT_DEFAULT_ENDPOINT). Returns NULL only when out of memory; otherwise
+ * check c->err (bad endpoint, no sockets left). Free with px_client_free(). */
+px_client *px_client_connect(const char *endpoint);
+
+/* Closes the socket and frees 'c'; NULL is fine. Deliveries stay valid. */
+void px_client_free(px_client *c);
+
+/* Waits up to 'timeout_ms' (-1: forever) for the next delivery and stores it in
+ * '*out', which the caller frees with px_delivery_free(). Returns PX_CLIENT_OK,
+ * PX_CLIENT_EAGAIN on timeout or EINTR, or PX_CLIENT_ERR. A delivery that does
+ * not decode is answered RETRY here and reported as PX_CLIENT_ERR. */
+int px_client_recv(px_client *c, int timeout_ms, px_delivery **out);
+
+/* Answers 'd', which must be the last delivery received and not yet answered.
+ * 'reason' (NULL for none) is logged by idemproxy and kept in dead letters.
+ * The Ack echoes d's stream and entry id, so idemproxy can tell a mix-up. */
+int px_client_reply(px_client *c, const px_delivery *d, px_status status,
+                    const char *reason);
+int px_client_ack(px_client *c, const px_delivery *d);
+int px_client_retry(px_client *c, const px_delivery *d, const char *reason);
+int px_client_drop(px_client *c, const px_delivery *d, const char *reason);
+
+/* Frees a delivery from px_client_recv(); NULL is fine. */
+void px_delivery_free(px_delivery *d);
+
+#endif

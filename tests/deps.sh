@@ -18,6 +18,14 @@ if [ -n "$missing" ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
 fi
 
+# The SpEL differential test needs a JDK and Maven (Maven Central gives the rest).
+if ! command -v mvn >/dev/null 2>&1 || ! command -v javac >/dev/null 2>&1; then
+    echo "deps: installing a JDK and Maven" >&2
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq default-jdk-headless maven >/dev/null
+fi
+
 if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import pytest, redis, pynng, grpc_tools" 2>/dev/null; then
     echo "deps: preparing .venv (pytest, redis, pynng, grpcio-tools)" >&2
     python3 -m venv .venv

@@ -17,6 +17,12 @@
  *   WORKER_CRASH_KEYS    k5: exit(3) on receipt, unanswered, as a crash would
  *   WORKER_MAX_BYTES     NN_RCVMAXSIZE, if app.max_entry_bytes was raised (-1: none)
  *   WORKER_VERBOSE=1     describe each delivery on stderr
+ *   WORKER_SLOW_KEYS     k6: work WORKER_SLOW_MS (1000) on these before answering
+ *   WORKER_REPORT        a file: one JSON object per handled delivery is appended
+ *                        (key, stream, entry_id, attempt, fencing_token,
+ *                        deadline_unix_ms, payload, fields, status, start_ms, end_ms);
+ *                        the shared client scenario reads it (tests/integration/
+ *                        test_clients.py), so every language writes the same
  */
 #include <errno.h>
 #include <signal.h>
@@ -83,14 +89,78 @@ static void describe(const px_delivery *d)
     fprintf(stderr, "  payload = %.*s\n", (int) d->payload_len, (const char *) d->payload);
 }
 
-/* Answers 'd' the way the environment asks; returns what the client returned. */
-static int answer(px_client *c, const px_delivery *d)
+static long long now_ms(void)
 {
-    if (in_list(getenv("WORKER_DROP_KEYS"), d->key))
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Writes 'len' bytes of 's' as a JSON string. */
+static void json_str(FILE *f, const char *s, size_t len)
+{
+    size_t i;
+
+    fputc('"', f);
+    for (i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char) s[i];
+
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+/* Appends one JSON line about 'd' to the file named by WORKER_REPORT. */
+static void report(const px_delivery *d, const char *status, long long start, long long end)
+{
+    const char *path = getenv("WORKER_REPORT");
+    FILE *f;
+    size_t i;
+
+    if (path == NULL || *path == '\0' || (f = fopen(path, "a")) == NULL)
+        return;
+    fputs("{\"key\":", f);
+    json_str(f, d->key, strlen(d->key));
+    fputs(",\"stream\":", f);
+    json_str(f, d->stream, strlen(d->stream));
+    fputs(",\"entry_id\":", f);
+    json_str(f, d->entry_id, strlen(d->entry_id));
+    fprintf(f, ",\"attempt\":%u,\"fencing_token\":%llu,\"deadline_unix_ms\":%llu,\"payload\":",
+            d->attempt, (unsigned long long) d->fencing_token,
+            (unsigned long long) d->deadline_unix_ms);
+    json_str(f, (const char *) d->payload, d->payload_len);
+    fputs(",\"fields\":{", f);
+    for (i = 0; i < d->nfields; i++) {
+        if (i)
+            fputc(',', f);
+        json_str(f, d->fields[i].name, strlen(d->fields[i].name));
+        fputc(':', f);
+        json_str(f, (const char *) d->fields[i].value, d->fields[i].value_len);
+    }
+    fprintf(f, "},\"status\":\"%s\",\"start_ms\":%lld,\"end_ms\":%lld}\n", status, start, end);
+    fclose(f);
+}
+
+/* Answers 'd' the way the environment asks; returns what the client returned
+ * and names the answer in '*status'. */
+static int answer(px_client *c, const px_delivery *d, const char **status)
+{
+    if (in_list(getenv("WORKER_DROP_KEYS"), d->key)) {
+        *status = "drop";
         return px_client_drop(c, d, "dropped by worker");
+    }
     if (in_list(getenv("WORKER_RETRY_KEYS"), d->key) &&
-        d->attempt <= env_long("WORKER_RETRY_TIMES", 1))
+        d->attempt <= env_long("WORKER_RETRY_TIMES", 1)) {
+        *status = "retry";
         return px_client_retry(c, d, "retry requested by worker");
+    }
+    *status = "ack";
     return px_client_ack(c, d);
 }
 
@@ -154,9 +224,15 @@ int main(int argc, char **argv)
             exit(3);
         }
         if (!in_list(getenv("WORKER_NOACK_KEYS"), d->key)) {
+            long long start = now_ms();
+            const char *status;
+
             work(delay_ms);
-            if (answer(c, d) != PX_CLIENT_OK)
+            if (in_list(getenv("WORKER_SLOW_KEYS"), d->key))
+                work(env_long("WORKER_SLOW_MS", 1000));
+            if (answer(c, d, &status) != PX_CLIENT_OK)
                 fprintf(stderr, "example_worker: %s\n", c->errstr);
+            report(d, status, start, now_ms());
         }
         printf("%s attempt=%u\n", d->key, d->attempt);
         fflush(stdout);

@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "decide.h"
 #include "log.h"
 #include "proxy.h"
 
@@ -199,16 +200,12 @@ static void incr_fence(px_entry *e);
 
 /* --- claim ---------------------------------------------------------------- */
 
-/* What the SET NX GET on a lock said: 'claim_set' is 1 taken (or already
- * ours), 2 held by someone else, 3 done (single layout). */
+/* What the SET NX GET on the dedup lock said (decide.c reads the value). */
 static void on_lock_set(px_entry *e, redisReply *r)
 {
     char mine[32];
     lock_value(e, mine, sizeof(mine));
-    if (r->type == REDIS_REPLY_NIL) e->claim_set = 1;
-    else if (r->type == REDIS_REPLY_STRING && strcmp(r->str, mine) == 0) e->claim_set = 1;
-    else if (r->type == REDIS_REPLY_STRING && r->str[0] == 'D') e->claim_set = 3;
-    else e->claim_set = 2;
+    e->claim_set = (int)px_decide_lock_reply(r->type == REDIS_REPLY_STRING ? r->str : NULL, mine);
 }
 
 static void on_done_exists(px_entry *e, redisReply *r)
@@ -240,26 +237,31 @@ static void claim_decided(px_entry *e)
         px_proxy_claim_failed(e);
         return;
     }
-    bool after = e->examined;
+    bool examined = e->examined;
     e->examined = true;
-    if (e->claim_set == 3 || (e->claim_set == 0 && e->claim_done)) {
-        px_proxy_duplicate(e, after);      /* done before we touched the lock */
-    } else if (e->claim_set == 1 && e->claim_done) {
+    switch (px_decide_claim((px_lock_reply)e->claim_set, e->claim_done, examined)) {
+    case PX_CLAIM_DUP_BEFORE_LOCK:
+        px_proxy_duplicate(e, false);
+        break;
+    case PX_CLAIM_DUP_RELEASE:
         e->has_dedup = true;               /* done under our lock: the double check */
         px_claim_release(e);
         px_proxy_duplicate(e, true);
-    } else if (e->claim_set == 1) {
+        break;
+    case PX_CLAIM_DUP_AFTER_LOCK:
+        px_proxy_duplicate(e, true);
+        break;
+    case PX_CLAIM_CLAIMED:
         e->has_dedup = true;
         if (e->lock_key) px_claim_lock_key(e);
         else px_proxy_claimed(e);
-    } else if (e->claim_done) {
-        px_proxy_duplicate(e, true);       /* busy, but done by now */
-    } else {
+        break;
+    case PX_CLAIM_BUSY:
         e->has_dedup = false;
         px_proxy_busy(e, false);
+        break;
     }
 }
-
 
 static void claim_split_lock_now(px_entry *e);
 
@@ -304,7 +306,7 @@ static void claim_one(px_entry *e)
     px_buf b = {0};
     char val[32];
     if (!e->has_dedup) new_token(e);
-    e->claim_set = 0;
+    e->claim_set = PX_LOCK_NONE;
     e->claim_done = false;
     e->in_claim_io = true;
     if (e->st->conf->layout == PX_LAYOUT_SINGLE) {
@@ -343,7 +345,7 @@ static void lock_key_decided(px_entry *e)
         px_proxy_claim_failed(e);
         return;
     }
-    if (e->claim_set == 1) {
+    if (e->claim_set == PX_LOCK_TAKEN) {
         e->has_lock = true;
         px_proxy_claimed(e);
     } else {
@@ -353,15 +355,15 @@ static void lock_key_decided(px_entry *e)
 
 static void on_lock_key_set(px_entry *e, redisReply *r)
 {
-    if (r->type == REDIS_REPLY_NIL) e->claim_set = 1;
-    else if (r->type == REDIS_REPLY_STRING && strcmp(r->str, e->token) == 0) e->claim_set = 1;
-    else e->claim_set = 2;
+    /* lock_key holds tokens only: any other value is someone else's lock. */
+    const char *old = r->type == REDIS_REPLY_STRING ? r->str : NULL;
+    e->claim_set = old == NULL || strcmp(old, e->token) == 0 ? PX_LOCK_TAKEN : PX_LOCK_BUSY;
 }
 
 void px_claim_lock_key(px_entry *e)
 {
     if (!px_redis_is_up(e->st->px->redis)) { px_proxy_claim_failed(e); return; }
-    e->claim_set = 0;
+    e->claim_set = PX_LOCK_NONE;
     e->in_claim_io = true;
     step_begin(e, lock_key_decided);
     set_nx_get(e, on_lock_key_set, e->lock_key, e->token);

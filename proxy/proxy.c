@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "decide.h"
 #include "log.h"
 #include "proxy.h"
 
-#define PX_BACKOFF_CAP_MS   30000
 #define PX_ERROR_PAUSE_MS   200
 
 /* --- queues ------------------------------------------------------------------ */
@@ -220,26 +220,29 @@ void px_proxy_busy(px_entry *e, bool lock_key_busy)
         return;
     }
     if (e->wait_until_ms == 0) e->wait_until_ms = now + (uint64_t)sc->wait_ms;
-    if (now < e->wait_until_ms) {
+    switch (px_decide_busy(now, e->wait_until_ms, lock_key_busy, sc->on_busy)) {
+    case PX_BUSY_WAIT:
         /* Within wait_ms: look again in 10-50 ms, on the loop, never blocking. */
         e->state = lock_key_busy ? PX_E_LOCKWAIT : PX_E_PARKED;
         entry_timer(e, lock_key_busy ? lock_key_again_cb : back_to_claim_cb, jitter(10, 50));
         return;
-    }
-    e->wait_until_ms = 0;
-    if (lock_key_busy && sc->on_busy == PX_BUSY_DEAD_LETTER) {
+    case PX_BUSY_REFUSE:
         /* Refused at once, as the seeds answer 409: dead-lettered, not done. */
+        e->wait_until_ms = 0;
         px_log_info("busy: stream %s entry %s lock %s held elsewhere; dead-lettered",
                     sc->stream, e->id, e->lock_key);
         commit(e, PX_OUT_DEAD_LETTERED, false, "busy");
         return;
+    case PX_BUSY_PARK:
+        /* Look again once the holder's lease could have ended; never lost. */
+        e->wait_until_ms = 0;
+        px_claim_release(e);
+        e->state = PX_E_PARKED;
+        px_log_debug("busy: stream %s entry %s key %s; looking again in %lld ms", sc->stream,
+                     e->id, e->key, sc->lease_ms);
+        entry_timer(e, back_to_claim_cb, (double)sc->lease_ms + jitter(0, 50));
+        return;
     }
-    /* Look again once the holder's lease could have ended; never lost. */
-    px_claim_release(e);
-    e->state = PX_E_PARKED;
-    px_log_debug("busy: stream %s entry %s key %s; looking again in %lld ms", sc->stream, e->id,
-                 e->key, sc->lease_ms);
-    entry_timer(e, back_to_claim_cb, (double)sc->lease_ms + jitter(0, 50));
 }
 
 void px_proxy_claim_failed(px_entry *e)
@@ -275,33 +278,32 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
     case PX_ACK_TIMEOUT: st->c.acks_timeout++; break;
     case PX_ACK_INVALID: st->c.acks_invalid++; break;
     }
-    if (status == PX_ACK_ACK) {
+    switch (px_decide_answer(status, e->attempt, sc->max_deliveries)) {
+    case PX_NEXT_COMMIT_DONE:
         commit(e, PX_OUT_ACKED, true, NULL);
         return;
-    }
-    if (status == PX_ACK_DROP) {
-        px_log_info("drop: stream %s entry %s key %s: %s", sc->stream, e->id, e->key, reason);
-        commit(e, PX_OUT_DEAD_LETTERED, true, reason[0] ? reason : "dropped");
+    case PX_NEXT_DEAD_LETTER_DONE:
+        if (status == PX_ACK_DROP) {
+            px_log_info("drop: stream %s entry %s key %s: %s", sc->stream, e->id, e->key, reason);
+            commit(e, PX_OUT_DEAD_LETTERED, true, reason[0] ? reason : "dropped");
+        } else {
+            char why[600];
+            snprintf(why, sizeof(why), "max_deliveries (%d) reached: %s", sc->max_deliveries,
+                     reason[0] ? reason : "retry");
+            px_log_warn("stream %s entry %s key %s: %s", sc->stream, e->id, e->key, why);
+            commit(e, PX_OUT_DEAD_LETTERED, true, why);
+        }
         return;
-    }
-    /* RETRY, a bad reply or no reply. */
-    if ((int)e->attempt >= sc->max_deliveries) {
-        char why[600];
-        snprintf(why, sizeof(why), "max_deliveries (%d) reached: %s", sc->max_deliveries,
-                 reason[0] ? reason : "retry");
-        px_log_warn("stream %s entry %s key %s: %s", sc->stream, e->id, e->key, why);
-        commit(e, PX_OUT_DEAD_LETTERED, true, why);
-        return;
+    case PX_NEXT_RETRY:
+        break;
     }
     px_claim_release(e);
     if (st->px->stopping) { px_entry_finish(e, PX_OUT_NONE); return; }
-    double ms = (double)sc->retry_backoff_ms;
-    for (uint32_t i = 1; i < e->attempt && ms < PX_BACKOFF_CAP_MS; i++) ms *= 2;
-    if (ms > PX_BACKOFF_CAP_MS) ms = PX_BACKOFF_CAP_MS;
+    long long ms = px_decide_backoff_ms(sc->retry_backoff_ms, e->attempt);
     e->state = PX_E_BACKOFF;
-    px_log_debug("retry: stream %s entry %s key %s in %.0f ms (%s)", sc->stream, e->id, e->key, ms,
+    px_log_debug("retry: stream %s entry %s key %s in %lld ms (%s)", sc->stream, e->id, e->key, ms,
                  reason);
-    entry_timer(e, backoff_cb, ms);
+    entry_timer(e, backoff_cb, (double)ms);
 }
 
 /* --- commits (from claim.c) ---------------------------------------------------------- */

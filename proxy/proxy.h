@@ -71,7 +71,7 @@ struct px_entry {
     int             step_pending;  /* replies the current step still waits for */
     bool            step_failed;   /* a reply of the step was lost or an error */
     px_step_fn     *step_done;     /* runs when the step's last reply is in */
-    int             claim_set;     /* claim: 1 lock taken, 2 busy, 3 done (single layout) */
+    int             claim_set;     /* claim: a px_lock_reply (decide.h) */
     bool            claim_done;    /* claim: the done key exists */
     uint64_t        wait_until_ms; /* LOCKWAIT: give up on lock_key after this */
     px_outcome      outcome;       /* set when the final answer is known */

@@ -1,0 +1,52 @@
+/*
+ * decide.c - see decide.h. No I/O, no state: every rule of the dedup
+ * protocol that can be written as a function of what Redis and the app said.
+ */
+#include <string.h>
+
+#include "decide.h"
+
+#define PX_DECIDE_BACKOFF_CAP_MS 30000
+
+px_lock_reply px_decide_lock_reply(const char *old, const char *mine)
+{
+    if (old == NULL || strcmp(old, mine) == 0) return PX_LOCK_TAKEN;
+    if (old[0] == 'D') return PX_LOCK_DONE;      /* single layout's done mark */
+    return PX_LOCK_BUSY;
+}
+
+px_claim_outcome px_decide_claim(px_lock_reply lock, bool done, bool examined)
+{
+    if (lock == PX_LOCK_DONE || (lock == PX_LOCK_NONE && done))
+        return examined ? PX_CLAIM_DUP_AFTER_LOCK : PX_CLAIM_DUP_BEFORE_LOCK;
+    if (lock == PX_LOCK_TAKEN)
+        return done ? PX_CLAIM_DUP_RELEASE : PX_CLAIM_CLAIMED;   /* the double check */
+    if (done)
+        return PX_CLAIM_DUP_AFTER_LOCK;                        /* busy, but done by now */
+    return PX_CLAIM_BUSY;
+}
+
+px_answer_next px_decide_answer(px_ack_status status, uint32_t attempt, int max_deliveries)
+{
+    if (status == PX_ACK_ACK) return PX_NEXT_COMMIT_DONE;
+    if (status == PX_ACK_DROP) return PX_NEXT_DEAD_LETTER_DONE;
+    /* RETRY, a bad reply or none: once max_deliveries is reached, no replica delivers it again. */
+    if ((long long)attempt >= max_deliveries) return PX_NEXT_DEAD_LETTER_DONE;
+    return PX_NEXT_RETRY;
+}
+
+long long px_decide_backoff_ms(long long base_ms, uint32_t attempt)
+{
+    long long ms = base_ms;
+    for (uint32_t i = 1; i < attempt && ms < PX_DECIDE_BACKOFF_CAP_MS; i++) ms *= 2;
+    return ms > PX_DECIDE_BACKOFF_CAP_MS ? PX_DECIDE_BACKOFF_CAP_MS : ms;
+}
+
+px_busy_next px_decide_busy(uint64_t now_ms, uint64_t wait_until_ms, bool lock_key_busy,
+                            px_on_busy on_busy)
+{
+    if (now_ms < wait_until_ms) return PX_BUSY_WAIT;
+    /* A busy dedup lock is a copy being handled elsewhere: always looked at again. */
+    if (lock_key_busy && on_busy == PX_BUSY_DEAD_LETTER) return PX_BUSY_REFUSE;
+    return PX_BUSY_PARK;
+}

@@ -1,0 +1,83 @@
+/*
+ * test_decide.c - the dedup protocol's decisions (proxy/decide.c), by table.
+ */
+#include "decide.h"
+#include "test.h"
+
+static void test_lock_reply(void)
+{
+    test_cond("nil: taken", px_decide_lock_reply(NULL, "L:abc") == PX_LOCK_TAKEN);
+    test_cond("our own value: taken (a lost reply)", px_decide_lock_reply("L:abc", "L:abc") == PX_LOCK_TAKEN);
+    test_cond("another token: busy", px_decide_lock_reply("L:xyz", "L:abc") == PX_LOCK_BUSY);
+    test_cond("done mark: done", px_decide_lock_reply("D", "L:abc") == PX_LOCK_DONE);
+    test_cond("split token: taken", px_decide_lock_reply("tok1", "tok1") == PX_LOCK_TAKEN);
+    test_cond("split other: busy", px_decide_lock_reply("tok2", "tok1") == PX_LOCK_BUSY);
+}
+
+static void test_claim(void)
+{
+    static const struct {
+        px_lock_reply lock; bool done; bool examined; px_claim_outcome want; const char *name;
+    } cases[] = {
+        { PX_LOCK_TAKEN, false, false, PX_CLAIM_CLAIMED, "lock taken, not done" },
+        { PX_LOCK_TAKEN, false, true,  PX_CLAIM_CLAIMED, "lock taken on a later look" },
+        { PX_LOCK_TAKEN, true,  false, PX_CLAIM_DUP_RELEASE, "the double check: done under our lock" },
+        { PX_LOCK_TAKEN, true,  true,  PX_CLAIM_DUP_RELEASE, "done under our lock, later look" },
+        { PX_LOCK_DONE,  false, false, PX_CLAIM_DUP_BEFORE_LOCK, "single: done at first look" },
+        { PX_LOCK_DONE,  false, true,  PX_CLAIM_DUP_AFTER_LOCK, "single: done after a busy wait" },
+        { PX_LOCK_NONE,  true,  false, PX_CLAIM_DUP_BEFORE_LOCK, "split: fast path done" },
+        { PX_LOCK_NONE,  true,  true,  PX_CLAIM_DUP_AFTER_LOCK, "split: fast path done on a re-look" },
+        { PX_LOCK_BUSY,  true,  false, PX_CLAIM_DUP_AFTER_LOCK, "busy, done by the second check" },
+        { PX_LOCK_BUSY,  false, false, PX_CLAIM_BUSY, "busy, not done" },
+        { PX_LOCK_BUSY,  false, true,  PX_CLAIM_BUSY, "busy again" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        test_cond(cases[i].name,
+                  px_decide_claim(cases[i].lock, cases[i].done, cases[i].examined) == cases[i].want);
+}
+
+static void test_answer(void)
+{
+    test_cond("ack commits", px_decide_answer(PX_ACK_ACK, 1, 5) == PX_NEXT_COMMIT_DONE);
+    test_cond("ack at the last attempt commits", px_decide_answer(PX_ACK_ACK, 5, 5) == PX_NEXT_COMMIT_DONE);
+    test_cond("drop dead-letters", px_decide_answer(PX_ACK_DROP, 1, 5) == PX_NEXT_DEAD_LETTER_DONE);
+    test_cond("retry retries", px_decide_answer(PX_ACK_RETRY, 1, 5) == PX_NEXT_RETRY);
+    test_cond("retry at 4 of 5 retries", px_decide_answer(PX_ACK_RETRY, 4, 5) == PX_NEXT_RETRY);
+    test_cond("retry at 5 of 5 dead-letters", px_decide_answer(PX_ACK_RETRY, 5, 5) == PX_NEXT_DEAD_LETTER_DONE);
+    test_cond("timeout retries", px_decide_answer(PX_ACK_TIMEOUT, 1, 2) == PX_NEXT_RETRY);
+    test_cond("timeout exhausted", px_decide_answer(PX_ACK_TIMEOUT, 2, 2) == PX_NEXT_DEAD_LETTER_DONE);
+    test_cond("invalid reply retries", px_decide_answer(PX_ACK_INVALID, 1, 5) == PX_NEXT_RETRY);
+    test_cond("max_deliveries 1: first failure is final", px_decide_answer(PX_ACK_RETRY, 1, 1) == PX_NEXT_DEAD_LETTER_DONE);
+}
+
+static void test_backoff(void)
+{
+    test_cond("first retry waits the base", px_decide_backoff_ms(100, 1) == 100);
+    test_cond("doubles", px_decide_backoff_ms(100, 2) == 200);
+    test_cond("doubles again", px_decide_backoff_ms(100, 4) == 800);
+    test_cond("capped at 30 s", px_decide_backoff_ms(100, 20) == 30000);
+    test_cond("huge attempt stays capped", px_decide_backoff_ms(100, 4000000000u) == 30000);
+    test_cond("base above the cap is capped", px_decide_backoff_ms(60000, 1) == 30000);
+}
+
+static void test_busy(void)
+{
+    test_cond("within wait_ms: wait", px_decide_busy(100, 200, false, PX_BUSY_RETRY) == PX_BUSY_WAIT);
+    test_cond("lock_key within wait_ms: wait even with dead_letter",
+              px_decide_busy(100, 200, true, PX_BUSY_DEAD_LETTER) == PX_BUSY_WAIT);
+    test_cond("wait over, dedup busy: park", px_decide_busy(200, 200, false, PX_BUSY_RETRY) == PX_BUSY_PARK);
+    test_cond("dedup busy is never refused", px_decide_busy(300, 200, false, PX_BUSY_DEAD_LETTER) == PX_BUSY_PARK);
+    test_cond("lock_key busy, retry: park", px_decide_busy(300, 200, true, PX_BUSY_RETRY) == PX_BUSY_PARK);
+    test_cond("lock_key busy, dead_letter: refuse", px_decide_busy(300, 200, true, PX_BUSY_DEAD_LETTER) == PX_BUSY_REFUSE);
+    test_cond("wait_ms 0 refuses at once", px_decide_busy(100, 100, true, PX_BUSY_DEAD_LETTER) == PX_BUSY_REFUSE);
+}
+
+int main(void)
+{
+    test_lock_reply();
+    test_claim();
+    test_answer();
+    test_backoff();
+    test_busy();
+    return test_report();
+}

@@ -152,12 +152,12 @@ void px_entry_finish(px_entry *e, px_outcome outcome)
     if (e->io == 0) px_entry_free(e);
 }
 
-bool px_proxy_tracks(px_stream *st, const char *id)
+px_entry *px_proxy_find(px_stream *st, const char *id)
 {
     /* Linear: only XAUTOCLAIM and history replays ask, a batch at a time. */
     for (px_entry *e = st->head; e; e = e->next)
-        if (strcmp(e->id, id) == 0) return true;
-    return false;
+        if (strcmp(e->id, id) == 0) return e;
+    return NULL;
 }
 
 size_t px_proxy_room(px_proxy *px)
@@ -191,7 +191,18 @@ static void commit(px_entry *e, px_outcome outcome, bool mark_done, const char *
 
 void px_proxy_claimed(px_entry *e)
 {
+    px_stream_conf *sc = e->st->conf;
     e->wait_until_ms = 0;
+    if ((long long)e->attempt >= sc->max_deliveries) {
+        /* Delivered that often already (Redis' delivery count, across restarts
+         * and consumers): a poison entry. No one delivers it again. */
+        char why[128];
+        snprintf(why, sizeof(why), "max_deliveries (%d) reached: delivery count %u",
+                 sc->max_deliveries, e->attempt);
+        px_log_warn("stream %s entry %s key %s: %s", sc->stream, e->id, e->key, why);
+        commit(e, PX_OUT_DEAD_LETTERED, true, why);
+        return;
+    }
     if (e->st->px->stopping) {      /* claimed while draining: give it back at once */
         px_claim_release(e);
         px_entry_finish(e, PX_OUT_NONE);

@@ -57,7 +57,7 @@ struct px_entry {
     char           *lock_key;      /* rendered lock_key; owned; NULL when none */
     char            token[24];     /* our random lock token for this claim */
     uint64_t        fence;         /* fencing token of this claim, 0 when off */
-    uint32_t        attempt;       /* deliveries so far (1 on the first) */
+    uint32_t        attempt;       /* deliveries so far; group mode starts from Redis' count */
     bool            examined;      /* claimed at least once before: a later 'done' is after_lock */
     bool            has_dedup;     /* we hold the dedup lock (or may: reply lost) */
     bool            has_lock;      /* we hold lock_key */
@@ -147,7 +147,7 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason);
 void px_proxy_committed(px_entry *e, bool ok);
 void px_proxy_bad_entry(px_entry *e, const char *why);
 void px_proxy_trimmed(px_stream *st, const char *id);
-bool px_proxy_tracks(px_stream *st, const char *id);
+px_entry *px_proxy_find(px_stream *st, const char *id);
 size_t px_proxy_room(px_proxy *px);
 
 /* reader.c */

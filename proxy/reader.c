@@ -38,11 +38,48 @@ static size_t batch_size(px_stream *st)
     return room < PX_READER_BATCH ? room : PX_READER_BATCH;
 }
 
+/* XPENDING's answer for a replayed or reclaimed batch: each entry's delivery
+ * count becomes its attempt number (SPEC 2), so max_deliveries holds across
+ * restarts and consumers. It is asked on the command link before the batch's
+ * claims, so it is in before any of them is delivered. */
+static void counts_reply_cb(px_redis *r, redisReply *reply, void *priv)
+{
+    (void)r;
+    px_stream *st = priv;
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY) return;
+    for (size_t i = 0; i < reply->elements; i++) {
+        redisReply *p = reply->element[i];
+        if (p->type != REDIS_REPLY_ARRAY || p->elements < 4 || p->element[0]->type != REDIS_REPLY_STRING ||
+            p->element[3]->type != REDIS_REPLY_INTEGER) continue;
+        px_entry *e = px_proxy_find(st, p->element[0]->str);
+        if (e && e->attempt == 0 && p->element[3]->integer > 1)
+            e->attempt = (uint32_t)(p->element[3]->integer - 1);   /* the next delivery is this count */
+    }
+}
+
+static void ask_counts(px_stream *st, const char *first, const char *last, size_t n)
+{
+    char count[24];
+    snprintf(count, sizeof(count), "%zu", n);
+    const char *argv[] = { "XPENDING", st->conf->stream, st->conf->group, first, last, count,
+                           st->conf->consumer };
+    size_t lens[7];
+    for (int i = 0; i < 7; i++) lens[i] = strlen(argv[i]);
+    px_redis_argv(st->px->redis, st->conf->stream, 0, counts_reply_cb, st, 7, argv, lens);
+}
+
 /* Take the entries of one stream out of an XREAD/XREADGROUP/XAUTOCLAIM reply.
  * Returns how many there were. */
 static size_t take_entries(px_stream *st, redisReply *entries, bool fresh)
 {
     if (entries == NULL || entries->type != REDIS_REPLY_ARRAY) return 0;
+    if (!fresh && st->conf->group && entries->elements > 0 &&
+        entries->element[0]->type == REDIS_REPLY_ARRAY && entries->element[0]->elements > 0) {
+        redisReply *last = entries->element[entries->elements - 1];
+        if (last->type == REDIS_REPLY_ARRAY && last->elements > 0)
+            ask_counts(st, entries->element[0]->element[0]->str, last->element[0]->str,
+                       entries->elements);
+    }
     for (size_t i = 0; i < entries->elements; i++) {
         redisReply *en = entries->element[i];
         if (en->type != REDIS_REPLY_ARRAY || en->elements < 2 ||
@@ -50,7 +87,7 @@ static size_t take_entries(px_stream *st, redisReply *entries, bool fresh)
         const char *id = en->element[0]->str;
         if (st->conf->group == NULL) snprintf(st->last_id, sizeof(st->last_id), "%s", id);
         else if (st->rstate == R_HISTORY) snprintf(st->last_id, sizeof(st->last_id), "%s", id);
-        if (!fresh && px_proxy_tracks(st, id)) continue;
+        if (!fresh && px_proxy_find(st, id)) continue;
         if (en->element[1]->type != REDIS_REPLY_ARRAY) {
             px_proxy_trimmed(st, id);     /* pending, but deleted from the stream */
             continue;

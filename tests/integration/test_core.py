@@ -288,6 +288,8 @@ def test_pending_entry_of_dead_consumer_is_reclaimed(env):
     w = env.worker(p.endpoint)
     wait_for(lambda: sorted(w.keys()) == ["orphan1", "orphan2"], what="reclaimed")
     wait_for(lambda: pending(r, "room", "game-server") == 0, what="acked")
+    # attempt is Redis' delivery count: read once by the dead pod, once by us
+    assert [d.attempt for d in w.got] == [2, 2]
 
 
 def test_trimmed_pending_entry_is_acked_away(env):
@@ -312,6 +314,26 @@ def test_own_history_replayed_after_restart(env):
     w = env.worker(p.endpoint)
     wait_for(lambda: w.keys() == ["h1"], what="own pending entry replayed")
     wait_for(lambda: pending(r, "room", "game-server") == 0, what="acked")
+    assert w.got[0].attempt == 2
+
+
+def test_entry_delivered_max_deliveries_times_is_dead_lettered_without_delivery(env):
+    # A poison entry that took down consumer after consumer: its delivery
+    # count is already past max_deliveries when we reclaim it.
+    r = env.r
+    r.xgroup_create("room", "game-server", id="0", mkstream=True)
+    ids = publish(r, "room", [{"eventId": "poison"}, {"eventId": "fine"}])
+    r.xreadgroup("game-server", "crashed-pod", {"room": ">"}, count=1)
+    for _ in range(3):
+        r.xclaim("room", "game-server", "crashed-pod", 0, [ids[0]])   # count 4
+    p = env.proxy([stream_conf("group", "single", claim_idle_ms=300, max_deliveries=3,
+                               dead_letter="dlq")])
+    w = env.worker(p.endpoint)
+    wait_for(lambda: r.xlen("dlq") == 1, what="dead letter")
+    assert "delivery count" in r.xrange("dlq")[0][1]["idemproxy-reason"]
+    wait_for(lambda: pending(r, "room", "game-server") == 0, what="acked")
+    assert w.keys() == ["fine"]
+    assert r.get("idem:poison") == "D"
 
 
 def test_done_mark_expiry_allows_the_key_again(env):

@@ -24,7 +24,7 @@ static const char usage[] =
 static void print_diags(const px_diags *d)
 {
     for (size_t i = 0; i < d->n; i++)
-        fprintf(stderr, "%s%s\n", d->v[i].text, d->v[i].warning ? " (warning)" : "");
+        fprintf(stderr, "%s\n", d->v[i].text);
 }
 
 static px_config *load(const char *path)

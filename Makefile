@@ -4,7 +4,7 @@ CC       ?= cc
 PKGS      = hiredis nanomsg libprotobuf-c yaml-0.1 json-c
 WARN      = -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wwrite-strings -Werror
 OPT      ?= -O2 -g
-CFLAGS   += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -MMD -MP -Iproxy -Ibuild/gen
+CFLAGS   += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -MMD -MP -Iproxy -I$(B)/gen
 LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lev -lm
 ifdef SANITIZE
 CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
@@ -27,7 +27,7 @@ $(GEN).c $(GEN).h: proto/idemproxy/v1/idemproxy.proto
 	protoc-c --proto_path=proto --c_out=$(B)/gen $<
 
 $(GEN).o: $(GEN).c
-	$(CC) -std=c11 $(OPT) -Ibuild/gen -c -o $@ $<
+	$(CC) -std=c11 $(OPT) -I$(B)/gen -c -o $@ $<
 
 $(B)/proxy/%.o: proxy/%.c $(GEN).h
 	@mkdir -p $(dir $@)

@@ -74,11 +74,16 @@ void px_buf_appends(px_buf *b, const char *s)
 
 void px_buf_printf(px_buf *b, const char *fmt, ...)
 {
+    char small[256];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
+    int n = vsnprintf(small, sizeof(small), fmt, ap);
     va_end(ap);
     if (n < 0) return;
+    if ((size_t)n < sizeof(small)) {   /* the common case: one pass */
+        px_buf_append(b, small, (size_t)n);
+        return;
+    }
     px_buf_reserve(b, (size_t)n);
     va_start(ap, fmt);
     vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);

@@ -14,7 +14,7 @@ from pathlib import Path
 import redis as redis_lib
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / "build" / "idemproxy"
+BIN = Path(os.environ.get("IDEMPROXY_BIN", ROOT / "build" / "idemproxy"))
 C_WORKER = ROOT / "clients" / "c" / "build" / "example_worker"
 PYGEN = ROOT / "build" / "py"
 

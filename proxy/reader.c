@@ -28,6 +28,10 @@
 #define PX_JANITOR_S         300.0
 #define PX_IDLE_CONSUMER_MS  3600000LL
 
+/* Consumers idle this long with nothing pending are removed; tests shorten it
+ * with IDEMPROXY_DEBUG_IDLE_CONSUMER_MS instead of waiting an hour. */
+static long long idle_consumer_ms = PX_IDLE_CONSUMER_MS;
+
 enum { R_DOWN = 0, R_CREATE, R_HISTORY, R_LIVE, R_STOPPED };
 
 static void read_next(px_stream *st);
@@ -268,7 +272,7 @@ static void consumers_reply_cb(px_redis *r, redisReply *reply, void *priv)
         redisReply *c = reply->element[i];
         const char *name = info_str(c, "name");
         if (name == NULL || strcmp(name, st->conf->consumer) == 0) continue;
-        if (info_int(c, "pending") == 0 && info_int(c, "idle") > PX_IDLE_CONSUMER_MS) {
+        if (info_int(c, "pending") == 0 && info_int(c, "idle") > idle_consumer_ms) {
             px_log_info("stream %s: removing idle consumer %s", st->conf->stream, name);
             px_redis_cmd(r, NULL, NULL, "XGROUP DELCONSUMER %s %s %s", st->conf->stream,
                          st->conf->group, name);
@@ -328,7 +332,12 @@ void px_reader_start(px_stream *st)
         ev_timer_init(&st->autoclaim, autoclaim_cb, every, every);
         st->autoclaim.data = st;
         ev_timer_start(st->px->loop, &st->autoclaim);
-        ev_timer_init(&st->janitor, janitor_cb, 5.0, PX_JANITOR_S);
+        const char *dbg = getenv("IDEMPROXY_DEBUG_IDLE_CONSUMER_MS");
+        if (dbg) idle_consumer_ms = atoll(dbg);
+        double janitor_s = (double)idle_consumer_ms / 1000.0 < PX_JANITOR_S
+                           ? (double)idle_consumer_ms / 1000.0 : PX_JANITOR_S;
+        if (janitor_s < 0.2) janitor_s = 0.2;
+        ev_timer_init(&st->janitor, janitor_cb, janitor_s, janitor_s);
         st->janitor.data = st;
         ev_timer_start(st->px->loop, &st->janitor);
     }

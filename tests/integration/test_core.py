@@ -347,3 +347,18 @@ def test_done_mark_expiry_allows_the_key_again(env):
     wait_for(lambda: not env.r.exists("idem:coupon-1"), timeout=5, what="done mark expired")
     publish(env.r, "room", [{"eventId": "coupon-1"}])
     wait_for(lambda: w.keys() == ["coupon-1", "coupon-1"], what="delivered again")
+
+
+def test_idle_consumers_with_nothing_pending_are_removed(env):
+    r = env.r
+    r.xgroup_create("room", "game-server", id="0", mkstream=True)
+    r.xgroup_createconsumer("room", "game-server", "old-pod-1")          # restarted pods
+    r.xgroup_createconsumer("room", "game-server", "old-pod-2")
+    publish(r, "room", [{"eventId": "stuck"}])
+    r.xreadgroup("game-server", "busy-pod", {"room": ">"})               # has a pending entry
+    p = env.proxy([stream_conf("group", "single", consumer="me", claim_idle_ms=600000)],
+                  proc_env={"IDEMPROXY_DEBUG_IDLE_CONSUMER_MS": 1000})
+    env.worker(p.endpoint)
+    names = lambda: sorted(c["name"] for c in r.xinfo_consumers("room", "game-server"))
+    wait_for(lambda: names() == ["busy-pod", "me"], timeout=10, what="idle consumers removed")
+    assert "removing idle consumer old-pod-1" in p.log_text()

@@ -125,6 +125,7 @@ static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
         return PX_EAGAIN;
     }
     e->req_id = id;
+    e->sent_at = ev_now(px->loop);
     e->attempt++;
     e->deadline_ms = v.deadline_unix_ms;
     e->state = PX_E_SENT;

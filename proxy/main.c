@@ -10,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "proxy.h"
@@ -81,6 +84,61 @@ static int cmd_key(const char *src)
     json_tokener_free(tok);
     px_buf_deinit(&in);
     px_template_destroy(t);
+    return rc;
+}
+
+/* GET /healthz on the metrics address: 0 when it answers 200, else 1. Only the
+ * status line is read; the server side is libmicrohttpd (metrics.c). */
+static int cmd_health(const char *path)
+{
+    const char *listen = "127.0.0.1:9464";
+    px_config *c = NULL;
+    if (path) {
+        c = load(path);
+        if (c == NULL) return 1;
+        listen = c->metrics_listen;
+    }
+    int rc = 1;
+    char host[256] = "", port[16] = "";
+    const char *colon = listen ? strrchr(listen, ':') : NULL;
+    if (colon == NULL || (size_t)(colon - listen) >= sizeof(host) || strlen(colon + 1) >= sizeof(port)) {
+        fprintf(stderr, "idemproxy health: metrics are disabled or metrics.listen is malformed\n");
+        goto out;
+    }
+    memcpy(host, listen, (size_t)(colon - listen));
+    strcpy(port, colon + 1);
+    if (host[0] == '[') { memmove(host, host + 1, strlen(host)); host[strcspn(host, "]")] = '\0'; }
+    /* A wildcard listen address is reached on loopback. */
+    if (host[0] == '\0' || strcmp(host, "0.0.0.0") == 0 || strcmp(host, "*") == 0) strcpy(host, "127.0.0.1");
+    if (strcmp(host, "::") == 0) strcpy(host, "::1");
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host, port, &hints, &res) != 0) {
+        fprintf(stderr, "idemproxy health: cannot resolve %s\n", listen);
+        goto out;
+    }
+    int fd = socket(res->ai_family, SOCK_STREAM, 0);
+    struct timeval tv = { 2, 0 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    char resp[64] = "";
+    if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+        static const char req[] = "GET /healthz HTTP/1.0\r\nHost: localhost\r\n\r\n";
+        if (write(fd, req, sizeof(req) - 1) == (ssize_t)(sizeof(req) - 1)) {
+            ssize_t n = read(fd, resp, sizeof(resp) - 1);
+            resp[n > 0 ? n : 0] = '\0';
+        }
+    }
+    if (fd >= 0) close(fd);
+    freeaddrinfo(res);
+    if (strncmp(resp, "HTTP/1.1 200", 12) == 0 || strncmp(resp, "HTTP/1.0 200", 12) == 0) {
+        printf("healthy\n");
+        rc = 0;
+    } else {
+        fprintf(stderr, "idemproxy health: %s: %s\n", listen, resp[0] ? "not healthy" : "no answer");
+    }
+out:
+    px_config_destroy(c);
     return rc;
 }
 
@@ -197,8 +255,8 @@ int main(int argc, char **argv)
         return cmd_key(argv[optind]);
     }
     if (strcmp(sub, "health") == 0) {
-        fprintf(stderr, "idemproxy health: the metrics server is not built yet\n");
-        return 1;
+        if (optind != argc) { fputs(usage, stderr); return 2; }
+        return cmd_health(config);
     }
     fprintf(stderr, "idemproxy: unknown command '%s'\n%s", sub, usage);
     return 2;

@@ -54,6 +54,7 @@ static double jitter(double lo, double hi)
 
 static void to_claim(px_entry *e)
 {
+    if (e->claim_since == 0) e->claim_since = ev_now(e->st->px->loop);
     e->state = PX_E_CLAIM;
     px_queue_push(&e->st->px->claim_q, e);
 }
@@ -203,6 +204,8 @@ void px_proxy_claimed(px_entry *e)
         commit(e, PX_OUT_DEAD_LETTERED, true, why);
         return;
     }
+    px_hist_observe(px_lock_wait_bounds, &e->st->lock_wait, ev_now(e->st->px->loop) - e->claim_since);
+    e->claim_since = 0;
     if (e->st->px->stopping) {      /* claimed while draining: give it back at once */
         px_claim_release(e);
         px_entry_finish(e, PX_OUT_NONE);
@@ -282,6 +285,7 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
 {
     px_stream *st = e->st;
     px_stream_conf *sc = st->conf;
+    px_hist_observe(px_ack_latency_bounds, &st->ack_latency, ev_now(st->px->loop) - e->sent_at);
     switch (status) {
     case PX_ACK_ACK:     st->c.acks_ack++; break;
     case PX_ACK_RETRY:   st->c.acks_retry++; break;
@@ -464,7 +468,7 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
     px->conf = conf;
     px->password = px_strdup(password);
     px_claim_init();
-    if (px_deliver_init(px) != PX_OK) {
+    if (px_deliver_init(px) != PX_OK || px_metrics_start(px) != PX_OK) {
         px_proxy_destroy(px);
         return NULL;
     }
@@ -513,6 +517,7 @@ void px_proxy_destroy(px_proxy *px)
     ev_signal_stop(px->loop, &px->sigterm);
     ev_signal_stop(px->loop, &px->sigint);
     ev_timer_stop(px->loop, &px->grace);
+    px_metrics_stop(px);
     px_redis_destroy(px->redis);
     px_deliver_deinit(px);
     free(px->streams);

@@ -74,6 +74,8 @@ struct px_entry {
     int             claim_set;     /* claim: a px_lock_reply (decide.h) */
     bool            claim_done;    /* claim: the done key exists */
     uint64_t        wait_until_ms; /* LOCKWAIT: give up on lock_key after this */
+    double          claim_since;   /* loop time of the first claim attempt (lock_wait) */
+    double          sent_at;       /* loop time the current delivery went out (ack_latency) */
     px_outcome      outcome;       /* set when the final answer is known */
     char           *reason;        /* owned: dead-letter reason, or NULL */
     uint32_t        req_id;        /* SP request id of the current delivery */
@@ -89,12 +91,38 @@ typedef struct px_queue { px_entry *head, *tail; size_t n; } px_queue;
 void px_queue_push(px_queue *q, px_entry *e);
 px_entry *px_queue_pop(px_queue *q);
 
-/* Per-stream counters of SPEC 6 (metrics come later; tests read them in the log). */
+/*
+ * Per-stream counters of SPEC 6, declared once: the struct field, the metric
+ * family and its label. metrics.c exports every one of them, at 0 from the
+ * start, in this order (a family's members are adjacent).
+ */
 #define PX_STREAM_COUNTERS(X) \
-    X(entries_read) X(acked) X(duplicate) X(dead_lettered) X(skipped) X(deliveries) \
-    X(dup_before_lock) X(dup_after_lock) X(lock_busy) X(acks_ack) X(acks_retry) \
-    X(acks_drop) X(acks_timeout) X(acks_invalid) X(ack_timeouts) X(dead_letters) X(lease_lost) \
-    X(trimmed)
+    X(entries_read,    "idemproxy_entries_read_total",  NULL,      NULL) \
+    X(acked,           "idemproxy_outcomes_total",      "outcome", "acked") \
+    X(duplicate,       "idemproxy_outcomes_total",      "outcome", "duplicate") \
+    X(dead_lettered,   "idemproxy_outcomes_total",      "outcome", "dead_lettered") \
+    X(skipped,         "idemproxy_outcomes_total",      "outcome", "skipped") \
+    X(deliveries,      "idemproxy_deliveries_total",    NULL,      NULL) \
+    X(dup_before_lock, "idemproxy_duplicates_total",    "stage",   "before_lock") \
+    X(dup_after_lock,  "idemproxy_duplicates_total",    "stage",   "after_lock") \
+    X(lock_busy,       "idemproxy_lock_busy_total",     NULL,      NULL) \
+    X(acks_ack,        "idemproxy_acks_total",          "status",  "ack") \
+    X(acks_retry,      "idemproxy_acks_total",          "status",  "retry") \
+    X(acks_drop,       "idemproxy_acks_total",          "status",  "drop") \
+    X(acks_timeout,    "idemproxy_acks_total",          "status",  "timeout") \
+    X(acks_invalid,    "idemproxy_acks_total",          "status",  "invalid") \
+    X(ack_timeouts,    "idemproxy_ack_timeouts_total",  NULL,      NULL) \
+    X(dead_letters,    "idemproxy_dead_letters_total",  NULL,      NULL) \
+    X(lease_lost,      "idemproxy_lease_lost_total",    NULL,      NULL) \
+    X(trimmed,         "idemproxy_trimmed_total",       NULL,      NULL)
+
+/* A Prometheus histogram with fixed buckets (upper bounds in seconds). */
+#define PX_HIST_BUCKETS 14
+typedef struct px_hist {
+    unsigned long long counts[PX_HIST_BUCKETS + 1];   /* the last one is +Inf */
+    double             sum;
+    unsigned long long count;
+} px_hist;
 
 struct px_stream {
     px_proxy       *px;            /* (ref) */
@@ -111,9 +139,11 @@ struct px_stream {
     ev_timer        pause;         /* a short wait after an error reply, then read again */
     px_entry       *head;          /* tracked entries of this stream */
     size_t          tracked;
-#define PX_COUNTER_FIELD(n) unsigned long long n;
+#define PX_COUNTER_FIELD(n, family, label, value) unsigned long long n;
     struct { PX_STREAM_COUNTERS(PX_COUNTER_FIELD) } c;
 #undef PX_COUNTER_FIELD
+    px_hist         ack_latency;   /* delivery sent -> answer received */
+    px_hist         lock_wait;     /* first claim attempt -> locks held */
 };
 
 struct px_proxy {
@@ -126,6 +156,7 @@ struct px_proxy {
     size_t          tracked;       /* entries read and not yet gone, all streams */
     px_queue        claim_q, send_q, commit_q, xack_q;
     void           *deliver;       /* deliver.c state */
+    void           *metrics;       /* metrics.c state; NULL when disabled */
     ev_prepare      flush;         /* flushes the queues once per loop iteration */
     ev_signal       sigterm, sigint;
     ev_timer        grace;         /* shutdown grace */
@@ -150,10 +181,20 @@ void px_proxy_trimmed(px_stream *st, const char *id);
 px_entry *px_proxy_find(px_stream *st, const char *id);
 size_t px_proxy_room(px_proxy *px);
 
+/* metrics.c */
+int  px_metrics_start(px_proxy *px);          /* PX_ERR: cannot listen */
+void px_metrics_stop(px_proxy *px);
+void px_metrics_render(px_proxy *px, px_buf *out);
+bool px_proxy_ready(px_proxy *px);
+void px_hist_observe(const double *bounds, px_hist *h, double seconds);
+extern const double px_ack_latency_bounds[PX_HIST_BUCKETS];
+extern const double px_lock_wait_bounds[PX_HIST_BUCKETS];
+
 /* reader.c */
 void px_reader_start(px_stream *st);
 void px_reader_kick(px_stream *st);
 void px_reader_stop(px_stream *st);
+bool px_reader_live(px_stream *st);           /* connected and reading */
 
 /* event.c: parse the entry and render its keys; PX_ERR with 'why' for bad input. */
 int px_event_prepare(px_entry *e, char *why, size_t whylen);

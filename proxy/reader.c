@@ -343,6 +343,11 @@ void px_reader_start(px_stream *st)
     }
 }
 
+bool px_reader_live(px_stream *st)
+{
+    return st->link && px_redis_is_up(st->link) && (st->rstate == R_LIVE || st->rstate == R_HISTORY);
+}
+
 void px_reader_kick(px_stream *st)
 {
     read_next(st);

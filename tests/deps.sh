@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs="build-essential pkg-config redis-server libhiredis-dev libev-dev libnanomsg-dev
-      nanomsg-utils libprotobuf-c-dev protobuf-c-compiler libyaml-dev libjson-c-dev
+      nanomsg-utils libprotobuf-c-dev protobuf-c-compiler libyaml-dev libjson-c-dev libmicrohttpd-dev
       python3 python3-venv valgrind"
 missing=""
 for p in $pkgs; do

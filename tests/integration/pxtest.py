@@ -98,6 +98,8 @@ class Proxy:
         for k in ("max_inflight", "max_entry_bytes"):
             if k in app:
                 lines[-1] += f"\n  {k}: {app.pop(k)}"
+        self.metrics_port = free_port()
+        lines.append(f"metrics:\n  listen: 127.0.0.1:{self.metrics_port}")
         lines.append(f"log:\n  level: {app.pop('log_level', 'debug')}")
         lines.append(f"shutdown_grace_ms: {app.pop('shutdown_grace_ms', 3000)}")
         assert not app, app
@@ -120,6 +122,27 @@ class Proxy:
         self.proc = subprocess.Popen([str(BIN), "-c", str(self.config)], stdout=self.logf,
                                      stderr=subprocess.STDOUT, env=e)
         return self
+
+    def get(self, path):
+        """GET path on the metrics server: (status, body)."""
+        import urllib.error
+        import urllib.request
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except (urllib.error.URLError, ConnectionError):
+            return 0, ""                    # not listening (yet)
+
+    def metrics(self):
+        """The /metrics samples as {'name{labels}': value}."""
+        out = {}
+        for line in self.get("/metrics")[1].splitlines():
+            if line and not line.startswith("#"):
+                k, v = line.rsplit(" ", 1)
+                out[k] = float(v)
+        return out
 
     def log_text(self):
         return self.log.read_text(errors="replace") if self.log.exists() else ""

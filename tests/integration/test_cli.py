@@ -50,7 +50,7 @@ def test_key_command():
 
 def test_run_without_redis_keeps_retrying_and_stops_cleanly(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"redis:\n  url: redis://127.0.0.1:1\napp:\n  endpoint: ipc://{tmp_path}/s.sock\nstreams:\n  - stream: room\n")
+    cfg.write_text(f"redis:\n  url: redis://127.0.0.1:1\napp:\n  endpoint: ipc://{tmp_path}/s.sock\nmetrics:\n  listen: \"\"\nstreams:\n  - stream: room\n")
     p = subprocess.Popen([str(BIN), "-c", str(cfg)], stderr=subprocess.PIPE, text=True)
     time.sleep(1.0)
     assert p.poll() is None
@@ -64,7 +64,7 @@ def test_socket_mode(tmp_path):
     import stat
     cfg = tmp_path / "c.yaml"
     sock = tmp_path / "s.sock"
-    cfg.write_text(f"redis:\n  url: redis://127.0.0.1:1\napp:\n  endpoint: ipc://{sock}\n  socket_mode: \"0600\"\nstreams:\n  - stream: room\n")
+    cfg.write_text(f"redis:\n  url: redis://127.0.0.1:1\napp:\n  endpoint: ipc://{sock}\n  socket_mode: \"0600\"\nmetrics:\n  listen: \"\"\nstreams:\n  - stream: room\n")
     p = subprocess.Popen([str(BIN), "-c", str(cfg)], stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 5

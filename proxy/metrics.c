@@ -1,0 +1,292 @@
+/*
+ * metrics.c - /metrics (Prometheus text), /healthz and /readyz (SPEC 6),
+ * served by libmicrohttpd on our libev loop: MHD runs without a thread of its
+ * own (MHD_USE_EPOLL), we watch its epoll fd and call MHD_run when it is
+ * readable or when MHD's own timeout comes. Everything is read on the loop's
+ * thread, so counters need no locks.
+ *
+ * Every counter is declared once, in proxy.h's PX_STREAM_COUNTERS, and
+ * exported from the start at 0 for every configured stream.
+ */
+#include <netdb.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include <microhttpd.h>
+
+#include "log.h"
+#include "proxy.h"
+
+/* Upper bounds, in seconds. */
+const double px_ack_latency_bounds[PX_HIST_BUCKETS] = {
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 30 };
+const double px_lock_wait_bounds[PX_HIST_BUCKETS] = {
+    0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30 };
+
+typedef struct px_metrics {
+    struct MHD_Daemon *mhd;
+    ev_io              io;       /* MHD's epoll fd */
+    ev_timer           timer;    /* MHD's connection timeouts */
+} px_metrics;
+
+typedef struct counter_def {
+    const char *family, *label, *value;
+    size_t      offset;          /* in px_stream.c */
+} counter_def;
+
+#define PX_COUNTER_DEF(n, family, label, value) \
+    { family, label, value, offsetof(__typeof__(((px_stream *)0)->c), n) },
+static const counter_def counters[] = { PX_STREAM_COUNTERS(PX_COUNTER_DEF) };
+#undef PX_COUNTER_DEF
+
+static const struct { const char *family, *help; } helps[] = {
+    { "idemproxy_entries_read_total", "Entries read from the stream, once each (re-examinations and redeliveries are not reads)." },
+    { "idemproxy_outcomes_total", "Entries that left, by outcome; read = sum of outcomes + pending." },
+    { "idemproxy_deliveries_total", "Deliveries sent to a worker, redeliveries included." },
+    { "idemproxy_duplicates_total", "Copies skipped because their key was done, by when that was seen." },
+    { "idemproxy_lock_busy_total", "Claims that found a lock (dedup or lock_key) held elsewhere." },
+    { "idemproxy_acks_total", "Answers from workers, by status; timeout and invalid count as retries." },
+    { "idemproxy_ack_timeouts_total", "Deliveries with no answer within ack_timeout_ms." },
+    { "idemproxy_dead_letters_total", "Entries dead-lettered (DROP, max_deliveries, bad input, busy refusal)." },
+    { "idemproxy_lease_lost_total", "Leases found gone while the app worked (the fencing token guards that work)." },
+    { "idemproxy_trimmed_total", "Pending entries trimmed or deleted from the stream, acked away." },
+};
+
+static const char *help_for(const char *family)
+{
+    for (size_t i = 0; i < sizeof(helps) / sizeof(helps[0]); i++)
+        if (strcmp(helps[i].family, family) == 0) return helps[i].help;
+    return "";
+}
+
+void px_hist_observe(const double *bounds, px_hist *h, double seconds)
+{
+    size_t i = 0;
+    while (i < PX_HIST_BUCKETS && seconds > bounds[i]) i++;
+    h->counts[i]++;
+    h->sum += seconds;
+    h->count++;
+}
+
+/* A label value with \, " and newline escaped. */
+static void label(px_buf *b, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '\\' || *s == '"') { px_buf_append(b, "\\", 1); px_buf_append(b, s, 1); }
+        else if (*s == '\n') px_buf_appends(b, "\\n");
+        else px_buf_append(b, s, 1);
+    }
+}
+
+static void hist(px_buf *b, px_proxy *px, const char *name, const char *help, size_t offset,
+                 const double *bounds)
+{
+    px_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (size_t s = 0; s < px->nstreams; s++) {
+        px_stream *st = &px->streams[s];
+        const px_hist *h = (const px_hist *)((const char *)st + offset);
+        unsigned long long cum = 0;
+        for (size_t i = 0; i <= PX_HIST_BUCKETS; i++) {
+            cum += h->counts[i];
+            px_buf_printf(b, "%s_bucket{stream=\"", name);
+            label(b, st->conf->stream);
+            if (i < PX_HIST_BUCKETS) px_buf_printf(b, "\",le=\"%g\"} %llu\n", bounds[i], cum);
+            else px_buf_printf(b, "\",le=\"+Inf\"} %llu\n", cum);
+        }
+        px_buf_printf(b, "%s_sum{stream=\"", name);
+        label(b, st->conf->stream);
+        px_buf_printf(b, "\"} %.6f\n%s_count{stream=\"", h->sum, name);
+        label(b, st->conf->stream);
+        px_buf_printf(b, "\"} %llu\n", h->count);
+    }
+}
+
+static void gauge(px_buf *b, const char *name, const char *type, const char *help, double v)
+{
+    px_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+void px_metrics_render(px_proxy *px, px_buf *b)
+{
+    const char *prev = NULL;
+    for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) {
+        const counter_def *d = &counters[i];
+        if (prev == NULL || strcmp(prev, d->family) != 0)
+            px_buf_printf(b, "# HELP %s %s\n# TYPE %s counter\n", d->family, help_for(d->family),
+                          d->family);
+        prev = d->family;
+        for (size_t s = 0; s < px->nstreams; s++) {
+            px_stream *st = &px->streams[s];
+            unsigned long long v = *(const unsigned long long *)((const char *)&st->c + d->offset);
+            px_buf_printf(b, "%s{stream=\"", d->family);
+            label(b, st->conf->stream);
+            if (d->label) px_buf_printf(b, "\",%s=\"%s", d->label, d->value);
+            px_buf_printf(b, "\"} %llu\n", v);
+        }
+    }
+    gauge(b, "idemproxy_redis_errors_total", "counter",
+          "Redis commands that failed: error replies, timeouts, lost links.", (double)px_redis_errors);
+    gauge(b, "idemproxy_protocol_errors_total", "counter",
+          "Worker replies that did not decode, were unspecified or echoed the wrong ids.",
+          (double)px_protocol_errors);
+
+    size_t inflight = 0;
+    px_buf_appends(b, "# HELP idemproxy_entries_pending Entries read and not yet left, per stream.\n"
+                      "# TYPE idemproxy_entries_pending gauge\n");
+    for (size_t s = 0; s < px->nstreams; s++) {
+        px_stream *st = &px->streams[s];
+        for (px_entry *e = st->head; e; e = e->next)
+            if (e->state == PX_E_SEND || e->state == PX_E_SENT || e->state == PX_E_COMMIT ||
+                e->state == PX_E_LOCKWAIT) inflight++;
+        px_buf_appends(b, "idemproxy_entries_pending{stream=\"");
+        label(b, st->conf->stream);
+        px_buf_printf(b, "\"} %zu\n", st->tracked);
+    }
+    gauge(b, "idemproxy_inflight", "gauge",
+          "Claimed entries not yet committed (with a worker or being written).", (double)inflight);
+    gauge(b, "idemproxy_redis_up", "gauge", "1 while Redis is reachable and every stream is read.",
+          px_proxy_ready(px) ? 1 : 0);
+    gauge(b, "idemproxy_workers_connected", "gauge", "Worker connections on the app socket.",
+          (double)px_deliver_workers(px));
+    hist(b, px, "idemproxy_ack_latency_seconds", "From a delivery to the worker's answer.",
+         offsetof(px_stream, ack_latency), px_ack_latency_bounds);
+    hist(b, px, "idemproxy_lock_wait_seconds", "From the first claim attempt to the locks held.",
+         offsetof(px_stream, lock_wait), px_lock_wait_bounds);
+}
+
+bool px_proxy_ready(px_proxy *px)
+{
+    if (px->stopping || !px_redis_is_up(px->redis)) return false;
+    for (size_t s = 0; s < px->nstreams; s++)
+        if (!px_reader_live(&px->streams[s])) return false;
+    return true;
+}
+
+/* --- HTTP ------------------------------------------------------------------- */
+
+static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *ctype,
+                             const char *body, size_t len)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body,
+                                                             MHD_RESPMEM_MUST_COPY);
+    if (r == NULL) return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url,
+                               const char *method, const char *version, const char *upload,
+                               size_t *upload_size, void **con_cls)
+{
+    (void)version; (void)upload; (void)upload_size; (void)con_cls;
+    px_proxy *px = cls;
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+        return reply(c, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain", "GET only\n", 9);
+    if (strcmp(url, "/healthz") == 0) return reply(c, MHD_HTTP_OK, "text/plain", "ok\n", 3);
+    if (strcmp(url, "/readyz") == 0) {
+        if (px_proxy_ready(px)) return reply(c, MHD_HTTP_OK, "text/plain", "ready\n", 6);
+        return reply(c, MHD_HTTP_SERVICE_UNAVAILABLE, "text/plain",
+                     "not ready: Redis unreachable or a stream not being read\n", 56);
+    }
+    if (strcmp(url, "/metrics") == 0) {
+        px_buf b = {0};
+        px_metrics_render(px, &b);
+        enum MHD_Result r = reply(c, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8",
+                                  b.data, b.len);
+        px_buf_deinit(&b);
+        return r;
+    }
+    return reply(c, MHD_HTTP_NOT_FOUND, "text/plain", "not found\n", 10);
+}
+
+static void rearm(px_proxy *px)
+{
+    px_metrics *m = px->metrics;
+    MHD_UNSIGNED_LONG_LONG ms = 1000;
+    if (MHD_get_timeout(m->mhd, &ms) != MHD_YES || ms > 1000) ms = 1000;
+    ev_timer_stop(px->loop, &m->timer);
+    ev_timer_set(&m->timer, (double)ms / 1000.0, 0.);
+    ev_timer_start(px->loop, &m->timer);
+}
+
+static void mhd_io_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)loop; (void)revents;
+    px_proxy *px = w->data;
+    MHD_run(((px_metrics *)px->metrics)->mhd);
+    rearm(px);
+}
+
+static void mhd_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    px_proxy *px = w->data;
+    MHD_run(((px_metrics *)px->metrics)->mhd);
+    rearm(px);
+}
+
+/* Split "host:port" ("[::1]:9464" too). Returns PX_ERR when malformed. */
+static int split_listen(const char *listen, char *host, size_t hsize, char *port, size_t psize)
+{
+    const char *colon = strrchr(listen, ':');
+    if (colon == NULL || colon[1] == '\0') return PX_ERR;
+    const char *h = listen;
+    size_t hl = (size_t)(colon - listen);
+    if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') { h++; hl -= 2; }
+    if (hl >= hsize || strlen(colon + 1) >= psize) return PX_ERR;
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    strcpy(port, colon + 1);
+    return PX_OK;
+}
+
+int px_metrics_start(px_proxy *px)
+{
+    const char *listen = px->conf->metrics_listen;
+    if (listen == NULL || listen[0] == '\0') return PX_OK;
+    char host[256], port[16];
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    if (split_listen(listen, host, sizeof(host), port, sizeof(port)) != PX_OK ||
+        getaddrinfo(host[0] ? host : NULL, port, &hints, &res) != 0) {
+        px_log_error("metrics: cannot resolve listen address %s", listen);
+        return PX_ERR;
+    }
+    px_metrics *m = px_calloc(1, sizeof(*m));
+    m->mhd = MHD_start_daemon(MHD_USE_EPOLL | (res->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0), 0,
+                              NULL, NULL, handler, px, MHD_OPTION_SOCK_ADDR, res->ai_addr,
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
+    freeaddrinfo(res);
+    const union MHD_DaemonInfo *info = m->mhd ? MHD_get_daemon_info(m->mhd, MHD_DAEMON_INFO_EPOLL_FD) : NULL;
+    if (info == NULL) {
+        px_log_error("metrics: cannot listen on %s", listen);
+        if (m->mhd) MHD_stop_daemon(m->mhd);
+        free(m);
+        return PX_ERR;
+    }
+    px->metrics = m;
+    ev_io_init(&m->io, mhd_io_cb, info->epoll_fd, EV_READ);
+    m->io.data = px;
+    ev_io_start(px->loop, &m->io);
+    ev_timer_init(&m->timer, mhd_timer_cb, 1., 0.);
+    m->timer.data = px;
+    rearm(px);
+    px_log_info("metrics on http://%s/metrics", listen);
+    return PX_OK;
+}
+
+void px_metrics_stop(px_proxy *px)
+{
+    px_metrics *m = px->metrics;
+    if (m == NULL) return;
+    ev_io_stop(px->loop, &m->io);
+    ev_timer_stop(px->loop, &m->timer);
+    MHD_stop_daemon(m->mhd);
+    free(m);
+    px->metrics = NULL;
+}

@@ -1,0 +1,88 @@
+"""SPEC 6: /metrics, /healthz, /readyz and `idemproxy health`."""
+import json
+import subprocess
+import time
+
+from pxtest import BIN, pb, publish, pending, wait_for
+
+FAMILIES = ["idemproxy_entries_read_total", "idemproxy_outcomes_total", "idemproxy_deliveries_total",
+            "idemproxy_duplicates_total", "idemproxy_lock_busy_total", "idemproxy_acks_total",
+            "idemproxy_ack_timeouts_total", "idemproxy_dead_letters_total", "idemproxy_lease_lost_total",
+            "idemproxy_trimmed_total", "idemproxy_redis_errors_total", "idemproxy_protocol_errors_total",
+            "idemproxy_inflight", "idemproxy_entries_pending", "idemproxy_redis_up",
+            "idemproxy_workers_connected", "idemproxy_ack_latency_seconds", "idemproxy_lock_wait_seconds"]
+
+
+def conf(stream, **kw):
+    s = {"stream": stream, "group": "g", "consumer": "c1", "payload_field": "payload", "key": "#event.eventId"}
+    s.update(kw)
+    return s
+
+
+def test_every_metric_exported_at_zero_from_the_start(env):
+    p = env.proxy([conf("room"), conf("minigame")])
+    wait_for(lambda: p.get("/healthz")[0] == 200, what="metrics server")
+    m = p.metrics()
+    body = p.get("/metrics")[1]
+    for fam in FAMILIES:
+        assert f"# TYPE {fam} " in body, fam
+    for s in ("room", "minigame"):
+        assert m[f'idemproxy_entries_read_total{{stream="{s}"}}'] == 0
+        for o in ("acked", "duplicate", "dead_lettered", "skipped"):
+            assert m[f'idemproxy_outcomes_total{{stream="{s}",outcome="{o}"}}'] == 0
+        for st in ("ack", "retry", "drop", "timeout", "invalid"):
+            assert m[f'idemproxy_acks_total{{stream="{s}",status="{st}"}}'] == 0
+        for stage in ("before_lock", "after_lock"):
+            assert m[f'idemproxy_duplicates_total{{stream="{s}",stage="{stage}"}}'] == 0
+        assert m[f'idemproxy_ack_latency_seconds_count{{stream="{s}"}}'] == 0
+        assert m[f'idemproxy_lock_wait_seconds_bucket{{stream="{s}",le="+Inf"}}'] == 0
+
+
+def test_numbers_add_up_after_copies_a_drop_and_a_bad_entry(env):
+    r = env.r
+    p = env.proxy([conf("room", dead_letter="dlq")])
+    w = env.worker(p.endpoint, behave=lambda d: (pb.Ack.DROP, "no") if d.key == "d1" else (pb.Ack.ACK, ""))
+    publish(r, "room", [{"eventId": f"k{i}"} for i in range(5)] * 2 + [{"eventId": "d1"}])
+    r.xadd("room", {"payload": "{broken"})
+    wait_for(lambda: pending(r, "room", "g") == 0 and r.xlen("dlq") == 2, what="all done")
+    wait_for(lambda: p.metrics()['idemproxy_outcomes_total{stream="room",outcome="duplicate"}'] == 5,
+             what="duplicates counted")
+    m = p.metrics()
+    g = lambda k: m[k.replace("S", 'stream="room"')]
+    read = g("idemproxy_entries_read_total{S}")
+    outcomes = sum(g(f'idemproxy_outcomes_total{{S,outcome="{o}"}}') for o in ("acked", "duplicate", "dead_lettered", "skipped"))
+    assert read == 12
+    assert read == outcomes + g("idemproxy_entries_pending{S}")      # SPEC 6's rule
+    assert g('idemproxy_outcomes_total{S,outcome="acked"}') == 5
+    assert g('idemproxy_outcomes_total{S,outcome="dead_lettered"}') == 2
+    assert g('idemproxy_duplicates_total{S,stage="before_lock"}') + g('idemproxy_duplicates_total{S,stage="after_lock"}') == 5
+    assert g("idemproxy_deliveries_total{S}") == 6
+    assert g('idemproxy_acks_total{S,status="ack"}') == 5 and g('idemproxy_acks_total{S,status="drop"}') == 1
+    assert g("idemproxy_dead_letters_total{S}") == 2
+    assert g("idemproxy_ack_latency_seconds_count{S}") == 6
+    assert g('idemproxy_ack_latency_seconds_bucket{S,le="+Inf"}') == 6
+    assert g("idemproxy_lock_wait_seconds_count{S}") == 6
+    assert m["idemproxy_workers_connected"] == 1
+    assert m["idemproxy_redis_up"] == 1
+    assert m["idemproxy_inflight"] == 0
+
+
+def test_readyz_follows_redis(env):
+    p = env.proxy([conf("room")], timeout_ms=500)
+    wait_for(lambda: p.get("/readyz")[0] == 200, what="ready")
+    env.redis.stop()
+    wait_for(lambda: p.get("/readyz")[0] == 503, what="not ready without Redis")
+    assert p.get("/healthz")[0] == 200                # the loop still runs
+    assert p.metrics()["idemproxy_redis_up"] == 0
+    env.redis.start()
+    wait_for(lambda: p.get("/readyz")[0] == 200, timeout=15, what="ready again")
+
+
+def test_health_command(env):
+    p = env.proxy([conf("room")])
+    wait_for(lambda: p.get("/healthz")[0] == 200, what="metrics server")
+    res = subprocess.run([str(BIN), "health", "-c", str(p.config)], capture_output=True, text=True, timeout=10)
+    assert res.returncode == 0, res.stderr
+    p.stop()
+    res = subprocess.run([str(BIN), "health", "-c", str(p.config)], capture_output=True, text=True, timeout=10)
+    assert res.returncode == 1

@@ -19,7 +19,7 @@ LIB_OBJ   = $(filter-out $(B)/proxy/main.o,$(PROXY_OBJ))
 
 UNIT      = $(patsubst tests/unit/test_%.c,$(B)/tests/test_%,$(wildcard tests/unit/test_*.c))
 
-.PHONY: all deps test unit demo bench clean clients-c
+.PHONY: all deps test test-fault unit demo bench clean clients-c
 all: $(B)/idemproxy clients-c
 
 $(GEN).c $(GEN).h: proto/idemproxy/v1/idemproxy.proto
@@ -55,6 +55,10 @@ deps:
 
 test: deps all unit
 	./tests/run
+
+# The fault suite at full size (1,000+ entries a scenario); `make test` runs it small.
+test-fault: deps all
+	FAULT_FULL=1 .venv/bin/python -m pytest -q -s -p no:cacheprovider tests/fault
 
 demo: deps all
 	./demo/run.sh

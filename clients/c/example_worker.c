@@ -147,20 +147,24 @@ static void report(const px_delivery *d, const char *status, long long start, lo
     fclose(f);
 }
 
-/* Answers 'd' the way the environment asks; returns what the client returned
- * and names the answer in '*status'. */
-static int answer(px_client *c, const px_delivery *d, const char **status)
+/* How the environment asks 'd' to be answered: "ack", "retry" or "drop". */
+static const char *decide(const px_delivery *d)
 {
-    if (in_list(getenv("WORKER_DROP_KEYS"), d->key)) {
-        *status = "drop";
-        return px_client_drop(c, d, "dropped by worker");
-    }
+    if (in_list(getenv("WORKER_DROP_KEYS"), d->key))
+        return "drop";
     if (in_list(getenv("WORKER_RETRY_KEYS"), d->key) &&
-        d->attempt <= env_long("WORKER_RETRY_TIMES", 1)) {
-        *status = "retry";
+        d->attempt <= env_long("WORKER_RETRY_TIMES", 1))
+        return "retry";
+    return "ack";
+}
+
+/* Sends the answer 'status' names; returns what the client returned. */
+static int answer(px_client *c, const px_delivery *d, const char *status)
+{
+    if (strcmp(status, "drop") == 0)
+        return px_client_drop(c, d, "dropped by worker");
+    if (strcmp(status, "retry") == 0)
         return px_client_retry(c, d, "retry requested by worker");
-    }
-    *status = "ack";
     return px_client_ack(c, d);
 }
 
@@ -225,14 +229,16 @@ int main(int argc, char **argv)
         }
         if (!in_list(getenv("WORKER_NOACK_KEYS"), d->key)) {
             long long start = now_ms();
-            const char *status;
+            const char *status = decide(d);
 
             work(delay_ms);
             if (in_list(getenv("WORKER_SLOW_KEYS"), d->key))
                 work(env_long("WORKER_SLOW_MS", 1000));
-            if (answer(c, d, &status) != PX_CLIENT_OK)
-                fprintf(stderr, "example_worker: %s\n", c->errstr);
+            /* Recorded before it is sent: a kill between the two may leave an
+             * answer recorded and never sent, never the other way round. */
             report(d, status, start, now_ms());
+            if (answer(c, d, status) != PX_CLIENT_OK)
+                fprintf(stderr, "example_worker: %s\n", c->errstr);
         }
         printf("%s attempt=%u\n", d->key, d->attempt);
         fflush(stdout);

@@ -259,9 +259,18 @@ class CWorker:
         return [l.split(" attempt=")[0] for l in self.lines()]
 
     def stop(self):
-        self.proc.terminate()
-        self.proc.wait(5)
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
         self.f.close()
+
+    def kill9(self):
+        self.proc.kill()
+        self.proc.wait()
 
 
 class Env:

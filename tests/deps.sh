@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 pkgs="build-essential pkg-config redis-server libhiredis-dev libev-dev libnanomsg-dev
       nanomsg-utils libprotobuf-c-dev protobuf-c-compiler libyaml-dev libjson-c-dev libmicrohttpd-dev
-      python3 python3-venv valgrind"
+      python3 python3-venv valgrind bc"
 missing=""
 for p in $pkgs; do
     dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

@@ -1,0 +1,247 @@
+// Package idemproxy is the Go client for idemproxy workers.
+//
+// idemproxy binds an endpoint with a raw REQ socket and sends one
+// idemproxy.v1.Delivery per unique stream entry. A worker connects a REP
+// socket (mangos v3) and answers each delivery with an Ack. Serve does all of
+// that around a plain function:
+//
+//	err := idemproxy.Serve(ctx, "ipc:///tmp/idemproxy.sock",
+//		func(ctx context.Context, d *idemproxy.Delivery) error {
+//			if bad(d.Payload) {
+//				return idemproxy.Drop("not an order") // DROP: dead-lettered, never again
+//			}
+//			return store(ctx, d) // nil: ACK; an error: RETRY, reason err.Error()
+//		}, idemproxy.Concurrency(8))
+//
+// A handler that panics is answered RETRY too, and so is a delivery that does
+// not decode (the handler never sees it). Every Ack echoes the delivery's
+// stream and entry id.
+//
+// Concurrency(n) opens n mangos contexts on one socket, each an independent
+// REP state machine served by its own goroutine, so up to n deliveries are
+// handled at once. The handler's ctx carries the delivery's deadline (an
+// answer after it is too late: idemproxy retries the entry) but is not
+// cancelled when Serve's ctx is: cancelling Serve's ctx stops taking new
+// deliveries, lets the handlers in progress finish and answer, and returns nil.
+//
+// The socket keeps dialing in the background, so a worker may start before
+// idemproxy and survives its restarts. The library never prints: problems it
+// handles itself (a delivery that does not decode, a panic, a failed send) go
+// to the OnError callback.
+package idemproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"go.nanomsg.org/mangos/v3"
+	"go.nanomsg.org/mangos/v3/protocol/rep"
+	_ "go.nanomsg.org/mangos/v3/transport/all" // ipc://, tcp://, ...
+
+	"github.com/idemproxy/idemproxy/clients/go/internal/pb"
+)
+
+// DefaultEndpoint is idemproxy's default app.endpoint.
+const DefaultEndpoint = "ipc:///tmp/idemproxy.sock"
+
+// Field is one stream field: a name and its raw value.
+type Field struct {
+	Name  string
+	Value []byte
+}
+
+// Delivery is one stream entry handed to the worker.
+type Delivery struct {
+	Stream         string  // stream key
+	EntryID        string  // Redis entry id, "1700000000000-0"
+	Key            string  // the rendered dedup key, without prefix
+	Fields         []Field // the entry's fields in stream order, minus the payload field
+	Payload        []byte  // the payload field's value, or empty
+	Attempt        uint32  // 1 on the first delivery
+	FencingToken   uint64  // strictly increasing per lock; 0 when fencing is off
+	DeadlineUnixMs uint64  // an answer after this is too late
+}
+
+// Field returns the value of the first field called name.
+func (d *Delivery) Field(name string) ([]byte, bool) {
+	for _, f := range d.Fields {
+		if f.Name == name {
+			return f.Value, true
+		}
+	}
+	return nil, false
+}
+
+// Deadline is DeadlineUnixMs as a time; ok is false when it is not set.
+func (d *Delivery) Deadline() (t time.Time, ok bool) {
+	if d.DeadlineUnixMs == 0 {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(int64(d.DeadlineUnixMs)), true
+}
+
+// Handler handles one delivery. It returns nil to ACK, an error made by Drop
+// (possibly wrapped) to DROP, and any other error to RETRY; the reason sent
+// is err.Error().
+type Handler func(ctx context.Context, d *Delivery) error
+
+// DropError asks idemproxy to dead-letter the delivery instead of retrying it.
+type DropError struct{ Reason string }
+
+func (e *DropError) Error() string { return e.Reason }
+
+// Drop returns the error a handler returns to answer DROP with reason.
+func Drop(reason string) error { return &DropError{Reason: reason} }
+
+// Option configures Serve.
+type Option func(*options)
+
+type options struct {
+	concurrency int
+	maxRecvSize int
+	onError     func(error)
+}
+
+// Concurrency sets how many deliveries are handled at the same time (default 1).
+func Concurrency(n int) Option { return func(o *options) { o.concurrency = max(n, 1) } }
+
+// MaxRecvSize sets the largest delivery accepted, in bytes (mangos' default is
+// 1 MiB, idemproxy's default app.max_entry_bytes; raise both together). A
+// bigger message drops the connection. 0 means no limit; negative keeps the default.
+func MaxRecvSize(n int) Option { return func(o *options) { o.maxRecvSize = n } }
+
+// OnError sets a function told about problems Serve handles by itself. It may
+// be called from several goroutines at once.
+func OnError(f func(error)) Option {
+	return func(o *options) {
+		if f != nil {
+			o.onError = f
+		}
+	}
+}
+
+// pollInterval bounds how long a cancelled Serve waits for an idle receive.
+const pollInterval = 100 * time.Millisecond
+
+// flushGrace gives the last answers time to leave: mangos has no linger, and
+// closing a socket drops what its pipes have not written yet.
+const flushGrace = 100 * time.Millisecond
+
+// Serve connects a REP socket to endpoint and calls h for every delivery
+// until ctx is cancelled; then it waits for the handlers in progress, sends
+// their answers and returns nil. It returns an error only when it cannot
+// serve at all (bad endpoint, unknown transport, socket failure).
+func Serve(ctx context.Context, endpoint string, h Handler, opts ...Option) error {
+	o := options{concurrency: 1, maxRecvSize: -1, onError: func(error) {}}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	sock, err := rep.NewSocket()
+	if err != nil {
+		return fmt.Errorf("idemproxy: %w", err)
+	}
+	defer sock.Close()
+	if o.maxRecvSize >= 0 {
+		if err := sock.SetOption(mangos.OptionMaxRecvSize, o.maxRecvSize); err != nil {
+			return fmt.Errorf("idemproxy: max recv size: %w", err)
+		}
+	}
+	// Asynchronous: keep dialing until idemproxy binds, and again after it goes.
+	if err := sock.DialOptions(endpoint, map[string]interface{}{mangos.OptionDialAsynch: true}); err != nil {
+		return fmt.Errorf("idemproxy: dial %s: %w", endpoint, err)
+	}
+	ctx, stop := context.WithCancel(ctx) // a context that fails stops the others
+	defer stop()
+	errc := make(chan error, o.concurrency)
+	for i := 0; i < o.concurrency; i++ {
+		c, err := sock.OpenContext()
+		if err == nil {
+			err = c.SetOption(mangos.OptionRecvDeadline, pollInterval)
+		}
+		if err != nil {
+			return fmt.Errorf("idemproxy: context: %w", err)
+		}
+		go func() { errc <- serveContext(ctx, c, h, &o) }()
+	}
+	for i := 0; i < o.concurrency; i++ {
+		if e := <-errc; e != nil && err == nil {
+			err = e
+			stop()
+		}
+	}
+	time.Sleep(flushGrace)
+	return err
+}
+
+// serveContext is one REP state machine: receive, handle, answer, until ctx ends.
+func serveContext(ctx context.Context, c mangos.Context, h Handler, o *options) error {
+	defer c.Close()
+	for ctx.Err() == nil {
+		msg, err := c.Recv()
+		if errors.Is(err, mangos.ErrRecvTimeout) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("idemproxy: receive: %w", err)
+		}
+		ack := answer(ctx, msg, h, o)
+		out, err := proto.Marshal(ack)
+		if err == nil {
+			err = c.Send(out)
+		}
+		if err != nil {
+			o.onError(fmt.Errorf("idemproxy: answering %s %s: %w", ack.Stream, ack.EntryId, err))
+		}
+	}
+	return nil
+}
+
+// answer decodes msg, runs h on it and turns the outcome into an Ack.
+func answer(ctx context.Context, msg []byte, h Handler, o *options) *pb.Ack {
+	var m pb.Delivery
+	if err := proto.Unmarshal(msg, &m); err != nil {
+		err = fmt.Errorf("idemproxy: undecodable delivery: %w", err)
+		o.onError(err)
+		return &pb.Ack{Status: pb.Ack_RETRY, Reason: err.Error()}
+	}
+	d := &Delivery{
+		Stream: m.Stream, EntryID: m.EntryId, Key: m.Key, Payload: m.Payload,
+		Attempt: m.Attempt, FencingToken: m.FencingToken, DeadlineUnixMs: m.DeadlineUnixMs,
+	}
+	for _, f := range m.Fields {
+		d.Fields = append(d.Fields, Field{Name: f.Name, Value: f.Value})
+	}
+	ack := &pb.Ack{Status: pb.Ack_ACK, Stream: d.Stream, EntryId: d.EntryID}
+	if err := call(ctx, h, d, o); err != nil {
+		var drop *DropError
+		ack.Status, ack.Reason = pb.Ack_RETRY, err.Error()
+		if errors.As(err, &drop) {
+			ack.Status = pb.Ack_DROP
+		}
+	}
+	return ack
+}
+
+// call runs h with a context that has the delivery's deadline but outlives
+// Serve's cancellation, and turns a panic into an error (so: RETRY).
+func call(ctx context.Context, h Handler, d *Delivery, o *options) (err error) {
+	hctx := context.WithoutCancel(ctx)
+	if t, ok := d.Deadline(); ok {
+		var cancel context.CancelFunc
+		hctx, cancel = context.WithDeadline(hctx, t)
+		defer cancel()
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+			o.onError(fmt.Errorf("idemproxy: handler panicked on %s %s: %v\n%s",
+				d.Stream, d.EntryID, r, debug.Stack()))
+		}
+	}()
+	return h(hctx, d)
+}

@@ -1,0 +1,318 @@
+package idemproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"go.nanomsg.org/mangos/v3"
+	"go.nanomsg.org/mangos/v3/protocol/req"
+
+	"github.com/idemproxy/idemproxy/clients/go/internal/pb"
+)
+
+// peer plays idemproxy: a REQ socket bound to a fresh ipc endpoint.
+type peer struct {
+	t    *testing.T
+	sock mangos.Socket
+	url  string
+}
+
+func newPeer(t *testing.T) *peer {
+	t.Helper()
+	sock, err := req.NewSocket()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sock.Close() })
+	return &peer{t: t, sock: sock, url: "ipc://" + filepath.Join(t.TempDir(), "px.sock")}
+}
+
+func (p *peer) listen() {
+	if err := p.sock.Listen(p.url); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// request sends raw bytes on a fresh REQ context and returns the decoded Ack.
+func (p *peer) request(body []byte) (*pb.Ack, error) {
+	c, err := p.sock.OpenContext()
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	_ = c.SetOption(mangos.OptionRecvDeadline, 5*time.Second)
+	if err := c.Send(body); err != nil {
+		return nil, err
+	}
+	out, err := c.Recv()
+	if err != nil {
+		return nil, err
+	}
+	var ack pb.Ack
+	return &ack, proto.Unmarshal(out, &ack)
+}
+
+func (p *peer) deliver(d *pb.Delivery) *pb.Ack {
+	p.t.Helper()
+	body, err := proto.Marshal(d)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	ack, err := p.request(body)
+	if err != nil {
+		p.t.Fatalf("delivery %s: %v", d.Key, err)
+	}
+	return ack
+}
+
+// serve runs Serve in the background; the returned function cancels it and
+// returns its result.
+func serve(t *testing.T, url string, h Handler, opts ...Option) func() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, url, h, opts...) }()
+	var once sync.Once
+	var err error
+	stop := func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(5 * time.Second):
+				err = errors.New("Serve did not return after cancel")
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return stop
+}
+
+func TestAnswers(t *testing.T) {
+	p := newPeer(t)
+	p.listen()
+	var mu sync.Mutex
+	seen := map[string]*Delivery{}
+	serve(t, p.url, func(ctx context.Context, d *Delivery) error {
+		mu.Lock()
+		seen[d.Key] = d
+		mu.Unlock()
+		switch d.Key {
+		case "retry":
+			return errors.New("db down")
+		case "drop":
+			return Drop("bad order")
+		case "wrapped-drop":
+			return fmt.Errorf("charge: %w", Drop("card expired"))
+		case "panic":
+			panic("boom")
+		}
+		return nil
+	})
+
+	cases := []struct {
+		key    string
+		status pb.Ack_Status
+		reason string
+	}{
+		{"ok", pb.Ack_ACK, ""},
+		{"retry", pb.Ack_RETRY, "db down"},
+		{"drop", pb.Ack_DROP, "bad order"},
+		{"wrapped-drop", pb.Ack_DROP, "charge: card expired"},
+		{"panic", pb.Ack_RETRY, "panic: boom"},
+	}
+	for i, c := range cases {
+		id := fmt.Sprintf("1700000000000-%d", i)
+		ack := p.deliver(&pb.Delivery{Stream: "orders", EntryId: id, Key: c.key, Attempt: 1})
+		if ack.Status != c.status || ack.Reason != c.reason {
+			t.Errorf("%s: got %v %q, want %v %q", c.key, ack.Status, ack.Reason, c.status, c.reason)
+		}
+		if ack.Stream != "orders" || ack.EntryId != id {
+			t.Errorf("%s: echo %q %q, want orders %q", c.key, ack.Stream, ack.EntryId, id)
+		}
+	}
+
+	deadline := uint64(time.Now().Add(time.Minute).UnixMilli())
+	p.deliver(&pb.Delivery{
+		Stream: "orders", EntryId: "1-1", Key: "typed", Payload: []byte(`{"n":1}`),
+		Fields:  []*pb.Field{{Name: "b", Value: []byte("2")}, {Name: "a", Value: []byte{0, 255}}},
+		Attempt: 3, FencingToken: 1 << 40, DeadlineUnixMs: deadline,
+	})
+	mu.Lock()
+	d := seen["typed"]
+	mu.Unlock()
+	if d.Stream != "orders" || d.EntryID != "1-1" || string(d.Payload) != `{"n":1}` ||
+		d.Attempt != 3 || d.FencingToken != 1<<40 || d.DeadlineUnixMs != deadline {
+		t.Errorf("decoded %+v", d)
+	}
+	if len(d.Fields) != 2 || d.Fields[0].Name != "b" || d.Fields[1].Name != "a" {
+		t.Errorf("fields not in stream order: %+v", d.Fields)
+	}
+	if v, ok := d.Field("a"); !ok || string(v) != "\x00\xff" {
+		t.Errorf("Field(a) = %q, %v", v, ok)
+	}
+}
+
+func TestUndecodableIsRetried(t *testing.T) {
+	p := newPeer(t)
+	p.listen()
+	called := make(chan struct{}, 1)
+	var reported error
+	var mu sync.Mutex
+	serve(t, p.url, func(ctx context.Context, d *Delivery) error { called <- struct{}{}; return nil },
+		OnError(func(err error) { mu.Lock(); reported = err; mu.Unlock() }))
+	ack, err := p.request([]byte{0xff, 0xff, 0xff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ack.Status != pb.Ack_RETRY || ack.Reason == "" {
+		t.Errorf("got %v %q, want RETRY with a reason", ack.Status, ack.Reason)
+	}
+	select {
+	case <-called:
+		t.Error("the handler saw an undecodable delivery")
+	default:
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if reported == nil {
+		t.Error("OnError was not told")
+	}
+}
+
+func TestConcurrentHandlers(t *testing.T) {
+	const n = 4
+	p := newPeer(t)
+	p.listen()
+	var entered sync.WaitGroup
+	entered.Add(n)
+	all := make(chan struct{})
+	go func() { entered.Wait(); close(all) }()
+	serve(t, p.url, func(ctx context.Context, d *Delivery) error {
+		entered.Done()
+		select { // every handler waits until all n run at once
+		case <-all:
+			return nil
+		case <-time.After(3 * time.Second):
+			return errors.New("handlers did not overlap")
+		}
+	}, Concurrency(n))
+
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			ack := p.deliver(&pb.Delivery{Stream: "s", EntryId: fmt.Sprint(i), Key: fmt.Sprint("k", i)})
+			if ack.Status != pb.Ack_ACK {
+				t.Errorf("k%d: %v %q", i, ack.Status, ack.Reason)
+			}
+		}(i)
+	}
+	wg.Wait()
+}
+
+func TestDialsBeforeBind(t *testing.T) {
+	p := newPeer(t)
+	serve(t, p.url, func(ctx context.Context, d *Delivery) error { return nil })
+	time.Sleep(300 * time.Millisecond) // the worker is dialing a socket that is not there yet
+	p.listen()
+	if ack := p.deliver(&pb.Delivery{Stream: "s", EntryId: "1-0", Key: "late"}); ack.Status != pb.Ack_ACK {
+		t.Errorf("got %v", ack.Status)
+	}
+}
+
+func TestCancelFinishesDeliveryInHand(t *testing.T) {
+	p := newPeer(t)
+	p.listen()
+	inHandler, release := make(chan struct{}), make(chan struct{})
+	var handlerCtxErr error
+	stop := serve(t, p.url, func(ctx context.Context, d *Delivery) error {
+		close(inHandler)
+		<-release
+		handlerCtxErr = ctx.Err()
+		return nil
+	}, Concurrency(2))
+
+	acks := make(chan *pb.Ack, 1)
+	go func() { acks <- p.deliver(&pb.Delivery{Stream: "s", EntryId: "1-0", Key: "k"}) }()
+	<-inHandler
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
+	time.Sleep(200 * time.Millisecond)
+	select {
+	case <-stopped:
+		t.Fatal("Serve returned while a handler was running")
+	default:
+	}
+	close(release)
+	if err := <-stopped; err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+	if handlerCtxErr != nil {
+		t.Errorf("the handler's ctx was cancelled with Serve's: %v", handlerCtxErr)
+	}
+	select {
+	case ack := <-acks:
+		if ack.Status != pb.Ack_ACK {
+			t.Errorf("got %v", ack.Status)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the delivery in hand was not answered")
+	}
+}
+
+func TestHandlerContextHasDeadline(t *testing.T) {
+	p := newPeer(t)
+	p.listen()
+	got := make(chan time.Time, 2)
+	serve(t, p.url, func(ctx context.Context, d *Delivery) error {
+		dl, _ := ctx.Deadline()
+		got <- dl
+		return nil
+	})
+	want := time.Now().Add(time.Minute).Truncate(time.Millisecond)
+	p.deliver(&pb.Delivery{Key: "k", DeadlineUnixMs: uint64(want.UnixMilli())})
+	if dl := <-got; !dl.Equal(want) {
+		t.Errorf("deadline %v, want %v", dl, want)
+	}
+	p.deliver(&pb.Delivery{Key: "k"})
+	if dl := <-got; !dl.IsZero() {
+		t.Errorf("deadline %v without DeadlineUnixMs", dl)
+	}
+}
+
+func TestTCP(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	p := newPeer(t)
+	p.url = "tcp://" + addr
+	p.listen()
+	serve(t, p.url, func(ctx context.Context, d *Delivery) error { return nil })
+	if ack := p.deliver(&pb.Delivery{Stream: "s", EntryId: "1-0", Key: "k"}); ack.Status != pb.Ack_ACK {
+		t.Errorf("got %v", ack.Status)
+	}
+}
+
+func TestBadEndpoint(t *testing.T) {
+	err := Serve(context.Background(), "nope://x", func(context.Context, *Delivery) error { return nil })
+	if err == nil {
+		t.Fatal("Serve accepted an unknown transport")
+	}
+}

@@ -1,0 +1,197 @@
+/*
+ * idemproxy-client - write idemproxy workers in Node.js.
+ *
+ * idemproxy binds an endpoint with a raw nanomsg REQ socket and sends one
+ * idemproxy.v1.Delivery per unique event; a worker connects a REP socket,
+ * handles each delivery and answers with an idemproxy.v1.Ack. Here that is
+ * one function:
+ *
+ *   import { serve, Drop } from 'idemproxy-client';
+ *
+ *   const worker = serve({ endpoint: 'ipc:///tmp/idemproxy.sock', concurrency: 4 }, async (d) => {
+ *     if (d.payload.length === 0) throw new Drop('empty payload');  // DROP: dead-lettered with the reason
+ *     await db.apply(d.key, d.payload, d.fencingToken);             // throws → RETRY, reason = its message
+ *   });                                                             // resolves → ACK
+ *   process.on('SIGTERM', () => worker.close().then(() => process.exit(0)));
+ *
+ * Up to 'concurrency' handlers run at once, like REP contexts on one NNG socket:
+ * every request is answered on the connection it came from, whatever the order.
+ * Every Ack echoes the delivery's stream and entry id. A delivery that does not
+ * decode is answered RETRY without calling the handler. Throwing NoReply leaves
+ * a delivery unanswered, so idemproxy redelivers it after its ack timeout.
+ * The worker dials until idemproxy is there and again whenever it goes away;
+ * deliveries received on a lost connection and not yet started are forgotten
+ * (idemproxy redelivers them). The library never prints: listen to 'connect',
+ * 'disconnect' and 'warn' on the returned Worker to log.
+ *
+ * The SP wire protocol lives in sp.js; README.md says why it is not a binding.
+ */
+import { EventEmitter } from 'node:events';
+import { idemproxy } from '../gen/idemproxy.js';
+import { RepDialer } from './sp.js';
+
+const { Delivery: DeliveryMsg, Ack } = idemproxy.v1;
+export const DEFAULT_ENDPOINT = 'ipc:///tmp/idemproxy.sock';
+
+/** The answers a worker gives; the values are idemproxy.v1.Ack.Status. */
+export const Status = Object.freeze({ ACK: 1, RETRY: 2, DROP: 3 });
+
+/** Throw from a handler to DROP the delivery: it is dead-lettered with 'reason' and never retried. */
+export class Drop extends Error {
+  constructor(reason = 'dropped') {
+    super(reason);
+    this.name = 'Drop';
+    this.reason = reason;
+  }
+}
+
+/** Throw from a handler to leave the delivery unanswered (idemproxy retries it after ack_timeout_ms). */
+export class NoReply extends Error {
+  constructor() {
+    super('no reply');
+    this.name = 'NoReply';
+  }
+}
+
+const toBigInt = (v) => (typeof v === 'number' ? BigInt(v) : (BigInt(v.high >>> 0) << 32n) | BigInt(v.low >>> 0));
+
+/** One event handed over by idemproxy. All fields are read-only by convention. */
+export class Delivery {
+  constructor(m) {
+    /** @type {string} the stream key */
+    this.stream = m.stream;
+    /** @type {string} the Redis entry id, "1700000000000-0" */
+    this.entryId = m.entryId;
+    /** @type {string} the rendered dedup key */
+    this.key = m.key;
+    /** @type {{name: string, value: Buffer}[]} the entry's fields in stream order, minus the payload field */
+    this.fields = m.fields.map((f) => ({ name: f.name, value: Buffer.from(f.value) }));
+    /** @type {Buffer} the payload field's value, or empty */
+    this.payload = Buffer.from(m.payload);
+    /** @type {number} 1 on the first delivery */
+    this.attempt = m.attempt;
+    /** @type {bigint} uint64, strictly increasing per lock; 0n when fencing is off */
+    this.fencingToken = toBigInt(m.fencingToken);
+    /** @type {number} epoch ms after which an answer is too late (exact: well below 2^53) */
+    this.deadlineUnixMs = Number(toBigInt(m.deadlineUnixMs));
+  }
+
+  /** The value of the first field called 'name', or undefined. */
+  field(name) {
+    return this.fields.find((f) => f.name === name)?.value;
+  }
+
+  /** Decodes an idemproxy.v1.Delivery; throws on malformed input. */
+  static decode(bytes) {
+    return new Delivery(DeliveryMsg.decode(bytes));
+  }
+}
+
+/** Encodes an idemproxy.v1.Ack. */
+export function encodeAck({ status, reason = '', stream = '', entryId = '' }) {
+  return Buffer.from(Ack.encode({ status, reason, stream, entryId }).finish());
+}
+
+const reasonOf = (err) => (err instanceof Error ? err.message || err.name : String(err));
+
+/**
+ * A running worker: a REP connection to idemproxy and up to 'concurrency'
+ * handlers at once. Events: 'connect' (), 'disconnect' (err?), 'warn' (err).
+ */
+export class Worker extends EventEmitter {
+  #handler; #concurrency; #dialer; #queue = []; #active = 0; #closing = null; #closed;
+
+  constructor({ endpoint = DEFAULT_ENDPOINT, concurrency = 1, maxMessageBytes = 1 << 20 } = {}, handler) {
+    super();
+    if (typeof handler !== 'function') throw new TypeError('serve() needs a handler function');
+    if (!(Number.isInteger(concurrency) && concurrency >= 1)) throw new RangeError('concurrency must be an integer >= 1');
+    this.#handler = handler;
+    this.#concurrency = concurrency;
+    this.#dialer = new RepDialer(endpoint, { maxMessageBytes });
+    this.#dialer.on('connect', () => this.emit('connect'));
+    this.#dialer.on('warn', (err) => this.emit('warn', err));
+    this.#dialer.on('disconnect', (err) => {
+      this.#queue = this.#queue.filter((req) => req.live);
+      this.#pump();
+      this.emit('disconnect', err);
+    });
+    this.#dialer.on('request', (req) => {
+      if (this.#closing) return;
+      this.#queue.push(req);
+      if (this.#queue.length >= this.#concurrency) this.#dialer.pause();
+      this.#pump();
+    });
+    this.#dialer.start();
+  }
+
+  /** Deliveries being handled right now. */
+  get active() { return this.#active; }
+
+  /**
+   * Stops taking deliveries, lets the handlers in progress finish and send
+   * their answers, then closes the connection. Resolves when all that is done.
+   */
+  close() {
+    if (!this.#closing) {
+      this.#dialer.pause();
+      this.#queue = [];
+      this.#closing = new Promise((resolve) => { this.#closed = resolve; });
+      this.#pump();
+    }
+    return this.#closing;
+  }
+
+  #pump() {
+    while (this.#active < this.#concurrency && this.#queue.length > 0) {
+      const req = this.#queue.shift();
+      if (!req.live) continue;
+      this.#active++;
+      this.#handle(req).catch((err) => this.emit('warn', err)).finally(() => {
+        this.#active--;
+        this.#pump();
+      });
+    }
+    if (this.#closing && this.#active === 0 && this.#closed) {
+      const done = this.#closed;
+      this.#closed = null;
+      this.#dialer.close().then(done);
+    } else if (!this.#closing && this.#queue.length < this.#concurrency) {
+      this.#dialer.resume();
+    }
+  }
+
+  async #handle(req) {
+    let d;
+    try {
+      d = Delivery.decode(req.body);
+    } catch (err) {
+      this.emit('warn', new Error(`undecodable delivery answered RETRY: ${err.message}`));
+      req.reply(encodeAck({ status: Status.RETRY, reason: `undecodable delivery: ${err.message}` }));
+      return;
+    }
+    let status = Status.ACK, reason = '';
+    try {
+      await this.#handler(d);
+    } catch (err) {
+      if (err instanceof NoReply) return;
+      status = err instanceof Drop ? Status.DROP : Status.RETRY;
+      reason = err instanceof Drop ? String(err.reason) : reasonOf(err);
+    }
+    if (!req.reply(encodeAck({ status, reason, stream: d.stream, entryId: d.entryId }))) {
+      this.emit('warn', new Error(`connection lost before answering ${d.stream} ${d.entryId}; idemproxy will redeliver it`));
+    }
+  }
+}
+
+/**
+ * Connects to idemproxy at 'endpoint' (default ipc:///tmp/idemproxy.sock) and
+ * calls 'handler(delivery)' for each delivery, up to 'concurrency' (default 1)
+ * at once. The handler resolving answers ACK; throwing or rejecting answers
+ * RETRY with the error's message as reason; throwing Drop answers DROP.
+ * 'maxMessageBytes' (default 1 MiB, as nanomsg's) must be at least
+ * idemproxy's app.max_entry_bytes plus a little; Infinity for no limit.
+ * Returns the Worker; call worker.close() to stop.
+ */
+export function serve(options, handler) {
+  return new Worker(options, handler);
+}

@@ -134,9 +134,33 @@ void px_entry_free(px_entry *e)
     free(e);
 }
 
+/* The entry of this replica working on 'e's key (claiming, delivered, being
+ * committed), if any: a copy waiting on it is woken when it leaves or lets
+ * go, rather than after a whole lease. */
+static px_entry *local_holder(px_entry *e)
+{
+    for (px_entry *h = e->st->head; h; h = h->next)
+        if (h != e && h->state != PX_E_PARKED && h->key && strcmp(h->key, e->key) == 0) return h;
+    return NULL;
+}
+
+/* 'e' gives up its dedup lock (done, released or gone): copies parked behind
+ * it look again at once. */
+static void wake_followers(px_entry *e)
+{
+    if (!e->has_followers) return;
+    e->has_followers = false;
+    for (px_entry *f = e->st->head; f; f = f->next)
+        if (f != e && f->state == PX_E_PARKED && f->key && strcmp(f->key, e->key) == 0) {
+            ev_timer_stop(e->st->px->loop, &f->timer);
+            to_claim(f);
+        }
+}
+
 void px_entry_finish(px_entry *e, px_outcome outcome)
 {
     px_stream *st = e->st;
+    wake_followers(e);
     switch (outcome) {
     case PX_OUT_ACKED: st->c.acked++; break;
     case PX_OUT_DUPLICATE: st->c.duplicate++; break;
@@ -252,6 +276,10 @@ void px_proxy_busy(px_entry *e, bool lock_key_busy)
         e->wait_until_ms = 0;
         px_claim_release(e);
         e->state = PX_E_PARKED;
+        if (!lock_key_busy) {
+            px_entry *h = local_holder(e);
+            if (h) h->has_followers = true;   /* woken when h leaves; the timer is a fallback */
+        }
         px_log_debug("busy: stream %s entry %s key %s; looking again in %lld ms", sc->stream,
                      e->id, e->key, sc->lease_ms);
         entry_timer(e, back_to_claim_cb, (double)sc->lease_ms + jitter(0, 50));
@@ -313,6 +341,7 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
         break;
     }
     px_claim_release(e);
+    wake_followers(e);
     if (st->px->stopping) { px_entry_finish(e, PX_OUT_NONE); return; }
     long long ms = px_decide_backoff_ms(sc->retry_backoff_ms, e->attempt);
     e->state = PX_E_BACKOFF;

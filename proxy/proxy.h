@@ -61,6 +61,7 @@ struct px_entry {
     bool            examined;      /* claimed at least once before: a later 'done' is after_lock */
     bool            has_dedup;     /* we hold the dedup lock (or may: reply lost) */
     bool            has_lock;      /* we hold lock_key */
+    bool            has_followers; /* copies of this key are parked behind our lock */
     bool            lease_lost;    /* an extension found our token gone */
     bool            in_claim_io;   /* a claim or XACK round trip is in flight */
     bool            mark_done;     /* the commit writes the done mark */

@@ -177,8 +177,12 @@ static void read_next(px_stream *st)
         if (rc == PX_OK) st->reading = true;
         return;
     }
+    /* Wait for a useful batch of room (a quarter of one), so a full pipeline
+     * is not read a few entries at a time; px_reader_kick resumes us. */
     size_t n = batch_size(st);
-    if (n == 0) return;  /* px_reader_kick resumes us when entries leave */
+    size_t full = (size_t)st->px->conf->max_inflight < PX_READER_BATCH
+                  ? (size_t)st->px->conf->max_inflight : PX_READER_BATCH;
+    if (n == 0 || (n < (full + 3) / 4 && st->px->tracked > 0)) return;
     char count[24], block[24];
     snprintf(count, sizeof(count), "%zu", n);
     snprintf(block, sizeof(block), "%d", PX_READER_BLOCK_MS);

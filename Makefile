@@ -22,7 +22,8 @@ UNIT      = $(patsubst tests/unit/test_%.c,$(B)/tests/test_%,$(wildcard tests/un
 .PHONY: all deps test test-fault unit demo bench clean clients-c
 all: $(B)/idemproxy clients-c
 
-$(GEN).c $(GEN).h: proto/idemproxy/v1/idemproxy.proto
+$(GEN).h: $(GEN).c
+$(GEN).c: proto/idemproxy/v1/idemproxy.proto
 	@mkdir -p $(B)/gen
 	protoc-c --proto_path=proto --c_out=$(B)/gen $<
 

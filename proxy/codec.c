@@ -110,8 +110,13 @@ px_ack_status px_codec_ack_decode(const void *data, size_t len, const char *stre
         st = PX_ACK_INVALID;
     }
     if (a->reason) {
-        strncpy(reason, a->reason, reason_size - 1);
-        reason[reason_size - 1] = '\0';
+        size_t n = strlen(a->reason);
+        if (n > reason_size - 1) {      /* cut at a character boundary */
+            n = reason_size - 1;
+            while (n > 0 && ((unsigned char)a->reason[n] & 0xC0) == 0x80) n--;
+        }
+        memcpy(reason, a->reason, n);
+        reason[n] = '\0';
     }
     idemproxy__v1__ack__free_unpacked(a, NULL);
     return st;

@@ -97,6 +97,18 @@
 #define CFG_MAX_OPTS 24     /* keys in the largest table (a stream block) */
 #define CFG_ECHO_MAX 48     /* at most this much of a bad value is quoted back */
 
+/* How much of 's' to quote back: at most CFG_ECHO_MAX bytes, cut at a
+ * character boundary so a message stays valid UTF-8 (found by fuzz_config). */
+static int cfg_echo_len(const char *s)
+{
+    size_t n = strnlen(s, CFG_ECHO_MAX + 1);
+    if (n > CFG_ECHO_MAX) {
+        n = CFG_ECHO_MAX;
+        while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80) n--;
+    }
+    return (int)n;
+}
+
 #define CFG_URL_FORMS "expected redis://[user:password@]host[:port][/db] or unix:///path"
 
 /* String setters: what an empty value means. */
@@ -693,13 +705,13 @@ static bool cfg_endpoint_ok(const char *ep, bool allow_remote, char *why, size_t
         return true;
     }
     if (strncmp(ep, "tcp://", 6) != 0) {
-        snprintf(why, whylen, "'%.*s' must start with ipc:// or tcp://", CFG_ECHO_MAX, ep);
+        snprintf(why, whylen, "'%.*s' must start with ipc:// or tcp://", cfg_echo_len(ep), ep);
         return false;
     }
     const char *addr = ep + 6, *colon = strrchr(addr, ':');
     if (colon == NULL || colon == addr || !cfg_port(colon + 1, strlen(colon + 1), NULL)) {
         snprintf(why, whylen, "'%.*s' needs a host and a port, as in tcp://127.0.0.1:5555",
-                 CFG_ECHO_MAX, ep);
+                 cfg_echo_len(ep), ep);
         return false;
     }
     size_t hlen = (size_t)(colon - addr);
@@ -712,7 +724,7 @@ static bool cfg_endpoint_ok(const char *ep, bool allow_remote, char *why, size_t
     if (!allow_remote && !cfg_loopback(host)) {
         snprintf(why, whylen, "'%.*s' is not on a loopback address (127.0.0.1, localhost, "
                  "[::1]); set app.allow_remote: true to let remote workers connect",
-                 CFG_ECHO_MAX, ep);
+                 cfg_echo_len(ep), ep);
         return false;
     }
     return true;
@@ -907,9 +919,9 @@ static bool cfg_integer(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, const c
     else if (rc == 1)
         cfg_error(p, v, "%s: expected %s, got '%.*s'", name,
                   ms ? "a duration (an integer, in milliseconds)" : "an integer",
-                  CFG_ECHO_MAX, sc.s);
+                  cfg_echo_len(sc.s), sc.s);
     else if (rc == 2)
-        cfg_error(p, v, "%s: %.*s is out of range", name, CFG_ECHO_MAX, sc.s);
+        cfg_error(p, v, "%s: %.*s is out of range", name, cfg_echo_len(sc.s), sc.s);
     else if (ms && val < 0)
         cfg_error(p, v, "%s: a duration must not be negative (got %lld)", name, val);
     else if (val < o->min)
@@ -960,7 +972,7 @@ static void cfg_set_bool(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *
     else if (!strcmp(sc.s, "false") || !strcmp(sc.s, "False") || !strcmp(sc.s, "FALSE"))
         *field = false;
     else
-        cfg_error(p, v, "%s: expected true or false, got '%.*s'", name, CFG_ECHO_MAX, sc.s);
+        cfg_error(p, v, "%s: expected true or false, got '%.*s'", name, cfg_echo_len(sc.s), sc.s);
     cfg_scalar_free(&sc);
 }
 
@@ -988,7 +1000,7 @@ static void cfg_set_enum(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *
     if (cfg_scalar_get(p, v, name, b.data, &sc)) {
         int i = cfg_word_index(o->words, sc.s);
         if (i >= 0) *(int *)(void *)((char *)obj + o->offset) = i;
-        else cfg_error(p, v, "%s: expected %s, got '%.*s'", name, b.data, CFG_ECHO_MAX, sc.s);
+        else cfg_error(p, v, "%s: expected %s, got '%.*s'", name, b.data, cfg_echo_len(sc.s), sc.s);
         cfg_scalar_free(&sc);
     }
     px_buf_deinit(&b);
@@ -1006,7 +1018,7 @@ static void cfg_set_mode(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *
         *(int *)(void *)((char *)obj + o->offset) = (int)strtol(s, NULL, 8);
     else
         cfg_error(p, v, "%s: expected an octal mode such as \"0660\", got '%.*s'", name,
-                  CFG_ECHO_MAX, s);
+                  cfg_echo_len(s), s);
     cfg_scalar_free(&sc);
 }
 
@@ -1041,7 +1053,7 @@ static void cfg_set_start(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void 
         sc.s = NULL;
     } else {
         cfg_error(p, v, "%s: expected \"0\", \"$\" or an entry id such as 1700000000000-0, "
-                  "got '%.*s'", name, CFG_ECHO_MAX, sc.s);
+                  "got '%.*s'", name, cfg_echo_len(sc.s), sc.s);
     }
     cfg_scalar_free(&sc);
 }
@@ -1059,7 +1071,7 @@ static void cfg_set_listen(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void
         sc.s = NULL;
     } else {
         cfg_error(p, v, "%s: expected host:port such as 127.0.0.1:9464 (or \"\" to disable), "
-                  "got '%.*s'", name, CFG_ECHO_MAX, sc.s);
+                  "got '%.*s'", name, cfg_echo_len(sc.s), sc.s);
     }
     cfg_scalar_free(&sc);
 }
@@ -1088,7 +1100,7 @@ static void cfg_set_cluster(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, voi
             c->cluster[c->ncluster++] = sc.s;
             sc.s = NULL;
         } else {
-            cfg_error(p, item, "%s: expected host:port, got '%.*s'", iname, CFG_ECHO_MAX, sc.s);
+            cfg_error(p, item, "%s: expected host:port, got '%.*s'", iname, cfg_echo_len(sc.s), sc.s);
         }
         cfg_scalar_free(&sc);
     }
@@ -1211,7 +1223,7 @@ static void cfg_walk(cfg_parser *p, yaml_node_t *map, const cfg_opt *opts, void 
                 if (dist < best) { best = dist; near = opts[j].name; }
             }
             cfg_error(p, k, "%s%sunknown key '%.*s'%s%s%s", prefix ? prefix : "",
-                      prefix ? ": " : "", CFG_ECHO_MAX, key,
+                      prefix ? ": " : "", cfg_echo_len(key), key,
                       near ? " (did you mean '" : "", near ? near : "", near ? "'?)" : "");
             continue;
         }
@@ -1545,7 +1557,7 @@ static void cfg_apply_env(cfg_parser *p)
             if (strcasecmp(cfg_levels[k], level) == 0) i = k;
         if (i >= 0) c->log_level = (px_log_level)i;
         else cfg_env_error(p, "IDEMPROXY_LOG_LEVEL", "expected error, warn, info or debug, "
-                           "got '%.*s'", CFG_ECHO_MAX, level);
+                           "got '%.*s'", cfg_echo_len(level), level);
     }
 }
 

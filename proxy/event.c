@@ -49,6 +49,12 @@ static char *render(px_entry *e, const px_template *tpl, json_object *event, jso
         snprintf(why, whylen, "%s '%s': %s", what, px_template_source(tpl), err);
         return NULL;
     }
+    if (memchr(out.data, '\0', out.len)) {
+        /* Keys are C strings from here on: "a\u0000b" and "a\u0000c" would both
+         * become "a" and one would be skipped as a copy (found by fuzz_event). */
+        snprintf(why, whylen, "%s '%s' renders a NUL character", what, px_template_source(tpl));
+        return NULL;
+    }
     if (out.len == 0) {
         snprintf(why, whylen, "%s '%s' renders an empty string", what, px_template_source(tpl));
         return NULL;
@@ -79,6 +85,10 @@ int px_event_prepare(px_entry *e, char *why, size_t whylen)
             snprintf(why, whylen, "field name %zu is not UTF-8", i);
             goto done;
         }
+        if (memchr(f->name, '\0', f->name_len)) {
+            snprintf(why, whylen, "field name %zu holds a NUL character", i);
+            goto done;
+        }
         json_object_object_add(fields, f->name,
                                 json_object_new_string_len(f->value, (int)f->value_len));
     }
@@ -100,7 +110,8 @@ int px_event_prepare(px_entry *e, char *why, size_t whylen)
                      event ? "trailing data" : json_tokener_error_desc(jerr));
             goto done;
         }
-        while (used < p->value_len && strchr(" \t\r\n", p->value[used])) used++;
+        while (used < p->value_len && p->value[used] != '\0' && strchr(" \t\r\n", p->value[used]))
+            used++;
         if (used != p->value_len) {
             snprintf(why, whylen, "payload is not JSON: trailing data at byte %zu", used);
             goto done;

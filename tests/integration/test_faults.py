@@ -22,6 +22,10 @@ BAD = [
     ("oversized", {"payload": json.dumps({"eventId": "big", "pad": "x" * 5000})}, "max_entry_bytes"),
     ("key not utf-8", {"payload": b'{"eventId": "\xff\xfe"}'}, "not UTF-8"),
     ("field name not utf-8", {b"\xff": "x", "payload": json.dumps({"eventId": "n"})}, "not UTF-8"),
+    # Found by fuzz_event: "a\u0000b" and "a\u0000c" must not both become key "a".
+    ("key with NUL", {"payload": '{"eventId": "a\\u0000b"}'}, "NUL"),
+    ("field name with NUL", {b"na\x00me": "x", "payload": json.dumps({"eventId": "n"})}, "NUL"),
+    ("NUL after the JSON", {"payload": b'{"eventId": "t"}\x00'}, "trailing data"),
 ]
 
 

@@ -1,0 +1,233 @@
+package dev.idemproxy.worker;
+
+import static java.lang.System.Logger.Level.DEBUG;
+import static java.lang.System.Logger.Level.INFO;
+import static java.lang.System.Logger.Level.WARNING;
+
+import com.google.protobuf.InvalidProtocolBufferException;
+import idemproxy.v1.Idemproxy;
+import java.io.IOException;
+import java.net.ProtocolException;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Objects;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Semaphore;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+
+/**
+ * An idemproxy worker: a REP connection to idemproxy's endpoint, each delivery answered with
+ * what a {@link Handler} makes of it.
+ *
+ * <pre>{@code
+ * Worker worker = new Worker();
+ * Runtime.getRuntime().addShutdownHook(new Thread(worker::close)); // SIGTERM: finish, then exit
+ * worker.serve("ipc:///tmp/idemproxy.sock", 4, d -> {
+ *     if (d.payload().length == 0)
+ *         throw new Drop("empty payload");                         // DROP: dead-lettered
+ *     db.apply(d.key(), d.payloadText(), d.fencingToken());        // an exception: RETRY
+ * });                                                              // a normal return: ACK
+ * }</pre>
+ *
+ * <p>idemproxy binds the endpoint with a raw REQ socket and sends one {@code Delivery} per
+ * stream entry, many in flight at once, round-robin over its connected workers.
+ * {@code serve(endpoint, n, handler)} keeps one connection and takes up to n requests off it
+ * at a time, each handled on its own thread of a fixed pool and answered as soon as it is
+ * done, in any order (what NNG's REP contexts do); the (n+1)th waits on the socket until a
+ * handler is free. The connection dials until idemproxy is there and again whenever it goes
+ * away (backoff 0.1 s doubling to 1 s), so a worker may start first and survives idemproxy's
+ * restarts. Every answer echoes the delivery's stream and entry id; a delivery that does not
+ * decode is answered RETRY. An answer after {@link Delivery#deadlineUnixMs()} is too late:
+ * idemproxy delivers again. The SP protocol itself is in {@code SpRep}; messages go to the
+ * {@code System.Logger} "dev.idemproxy.worker", never to stdout.
+ */
+public final class Worker implements AutoCloseable {
+    public static final String DEFAULT_ENDPOINT = "ipc:///tmp/idemproxy.sock";
+    /** idemproxy's default app.max_entry_bytes, which is also nanomsg's receive limit. */
+    public static final int DEFAULT_MAX_MESSAGE_BYTES = 1 << 20;
+
+    private static final System.Logger LOG = System.getLogger(Worker.class.getPackageName());
+    private static final long BACKOFF_MIN_MS = 100;
+    private static final long BACKOFF_MAX_MS = 1000;
+
+    private final int maxMessageBytes;
+    private final CountDownLatch closing = new CountDownLatch(1);
+    private final CountDownLatch finished = new CountDownLatch(1);
+    private final Set<Thread> handlerThreads = ConcurrentHashMap.newKeySet();
+    private boolean serving; // guarded by this
+    private SpRep current;   // guarded by this
+    private String lastError; // the serving thread's last dial failure, logged once
+
+    public Worker() {
+        this(DEFAULT_MAX_MESSAGE_BYTES);
+    }
+
+    /** A larger limit is needed only if idemproxy's {@code app.max_entry_bytes} was raised. */
+    public Worker(int maxMessageBytes) {
+        if (maxMessageBytes < 1)
+            throw new IllegalArgumentException("maxMessageBytes must be positive");
+        this.maxMessageBytes = maxMessageBytes;
+    }
+
+    /**
+     * Serves deliveries from {@code endpoint} ("ipc:///path" or "tcp://host:port") with up to
+     * {@code concurrency} handlers at a time, until {@link #close()}. Call it once; it returns
+     * when closed, after the deliveries in hand are answered.
+     */
+    public void serve(String endpoint, int concurrency, Handler handler) throws InterruptedException {
+        SpRep.address(endpoint); // a bad endpoint fails here
+        Objects.requireNonNull(handler, "handler");
+        if (concurrency < 1)
+            throw new IllegalArgumentException("concurrency must be at least 1");
+        synchronized (this) {
+            if (serving)
+                throw new IllegalStateException("serve() was already called");
+            serving = true;
+        }
+        AtomicInteger n = new AtomicInteger();
+        ExecutorService pool = Executors.newFixedThreadPool(concurrency, r -> {
+            Thread t = new Thread(r, "idemproxy-handler-" + n.incrementAndGet());
+            handlerThreads.add(t);
+            return t;
+        });
+        Semaphore free = new Semaphore(concurrency);
+        try {
+            long backoff = BACKOFF_MIN_MS;
+            while (!closed()) {
+                if (session(endpoint, handler, pool, free, concurrency))
+                    backoff = BACKOFF_MIN_MS;
+                closing.await(backoff, TimeUnit.MILLISECONDS);
+                backoff = Math.min(backoff * 2, BACKOFF_MAX_MS);
+            }
+        } catch (InterruptedException e) {
+            closing.countDown();
+            throw e;
+        } finally {
+            free.acquireUninterruptibly(concurrency); // the handlers still at work are done
+            pool.shutdown();
+            finished.countDown();
+        }
+    }
+
+    /**
+     * Stops serving: no more deliveries are taken, the ones in hand are finished and
+     * answered, then the connection closes. Returns when {@code serve} has (unless called
+     * from a handler, or this thread is interrupted). Safe from a shutdown hook, more than once.
+     */
+    @Override
+    public void close() {
+        closing.countDown();
+        SpRep conn;
+        boolean wait;
+        synchronized (this) {
+            conn = current;
+            wait = serving;
+        }
+        if (conn != null)
+            conn.stopReading();
+        if (wait && !handlerThreads.contains(Thread.currentThread())) {
+            try {
+                finished.await();
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+        }
+    }
+
+    private boolean closed() {
+        return closing.getCount() == 0;
+    }
+
+    private synchronized boolean attach(SpRep conn) {
+        current = conn;
+        return !closed();
+    }
+
+    /** One connection: dial, then read requests while a handler is free. Returns whether it connected. */
+    private boolean session(String endpoint, Handler handler, ExecutorService pool, Semaphore free,
+                            int concurrency) throws InterruptedException {
+        boolean connected = false;
+        SpRep conn = null;
+        try {
+            conn = new SpRep(endpoint, (int) Math.min(maxMessageBytes + 256L, Integer.MAX_VALUE - 8)); // + backtrace
+            if (!attach(conn))
+                return false;
+            conn.connect();
+            connected = true;
+            LOG.log(DEBUG, "connected to {0}", endpoint);
+            for (;;) {
+                free.acquire();
+                SpRep.Request req;
+                try {
+                    req = conn.recv();
+                } catch (IOException e) {
+                    free.release();
+                    throw e;
+                }
+                SpRep c = conn;
+                pool.execute(() -> {
+                    try {
+                        c.send(req.backtrace(), answer(req.body(), handler).toByteArray());
+                    } catch (IOException e) {
+                        LOG.log(INFO, "an answer was lost with its connection: {0}", e.toString());
+                    } finally {
+                        free.release();
+                    }
+                });
+            }
+        } catch (IOException e) {
+            if (!closed()) { // a lost connection or a new dial error is news, a repeated one is not
+                String what = e.toString();
+                boolean news = connected || !what.equals(lastError);
+                lastError = connected ? null : what;
+                LOG.log(e instanceof ProtocolException ? WARNING : news ? INFO : DEBUG,
+                        "{0}: {1}; dialing again", endpoint, what);
+            }
+            return connected;
+        } finally {
+            if (closed()) { // answers in hand go out before the connection closes
+                free.acquireUninterruptibly(concurrency);
+                free.release(concurrency);
+            }
+            try {
+                if (conn != null)
+                    conn.close();
+            } catch (IOException e) {
+                // closing anyway
+            }
+        }
+    }
+
+    /** The answer to one request body: the handler's outcome as an Ack. */
+    static Idemproxy.Ack answer(byte[] body, Handler handler) {
+        Idemproxy.Delivery m;
+        try {
+            m = Idemproxy.Delivery.parseFrom(body);
+        } catch (InvalidProtocolBufferException e) {
+            LOG.log(WARNING, "a delivery that does not decode, answered RETRY: {0}", e.getMessage());
+            return Idemproxy.Ack.newBuilder().setStatus(Idemproxy.Ack.Status.RETRY)
+                    .setReason("undecodable delivery: " + e.getMessage()).build();
+        }
+        List<Delivery.Field> fields = new ArrayList<>(m.getFieldsCount());
+        for (Idemproxy.Field f : m.getFieldsList())
+            fields.add(new Delivery.Field(f.getName(), f.getValue().toByteArray()));
+        Delivery d = new Delivery(m.getStream(), m.getEntryId(), m.getKey(), fields,
+                m.getPayload().toByteArray(), m.getAttempt(), m.getFencingToken(), m.getDeadlineUnixMs());
+        Idemproxy.Ack.Builder ack = Idemproxy.Ack.newBuilder()
+                .setStream(m.getStream()).setEntryId(m.getEntryId());
+        try {
+            handler.handle(d);
+            return ack.setStatus(Idemproxy.Ack.Status.ACK).build();
+        } catch (Drop e) {
+            return ack.setStatus(Idemproxy.Ack.Status.DROP).setReason(Objects.toString(e.reason(), "")).build();
+        } catch (Throwable e) { // an Error too: the delivery is answered, the worker goes on
+            String reason = e.getMessage() != null ? e.getMessage() : e.toString();
+            return ack.setStatus(Idemproxy.Ack.Status.RETRY).setReason(reason).build();
+        }
+    }
+}

@@ -1,0 +1,273 @@
+package dev.idemproxy.worker;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import com.google.protobuf.ByteString;
+import idemproxy.v1.Idemproxy;
+import idemproxy.v1.Idemproxy.Ack.Status;
+import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.Map;
+import java.util.List;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicReference;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+import org.junit.jupiter.api.io.TempDir;
+
+/** The worker against a fake idemproxy on a real socket pair, and the handler-to-Ack mapping. */
+@Timeout(20)
+class WorkerTest {
+    @TempDir
+    Path tmp;
+
+    private final List<Running> running = new ArrayList<>();
+
+    record Running(Worker worker, Thread thread) {}
+
+    private Running serve(String endpoint, int concurrency, Handler handler) {
+        Worker w = new Worker(1024);
+        Thread t = new Thread(() -> {
+            try {
+                w.serve(endpoint, concurrency, handler);
+            } catch (InterruptedException e) {
+                // stopped
+            }
+        });
+        t.start();
+        Running r = new Running(w, t);
+        running.add(r);
+        return r;
+    }
+
+    @AfterEach
+    void stopWorkers() {
+        running.forEach(r -> r.worker().close());
+    }
+
+    static byte[] delivery(String key, int attempt) {
+        return Idemproxy.Delivery.newBuilder().setStream("room").setEntryId("1700000000000-" + attempt)
+                .setKey(key).setPayload(ByteString.copyFromUtf8("{\"eventId\":\"" + key + "\"}"))
+                .setAttempt(attempt).setFencingToken(7).setDeadlineUnixMs(1_700_000_030_000L)
+                .build().toByteArray();
+    }
+
+    /** Checks that 'reply' starts with the backtrace 'words' and decodes the Ack behind it. */
+    static Idemproxy.Ack ack(byte[] reply, int... words) throws IOException {
+        ByteBuffer b = ByteBuffer.wrap(reply);
+        for (int w : words)
+            assertEquals(w, b.getInt(), "backtrace word");
+        return Idemproxy.Ack.parseFrom(b);
+    }
+
+    static void handleByKey(Delivery d) throws Exception {
+        switch (d.key()) {
+            case "drop-me": throw new Drop("bad event");
+            case "retry-me": throw new IOException("database unavailable");
+            case "npe": throw new NullPointerException();
+            case "assert": throw new AssertionError("an Error is a RETRY too");
+            default: // ACK
+        }
+    }
+
+    @Test
+    void answersAckRetryAndDropOverIpc() throws Exception {
+        try (FakeIdemproxy px = FakeIdemproxy.ipc(tmp.resolve("px.sock"))) {
+            serve(px.endpoint(), 1, WorkerTest::handleByKey);
+            try (FakeIdemproxy.Peer p = px.accept()) {
+                String[] keys = {"ok", "retry-me", "drop-me", "npe", "assert"};
+                Status[] want = {Status.ACK, Status.RETRY, Status.DROP, Status.RETRY, Status.RETRY};
+                String[] reasons = {"", "database unavailable", "bad event", "java.lang.NullPointerException",
+                                    "an Error is a RETRY too"};
+                for (int i = 0; i < keys.length; i++) {
+                    int id = 0x80000001 + i;
+                    p.request(delivery(keys[i], i + 1), id);
+                    Idemproxy.Ack a = ack(p.reply(), id);
+                    assertEquals(want[i], a.getStatus(), keys[i]);
+                    assertEquals(reasons[i], a.getReason(), keys[i]);
+                    assertEquals("room", a.getStream());
+                    assertEquals("1700000000000-" + (i + 1), a.getEntryId());
+                }
+            }
+        }
+    }
+
+    @Test
+    void decodesEveryDeliveryField() {
+        byte[] body = Idemproxy.Delivery.newBuilder().setStream("s").setEntryId("1-2").setKey("k")
+                .addFields(Idemproxy.Field.newBuilder().setName("a").setValue(ByteString.copyFromUtf8("1")))
+                .addFields(Idemproxy.Field.newBuilder().setName("bin").setValue(ByteString.copyFrom(new byte[] {0, -1})))
+                .addFields(Idemproxy.Field.newBuilder().setName("a").setValue(ByteString.copyFromUtf8("2")))
+                .setPayload(ByteString.copyFromUtf8("héllo")).setAttempt(-1).setFencingToken(-1L)
+                .setDeadlineUnixMs(1_700_000_000_123L).build().toByteArray();
+        AtomicReference<Delivery> got = new AtomicReference<>();
+        assertEquals(Status.ACK, Worker.answer(body, got::set).getStatus());
+        Delivery d = got.get();
+        assertEquals(List.of("s", "1-2", "k"), List.of(d.stream(), d.entryId(), d.key()));
+        assertEquals(List.of("a", "bin", "a"), d.fields().stream().map(Delivery.Field::name).toList());
+        assertArrayEquals(new byte[] {0, -1}, d.fields().get(1).value());
+        assertEquals("1", new String(d.field("a").orElseThrow(), StandardCharsets.UTF_8));
+        assertTrue(d.field("missing").isEmpty());
+        assertEquals("héllo", d.payloadText());
+        assertEquals(4294967295L, Integer.toUnsignedLong(d.attempt()));         // uint32 max
+        assertEquals("18446744073709551615", Long.toUnsignedString(d.fencingToken())); // uint64 max
+        assertEquals(1_700_000_000_123L, d.deadlineUnixMs());
+    }
+
+    @Test
+    void anUndecodableDeliveryIsRetried() throws Exception {
+        try (FakeIdemproxy px = FakeIdemproxy.ipc(tmp.resolve("px.sock"))) {
+            serve(px.endpoint(), 1, d -> { });
+            try (FakeIdemproxy.Peer p = px.accept()) {
+                p.request(new byte[] {(byte) 0xff, (byte) 0xff, 0x01}, 0x80000042);
+                Idemproxy.Ack a = ack(p.reply(), 0x80000042);
+                assertEquals(Status.RETRY, a.getStatus());
+                assertTrue(a.getReason().startsWith("undecodable delivery"), a.getReason());
+                assertEquals("", a.getEntryId());
+                // the connection still works
+                p.request(delivery("ok", 1), 0x80000043);
+                assertEquals(Status.ACK, ack(p.reply(), 0x80000043).getStatus());
+            }
+        }
+    }
+
+    @Test
+    void echoesAMultiWordBacktraceAndSkipsRequestsWithoutId() throws Exception {
+        try (FakeIdemproxy px = FakeIdemproxy.tcp()) {
+            serve(px.endpoint(), 1, d -> { });
+            try (FakeIdemproxy.Peer p = px.accept()) {
+                p.request(new byte[0], 0x00000001, 0x00000002);       // no word with the top bit: ignored
+                p.request(delivery("ok", 1), 0x00000005, 0x80000009); // a hop, then the request id
+                Idemproxy.Ack a = ack(p.reply(), 0x00000005, 0x80000009);
+                assertEquals(Status.ACK, a.getStatus());
+                assertEquals("1700000000000-1", a.getEntryId());
+            }
+        }
+    }
+
+    /** Reads 'n' replies, in whatever order they come, by request id. */
+    static Map<Integer, Idemproxy.Ack> replies(FakeIdemproxy.Peer p, int n) throws IOException {
+        Map<Integer, Idemproxy.Ack> got = new HashMap<>();
+        for (int i = 0; i < n; i++) {
+            ByteBuffer b = ByteBuffer.wrap(p.reply());
+            int id = b.getInt();
+            got.put(id, Idemproxy.Ack.parseFrom(b));
+        }
+        return got;
+    }
+
+    @Test
+    void concurrentHandlersOverlapOnOneConnection() throws Exception {
+        ConcurrentHashMap<String, long[]> spans = new ConcurrentHashMap<>();
+        AtomicInteger inHandler = new AtomicInteger(), most = new AtomicInteger();
+        try (FakeIdemproxy px = FakeIdemproxy.ipc(tmp.resolve("px.sock"))) {
+            serve(px.endpoint(), 2, d -> {
+                most.accumulateAndGet(inHandler.incrementAndGet(), Math::max);
+                long start = System.nanoTime();
+                Thread.sleep(300);
+                spans.put(d.key(), new long[] {start, System.nanoTime()});
+                inHandler.decrementAndGet();
+            });
+            try (FakeIdemproxy.Peer p = px.accept()) {
+                for (int i = 1; i <= 3; i++)
+                    p.request(delivery("slow-" + i, 1), 0x80000000 | i);
+                Map<Integer, Idemproxy.Ack> got = replies(p, 3);
+                for (int i = 1; i <= 3; i++)
+                    assertEquals(Status.ACK, got.get(0x80000000 | i).getStatus());
+            }
+        }
+        long[] x = spans.get("slow-1"), y = spans.get("slow-2"), z = spans.get("slow-3");
+        assertTrue(x[0] < y[1] && y[0] < x[1], "the first two handlers ran at the same time");
+        assertTrue(z[0] >= Math.min(x[1], y[1]), "the third waited for a free handler");
+        assertEquals(2, most.get(), "at most 'concurrency' handlers at a time");
+    }
+
+    @Test
+    void dialsUntilIdemproxyBindsAndAgainAfterItRestarts() throws Exception {
+        Path sock = tmp.resolve("later.sock");
+        serve("ipc://" + sock, 1, d -> { });
+        Thread.sleep(400); // the worker is dialing a socket that does not exist yet
+        for (int round = 0; round < 2; round++) {
+            try (FakeIdemproxy px = FakeIdemproxy.ipc(sock); FakeIdemproxy.Peer p = px.accept()) {
+                p.request(delivery("k" + round, 1), 0x80000001);
+                assertEquals(Status.ACK, ack(p.reply(), 0x80000001).getStatus());
+            }
+            java.nio.file.Files.delete(sock); // idemproxy goes away
+        }
+    }
+
+    @Test
+    void closeFinishesTheDeliveryInHand() throws Exception {
+        CountDownLatch started = new CountDownLatch(1);
+        try (FakeIdemproxy px = FakeIdemproxy.ipc(tmp.resolve("px.sock"))) {
+            Running r = serve(px.endpoint(), 2, d -> {
+                started.countDown();
+                Thread.sleep(300);
+            });
+            try (FakeIdemproxy.Peer p = px.accept()) {
+                p.request(delivery("in-hand", 1), 0x80000007);
+                assertTrue(started.await(5, TimeUnit.SECONDS));
+                long t0 = System.nanoTime();
+                r.worker().close(); // waits for the handler, whose answer still goes out
+                assertTrue(System.nanoTime() - t0 > TimeUnit.MILLISECONDS.toNanos(100), "close() waited");
+                assertEquals(Status.ACK, ack(p.reply(), 0x80000007).getStatus());
+                assertTrue(p.closedByWorker(), "then the connection is closed");
+                r.thread().join(5000);
+                assertFalse(r.thread().isAlive(), "serve() returned");
+            }
+        }
+    }
+
+    @Test
+    void aMessageOverTheLimitDropsTheConnection() throws Exception {
+        try (FakeIdemproxy px = FakeIdemproxy.ipc(tmp.resolve("px.sock"))) {
+            serve(px.endpoint(), 1, d -> { });
+            try (FakeIdemproxy.Peer p = px.accept()) {
+                p.announce(1 << 20); // the worker's limit is 1024 + backtrace
+                assertTrue(p.closedByWorker());
+            }
+            try (FakeIdemproxy.Peer p = px.accept()) { // it dials again
+                p.request(delivery("ok", 1), 0x80000001);
+                assertEquals(Status.ACK, ack(p.reply(), 0x80000001).getStatus());
+            }
+        }
+    }
+
+    @Test
+    void closeStopsAnIdleWorkerAndOneStillDialing() throws Exception {
+        try (FakeIdemproxy px = FakeIdemproxy.tcp()) {
+            Running idle = serve(px.endpoint(), 1, d -> { });
+            Running dialing = serve("ipc://" + tmp.resolve("nobody.sock"), 1, d -> { });
+            try (FakeIdemproxy.Peer p = px.accept()) {
+                idle.worker().close();
+                assertTrue(p.closedByWorker());
+            }
+            dialing.worker().close();
+            for (Running r : List.of(idle, dialing)) {
+                r.thread().join(5000);
+                assertFalse(r.thread().isAlive(), "serve() returned");
+            }
+        }
+    }
+
+    @Test
+    void refusesEndpointsItCannotDial() {
+        Worker w = new Worker();
+        for (String ep : Arrays.asList("inproc://x", "tcp://localhost", "tcp://host:port", "ipc://", "/tmp/x.sock"))
+            assertThrows(IllegalArgumentException.class, () -> w.serve(ep, 1, d -> { }), ep);
+        assertThrows(IllegalArgumentException.class, () -> w.serve("ipc:///tmp/x.sock", 0, d -> { }));
+    }
+}

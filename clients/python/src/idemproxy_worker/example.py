@@ -1,0 +1,113 @@
+"""python -m idemproxy_worker.example [--endpoint URL] - an idemproxy worker.
+
+It connects to idemproxy (which may start later: NNG keeps dialing), answers
+every delivery and prints one flushed line per delivery on stdout,
+"<key> attempt=<n>"; everything else goes to stderr. SIGTERM or SIGINT: the
+deliveries in hand are finished and answered, then it exits 0.
+
+The environment turns it into a test double, as clients/c/example_worker.c:
+  IDEMPROXY_ENDPOINT   endpoint when --endpoint is not given
+  WORKER_CONCURRENCY   handle up to n deliveries at the same time (1)
+  WORKER_DELAY_MS      work this long before answering each delivery
+  WORKER_RETRY_KEYS    k1,k2: answer RETRY while attempt <= WORKER_RETRY_TIMES (1)
+  WORKER_DROP_KEYS     k3: answer DROP, reason "dropped by worker"
+  WORKER_SLOW_KEYS     k4: work WORKER_SLOW_MS (1000) on these before answering
+  WORKER_CRASH_KEYS    k5: exit(3) on receipt, unanswered, as a crash would
+  WORKER_VERBOSE=1     describe each delivery on stderr
+  WORKER_REPORT        a file: one JSON object per answered delivery is appended
+                       (key, stream, entry_id, attempt, fencing_token,
+                       deadline_unix_ms, payload, fields, status, start_ms, end_ms)
+WORKER_NOACK_KEYS is not supported: this library answers every delivery.
+"""
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Set
+
+from . import DEFAULT_ENDPOINT, Delivery, Drop, Retry, Worker
+
+
+def env_keys(name: str) -> Set[str]:
+    return {k for k in os.environ.get(name, "").split(",") if k}
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value else default
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m idemproxy_worker.example",
+                                 description="An idemproxy worker that acks every delivery.")
+    ap.add_argument("--endpoint", default=os.environ.get("IDEMPROXY_ENDPOINT") or DEFAULT_ENDPOINT,
+                    help=f"where idemproxy binds (default {DEFAULT_ENDPOINT})")
+    args = ap.parse_args()
+
+    verbose = env_int("WORKER_VERBOSE", 0) != 0
+    delay_ms, slow_ms = env_int("WORKER_DELAY_MS", 0), env_int("WORKER_SLOW_MS", 1000)
+    retry_times = env_int("WORKER_RETRY_TIMES", 1)
+    retry_keys, drop_keys = env_keys("WORKER_RETRY_KEYS"), env_keys("WORKER_DROP_KEYS")
+    slow_keys, crash_keys = env_keys("WORKER_SLOW_KEYS"), env_keys("WORKER_CRASH_KEYS")
+    report_path = os.environ.get("WORKER_REPORT", "")
+    out_lock = threading.Lock()  # one line at a time, from concurrent handlers
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO if verbose else logging.WARNING,
+                        format="example_worker: %(message)s")
+
+    def report(d: Delivery, status: str, start: int, end: int) -> None:
+        if not report_path:
+            return
+        line = json.dumps({
+            "key": d.key, "stream": d.stream, "entry_id": d.entry_id, "attempt": d.attempt,
+            "fencing_token": d.fencing_token, "deadline_unix_ms": d.deadline_unix_ms,
+            "payload": d.payload.decode("utf-8", "replace"),
+            "fields": {k: v.decode("utf-8", "replace") for k, v in d.fields.items()},
+            "status": status, "start_ms": start, "end_ms": end}) + "\n"
+        with out_lock, open(report_path, "a", encoding="utf-8") as f:
+            f.write(line)
+
+    worker = Worker(args.endpoint, concurrency=env_int("WORKER_CONCURRENCY", 1))
+
+    @worker.handler
+    def handle(d: Delivery) -> None:
+        if verbose:
+            print(f"delivery {d.stream} {d.entry_id} key={d.key} attempt={d.attempt} "
+                  f"fencing={d.fencing_token} deadline={d.deadline_unix_ms}\n"
+                  f"  fields = {d.fields}\n  payload = {d.payload!r}", file=sys.stderr, flush=True)
+        if d.key in crash_keys:
+            print(f"example_worker: crashing on {d.key} as asked", file=sys.stderr, flush=True)
+            os._exit(3)
+        start, status = now_ms(), "ack"
+        try:
+            time.sleep(delay_ms / 1000)
+            if d.key in slow_keys:
+                time.sleep(slow_ms / 1000)
+            if d.key in drop_keys:
+                status = "drop"
+                raise Drop("dropped by worker")
+            if d.key in retry_keys and d.attempt <= retry_times:
+                status = "retry"
+                raise Retry("retry requested by worker")
+        finally:  # the answer goes out as soon as this returns
+            report(d, status, start, now_ms())
+            with out_lock:
+                sys.stdout.write(f"{d.key} attempt={d.attempt}\n")
+                sys.stdout.flush()
+
+    print(f"example_worker: waiting for deliveries on {args.endpoint} "
+          f"({worker.concurrency} at a time)", file=sys.stderr, flush=True)
+    try:
+        worker.run()
+    except ValueError as exc:
+        sys.exit(f"example_worker: {exc}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""idemproxy_worker.worker - the Python client for idemproxy workers.
+
+idemproxy reads Redis Streams, lets each logical event through once and hands
+it to the application: it binds an endpoint with a raw SP REQ socket and sends
+one protobuf ``idemproxy.v1.Delivery`` per stream entry. A worker connects an
+SP REP socket (pynng's ``Rep0``: NNG speaks the same SP protocols as nanomsg)
+and answers every delivery with an ``Ack``:
+
+    from idemproxy_worker import Delivery, Drop, Worker
+
+    worker = Worker("ipc:///tmp/idemproxy.sock", concurrency=4)
+
+    @worker.handler
+    def handle(d: Delivery) -> None:
+        event = d.json()
+        if "roomId" not in event:
+            raise Drop("no roomId")   # DROP: dead-lettered with this reason, never again
+        save(event, d.fencing_token)  # any exception: RETRY later, str(exc) as the reason
+                                      # returning normally: ACK, the key is marked done
+    worker.run()                      # until SIGTERM/SIGINT or worker.stop()
+
+Concurrency: one socket with ``concurrency`` NNG contexts, each an independent
+REP state machine served by its own thread, so up to that many handlers run at
+once (a plain REP socket holds one request at a time). Handlers must therefore
+be thread-safe; threads suit I/O-bound work, the usual kind for a worker.
+
+Every delivery is answered exactly once and the Ack echoes its stream and entry
+id; a delivery that does not decode is answered RETRY without calling the
+handler. The socket keeps dialing in the background, so a worker may start
+before idemproxy and survives its restarts. An answer after
+``d.deadline_unix_ms`` is too late (idemproxy delivers again), and
+``d.fencing_token`` lets the application's database refuse stale work.
+The library never prints: it logs through the "idemproxy_worker" logger.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, Callable, Dict, List, Optional, TypeVar
+
+import pynng
+
+from . import idemproxy_pb2 as pb
+
+DEFAULT_ENDPOINT = "ipc:///tmp/idemproxy.sock"
+POLL_S = 0.2     # how often an idle handler thread looks whether stop() was called
+LINGER_S = 0.1   # time given to the last answer to leave before the socket closes
+
+log = logging.getLogger("idemproxy_worker")
+
+
+class Status(IntEnum):
+    """The answers a worker gives; the values are idemproxy.v1.Ack.Status."""
+    ACK = pb.Ack.ACK      # done: the key is marked done and the entry acked
+    RETRY = pb.Ack.RETRY  # not now: delivered again later with attempt + 1
+    DROP = pb.Ack.DROP    # never: dead-lettered with the reason
+
+
+class Drop(Exception):
+    """Raise from a handler to refuse a delivery for good: idemproxy dead-letters
+    it with ``str(exc)`` as the reason, marks the key done and acks the entry."""
+
+
+class Retry(Exception):
+    """Raise from a handler to have the delivery again later (attempt + 1, after
+    idemproxy's backoff) with ``str(exc)`` as the reason. Any other exception
+    does the same, but is also logged with its traceback, as the bug it may be."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One stream entry, handed to the handler."""
+    stream: str              # stream key
+    entry_id: str            # Redis entry id, "1700000000000-0"
+    key: str                 # the rendered dedup key (without prefix)
+    fields: Dict[str, bytes]  # the entry's fields in stream order, minus the payload field
+    payload: bytes           # the payload field's value, or b""
+    attempt: int             # 1 on the first delivery
+    fencing_token: int       # strictly increasing per lock; 0 when fencing is off
+    deadline_unix_ms: int    # an answer after this (epoch ms) is too late
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Delivery":
+        """Parses an encoded idemproxy.v1.Delivery; raises on malformed input."""
+        m = pb.Delivery.FromString(data)
+        return cls(stream=m.stream, entry_id=m.entry_id, key=m.key,
+                   fields={f.name: f.value for f in m.fields}, payload=m.payload,
+                   attempt=m.attempt, fencing_token=m.fencing_token,
+                   deadline_unix_ms=m.deadline_unix_ms)
+
+    def json(self) -> Any:
+        """The payload parsed as JSON (the usual case with ``payload_field``)."""
+        return json.loads(self.payload)
+
+
+Handler = Callable[[Delivery], Any]
+H = TypeVar("H", bound=Handler)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text.encode("utf-8", "replace").decode("utf-8")  # proto strings are UTF-8
+
+
+def answer(handler: Handler, data: bytes) -> bytes:
+    """Decodes the Delivery in 'data', runs 'handler' on it and returns the
+    encoded Ack: ACK when it returns, DROP on Drop, RETRY on any other
+    exception or when 'data' does not decode. The transport-free core of a
+    worker, for tests or for serving deliveries some other way (asyncio)."""
+    try:
+        d = Delivery.decode(data)
+    except Exception as exc:  # DecodeError, invalid UTF-8 in a string field
+        log.warning("undecodable delivery (%d bytes), answered RETRY: %s", len(data), exc)
+        return pb.Ack(status=pb.Ack.RETRY, reason=f"undecodable delivery: {exc}").SerializeToString()
+    status, reason = Status.ACK, ""
+    try:
+        handler(d)
+    except Drop as exc:
+        status, reason = Status.DROP, _reason(exc)
+        log.info("%s %s key=%s: DROP: %s", d.stream, d.entry_id, d.key, reason)
+    except Retry as exc:
+        status, reason = Status.RETRY, _reason(exc)
+        log.info("%s %s key=%s: RETRY: %s", d.stream, d.entry_id, d.key, reason)
+    except Exception as exc:
+        status, reason = Status.RETRY, _reason(exc)
+        log.warning("%s %s key=%s attempt=%d: handler failed, RETRY: %s",
+                    d.stream, d.entry_id, d.key, d.attempt, reason, exc_info=True)
+    return pb.Ack(status=int(status), reason=reason, stream=d.stream,
+                  entry_id=d.entry_id).SerializeToString()
+
+
+class Worker:
+    """Serves deliveries from 'endpoint' to one handler with up to 'concurrency'
+    handlers running at once. Set the handler here or with ``@worker.handler``,
+    then call run()."""
+
+    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, handler: Optional[Handler] = None,
+                 *, concurrency: int = 1) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.endpoint = endpoint
+        self.concurrency = concurrency
+        self._handler = handler
+        self._stop = threading.Event()
+        self._last_send = 0.0
+
+    def handler(self, fn: H) -> H:
+        """Decorator: makes 'fn' the handler and returns it unchanged."""
+        self._handler = fn
+        return fn
+
+    def stop(self) -> None:
+        """Makes run() return: no new delivery is taken, those in hand are
+        finished and answered. Safe from any thread and from signal handlers."""
+        self._stop.set()
+
+    def run(self, *, handle_signals: bool = True) -> None:
+        """Connects and serves deliveries until stop(), or SIGTERM/SIGINT when
+        'handle_signals' and called from the main thread. Raises ValueError
+        for an endpoint NNG cannot use, pynng.NNGException for other failures."""
+        if self._handler is None:
+            raise RuntimeError("no handler: pass one to Worker() or decorate it with @worker.handler")
+        self._stop.clear()
+        previous: Dict[int, Any] = {}
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, lambda *_: self.stop())
+        sock = pynng.Rep0(recv_timeout=int(POLL_S * 1000))
+        threads: List[threading.Thread] = []
+        try:
+            try:  # non-blocking: NNG redials in the background until idemproxy binds
+                sock.dial(self.endpoint, block=False)
+            except (pynng.AddressInvalid, pynng.NotSupported) as exc:
+                raise ValueError(f"bad endpoint {self.endpoint!r}: {exc}") from exc
+            for i in range(self.concurrency):
+                t = threading.Thread(target=self._serve, args=(sock.new_context(),),
+                                     name=f"idemproxy-worker-{i}", daemon=True)
+                t.start()
+                threads.append(t)
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.5)  # a timed join lets the main thread run signal handlers
+        finally:
+            self._stop.set()
+            for t in threads:
+                t.join()
+            time.sleep(max(0.0, self._last_send + LINGER_S - time.monotonic()))
+            sock.close()
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+    def _serve(self, ctx: pynng.Context) -> None:
+        """One handler thread: receive, handle, answer on its own context."""
+        assert self._handler is not None
+        try:
+            while not self._stop.is_set():
+                try:
+                    data = ctx.recv()
+                except pynng.Timeout:
+                    continue
+                reply = answer(self._handler, data)
+                try:
+                    ctx.send(reply)
+                    self._last_send = time.monotonic()
+                except pynng.NNGException as exc:  # idemproxy's ack timeout covers it
+                    log.warning("answer not sent: %s", exc)
+        except pynng.Closed:
+            pass
+        except BaseException:  # SystemExit, or a bug here: stop the others too
+            self._stop.set()
+            raise
+        finally:
+            ctx.close()
+
+
+def run(endpoint: str, handler: Handler, concurrency: int = 1) -> None:
+    """Serves deliveries from 'endpoint' with 'handler' until SIGTERM or SIGINT."""
+    Worker(endpoint, handler, concurrency=concurrency).run()

@@ -1,0 +1,291 @@
+//! Write an idemproxy worker in Rust.
+//!
+//! idemproxy binds an endpoint with a raw REQ socket and sends one protobuf
+//! `idemproxy.v1.Delivery` per unique stream entry; a worker connects a REP
+//! socket, handles each delivery and answers with an `Ack`. This crate does the
+//! socket (NNG, through the `nng` crate) and the protobuf (prost, generated from
+//! the repository's `proto/` at build time); you write the handler:
+//!
+//! ```no_run
+//! use idemproxy_worker::{serve, Delivery, Error};
+//!
+//! fn main() -> Result<(), idemproxy_worker::SocketError> {
+//!     serve("ipc:///tmp/idemproxy.sock", 4, |d: &Delivery| -> Result<(), Error> {
+//!         if d.payload.is_empty() {
+//!             return Err(Error::Drop("empty payload".into())); // DROP: dead-lettered
+//!         }
+//!         let text = std::str::from_utf8(&d.payload)?;         // any error: RETRY
+//!         println!("{} attempt={} {text}", d.key, d.attempt);
+//!         Ok(())                                                // ACK
+//!     })
+//! }
+//! ```
+//!
+//! - `Ok(())` answers ACK. `Err(Error::Retry(reason))`, and every error that `?`
+//!   turns into an [`Error`], answers RETRY with the error's text as the reason: the
+//!   delivery comes again later with `attempt + 1`. A panicking handler also
+//!   answers RETRY. `Err(Error::Drop(reason))` answers DROP: idemproxy dead-letters
+//!   the entry with the reason and never delivers it again.
+//! - Every Ack echoes the delivery's stream and entry id. A message that does not
+//!   decode is answered RETRY without calling the handler.
+//! - Concurrency: one REP socket with one NNG context per handler thread, so up to
+//!   `concurrency` deliveries are handled at once. (A plain REP socket holds one
+//!   request at a time; contexts are NNG's independent REP state machines.)
+//! - The socket dials in the background and re-dials whenever the connection is
+//!   gone, so a worker may start before idemproxy and survives its restarts.
+//! - Answer before `deadline_unix_ms`: a later answer is too late. `fencing_token`
+//!   lets your database refuse the writes of a holder whose lease ran out.
+//! - Messages over the socket's receive limit (NNG's default 1 MiB, which matches
+//!   idemproxy's default `app.max_entry_bytes`) drop the connection; raise it with
+//!   `worker.socket().set_opt::<nng::options::RecvMaxSize>(n)`.
+//! - To stop, set [`Worker::stop_flag`]: handlers in progress finish and answer,
+//!   then [`Worker::run`] returns. The library never prints and never exits.
+
+use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+use nng::{Aio, AioResult, Context, Protocol, Socket};
+use prost::Message as _;
+
+pub use nng;
+
+/// The protobuf messages of `proto/idemproxy/v1/idemproxy.proto`, as prost generates them.
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/idemproxy.v1.rs"));
+}
+use proto::ack::Status;
+
+/// What setting up or running the socket can fail with.
+pub type SocketError = nng::Error;
+
+/// idemproxy's default `app.endpoint`.
+pub const DEFAULT_ENDPOINT: &str = "ipc:///tmp/idemproxy.sock";
+
+/// How often an idle handler thread looks at the stop flag.
+const POLL: Duration = Duration::from_millis(200);
+/// A reply normally leaves at once; this bounds a peer that stopped reading.
+const SEND_TIMEOUT: Duration = Duration::from_secs(5);
+/// NNG has no linger: give the last replies time to leave before the socket closes.
+const LINGER: Duration = Duration::from_millis(100);
+
+/// One delivery: a unique stream entry that idemproxy asks the worker to handle.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Delivery {
+    /// The stream key.
+    pub stream: String,
+    /// The Redis entry id, "1700000000000-0".
+    pub entry_id: String,
+    /// The rendered dedup key, without prefix.
+    pub key: String,
+    /// The entry's field/value pairs in stream order, except the payload field.
+    pub fields: Vec<(String, Vec<u8>)>,
+    /// The value of the configured payload field, else empty.
+    pub payload: Vec<u8>,
+    /// 1 on the first delivery, then one more on each redelivery.
+    pub attempt: u32,
+    /// Strictly increasing per lock; 0 when fencing is off.
+    pub fencing_token: u64,
+    /// An answer after this (epoch milliseconds) is too late.
+    pub deadline_unix_ms: u64,
+}
+
+impl Delivery {
+    /// The value of the first field called `name`, if there is one.
+    pub fn field(&self, name: &str) -> Option<&[u8]> {
+        self.fields.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_slice())
+    }
+}
+
+impl From<proto::Delivery> for Delivery {
+    fn from(d: proto::Delivery) -> Self {
+        Delivery {
+            stream: d.stream,
+            entry_id: d.entry_id,
+            key: d.key,
+            fields: d.fields.into_iter().map(|f| (f.name, f.value)).collect(),
+            payload: d.payload,
+            attempt: d.attempt,
+            fencing_token: d.fencing_token,
+            deadline_unix_ms: d.deadline_unix_ms,
+        }
+    }
+}
+
+/// Why a handler did not finish a delivery. `?` turns any `std::error::Error`
+/// into `Error::Retry` with the error's text, as `anyhow` does (and, like
+/// `anyhow::Error`, this type is not itself a `std::error::Error`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Error {
+    /// Not now: answer RETRY; idemproxy delivers the entry again later with
+    /// `attempt + 1`, and dead-letters it after `max_deliveries`.
+    Retry(String),
+    /// Never: answer DROP; idemproxy dead-letters the entry with this reason.
+    Drop(String),
+}
+
+impl Error {
+    /// `Error::Retry` with `reason`'s text.
+    pub fn retry(reason: impl fmt::Display) -> Self {
+        Error::Retry(reason.to_string())
+    }
+}
+
+impl<E: std::error::Error> From<E> for Error {
+    fn from(e: E) -> Self {
+        Error::Retry(e.to_string())
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Retry(reason) => write!(f, "retry: {reason}"),
+            Error::Drop(reason) => write!(f, "drop: {reason}"),
+        }
+    }
+}
+
+/// Connects to `endpoint` and runs `handler` on `concurrency` threads until a
+/// socket error; the usual way to write a worker. See [`Worker`] to stop it or
+/// to set socket options first.
+pub fn serve<F>(endpoint: &str, concurrency: usize, handler: F) -> Result<(), SocketError>
+where
+    F: Fn(&Delivery) -> Result<(), Error> + Sync,
+{
+    Worker::connect(endpoint)?.run(concurrency, handler)
+}
+
+/// A REP socket dialing idemproxy, and the flag that stops [`Worker::run`].
+pub struct Worker {
+    socket: Socket,
+    stop: Arc<AtomicBool>,
+}
+
+impl Worker {
+    /// Creates the REP socket and starts dialing `endpoint` in the background.
+    /// Fails only for a bad endpoint or when NNG is out of resources; an absent
+    /// idemproxy is not an error (the dialer keeps trying).
+    pub fn connect(endpoint: &str) -> Result<Worker, SocketError> {
+        let socket = Socket::new(Protocol::Rep0)?;
+        socket.dial_async(endpoint)?;
+        Ok(Worker { socket, stop: Arc::new(AtomicBool::new(false)) })
+    }
+
+    /// The NNG socket, for options such as `RecvMaxSize`.
+    pub fn socket(&self) -> &Socket {
+        &self.socket
+    }
+
+    /// Set it to `true` (from any thread or a signal handler) and `run` returns
+    /// once the handlers in progress have finished and answered.
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.stop)
+    }
+
+    /// Handles deliveries on `concurrency` threads (at least one), each with its
+    /// own NNG context, until the stop flag is set or a socket error occurs.
+    pub fn run<F>(&self, concurrency: usize, handler: F) -> Result<(), SocketError>
+    where
+        F: Fn(&Delivery) -> Result<(), Error> + Sync,
+    {
+        let handler = &handler;
+        let results: Vec<_> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..concurrency.max(1))
+                .map(|_| {
+                    s.spawn(move || {
+                        let res = self.handle_loop(handler);
+                        if res.is_err() {
+                            self.stop.store(true, Ordering::SeqCst); // take the others down too
+                        }
+                        res
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().expect("handler thread panicked")).collect()
+        });
+        std::thread::sleep(LINGER);
+        results.into_iter().collect()
+    }
+
+    /// One handler thread: receive on its own context, answer, repeat.
+    fn handle_loop<F>(&self, handler: &F) -> Result<(), SocketError>
+    where
+        F: Fn(&Delivery) -> Result<(), Error> + Sync,
+    {
+        let ctx = Context::new(&self.socket)?;
+        // The aio's callback runs on an NNG thread; it hands the result to this
+        // one. `aio.wait()` then lets the callback return before anything else
+        // happens: the callback holds a clone of the Aio, and if it were the last
+        // one, dropping it there would free the aio inside its own callback, which
+        // deadlocks NNG (nng_aio_free waits for the callback to finish).
+        let (tx, rx) = mpsc::channel();
+        let aio = Aio::new(move |_, res| {
+            let _ = tx.send(res);
+        })?;
+        let wait = || {
+            let res = rx.recv().map_err(|_| nng::Error::Closed);
+            aio.wait();
+            res
+        };
+
+        while !self.stop.load(Ordering::SeqCst) {
+            aio.set_timeout(Some(POLL))?;
+            ctx.recv(&aio)?;
+            let request = match wait()? {
+                AioResult::Recv(Ok(m)) => m,
+                AioResult::Recv(Err(nng::Error::TimedOut)) => continue,
+                AioResult::Recv(Err(nng::Error::Closed)) => break,
+                AioResult::Recv(Err(e)) => return Err(e),
+                _ => unreachable!("only a receive was started"),
+            };
+            let reply = answer(request.as_slice(), handler);
+            aio.set_timeout(Some(SEND_TIMEOUT))?;
+            ctx.send(&aio, reply.as_slice()).map_err(|(_, e)| e)?;
+            // A reply that cannot leave is lost the way a dropped connection loses
+            // it: idemproxy's ack timeout redelivers the entry. Only a closed socket
+            // ends the loop.
+            if let AioResult::Send(Err((_, nng::Error::Closed))) = wait()? {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Decodes one Delivery, runs the handler on it and returns the encoded Ack.
+fn answer<F>(request: &[u8], handler: &F) -> Vec<u8>
+where
+    F: Fn(&Delivery) -> Result<(), Error>,
+{
+    let ack = match proto::Delivery::decode(request) {
+        Err(e) => proto::Ack {
+            status: Status::Retry as i32,
+            reason: format!("cannot decode Delivery: {e}"),
+            ..Default::default()
+        },
+        Ok(pb) => {
+            let d = Delivery::from(pb);
+            let (status, reason) = match catch_unwind(AssertUnwindSafe(|| handler(&d))) {
+                Ok(Ok(())) => (Status::Ack, String::new()),
+                Ok(Err(Error::Retry(reason))) => (Status::Retry, reason),
+                Ok(Err(Error::Drop(reason))) => (Status::Drop, reason),
+                Err(panic) => (Status::Retry, format!("handler panicked: {}", panic_text(&panic))),
+            };
+            proto::Ack { status: status as i32, reason, stream: d.stream, entry_id: d.entry_id }
+        }
+    };
+    ack.encode_to_vec()
+}
+
+fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> &str {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s
+    } else {
+        "(no message)"
+    }
+}

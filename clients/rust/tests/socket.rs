@@ -1,0 +1,152 @@
+//! The library against a real peer: a REQ socket listening on an ipc endpoint,
+//! as idemproxy does, sends Deliveries and reads the Acks.
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, mpsc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use idemproxy_worker::nng::{Aio, AioResult, Context, Protocol, Socket};
+use idemproxy_worker::proto::{self, ack::Status};
+use idemproxy_worker::{Delivery, Error, Worker};
+use prost::Message as _;
+
+fn endpoint(name: &str) -> String {
+    let path = std::env::temp_dir().join(format!("idemproxy-worker-{}-{name}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    format!("ipc://{}", path.display())
+}
+
+/// Sends one request on its own REQ context and waits for the reply.
+fn request(sock: &Socket, body: &[u8]) -> proto::Ack {
+    let ctx = Context::new(sock).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let aio = Aio::new(move |_, res| tx.send(res).unwrap()).unwrap();
+    aio.set_timeout(Some(Duration::from_secs(10))).unwrap();
+    ctx.send(&aio, body).unwrap();
+    assert!(matches!(rx.recv().unwrap(), AioResult::Send(Ok(()))));
+    aio.wait(); // the callback has returned: never free an aio inside its own callback
+    ctx.recv(&aio).unwrap();
+    let res = rx.recv().unwrap();
+    aio.wait();
+    match res {
+        AioResult::Recv(Ok(m)) => proto::Ack::decode(m.as_slice()).unwrap(),
+        other => panic!("no reply: {other:?}"),
+    }
+}
+
+fn delivery(key: &str) -> Vec<u8> {
+    proto::Delivery {
+        stream: "room".into(),
+        entry_id: format!("1700000000000-{}", key.len()),
+        key: key.into(),
+        fields: vec![
+            proto::Field { name: "source".into(), value: b"test".to_vec() },
+            proto::Field { name: "trace".into(), value: vec![0, 255] },
+        ],
+        payload: br#"{"eventId":"x"}"#.to_vec(),
+        attempt: 2,
+        fencing_token: 1 << 40,
+        deadline_unix_ms: 1_700_000_030_000,
+    }
+    .encode_to_vec()
+}
+
+#[test]
+fn handler_results_map_to_ack_retry_drop() {
+    let ep = endpoint("map");
+    // The worker starts first: its dialer keeps trying until the REQ side listens.
+    let worker = Worker::connect(&ep).unwrap();
+    let stop = worker.stop_flag();
+    let seen = Mutex::new(Vec::new());
+    thread::scope(|s| {
+        let run = s.spawn(|| {
+            worker.run(2, |d: &Delivery| -> Result<(), Error> {
+                seen.lock().unwrap().push(d.clone());
+                match d.key.as_str() {
+                    "ok" => Ok(()),
+                    "io-error" => Err(std::io::Error::other("disk full"))?,
+                    "drop" => Err(Error::Drop("bad input".into())),
+                    _ => panic!("no handler for {}", d.key),
+                }
+            })
+        });
+        thread::sleep(Duration::from_millis(300));
+        let req = Socket::new(Protocol::Req0).unwrap();
+        req.listen(&ep).unwrap();
+
+        let ack = request(&req, &delivery("ok"));
+        assert_eq!((ack.status(), ack.reason.as_str()), (Status::Ack, ""));
+        assert_eq!((ack.stream.as_str(), ack.entry_id.as_str()), ("room", "1700000000000-2"));
+
+        let ack = request(&req, &delivery("io-error"));
+        assert_eq!((ack.status(), ack.reason.as_str()), (Status::Retry, "disk full"));
+        assert_eq!(ack.entry_id, "1700000000000-8");
+
+        let ack = request(&req, &delivery("drop"));
+        assert_eq!((ack.status(), ack.reason.as_str()), (Status::Drop, "bad input"));
+
+        let ack = request(&req, &delivery("other"));
+        assert_eq!(ack.status(), Status::Retry);
+        assert_eq!(ack.reason, "handler panicked: no handler for other");
+
+        stop.store(true, Ordering::SeqCst);
+        assert_eq!(run.join().unwrap(), Ok(()));
+    });
+    let seen = seen.into_inner().unwrap();
+    assert_eq!(seen.len(), 4);
+    let d = &seen[0];
+    assert_eq!((d.stream.as_str(), d.entry_id.as_str(), d.key.as_str()), ("room", "1700000000000-2", "ok"));
+    assert_eq!(d.fields, vec![("source".into(), b"test".to_vec()), ("trace".into(), vec![0, 255])]);
+    assert_eq!(d.field("trace"), Some(&[0u8, 255][..]));
+    assert_eq!(d.payload, br#"{"eventId":"x"}"#);
+    assert_eq!((d.attempt, d.fencing_token, d.deadline_unix_ms), (2, 1 << 40, 1_700_000_030_000));
+}
+
+#[test]
+fn undecodable_request_is_retried_without_the_handler() {
+    let ep = endpoint("garbage");
+    let req = Socket::new(Protocol::Req0).unwrap();
+    req.listen(&ep).unwrap();
+    let worker = Worker::connect(&ep).unwrap();
+    let stop = worker.stop_flag();
+    thread::scope(|s| {
+        let run = s.spawn(|| worker.run(1, |d: &Delivery| panic!("handler called with {d:?}")));
+        let ack = request(&req, &[0x0a, 0x05, b'x']); // field 1 claims 5 bytes, has 1
+        assert_eq!(ack.status(), Status::Retry);
+        assert!(ack.reason.starts_with("cannot decode Delivery"), "{}", ack.reason);
+        assert_eq!((ack.stream.as_str(), ack.entry_id.as_str()), ("", ""));
+        stop.store(true, Ordering::SeqCst);
+        assert_eq!(run.join().unwrap(), Ok(()));
+    });
+}
+
+#[test]
+fn handlers_run_concurrently_on_contexts() {
+    let ep = endpoint("concurrent");
+    let req = Socket::new(Protocol::Req0).unwrap();
+    req.listen(&ep).unwrap();
+    let worker = Worker::connect(&ep).unwrap();
+    let stop = worker.stop_flag();
+    let spans = Mutex::new(Vec::new());
+    thread::scope(|s| {
+        let run = s.spawn(|| {
+            worker.run(2, |_: &Delivery| {
+                let start = Instant::now();
+                thread::sleep(Duration::from_millis(500));
+                spans.lock().unwrap().push((start, Instant::now()));
+                Ok(())
+            })
+        });
+        let t0 = Instant::now();
+        let a = s.spawn(|| request(&req, &delivery("slow-1")));
+        let b = s.spawn(|| request(&req, &delivery("slow-2")));
+        assert_eq!(a.join().unwrap().status(), Status::Ack);
+        assert_eq!(b.join().unwrap().status(), Status::Ack);
+        assert!(t0.elapsed() < Duration::from_millis(950), "took {:?}", t0.elapsed());
+        stop.store(true, Ordering::SeqCst);
+        assert_eq!(run.join().unwrap(), Ok(()));
+    });
+    let spans = spans.into_inner().unwrap();
+    let ((s1, e1), (s2, e2)) = (spans[0], spans[1]);
+    assert!(s1 < e2 && s2 < e1, "the two handlers did not overlap");
+}

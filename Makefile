@@ -19,7 +19,7 @@ LIB_OBJ   = $(filter-out $(B)/proxy/main.o,$(PROXY_OBJ))
 
 UNIT      = $(patsubst tests/unit/test_%.c,$(B)/tests/test_%,$(wildcard tests/unit/test_*.c))
 
-.PHONY: all deps test test-fault unit demo bench clean clients-c
+.PHONY: all deps test test-fault fuzz unit demo bench clean clients-c
 all: $(B)/idemproxy clients-c
 
 $(GEN).h: $(GEN).c
@@ -60,6 +60,11 @@ test: deps all unit
 # The fault suite at full size (1,000+ entries a scenario); `make test` runs it small.
 test-fault: deps all
 	FAULT_FULL=1 .venv/bin/python -m pytest -q -s -p no:cacheprovider tests/fault
+
+# libFuzzer targets (tests/fuzz/), 60 s each; `make test` runs them 10 s each.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	FUZZ_SECONDS=$(FUZZ_SECONDS) ./tests/fuzz/run.sh
 
 demo: deps all
 	./demo/run.sh

@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 pkgs="build-essential pkg-config redis-server libhiredis-dev libev-dev libnanomsg-dev
       nanomsg-utils libprotobuf-c-dev protobuf-c-compiler libyaml-dev libjson-c-dev libmicrohttpd-dev
-      python3 python3-venv valgrind bc"
+      python3 python3-venv valgrind bc
+      clang libclang-rt-14-dev llvm"
 missing=""
 for p in $pkgs; do
     dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

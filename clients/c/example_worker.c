@@ -204,6 +204,7 @@ int main(int argc, char **argv)
     }
     if (max_bytes != 0) {
         int n = (int) max_bytes;
+        c->rcvmax = n;    /* kept for a redial */
         nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &n, sizeof(n));
     }
     fprintf(stderr, "example_worker: waiting for deliveries on %s\n",

@@ -40,6 +40,50 @@ static int set_error(px_client *c, int err, const char *fmt, ...)
     return PX_CLIENT_ERR;
 }
 
+/* Opens the REP socket and dials c->endpoint. nn_connect only checks the
+ * address: the dialing happens in nanomsg's threads, again every
+ * NN_RECONNECT_IVL (100 ms) until idemproxy is up. */
+static void dial(px_client *c)
+{
+    c->sock = nn_socket(AF_SP, NN_REP);
+    if (c->sock < 0) {
+        set_error(c, errno, "nn_socket: %s", nn_strerror(errno));
+        return;
+    }
+    if (c->rcvmax)
+        nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &c->rcvmax, sizeof(c->rcvmax));
+    if (nn_connect(c->sock, c->endpoint) < 0) {
+        set_error(c, errno, "nn_connect %s: %s", c->endpoint, nn_strerror(errno));
+        nn_close(c->sock);
+        c->sock = -1;
+    }
+}
+
+/* The watchdog of px_client_recv. nanomsg 1.1.5's ipc dialer can get stuck
+ * after idemproxy dies with deliveries in flight (kill -9): it connects and
+ * breaks again and again, ten times a second, and never delivers (tests/fault
+ * scenario 1; NNG- and mangos-based workers recover). A fresh socket dials
+ * cleanly, so after PX_CLIENT_REDIAL_MS of receive timeouts without a current
+ * connection the socket is closed and opened again. Nothing is lost: what
+ * was not answered is idemproxy's to deliver again. */
+#define PX_CLIENT_REDIAL_MS 2000
+
+static void watchdog(px_client *c, int waited_ms)
+{
+    if (nn_get_statistic(c->sock, NN_STAT_CURRENT_CONNECTIONS) > 0) {
+        c->unconnected_ms = 0;
+        return;
+    }
+    c->unconnected_ms += waited_ms > 0 ? waited_ms : 100;
+    if (c->unconnected_ms < PX_CLIENT_REDIAL_MS)
+        return;
+    c->unconnected_ms = 0;
+    while (nn_close(c->sock) < 0 && errno == EINTR)
+        ;
+    c->sock = -1;
+    dial(c);
+}
+
 px_client *px_client_connect(const char *endpoint)
 {
     px_client *c = calloc(1, sizeof(*c));
@@ -49,18 +93,8 @@ px_client *px_client_connect(const char *endpoint)
     if (endpoint == NULL)
         endpoint = PX_CLIENT_DEFAULT_ENDPOINT;
 
-    c->sock = nn_socket(AF_SP, NN_REP);
-    if (c->sock < 0) {
-        set_error(c, errno, "nn_socket: %s", nn_strerror(errno));
-        return c;
-    }
-    /* nn_connect only checks the address: the dialing happens in nanomsg's
-     * threads, again every NN_RECONNECT_IVL (100 ms) until idemproxy is up. */
-    if (nn_connect(c->sock, endpoint) < 0) {
-        set_error(c, errno, "nn_connect %s: %s", endpoint, nn_strerror(errno));
-        nn_close(c->sock);
-        c->sock = -1;
-    }
+    snprintf(c->endpoint, sizeof(c->endpoint), "%s", endpoint);
+    dial(c);
     return c;
 }
 
@@ -155,12 +189,17 @@ int px_client_recv(px_client *c, int timeout_ms, px_delivery **out)
     c->pending = 0;
     n = nn_recv(c->sock, &buf, NN_MSG, 0);
     if (n < 0) {
-        if (errno == ETIMEDOUT || errno == EAGAIN || errno == EINTR)
+        if (errno == ETIMEDOUT || errno == EAGAIN) {
+            watchdog(c, timeout_ms);
+            return PX_CLIENT_EAGAIN;
+        }
+        if (errno == EINTR)
             return PX_CLIENT_EAGAIN;
         return set_error(c, errno, "nn_recv: %s", nn_strerror(errno));
     }
     c->pending = 1;
     c->seq++;
+    c->unconnected_ms = 0;
 
     /* protobuf-c returns NULL both for bad input and for a failed malloc. */
     msg = idemproxy__v1__delivery__unpack(NULL, (size_t) n, buf);

@@ -63,6 +63,9 @@ typedef struct px_client {
     int      sock;         /* the nanomsg NN_REP socket, -1 when none */
     int      pending;      /* 1 while a received delivery awaits its answer */
     uint64_t seq;          /* number of the last delivery received */
+    char     endpoint[256];/* what the socket dials */
+    int      unconnected_ms; /* receive timeouts in a row with no connection */
+    int      rcvmax;       /* NN_RCVMAXSIZE to set again after a redial (0: default) */
 } px_client;
 
 /* One stream field: a UTF-8 name and a binary value (not NUL-terminated). */

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Check a Dockerfile of deploy/docker without a Docker engine.
+
+    check_dockerfiles.py DOCKERFILE IMAGE STAGED_TREE
+
+IMAGE is the argument its build stage gives deploy/docker/build.sh (idemproxy or
+worker); STAGED_TREE is what that script staged on this machine. Checks: a
+build stage FROM debian:12-slim that runs `deploy/docker/build.sh IMAGE DIR`; a
+final stage FROM debian:12-slim that copies only DIR from the build stage, runs
+as a numeric non-root USER, and whose ENTRYPOINT (and HEALTHCHECK command, which
+for the idemproxy image must be `idemproxy health`) name a binary present in the
+staged tree; no package manager in the final stage; a Dockerfile.dockerignore
+beside it that keeps the host's build/ out of the context.
+Prints one line per problem; exit 0 when there is none.
+"""
+
+import json
+import os
+import re
+import shlex
+import sys
+
+BASE = "debian:12-slim"
+
+
+def instructions(path):
+    """[(INSTRUCTION, args-text)], continuation lines joined, comments dropped."""
+    out, cur = [], ""
+    with open(path, encoding="utf-8") as f:
+        for raw in f:
+            line = raw.rstrip("\n")
+            if not cur and (not line.strip() or line.lstrip().startswith("#")):
+                continue
+            if cur and line.lstrip().startswith("#"):
+                continue
+            if line.endswith("\\"):
+                cur += line[:-1] + " "
+                continue
+            cur += line
+            word, _, rest = cur.strip().partition(" ")
+            out.append((word.upper(), rest.strip()))
+            cur = ""
+    return out
+
+
+def exec_form(text):
+    text = text.strip()
+    if text.startswith("["):
+        return json.loads(text)
+    return ["/bin/sh", "-c", text]
+
+
+def check(dockerfile, image, staged):
+    problems = []
+    stages = []  # [{"from":..., "name":..., "ins": [...]}]
+    for ins, args in instructions(dockerfile):
+        if ins == "FROM":
+            parts = args.split()
+            name = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else None
+            stages.append({"from": parts[0], "name": name, "ins": []})
+        elif not stages:
+            if ins != "ARG":
+                problems.append(f"{ins} before the first FROM")
+        else:
+            stages[-1]["ins"].append((ins, args))
+    if len(stages) < 2:
+        return problems + [f"{len(stages)} stage(s): want a build stage and a runtime stage"]
+    build, final = stages[0], stages[-1]
+    for s in (build, final):
+        if s["from"] != BASE:
+            problems.append(f"stage FROM {s['from']}: want {BASE}")
+    stage_dir = None
+    for ins, args in build["ins"]:
+        if ins == "RUN":
+            m = re.search(r"deploy/docker/build\.sh\s+(\S+)\s+(\S+)", args)
+            if m:
+                if m.group(1) != image:
+                    problems.append(f"build stage builds {m.group(1)!r}, want {image!r}")
+                stage_dir = m.group(2).rstrip("/")
+    if stage_dir is None:
+        problems.append("the build stage does not run deploy/docker/build.sh IMAGE DIR")
+    copies = [a for i, a in final["ins"] if i in ("COPY", "ADD")]
+    if not copies:
+        problems.append("the runtime stage copies nothing")
+    for a in copies:
+        words = a.split()
+        src = [w for w in words if not w.startswith("--")]
+        frm = [w for w in words if w.startswith("--from=")]
+        if not frm or frm[0] != f"--from={build['name']}" or len(src) != 2 \
+                or src[0].rstrip("/") != stage_dir or src[1] != "/":
+            problems.append(f"runtime COPY {a!r}: want only COPY --from={build['name']} {stage_dir}/ /")
+    for ins, args in final["ins"]:
+        if ins == "RUN" and re.search(r"\b(apt-get|apt|dpkg -i)\b", args):
+            problems.append(f"the runtime stage installs packages: RUN {args}")
+    users = [a for i, a in final["ins"] if i == "USER"]
+    if not users:
+        problems.append("no USER in the runtime stage: it would run as root")
+    else:
+        uid = users[-1].split(":")[0]
+        if not uid.isdigit() or int(uid) == 0:
+            problems.append(f"USER {users[-1]}: want a numeric non-root uid (runAsNonRoot can verify it)")
+    entry = [a for i, a in final["ins"] if i == "ENTRYPOINT"]
+    if not entry:
+        problems.append("no ENTRYPOINT")
+    else:
+        argv = exec_form(entry[-1])
+        if not os.path.isfile(os.path.join(staged, argv[0].lstrip("/"))):
+            problems.append(f"ENTRYPOINT {argv[0]} is not in the staged tree {staged}")
+    hc = [a for i, a in final["ins"] if i == "HEALTHCHECK"]
+    if image == "idemproxy":
+        if not hc:
+            problems.append("no HEALTHCHECK")
+        else:
+            cmd = hc[-1].split(" CMD ", 1)
+            if len(cmd) != 2:
+                problems.append(f"HEALTHCHECK without CMD: {hc[-1]}")
+            else:
+                argv = exec_form(cmd[1])
+                if argv[:2] != ["/usr/local/bin/idemproxy", "health"] and argv[:2] != ["idemproxy", "health"]:
+                    problems.append(f"HEALTHCHECK runs {shlex.join(argv)}: want idemproxy health")
+                elif argv[0].startswith("/") and not os.path.isfile(os.path.join(staged, argv[0].lstrip("/"))):
+                    problems.append(f"HEALTHCHECK binary {argv[0]} is not in the staged tree")
+    ignore = dockerfile + ".dockerignore"
+    if not os.path.isfile(ignore):
+        problems.append(f"no {os.path.basename(ignore)}: the host's build/ would enter the context")
+    else:
+        pats = [l.strip().rstrip("/") for l in open(ignore, encoding="utf-8")
+                if l.strip() and not l.startswith("#")]
+        if not any(p in ("build", "**/build") for p in pats):
+            problems.append(f"{ignore} does not exclude build/")
+    return problems
+
+
+def main(argv):
+    if len(argv) != 3:
+        print(__doc__, file=sys.stderr)
+        return 2
+    problems = check(*argv)
+    for p in problems:
+        print(f"{argv[0]}: {p}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

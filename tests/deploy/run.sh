@@ -1,0 +1,370 @@
+#!/usr/bin/env bash
+# tests/deploy/run.sh - the offline checks of deploy/, ending with one line
+# "N passed, N failed". No Docker engine and no cluster: nothing is fetched at
+# test time but Go modules (the first run builds helm and kubectl-validate from
+# the Go module proxy) and two PyPI packages; afterwards everything is cached.
+#
+#   - the image build steps (deploy/docker/build.sh, which the Dockerfiles run):
+#     both images staged, the staged binaries run with only the staged libraries
+#     and glibc (in a chroot when root), the Dockerfiles agree with the staging;
+#   - deploy/k8s and the rendered chart validated against the Kubernetes
+#     $K8S_VERSION API schemas by kubectl-validate (embedded schemas, offline);
+#   - helm lint; the chart with default values renders the same objects as
+#     deploy/k8s; the pieces of the pod fit together (ports, probes, mounts);
+#   - `idemproxy check` on the config of the ConfigMaps;
+#   - every query of the Grafana dashboard and the alert rules names a metric
+#     /metrics exports (a fixture scrape; IDEMPROXY_METRICS=FILE for another);
+#   - negative checks: each checker is shown to fail on a broken copy.
+#
+# Tools go to $IDEMPROXY_TOOLS (default ~/.cache/idemproxy/tools), outside the
+# work tree, so a fresh clone on the same machine (CI) reuses them. The first
+# build is download-bound (~15 min on a fresh machine, seconds afterwards):
+#   tests/deploy/run.sh --tools    only build the tools (e.g. early, in the background)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+
+HELM_VERSION=v3.22.0
+HELM_K8S_MINOR=37                 # as helm's own release build sets it (its client-go is v0.37)
+KUBECTL_VALIDATE_VERSION=v0.0.4
+K8S_VERSION=1.30                  # newest schemas kubectl-validate v0.0.4 embeds
+K8S_MIN_VERSION=1.29              # native sidecars on by default; the chart's kubeVersion
+TOOLS=${IDEMPROXY_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/idemproxy/tools}
+IDEMPROXY_BIN=${IDEMPROXY_BIN:-build/idemproxy}
+METRICS=${IDEMPROXY_METRICS:-tests/deploy/fixtures/metrics.txt}
+
+passed=0
+failed=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+started=$(date +%s)
+
+# check NAME CMD...: CMD must succeed. expect_fail NAME CMD...: CMD must fail.
+# The output of a check that goes the wrong way is shown, indented.
+run_check() {
+    local want=$1 name=$2; shift 2
+    local out="$tmp/out" rc t0=$SECONDS took=""
+    "$@" >"$out" 2>&1
+    rc=$?
+    [ $((SECONDS - t0)) -ge 2 ] && took=" ($((SECONDS - t0))s)"
+    if { [ "$want" = ok ] && [ $rc -eq 0 ]; } || { [ "$want" = fail ] && [ $rc -ne 0 ]; }; then
+        passed=$((passed + 1))
+        echo "ok   $name$took"
+    else
+        failed=$((failed + 1))
+        echo "FAIL $name (exit $rc)$took"
+        sed 's/^/     /' "$out" | tail -40
+    fi
+}
+check() { run_check ok "$@"; }
+expect_fail() { run_check fail "$@"; }
+# broken PATTERN FILE CMD...: run CMD, but first make sure the broken copy FILE
+# really holds the breakage, so a negative check never passes for a wrong reason.
+broken() {
+    local pattern=$1 file=$2; shift 2
+    grep -q -- "$pattern" "$file" || { echo "$file does not contain '$pattern'"; return 0; }
+    "$@"
+}
+skip() { echo "skip $1"; }
+
+# --- tools ------------------------------------------------------------------
+
+# go_tool NAME VERSION PACKAGE [LDFLAGS]: build once into $TOOLS/NAME-VERSION/NAME.
+go_tool() {
+    local name=$1 version=$2 pkg=$3 ldflags=${4:-}
+    local dir="$TOOLS/$name-$version"
+    if [ ! -x "$dir/$name" ]; then
+        echo "tools: building $name $version with go install (once; cached in $dir)" >&2
+        local t0; t0=$(date +%s)
+        mkdir -p "$dir.tmp"
+        (cd "$tmp" && GOFLAGS=-buildvcs=false GOBIN="$dir.tmp" \
+            go install -ldflags "-s -w $ldflags" "$pkg@$version") >&2 || return 1
+        rm -rf "$dir" && mv "$dir.tmp" "$dir"
+        echo "tools: $name built in $(( $(date +%s) - t0 ))s" >&2
+    fi
+    echo "$dir/$name"
+}
+
+py_tools() {
+    local sum; sum=$(sha256sum tests/deploy/requirements.txt | cut -c1-12)
+    local dir="$TOOLS/py-$sum"
+    if [ ! -x "$dir/bin/python" ] || ! "$dir/bin/python" -c "import yaml, promql_parser" 2>/dev/null; then
+        echo "tools: preparing $dir (tests/deploy/requirements.txt)" >&2
+        rm -rf "$dir"
+        python3 -m venv "$dir" >&2 &&
+            "$dir/bin/pip" install -q --disable-pip-version-check -r tests/deploy/requirements.txt >&2 ||
+            return 1
+    fi
+    echo "$dir/bin/python"
+}
+
+command -v go >/dev/null || { echo "FAIL go is not installed (needed to build helm and kubectl-validate)"; echo "0 passed, 1 failed"; exit 1; }
+helm_ldflags="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean
+ -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$HELM_K8S_MINOR
+ -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$HELM_K8S_MINOR"
+helm_tool() { go_tool helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm "$helm_ldflags"; }
+kv_tool() { go_tool kubectl-validate "$KUBECTL_VALIDATE_VERSION" sigs.k8s.io/kubectl-validate; }
+# The first run builds both at once: the module downloads of one overlap the compiling of the other.
+if [ ! -x "$TOOLS/helm-$HELM_VERSION/helm" ] && [ ! -x "$TOOLS/kubectl-validate-$KUBECTL_VALIDATE_VERSION/kubectl-validate" ]; then
+    helm_tool >/dev/null &
+    kv_tool >/dev/null
+    wait
+fi
+HELM=$(helm_tool) || HELM=""
+KV=$(kv_tool) || KV=""
+PY=$(py_tools) || PY=""
+if [ "${1:-}" = "--tools" ]; then
+    echo "helm: ${HELM:-FAILED}"; echo "kubectl-validate: ${KV:-FAILED}"; echo "python: ${PY:-FAILED}"
+    [ -n "$HELM" ] && [ -n "$KV" ] && [ -n "$PY" ]
+    exit
+fi
+check "helm $HELM_VERSION is built" test -n "$HELM"
+check "kubectl-validate $KUBECTL_VALIDATE_VERSION is built" test -n "$KV"
+check "python tools (PyYAML, promql-parser) are installed" test -n "$PY"
+[ -n "$HELM" ] || HELM=false
+[ -n "$KV" ] || KV=false
+[ -n "$PY" ] || PY=false
+echo "tools ready after $(( $(date +%s) - started ))s"
+
+# kubectl-validate offline: the embedded schemas of --version, never a cluster.
+# validate checks against both the oldest supported and the newest version.
+validate_at() { local v=$1; shift; env -u KUBECONFIG HOME="$tmp/home" "$KV" --version "$v" "$@"; }
+validate() { validate_at "$K8S_MIN_VERSION" "$@" && validate_at "$K8S_VERSION" "$@"; }
+helm_() { env HOME="$tmp/home" XDG_CACHE_HOME="$tmp/home/cache" XDG_CONFIG_HOME="$tmp/home/config" \
+    XDG_DATA_HOME="$tmp/home/data" "$HELM" "$@"; }
+chart=deploy/helm/idemproxy
+render() { helm_ template idemproxy "$chart" --kube-version "$K8S_VERSION.0" "$@"; }
+render_to() { local out=$1; shift; render "$@" >"$out" && test -s "$out"; }
+mkdir -p "$tmp/home"
+
+# --- images -----------------------------------------------------------------
+
+stage=build/docker
+multiarch=$(gcc -print-multiarch 2>/dev/null || dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
+check "docker build steps: idemproxy image staged" deploy/docker/build.sh idemproxy "$stage/idemproxy"
+check "docker build steps: worker image staged" deploy/docker/build.sh worker "$stage/worker"
+check "staged idemproxy --version runs on the staged libraries" \
+    env LD_LIBRARY_PATH="$stage/idemproxy/usr/lib/$multiarch" "$stage/idemproxy/usr/local/bin/idemproxy" --version
+check "staged example_worker --help runs on the staged libraries" \
+    env LD_LIBRARY_PATH="$stage/worker/usr/lib/$multiarch" "$stage/worker/usr/local/bin/example_worker" --help
+
+# Every library the loader resolves for the staged binary is staged, or glibc's.
+only_staged_libs() {
+    local tree=$1 bin=$2 bad=0 soname path
+    while read -r soname path; do
+        case "$path" in "$tree"/*) continue ;; esac
+        if [ "$(dpkg -S "$path" 2>/dev/null | cut -d: -f1)" != libc6 ] &&
+           [ "$(dpkg -S "$(readlink -f "$path")" 2>/dev/null | cut -d: -f1)" != libc6 ]; then
+            echo "$soname resolves to $path: neither staged nor glibc"; bad=1
+        fi
+    done < <(LD_LIBRARY_PATH="$tree/usr/lib/$multiarch" ldd "$tree/$bin" | awk '$2 == "=>" { print $1, $3 }')
+    return $bad
+}
+check "idemproxy needs no library beyond the staged ones and glibc" only_staged_libs "$root/$stage/idemproxy" usr/local/bin/idemproxy
+check "example_worker needs no library beyond the staged ones and glibc" only_staged_libs "$root/$stage/worker" usr/local/bin/example_worker
+
+# The runtime stage without Docker: a root holding only glibc (as the slim base
+# has it) and the staged tree. Needs root for chroot.
+make_root() {  # make_root DIR STAGED_TREE
+    mkdir -p "$1" && cp -a "$2/." "$1/" || return 1
+    local f
+    for f in $(dpkg -L libc6); do
+        case "$f" in
+        */lib*/*.so*|*/lib*/ld-linux*)
+            if [ -f "$f" ] || [ -L "$f" ]; then
+                mkdir -p "$1$(dirname "$f")" && cp -a "$f" "$1$f" || return 1
+            fi ;;
+        esac
+    done
+}
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+http_code() { "$PY" -c 'import sys, urllib.request as u
+try: print(u.urlopen(sys.argv[1], timeout=2).status)
+except Exception as e: print(getattr(e, "code", 0))' "$1"; }
+
+# The pod without Kubernetes: one root holding glibc and both staged trees,
+# idemproxy as uid 10001 and the worker as uid 10002 in group 10001 (as the
+# Deployment runs them), the ipc socket in a setgid directory of group 10001
+# (what fsGroup makes of the emptyDir), the Redis password in a file readable by
+# that group (the Secret), and the config of deploy/k8s/configmap.yaml with only
+# the Redis address and the metrics port changed. A real redis-server.
+pod_smoke() {
+    local pod=$tmp/pod rport mport rpid="" ppid="" wpid="" ok=1 i
+    make_root "$pod" "$stage/idemproxy" && cp -a "$stage/worker/." "$pod/" || return 1
+    install -d -o 10001 -g 10001 -m 2770 "$pod/run/idemproxy"
+    install -d -m 0755 "$pod/etc/idemproxy" "$pod/var/run/secrets/redis"
+    printf 'pod-secret\n' >"$pod/var/run/secrets/redis/password"
+    chown 0:10001 "$pod/var/run/secrets/redis/password" && chmod 0440 "$pod/var/run/secrets/redis/password"
+    rport=$(free_port) && mport=$(free_port) || return 1
+    sed -e "s#url: redis://redis:6379#url: redis://127.0.0.1:$rport#" \
+        -e "s#listen: 0.0.0.0:9464#listen: 0.0.0.0:$mport#" \
+        "$tmp/k8s-config.yaml" >"$pod/etc/idemproxy/idemproxy.yaml"
+    grep -q "127.0.0.1:$rport" "$pod/etc/idemproxy/idemproxy.yaml" &&
+        grep -q "0.0.0.0:$mport" "$pod/etc/idemproxy/idemproxy.yaml" || { echo "config not rewritten"; return 1; }
+    # Each under timeout: nothing outlives a check that goes wrong.
+    timeout -k 5 90 redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --requirepass pod-secret \
+        --dir "$tmp" >"$tmp/redis.log" 2>&1 &
+    rpid=$!
+    HOSTNAME=pod-1 timeout --foreground -k 5 60 chroot --userspec=10001:10001 "$pod" /usr/local/bin/idemproxy \
+        -c /etc/idemproxy/idemproxy.yaml >"$tmp/idemproxy.log" 2>&1 &
+    ppid=$!
+    IDEMPROXY_ENDPOINT=ipc:///run/idemproxy/app.sock timeout --foreground -k 5 60 chroot --userspec=10002:10001 "$pod" \
+        /usr/local/bin/example_worker >"$tmp/worker.out" 2>"$tmp/worker.err" &
+    wpid=$!
+    for i in $(seq 100); do [ "$(http_code "http://127.0.0.1:$mport/readyz")" = 200 ] && break; sleep 0.1; done
+    if [ "$(http_code "http://127.0.0.1:$mport/readyz")" != 200 ]; then
+        echo "/readyz never 200 (Redis with a password from password_file)"; ok=0
+    fi
+    if ! HOSTNAME=pod-1 chroot --userspec=10001:10001 "$pod" /usr/local/bin/idemproxy health \
+            -c /etc/idemproxy/idemproxy.yaml; then
+        echo "the HEALTHCHECK command says unhealthy while idemproxy runs"; ok=0
+    fi
+    for i in 1 2; do
+        redis-cli -p "$rport" -a pod-secret --no-auth-warning \
+            XADD room '*' payload '{"eventId":"smoke-1"}' >/dev/null || ok=0
+    done
+    # The copy leaves as a duplicate once the first is done (a busy copy is
+    # looked at again later): wait for that, then count what the worker got.
+    scrape() { "$PY" -c 'import sys, urllib.request as u; sys.stdout.write(u.urlopen(sys.argv[1], timeout=2).read().decode())' \
+        "http://127.0.0.1:$mport/metrics" >"$tmp/live-metrics.txt"; }
+    for i in $(seq 150); do
+        scrape && grep -q 'idemproxy_outcomes_total{stream="room",outcome="duplicate"} 1$' "$tmp/live-metrics.txt" && break
+        sleep 0.1
+    done
+    grep -q 'idemproxy_outcomes_total{stream="room",outcome="duplicate"} 1$' "$tmp/live-metrics.txt" ||
+        { echo "/metrics does not count the copy as a duplicate within 15 s"; ok=0; }
+    grep -q 'idemproxy_outcomes_total{stream="room",outcome="acked"} 1$' "$tmp/live-metrics.txt" ||
+        { echo "/metrics does not count the first as acked"; ok=0; }
+    if [ "$(grep -c '^smoke-1 ' "$tmp/worker.out")" != 1 ]; then
+        echo "the worker got smoke-1 $(grep -c '^smoke-1 ' "$tmp/worker.out") times, want 1"; ok=0
+    fi
+    kill -TERM "$wpid" 2>/dev/null; wait "$wpid" 2>/dev/null
+    kill -TERM "$ppid" 2>/dev/null
+    if ! wait "$ppid"; then echo "idemproxy did not exit 0 on SIGTERM"; ok=0; fi
+    if HOSTNAME=pod-1 chroot --userspec=10001:10001 "$pod" /usr/local/bin/idemproxy health \
+            -c /etc/idemproxy/idemproxy.yaml 2>/dev/null; then
+        echo "the HEALTHCHECK command says healthy after idemproxy stopped"; ok=0
+    fi
+    kill "$rpid" 2>/dev/null; wait "$rpid" 2>/dev/null
+    if [ "$ok" != 1 ]; then
+        echo "--- idemproxy log"; tail -20 "$tmp/idemproxy.log"
+        echo "--- worker"; tail -n 5 "$tmp/worker.out" "$tmp/worker.err"
+        return 1
+    fi
+    echo "one delivery for two copies; healthy while running, unhealthy after SIGTERM"
+}
+
+if [ "$(id -u)" = 0 ] && command -v chroot >/dev/null; then
+    make_root "$tmp/root-px" "$stage/idemproxy" && make_root "$tmp/root-w" "$stage/worker"
+    check "idemproxy --version in a root of glibc + the staged tree" chroot "$tmp/root-px" /usr/local/bin/idemproxy --version
+    check "example_worker --help in a root of glibc + the staged tree" chroot "$tmp/root-w" /usr/local/bin/example_worker --help
+    rm -f "$tmp/root-px/usr/lib/$multiarch/libyaml-0.so.2"
+    expect_fail "negative: idemproxy fails in that root without one staged library" \
+        chroot "$tmp/root-px" /usr/local/bin/idemproxy --version
+    chroot_ok=1
+else
+    skip "chroot checks of the staged trees (need root)"
+    chroot_ok=0
+fi
+check "Dockerfile: build stage runs build.sh, non-root runtime, health check, staged entrypoint" \
+    "$PY" tests/deploy/check_dockerfiles.py deploy/docker/Dockerfile idemproxy "$stage/idemproxy"
+check "Dockerfile.worker: build stage runs build.sh, non-root runtime, staged entrypoint" \
+    "$PY" tests/deploy/check_dockerfiles.py deploy/docker/Dockerfile.worker worker "$stage/worker"
+sed 's/^USER .*/USER root/' deploy/docker/Dockerfile >"$tmp/Dockerfile"
+cp deploy/docker/Dockerfile.dockerignore "$tmp/Dockerfile.dockerignore"
+expect_fail "negative: a Dockerfile whose runtime runs as root is refused" \
+    broken "^USER root" "$tmp/Dockerfile" "$PY" tests/deploy/check_dockerfiles.py "$tmp/Dockerfile" idemproxy "$stage/idemproxy"
+
+# --- Kubernetes manifests ---------------------------------------------------
+
+check "deploy/k8s validates against the Kubernetes $K8S_MIN_VERSION and $K8S_VERSION schemas" validate deploy/k8s/
+expect_fail "negative: kubectl-validate rejects the native sidecar against the 1.27 schemas" \
+    validate_at 1.27 deploy/k8s/deployment.yaml
+check "deploy/k8s: sidecar, ports, probes, mounts, grace period and PDB fit together" \
+    "$PY" tests/deploy/manifests.py consistency deploy/k8s
+mkdir -p "$tmp/bad1" "$tmp/bad2" "$tmp/bad3"
+sed 's/^\( *\)restartPolicy: Always.*/&\n\1restartPolicyy: Always/' deploy/k8s/deployment.yaml >"$tmp/bad1/deployment.yaml"
+expect_fail "negative: kubectl-validate rejects an unknown field" \
+    broken restartPolicyy "$tmp/bad1/deployment.yaml" validate "$tmp/bad1/"
+sed 's/^  replicas: 2$/  replicas: two/' deploy/k8s/deployment.yaml >"$tmp/bad2/deployment.yaml"
+expect_fail "negative: kubectl-validate rejects a wrong type" \
+    broken "replicas: two" "$tmp/bad2/deployment.yaml" validate "$tmp/bad2/"
+cp deploy/k8s/*.yaml "$tmp/bad3/"
+sed -i 's/terminationGracePeriodSeconds: 30/terminationGracePeriodSeconds: 10/' "$tmp/bad3/deployment.yaml"
+expect_fail "negative: a grace period not above shutdown_grace_ms is caught" \
+    broken "terminationGracePeriodSeconds: 10" "$tmp/bad3/deployment.yaml" "$PY" tests/deploy/manifests.py consistency "$tmp/bad3"
+
+# --- the chart --------------------------------------------------------------
+
+check "helm lint --strict" helm_ lint --strict --kube-version "$K8S_VERSION.0" "$chart"
+check "helm lint --strict with non-default values" \
+    helm_ lint --strict --kube-version "$K8S_VERSION.0" "$chart" -f tests/deploy/values/custom.yaml
+check "the chart renders with default values" render_to "$tmp/default.yaml"
+check "the chart renders with non-default values" render_to "$tmp/custom.yaml" -f tests/deploy/values/custom.yaml
+check "the rendered chart (defaults) validates against the $K8S_MIN_VERSION and $K8S_VERSION schemas" \
+    validate "$tmp/default.yaml"
+check "the rendered chart (non-default values) validates against the $K8S_MIN_VERSION and $K8S_VERSION schemas" \
+    validate "$tmp/custom.yaml"
+check "the chart's defaults render the same Deployment, ConfigMap, Secret and PDB as deploy/k8s" \
+    "$PY" tests/deploy/manifests.py compare deploy/k8s "$tmp/default.yaml"
+check "the rendered chart (non-default values) fits together" \
+    "$PY" tests/deploy/manifests.py consistency "$tmp/custom.yaml"
+render --set replicaCount=3 >"$tmp/three.yaml" 2>&1
+expect_fail "negative: the comparison sees a changed value" \
+    broken "replicas: 3" "$tmp/three.yaml" "$PY" tests/deploy/manifests.py compare deploy/k8s "$tmp/three.yaml"
+render --set podSecurityContext.runAsNonRot=true >"$tmp/typo.yaml" 2>&1
+expect_fail "negative: kubectl-validate rejects a rendered chart with an unknown field" \
+    broken "runAsNonRot: true" "$tmp/typo.yaml" validate "$tmp/typo.yaml"
+expect_fail "negative: the chart refuses terminationGracePeriodSeconds <= shutdown_grace_ms" \
+    render --set terminationGracePeriodSeconds=10
+expect_fail "negative: the chart refuses an empty stream list" render --set streams=null
+expect_fail "negative: the values schema refuses a stream rule without a stream" \
+    render --set 'streams[0].stream=' --set 'streams[0].key=#event.id'
+cp -r "$chart" "$tmp/badchart"
+printf '{{ .Values.replicaCount \n' >>"$tmp/badchart/templates/deployment.yaml"
+expect_fail "negative: helm lint fails on a broken template" helm_ lint --strict --kube-version "$K8S_VERSION.0" "$tmp/badchart"
+
+# --- the idemproxy config ---------------------------------------------------
+
+# check_config FILE: `idemproxy check` passes, and warns about nothing (an
+# unset ${VAR} would warn). HOSTNAME is what the pod has.
+check_config() {
+    local out
+    out=$(HOSTNAME=idemproxy-7d9c5b6f4-x2x8q "$IDEMPROXY_BIN" check -c "$1" 2>&1) || { echo "$out"; return 1; }
+    echo "$out"
+    ! grep -qi warning <<<"$out"
+}
+"$PY" tests/deploy/manifests.py config deploy/k8s "$tmp/k8s-config.yaml"
+check "idemproxy check: the config of deploy/k8s/configmap.yaml" check_config "$tmp/k8s-config.yaml"
+"$PY" tests/deploy/manifests.py config "$tmp/default.yaml" "$tmp/chart-config.yaml"
+check "idemproxy check: the config the chart renders (defaults)" check_config "$tmp/chart-config.yaml"
+"$PY" tests/deploy/manifests.py config "$tmp/custom.yaml" "$tmp/custom-config.yaml"
+check "idemproxy check: the config the chart renders (non-default values)" check_config "$tmp/custom-config.yaml"
+sed 's/lease_ms: 5000/lease_ms: 1000/' "$tmp/k8s-config.yaml" >"$tmp/bad-config.yaml"
+expect_fail "negative: idemproxy check refuses a broken copy (lease_ms < 2 x timeout_ms)" \
+    broken "lease_ms: 1000" "$tmp/bad-config.yaml" check_config "$tmp/bad-config.yaml"
+
+# --- the two images as the pod runs them ------------------------------------
+
+if [ "$chroot_ok" = 1 ] && command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
+    check "pod smoke test: staged idemproxy + worker as uids 10001/10002, password_file, real Redis" pod_smoke
+    check "the live /metrics of that pod passes the dashboard and alert check" \
+        "$PY" tests/deploy/check_dashboard.py -q --metrics "$tmp/live-metrics.txt" \
+        deploy/grafana/idemproxy.json deploy/prometheus/alerts.yaml
+else
+    skip "pod smoke test (needs root, chroot and redis-server)"
+fi
+
+# --- dashboard and alerts ---------------------------------------------------
+
+check "every query of the dashboard and the alert rules names a metric of $METRICS" \
+    "$PY" tests/deploy/check_dashboard.py -q --metrics "$METRICS" \
+    deploy/grafana/idemproxy.json deploy/prometheus/alerts.yaml
+check "check_dashboard.py: its own good and bad cases" "$PY" tests/deploy/test_check_dashboard.py
+sed 's/idemproxy_inflight/idemproxy_in_flight/' deploy/grafana/idemproxy.json >"$tmp/dash.json"
+expect_fail "negative: a dashboard naming a metric /metrics lacks is refused" \
+    broken idemproxy_in_flight "$tmp/dash.json" "$PY" tests/deploy/check_dashboard.py -q --metrics "$METRICS" "$tmp/dash.json"
+
+echo "deploy checks took $(( $(date +%s) - started ))s"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -35,6 +35,8 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include "decide.h"
 #include "log.h"
@@ -55,9 +57,15 @@ static px_script extend_script = {
  * first done check and its lock, so a test can run another holder's whole
  * cycle in that gap (seed 000's race) instead of hoping for it. */
 static long debug_claim_pause_ms;
+static uint64_t token_state[2];   /* see new_token */
 
 void px_claim_init(void)
 {
+    if (getrandom(token_state, sizeof(token_state), 0) != (ssize_t)sizeof(token_state) ||
+        (token_state[0] | token_state[1]) == 0) {
+        token_state[0] = px_now_ms() ^ ((uint64_t)getpid() << 32);
+        token_state[1] = 0x9E3779B97F4A7C15ull;
+    }
     const char *pause = getenv("IDEMPROXY_DEBUG_CLAIM_PAUSE_MS");
     debug_claim_pause_ms = pause ? atol(pause) : 0;
     px_script_init(&release_script);
@@ -179,18 +187,32 @@ static const char *lock_value(px_entry *e, char *buf, size_t size)
     return buf;
 }
 
+/* A fresh random lock token: 20 hex digits from xorshift128+, seeded from the
+ * kernel once. Tokens need to be unique per holder, not secret. */
+static uint64_t token_state[2];
+
+static uint64_t next_random(void)
+{
+    uint64_t x = token_state[0], y = token_state[1];
+    token_state[0] = y;
+    x ^= x << 23;
+    token_state[1] = x ^ y ^ (x >> 17) ^ (y >> 26);
+    return token_state[1] + y;
+}
+
 static void new_token(px_entry *e)
 {
     static const char hex[] = "0123456789abcdef";
-    for (size_t i = 0; i < 20; i++) e->token[i] = hex[random() & 15];
+    uint64_t a = next_random(), b = next_random();
+    for (size_t i = 0; i < 16; i++) e->token[i] = hex[(a >> (4 * i)) & 15];
+    for (size_t i = 16; i < 20; i++) e->token[i] = hex[(b >> (4 * (i - 16))) & 15];
     e->token[20] = '\0';
 }
 
 /* Send `SET key value NX PX lease GET`. */
 static void set_nx_get(px_entry *e, reply_fn *on, const char *key, const char *value)
 {
-    char px[24];
-    snprintf(px, sizeof(px), "%lld", e->st->conf->lease_ms);
+    const char *px = e->st->lease_s;
     const char *argv[] = { "SET", key, value, "NX", "PX", px, "GET" };
     size_t lens[] = { 3, strlen(key), strlen(value), 2, 2, strlen(px), 3 };
     entry_cmd(e, on, 7, argv, lens);
@@ -405,8 +427,7 @@ static void on_extended(px_entry *e, redisReply *r)
 void px_claim_extend(px_stream *st)
 {
     if (!px_redis_is_up(st->px->redis)) return;
-    char lease[24];
-    snprintf(lease, sizeof(lease), "%lld", st->conf->lease_ms);
+    const char *lease = st->lease_s;
     for (px_entry *e = st->head; e; e = e->next) {
         if (e->state != PX_E_SEND && e->state != PX_E_SENT) continue;
         px_buf b = {0};
@@ -485,8 +506,7 @@ static void commit_one(px_entry *e)
     px_stream_conf *sc = e->st->conf;
     if (e->bad) { px_dead_letter_bad(e, e->reason); return; }
     px_buf b = {0};
-    char ttl[24];
-    snprintf(ttl, sizeof(ttl), "%lld", sc->done_ttl_ms);
+    const char *ttl = e->st->ttl_s;
     step_begin(e, commit_decided);
     if (e->outcome == PX_OUT_DEAD_LETTERED) dead_letter_add(e, e->reason ? e->reason : "dropped");
     if (e->key && e->mark_done) {

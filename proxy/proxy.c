@@ -512,6 +512,8 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
         st->px = px;
         st->conf = &conf->streams[s];
         st->index = s;
+        snprintf(st->lease_s, sizeof(st->lease_s), "%lld", st->conf->lease_ms);
+        snprintf(st->ttl_s, sizeof(st->ttl_s), "%lld", st->conf->done_ttl_ms);
         double every = (double)st->conf->lease_ms / 3000.0;
         ev_timer_init(&st->lease, lease_cb, every, every);
         st->lease.data = st;

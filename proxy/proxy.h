@@ -129,6 +129,8 @@ struct px_stream {
     px_proxy       *px;            /* (ref) */
     px_stream_conf *conf;          /* (ref) */
     size_t          index;
+    char            lease_s[24];   /* lease_ms as text, for commands */
+    char            ttl_s[24];     /* done_ttl_ms as text */
     px_redis       *link;          /* the stream's own link for blocking reads */
     int             rstate;        /* reader state (reader.c) */
     bool            reading;       /* a read is in flight */

@@ -66,6 +66,12 @@ FUZZ_SECONDS ?= 60
 fuzz: deps
 	FUZZ_SECONDS=$(FUZZ_SECONDS) ./tests/fuzz/run.sh
 
+# idemproxy against its baselines, one local redis-server, one run; prints the
+# table and writes build/bench/results.md. Never part of `make test`. Knobs: bench/run.py.
+bench: deps all
+	$(MAKE) -C bench
+	.venv/bin/python bench/run.py
+
 demo: deps all
 	./demo/run.sh
 

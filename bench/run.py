@@ -1,0 +1,734 @@
+"""bench/run.py - `make bench`: idemproxy against its baselines, in one run, on
+one local redis-server, with the same data.
+
+It starts ONE redis-server (a free port, a temp dir, no persistence) and, for
+each measurement, FLUSHALLs it and reloads the same entries (bench_producer with
+the same seed gives the same keys in the same order). Then:
+
+  throughput, per layout (single, split): the stream is loaded before the
+    proxy starts; workers (bench_worker, one REP socket per thread) connect;
+    the proxy starts in group mode (XREADGROUP + XACK, the realistic setup).
+    keys/s    = unique keys / time from the proxy's start to the worker's
+                receipt of the last unique key;
+    entries/s = N / time until /metrics shows entries_read = N and
+                entries_pending = 0 (every entry done and XACKed);
+    copies/s  = a second proxy re-reads the whole stream from 0 (XGROUP SETID)
+                after every key is done: all N entries are skipped copies;
+    CPU       = the proxy's utime + stime (/proc/PID/stat) for the run;
+    Redis commands per unique key = INFO commandstats after CONFIG RESETSTAT.
+  baselines on the same data: (a) the seeds' per-event algorithm, 5 round trips
+    per new key (on a sample: it is slow; keys/s is a rate) and (b) the same
+    dedup pipelined from C, both layouts (bench_baseline.c says what they do).
+  latency: entries XADDed at a steady rate (each stamped with its send time) to
+    an idle proxy; the worker histograms now - stamp at receipt. The same load
+    read by a plain blocked XREAD client, no proxy, is the "floor".
+  memory: VmRSS of an idle proxy, and with BENCH_HOLD deliveries held by a
+    worker that never answers (max_inflight = BENCH_HOLD + 256).
+Throughput runs and baselines are repeated in BENCH_REPEAT interleaved rounds;
+each row is its median round.
+
+Knobs (environment, default):
+  BENCH_N 200000             entries in the throughput runs
+  BENCH_COPIES 0.5           share of entries that repeat an earlier eventId
+  BENCH_REPEAT 3             rounds of throughput runs and baselines
+  BENCH_LAYOUTS single,split
+  BENCH_SAMPLE_A 5000        entries baseline (a) runs on
+  BENCH_BATCH 256            baseline (b)'s pipeline batch
+  BENCH_RATES 1000,5000,20000, BENCH_RATE_SECONDS 5, BENCH_LAT_LAYOUT single,
+  BENCH_LAT_COPIES (= BENCH_COPIES)
+  BENCH_WORKERS 4            worker threads, one REP socket each
+  BENCH_MAX_INFLIGHT 256     the proxy's default
+  BENCH_HOLD 10000           deliveries held for the memory measurement
+  BENCH_PERF ""              "record": `perf record -g` the proxy in the first
+                             throughput run (build/bench/perf-<layout>.txt);
+                             "stat": its context switches and syscalls per
+                             thread (build/bench/perf-stat-<layout>.txt)
+  BENCH_TIMEOUT 300          seconds any one wait may take
+  IDEMPROXY_BIN build/idemproxy (copied first: a rebuild meanwhile is harmless)
+An empty BENCH_RATES or BENCH_LAYOUTS, or 0 for BENCH_SAMPLE_A or BENCH_HOLD,
+skips that part. Prints the table and writes build/bench/results.md and
+results.json. A missed target never fails the run: the table says which were met.
+"""
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+
+import redis as redis_lib
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "build" / "bench"
+BIN_DIR = OUT
+STREAM, GROUP = "bench", "bench"
+
+
+def env(name, default, conv=str):
+    v = os.environ.get(name)
+    return default if v is None else conv(v)
+
+
+N = env("BENCH_N", 200000, int)
+COPIES = env("BENCH_COPIES", 0.5, float)
+LAT_COPIES = env("BENCH_LAT_COPIES", COPIES, float)
+RATES = [int(x) for x in env("BENCH_RATES", "1000,5000,20000").split(",") if x]
+RATE_SECONDS = env("BENCH_RATE_SECONDS", 5.0, float)
+SAMPLE_A = env("BENCH_SAMPLE_A", 5000, int)
+WORKERS = env("BENCH_WORKERS", 4, int)
+MAX_INFLIGHT = env("BENCH_MAX_INFLIGHT", 256, int)
+HOLD = env("BENCH_HOLD", 10000, int)
+HOLD_INFLIGHT = HOLD + 256
+LAYOUTS = [x for x in env("BENCH_LAYOUTS", "single,split").split(",") if x]
+LAT_LAYOUT = env("BENCH_LAT_LAYOUT", "single")
+BATCH = env("BENCH_BATCH", 256, int)
+PERF = env("BENCH_PERF", "")
+PERF_EVENTS = ("task-clock,context-switches,cpu-migrations,syscalls:sys_enter_write,"
+               "syscalls:sys_enter_read,syscalls:sys_enter_sendmsg,syscalls:sys_enter_recvmsg,"
+               "syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex")
+TIMEOUT = env("BENCH_TIMEOUT", 300.0, float)
+REPEAT = env("BENCH_REPEAT", 3, int)
+SEED = 1
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+SPAWNED = []        # every process started here, killed at the end if still running
+
+
+def spawn(cmd, **kw):
+    proc = subprocess.Popen(cmd, **kw)
+    SPAWNED.append(proc)
+    return proc
+
+
+def log(msg):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def loadavg():
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def cpu_seconds(pid):
+    """utime + stime of a process, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def status_kib(pid, key):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+class Bench:
+    def __init__(self, tmp):
+        self.tmp = Path(tmp)
+        # A private copy of the binary: others may rebuild build/idemproxy meanwhile.
+        src = Path(os.environ.get("IDEMPROXY_BIN", ROOT / "build" / "idemproxy"))
+        self.bin = self.tmp / "idemproxy"
+        shutil.copy2(src, self.bin)
+        self.port = free_port()
+        self.redis_proc = spawn(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.tmp),
+             "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.r = redis_lib.Redis(port=self.port, decode_responses=True)
+        self.wait(self._ping, 10, "redis-server")
+        self.nproxy = 0
+
+    def _ping(self):
+        try:
+            return self.r.ping()
+        except redis_lib.exceptions.ConnectionError:
+            return False
+
+    def close(self):
+        for proc in SPAWNED:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    @staticmethod
+    def wait(cond, timeout, what, every=0.025):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            v = cond()
+            if v:
+                return v
+            time.sleep(every)
+        raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+    # --- data and Redis ---------------------------------------------------
+
+    def load(self, n=N, copies=COPIES, prefix="evt", seed=SEED, rate=None, seconds=None):
+        """FLUSHALL-free: XADD entries with bench_producer; returns its JSON."""
+        cmd = [str(BIN_DIR / "bench_producer"), "--port", str(self.port), "--stream", STREAM,
+               "--copies", str(copies), "--seed", str(seed), "--prefix", prefix]
+        cmd += ["--rate", str(rate), "--seconds", str(seconds)] if rate else ["--entries", str(n)]
+        return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+
+    def fresh(self, **kw):
+        self.r.flushall()
+        return self.load(**kw)
+
+    def reset_stats(self):
+        self.r.config_resetstat()
+
+    def command_stats(self):
+        """Calls per command since the last reset, without the bench's own."""
+        own = {"info", "config|resetstat", "flushall", "ping", "xgroup|setid"}
+        stats = {}
+        for k, v in self.r.info("commandstats").items():
+            name = k.removeprefix("cmdstat_")
+            if name not in own and not name.startswith("client|"):
+                stats[name] = v["calls"]
+        return stats
+
+    # --- processes --------------------------------------------------------
+
+    def proxy(self, layout, max_inflight=MAX_INFLIGHT, ack_timeout_ms=30000):
+        self.nproxy += 1
+        name = f"proxy{self.nproxy}"
+        endpoint = f"ipc://{self.tmp}/app.sock"
+        mport = free_port()
+        cfg = self.tmp / f"{name}.yaml"
+        cfg.write_text(f"""redis:
+  url: redis://127.0.0.1:{self.port}
+app:
+  endpoint: {endpoint}
+  max_inflight: {max_inflight}
+  ack_timeout_ms: {ack_timeout_ms}
+metrics:
+  listen: 127.0.0.1:{mport}
+log:
+  level: warn
+shutdown_grace_ms: 2000
+streams:
+  - stream: {STREAM}
+    group: {GROUP}
+    consumer: bench
+    payload_field: payload
+    key: "#event.eventId"
+    layout: {layout}
+""")
+        return Proxy(self.bin, cfg, self.tmp / f"{name}.log", mport, endpoint)
+
+    def worker(self, endpoint, expect=0, hold=False):
+        return Worker(self.tmp, endpoint, expect, hold)
+
+
+class Proxy:
+    def __init__(self, binary, cfg, logpath, mport, endpoint):
+        self.binary, self.cfg, self.logpath, self.mport, self.endpoint = binary, cfg, logpath, mport, endpoint
+        self.proc = None
+
+    def start(self, perf=None, perf_out=None):
+        self.logf = open(self.logpath, "ab")
+        self.t0 = time.monotonic()
+        self.proc = spawn([str(self.binary), "-c", str(self.cfg)], stdout=self.logf,
+                          stderr=subprocess.STDOUT)
+        self.perf = None
+        if perf == "record":
+            cmd = ["perf", "record", "-g", "-q", "-o", f"{perf_out}.data"]
+        elif perf == "stat":
+            cmd = ["perf", "stat", "--per-thread", "-e", PERF_EVENTS, "-o", f"{perf_out}.txt"]
+        if perf:
+            self.perf = spawn(cmd + ["-p", str(self.proc.pid)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+        return self
+
+    def get(self, path):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.mport}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, ""
+        except (urllib.error.URLError, ConnectionError, OSError):
+            return 0, ""
+
+    def metrics(self):
+        out = {}
+        for line in self.get("/metrics")[1].splitlines():
+            if line and not line.startswith("#"):
+                k, v = line.rsplit(" ", 1)
+                out[k.replace(f'stream="{STREAM}"', "").replace("{,", "{").replace("{}", "")] = float(v)
+        return out
+
+    def alive(self):
+        """Raises when the proxy is gone; else False (for use inside wait conditions)."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"idemproxy exited with {self.proc.returncode}; see {self.logpath}:\n"
+                               + self.logpath.read_text(errors="replace")[-2000:])
+        return False
+
+    def finished(self, n):
+        """Metrics when n entries were read and none is pending, else None."""
+        self.alive()
+        m = self.metrics()
+        if m.get("idemproxy_entries_read_total", -1) >= n and m.get("idemproxy_entries_pending", 1) == 0:
+            return m
+        return None
+
+    def ready(self):
+        self.alive()
+        return self.get("/readyz")[0] == 200
+
+    def cpu(self):
+        return cpu_seconds(self.proc.pid)
+
+    def rss_kib(self):
+        return status_kib(self.proc.pid, "VmRSS")
+
+    def hwm_kib(self):
+        return status_kib(self.proc.pid, "VmHWM")
+
+    def stop(self):
+        if self.perf:
+            self.perf.send_signal(signal.SIGINT)
+            self.perf.wait(30)
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self.logf.close()
+        return rc
+
+
+class Worker:
+    def __init__(self, tmp, endpoint, expect, hold):
+        self.progress = Path(tmp) / "worker.progress"
+        self.progress.unlink(missing_ok=True)
+        cmd = [str(BIN_DIR / "bench_worker"), "--endpoint", endpoint, "--progress", str(self.progress)]
+        cmd += ["--hold"] if hold else ["--threads", str(WORKERS), "--expect", str(expect)]
+        self.proc = spawn(cmd, stdout=subprocess.PIPE, text=True)
+
+    def count(self):
+        try:
+            return int(self.progress.read_text() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        out, _ = self.proc.communicate(timeout=15)
+        return json.loads(out.strip().splitlines()[-1])
+
+
+# --- measurements -------------------------------------------------------------
+
+def median_run(runs):
+    """The run with the median keys/s, with the spread of all runs attached."""
+    runs = sorted(runs, key=lambda r: r["keys_per_s"])
+    med = dict(runs[(len(runs) - 1) // 2])
+    med["keys_range"] = [runs[0]["keys_per_s"], runs[-1]["keys_per_s"]]
+    med["all_keys_per_s"] = [r["keys_per_s"] for r in runs]
+    return med
+
+
+def spread(r):
+    lo, hi = r["keys_range"]
+    return f"{r['keys_per_s']:,.0f}" + (f" ({lo:,.0f}–{hi:,.0f})" if hi > lo else "")
+
+
+def throughput(b, layout, data, perf=None):
+    log(f"throughput, layout {layout}: {N} entries loaded, {data['unique']} unique keys")
+    b.reset_stats()
+    w = b.worker(f"ipc://{b.tmp}/app.sock", expect=data["unique"])
+    time.sleep(0.2)                                      # let the worker's sockets exist
+    p = b.proxy(layout)
+    perf = perf if layout == LAYOUTS[0] else None
+    p.start(perf, OUT / f"perf{'-stat' if perf == 'stat' else ''}-{layout}")
+    m = b.wait(lambda: p.finished(N), TIMEOUT, f"{N} entries done ({layout})")
+    t_all = time.monotonic() - p.t0
+    cpu = p.cpu()
+    hwm = p.hwm_kib()
+    stats = b.command_stats()
+    rc = p.stop()
+    wr = w.stop()
+    t_keys = (wr["expect_mono"] / 1e6 - p.t0) if wr["expect_mono"] else float("nan")
+    res = {
+        "layout": layout, "entries": N, "unique": data["unique"], "load": loadavg(),
+        "t_keys": t_keys, "t_all": t_all,
+        "keys_per_s": data["unique"] / t_keys, "entries_per_s": N / t_all,
+        "cpu_s": cpu, "cpu_per_1k": cpu / (N / 1000), "vmhwm_kib": hwm,
+        "deliveries": wr["deliveries"], "redeliveries": wr["redeliveries"],
+        "max_gap_s": wr["max_gap_us"] / 1e6,
+        "acked": m.get('idemproxy_outcomes_total{outcome="acked"}', 0),
+        "duplicates": m.get('idemproxy_outcomes_total{outcome="duplicate"}', 0),
+        "dup_before": m.get('idemproxy_duplicates_total{stage="before_lock"}', 0),
+        "dup_after": m.get('idemproxy_duplicates_total{stage="after_lock"}', 0),
+        "lock_busy": m.get("idemproxy_lock_busy_total", 0),
+        "ack_timeouts": m.get("idemproxy_ack_timeouts_total", 0),
+        "commands": stats, "commands_total": sum(stats.values()), "exit": rc,
+    }
+    res["cmds_per_key"] = res["commands_total"] / data["unique"]
+    if perf == "record":
+        report = OUT / f"perf-{layout}.txt"
+        with open(report, "w") as f:
+            for how in (["--no-children", "--sort", "dso,symbol"], ["--children", "--sort", "symbol"]):
+                subprocess.run(["perf", "report", "-i", str(OUT / f"perf-{layout}.data"), "--stdio",
+                                "--percent-limit", "2", "-g", "none", *how],
+                               stdout=f, stderr=subprocess.DEVNULL)
+        res["perf_report"] = str(report.relative_to(ROOT))
+    log(f"  keys/s {res['keys_per_s']:.0f} ({t_keys:.2f} s), entries/s {res['entries_per_s']:.0f} "
+        f"({t_all:.2f} s), CPU {cpu:.2f} s, busy {res['lock_busy']:.0f}, cmds/key {res['cmds_per_key']:.2f}, "
+        f"longest gap {res['max_gap_s']:.2f} s")
+
+    # The same stream again, every key done: all copies (a restart reading from 0).
+    b.r.xgroup_setid(STREAM, GROUP, "0")
+    b.reset_stats()
+    p = b.proxy(layout)
+    p.start()
+    m = b.wait(lambda: p.finished(N), TIMEOUT, f"{N} copies skipped ({layout})")
+    t_copy = time.monotonic() - p.t0
+    res["copy_cpu_s"] = p.cpu()
+    cstats = b.command_stats()
+    p.stop()
+    res["t_copies"] = t_copy
+    res["copies_per_s"] = N / t_copy
+    res["copy_dups"] = m.get('idemproxy_outcomes_total{outcome="duplicate"}', 0)
+    res["copy_commands"] = cstats
+    res["copy_cmds_per_entry"] = sum(cstats.values()) / N
+    log(f"  re-read of the done stream: {res['copies_per_s']:.0f} copies/s ({t_copy:.2f} s), "
+        f"{res['copy_cmds_per_entry']:.2f} cmds/entry")
+    return res
+
+
+def baseline(b, mode, layout, limit=0):
+    data = b.fresh()
+    b.reset_stats()
+    cmd = [str(BIN_DIR / "bench_baseline"), "--port", str(b.port), "--stream", STREAM, "--mode", mode,
+           "--layout", layout, "--batch", str(BATCH)]
+    if limit:
+        cmd += ["--limit", str(limit)]
+    load = loadavg()
+    res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    res["load"] = load
+    stats = b.command_stats()
+    stats.pop("script|load", None)
+    res["commands"] = stats
+    res["cmds_per_key"] = sum(stats.values()) / max(res["keys"], 1)
+    log(f"baseline ({mode}) {layout}{' on ' + str(limit) + ' entries' if limit else ''}: "
+        f"{res['keys_per_s']:.0f} keys/s, {res['entries_per_s']:.0f} entries/s")
+    return res
+
+
+def latency_floor(b, rate):
+    """XADD -> a blocked XREAD, no proxy: what the same load costs without idemproxy."""
+    b.r.flushall()
+    n = int(rate * RATE_SECONDS)
+    reader = spawn([str(BIN_DIR / "bench_baseline"), "--port", str(b.port), "--stream", STREAM,
+                    "--mode", "l", "--limit", str(n)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reader.stderr.readline()                              # "reading": its XREAD is on its way
+    time.sleep(0.1)
+    b.load(rate=rate, seconds=RATE_SECONDS, prefix=f"f{rate}", copies=LAT_COPIES)
+    out, _ = reader.communicate(timeout=TIMEOUT)
+    return json.loads(out)
+
+
+def latency(b, rate, first):
+    floor = latency_floor(b, rate)
+    b.r.flushall()
+    w = b.worker(f"ipc://{b.tmp}/app.sock")
+    p = b.proxy(LAT_LAYOUT)
+    p.start()
+    b.wait(p.ready, 30, "proxy ready")
+    b.wait(lambda: p.metrics().get("idemproxy_workers_connected", 0) >= WORKERS, 10, "workers")
+    time.sleep(1.0)
+    res = {"rate": rate}
+    if first:
+        res["rss_idle_kib"] = p.rss_kib()
+    cpu0 = p.cpu()
+    data = b.load(rate=rate, seconds=RATE_SECONDS, prefix=f"r{rate}", copies=LAT_COPIES)
+    m = b.wait(lambda: p.finished(data["entries"]), TIMEOUT, f"rate {rate} drained")
+    res["cpu_per_1k"] = (p.cpu() - cpu0) / (data["entries"] / 1000)
+    res["rss_kib"] = p.rss_kib()
+    p.stop()
+    wr = w.stop()
+    res.update(achieved=data["rate"], entries=data["entries"], unique=data["unique"],
+               delivered=wr["deliveries"], p50_us=wr["p50_us"], p99_us=wr["p99_us"],
+               p999_us=wr["p999_us"], max_us=wr["max_us"], lat_n=wr["lat_n"],
+               lock_busy=m.get("idemproxy_lock_busy_total", 0),
+               ack_timeouts=m.get("idemproxy_ack_timeouts_total", 0), floor=floor)
+    log(f"  floor (XADD -> XREAD, no proxy): p50 {floor['p50_us'] / 1000:.2f} ms, p99 {floor['p99_us'] / 1000:.2f} ms, "
+        f"p99.9 {floor['p999_us'] / 1000:.2f} ms")
+    log(f"latency at {rate}/s (achieved {data['rate']:.0f}/s): p50 {wr['p50_us'] / 1000:.2f} ms, "
+        f"p99 {wr['p99_us'] / 1000:.2f} ms, p99.9 {wr['p999_us'] / 1000:.2f} ms, max {wr['max_us'] / 1000:.1f} ms")
+    return res
+
+
+def hold(b):
+    """RSS of an idle proxy, then with HOLD deliveries held by a worker that never
+    answers. The stream holds exactly HOLD entries, written before that second proxy
+    starts, and max_inflight leaves a reader batch of room above HOLD, so how the
+    reader sizes its reads cannot leave a few entries unread."""
+    b.r.flushall()
+    w = b.worker(f"ipc://{b.tmp}/app.sock", hold=True)
+    p = b.proxy(LAT_LAYOUT, max_inflight=HOLD_INFLIGHT, ack_timeout_ms=600000)
+    p.start()
+    b.wait(p.ready, 30, "proxy ready")
+    time.sleep(1.0)
+    res = {"hold": HOLD, "rss_idle_kib": p.rss_kib()}
+    p.stop()
+    b.load(n=HOLD, copies=0.0, prefix="hold")
+    p = b.proxy(LAT_LAYOUT, max_inflight=HOLD_INFLIGHT, ack_timeout_ms=600000)
+    p.start()
+    seen = {"n": -1, "since": time.monotonic()}
+
+    def settled():                  # all held, or no new delivery for 2 s
+        p.alive()
+        n = w.count()
+        if n != seen["n"]:
+            seen.update(n=n, since=time.monotonic())
+        return n >= HOLD or (n > 0 and time.monotonic() - seen["since"] > 2.0)
+
+    b.wait(settled, 60, f"{HOLD} deliveries held")
+    b.reset_stats()
+    t0 = time.monotonic()
+    time.sleep(1.0)
+    m = p.metrics()
+    res.update(rss_kib=p.rss_kib(), held=w.count(), inflight=m.get("idemproxy_inflight", 0))
+    time.sleep(6.0)                                       # rounds of lease extensions (lease_ms 5000)
+    res.update(rss_later_kib=p.rss_kib(), hwm_kib=p.hwm_kib())
+    res["held_cmds_per_s"] = sum(b.command_stats().values()) / (time.monotonic() - t0)
+    p.stop()
+    w.stop()
+    log(f"hold: {res['held']} deliveries held, inflight {res['inflight']:.0f}: "
+        f"RSS {res['rss_kib'] / 1024:.1f} MiB after 1 s, {res['rss_later_kib'] / 1024:.1f} MiB after 7 s, "
+        f"peak {res['hwm_kib'] / 1024:.1f} MiB (idle {res['rss_idle_kib'] / 1024:.1f} MiB); "
+        f"{res['held_cmds_per_s']:.0f} Redis commands/s while holding")
+    return res
+
+
+# --- report -------------------------------------------------------------------
+
+def machine():
+    model = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    mem = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            mem = int(line.split()[1]) // 1024
+    return f"{os.cpu_count()} cores, {model}, {mem} MiB, {platform.system()} {platform.release()}"
+
+
+def git_rev():
+    try:
+        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "proxy"],
+                               capture_output=True, text=True).stdout.strip()
+        return rev + (" + uncommitted changes in proxy/" if dirty else "")
+    except OSError:
+        return "?"
+
+
+def ms(us):
+    return f"{us / 1000:.2f}"
+
+
+def ok(cond, value=0.0):
+    if value != value:                                    # nan: that part did not run
+        return "not run"
+    return "met" if cond else "**missed**"
+
+
+def breakdown(stats, per):
+    items = sorted(stats.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{k} {v / per:.3g}" for k, v in items if v / per >= 0.0005)
+
+
+def report(meta, tp, base, lat, mem):
+    L = []
+    L.append(f"## Benchmark ({meta['date']})\n")
+    L.append(f"`make bench` on {meta['machine']}; load average {meta['load_start']} at the start, "
+             f"{meta['load_end']} at the end; {meta['redis']}; idemproxy {meta['rev']} (binary built {meta['binary']}). "
+             f"{N} entries, {COPIES:.0%} copies (same seed, so the same keys, for every run), "
+             f"JSON payloads with an eventId; idemproxy in group mode (XREADGROUP, XACK), "
+             f"max_inflight {MAX_INFLIGHT}, {WORKERS} C workers (one REP socket each) that ack at once; "
+             f"one redis-server for everything, flushed and reloaded before each run. "
+             f"Throughput rows: the median of {REPEAT} interleaved rounds (min–max of keys/s in brackets).\n")
+    L.append("| run | unique keys | keys/s | entries/s | copies/s | proxy CPU s / 1k entries | Redis commands / key |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|")
+    for t in tp:
+        L.append(f"| idemproxy, layout {t['layout']} | {t['unique']} | {spread(t)} | "
+                 f"{t['entries_per_s']:,.0f} | {t['copies_per_s']:,.0f} | {t['cpu_per_1k']:.3f} | "
+                 f"{t['cmds_per_key']:.2f} |")
+    a = base.get("a")
+    if a:
+        L.append(f"| (a) seeds' algorithm, 5 round trips per key, on the first {a['entries']} entries | "
+                 f"{a['keys']} | {spread(a)} | {a['entries_per_s']:,.0f} | | | {a['cmds_per_key']:.2f} |")
+    for layout in LAYOUTS:
+        r = base.get("b-" + layout)
+        if r:
+            L.append(f"| (b) no proxy, pipelined ({BATCH}/batch), layout {layout} | {r['keys']} | "
+                     f"{spread(r)} | {r['entries_per_s']:,.0f} | | | {r['cmds_per_key']:.2f} |")
+    L.append("")
+    L.append("keys/s: unique keys / time from the proxy's start until the worker received the last one. "
+             "entries/s: entries / time until every entry was done and XACKed (/metrics: read = N, "
+             "pending = 0). copies/s: a second run over the same stream once every key is done "
+             "(XGROUP SETID to 0, as a restart reading from the start): every entry a skipped copy. "
+             "Baselines read the stream with XRANGE and parse the JSON (json-c), with no consumer group "
+             "and no XACK; that time is included. Redis commands counted by INFO commandstats, which also "
+             "counts the GET/DEL a compare-and-delete script runs.\n")
+
+    L.append("| ratio | single | split |")
+    L.append("|---|---:|---:|")
+    by = {t["layout"]: t for t in tp}
+
+    def ratio(layout, ref):
+        t = by.get(layout)
+        return t["keys_per_s"] / ref["keys_per_s"] if t and ref and ref["keys_per_s"] else float("nan")
+
+    L.append(f"| idemproxy / (b), keys/s | {ratio('single', base.get('b-single')):.2f} | "
+             f"{ratio('split', base.get('b-split')):.2f} |")
+    L.append(f"| idemproxy / (a), keys/s | {ratio('single', a):.1f} | {ratio('split', a):.1f} |")
+    def copy_ratio(layout):
+        t = by.get(layout)
+        return t["copies_per_s"] / t["keys_per_s"] if t else float("nan")
+
+    L.append(f"| copies/s / keys/s | {copy_ratio('single'):.2f} | {copy_ratio('split'):.2f} |")
+    L.append("")
+
+    L.append(f"Latency from XADD to the worker (layout {LAT_LAYOUT}, {RATE_SECONDS:g} s per rate, "
+             f"{LAT_COPIES:.0%} copies, idle proxy beforehand):\n")
+    L.append("| entries/s asked | achieved | deliveries / unique keys | p50 ms | p99 ms | p99.9 ms | max ms | proxy CPU s / 1k entries "
+             "| copies parked | floor p50 / p99 / p99.9 ms |")
+    L.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in lat:
+        f = r["floor"]
+        L.append(f"| {r['rate']:,} | {r['achieved']:,.0f} | {r['delivered']} / {r['unique']} | {ms(r['p50_us'])} | {ms(r['p99_us'])} | "
+                 f"{ms(r['p999_us'])} | {ms(r['max_us'])} | {r['cpu_per_1k']:.3f} | {r['lock_busy']:.0f} | "
+                 f"{ms(f['p50_us'])} / {ms(f['p99_us'])} / {ms(f['p999_us'])} |")
+    L.append("")
+    L.append("floor: the same producer at the same rate with no proxy, read by one blocked XREAD client "
+             "(bench_baseline --mode l): the latency this machine adds at this load before idemproxy does "
+             "anything. CPU seconds come from /proc in 10 ms ticks.\n")
+    idle = lat[0].get("rss_idle_kib") if lat else None
+    L.append("| memory (VmRSS) | MiB |")
+    L.append("|---|---:|")
+    if idle:
+        L.append(f"| idle, max_inflight {MAX_INFLIGHT} | {idle / 1024:.1f} |")
+    if mem:
+        L.append(f"| idle, max_inflight {HOLD_INFLIGHT} | {mem['rss_idle_kib'] / 1024:.1f} |")
+        L.append(f"| {mem['held']} deliveries in flight (max_inflight {HOLD_INFLIGHT}, worker never answers), "
+                 f"1 s after the last | {mem['rss_kib'] / 1024:.1f} |")
+        L.append(f"| the same, 7 s after the last (after rounds of lease extensions: "
+                 f"{mem['held_cmds_per_s']:,.0f} Redis commands/s while holding) | {mem['rss_later_kib'] / 1024:.1f} |")
+        L.append(f"| the same, peak (VmHWM) | {mem['hwm_kib'] / 1024:.1f} |")
+    for t in tp:
+        L.append(f"| peak (VmHWM) in the throughput run, layout {t['layout']} | {t['vmhwm_kib'] / 1024:.1f} |")
+    L.append("")
+
+    L.append("Redis commands per unique key (INFO commandstats):\n")
+    for t in tp:
+        L.append(f"- idemproxy {t['layout']}: {t['cmds_per_key']:.2f} = {breakdown(t['commands'], t['unique'])}; "
+                 f"re-read of done entries: {t['copy_cmds_per_entry']:.2f} per entry = "
+                 f"{breakdown(t['copy_commands'], N)}")
+    for k, r in base.items():
+        L.append(f"- baseline ({k}): {r['cmds_per_key']:.2f} = {breakdown(r['commands'], max(r['keys'], 1))}")
+    L.append("")
+    L.append("What the runs saw (median round):\n")
+    for t in tp:
+        L.append(f"- idemproxy {t['layout']}: {t['deliveries']} deliveries for {t['unique']} unique keys "
+                 f"({t['redeliveries']} with attempt > 1, {t['ack_timeouts']:.0f} ack timeouts), outcomes acked {t['acked']:.0f} + duplicate "
+                 f"{t['duplicates']:.0f}; copies found busy and parked {t['lock_busy']:.0f}; "
+                 f"keys done after {t['t_keys']:.2f} s, all entries after {t['t_all']:.2f} s; "
+                 f"longest time between two deliveries {t['max_gap_s']:.2f} s.")
+    L.append("")
+
+    L.append("| target | measured | |")
+    L.append("|---|---|---|")
+    for layout, need in (("single", 0.8), ("split", 0.5)):
+        r = ratio(layout, base.get("b-" + layout))
+        L.append(f"| {layout}: idemproxy ≥ {need} × (b) keys/s | {r:.2f} | {ok(r >= need, r)} |")
+    for layout in LAYOUTS:
+        r = ratio(layout, a)
+        L.append(f"| {layout}: idemproxy ≥ 30 × (a) keys/s | {r:.1f} | {ok(r >= 30, r)} |")
+        t = by.get(layout)
+        if t:
+            q = t["copies_per_s"] / t["keys_per_s"]
+            L.append(f"| {layout}: copies skipped ≥ 2 × the rate of new keys | {q:.2f} | {ok(q >= 2)} |")
+    for r in lat:
+        if r["rate"] == 5000:
+            L.append(f"| p99 ≤ 2 ms at 5k entries/s | {ms(r['p99_us'])} ms | {ok(r['p99_us'] <= 2000)} |")
+    twice = meta.get("extra_deliveries", 0) + sum(r["delivered"] - r["unique"] for r in lat)
+    L.append(f"| every unique key delivered once (every throughput round and latency run: "
+             f"deliveries − unique keys) | {twice} | "
+             f"{ok(twice == 0)} |")
+    if mem:
+        worst = max(mem["rss_kib"], mem["rss_later_kib"])
+        L.append(f"| RSS ≤ 16 MiB with {mem['held']} deliveries in flight | {worst / 1024:.1f} MiB | "
+                 f"{ok(worst <= 16 * 1024)} |")
+    return "\n".join(L) + "\n"
+
+
+def main():
+    for prog in ("bench_worker", "bench_producer", "bench_baseline"):
+        if not (BIN_DIR / prog).exists():
+            sys.exit(f"bench: {BIN_DIR / prog} is missing: run `make -C bench` first")
+    OUT.mkdir(parents=True, exist_ok=True)
+    meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
+            "load_start": loadavg(), "rev": git_rev(),
+            "binary": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(
+                Path(os.environ.get("IDEMPROXY_BIN", ROOT / "build" / "idemproxy")).stat().st_mtime)),
+            "redis": subprocess.run(["redis-server", "--version"], capture_output=True,
+                                    text=True).stdout.split(" sha=")[0]}
+    log(f"N={N} copies={COPIES} rates={RATES} layouts={LAYOUTS}; load average {meta['load_start']}")
+    tmp = tempfile.mkdtemp(prefix="idemproxy-bench-")
+    b = Bench(tmp)
+    failed = True
+    try:
+        # Rounds interleave idemproxy and the baselines, so a change in the
+        # machine's load hits them alike; each row reports its median round.
+        tp_runs = {layout: [] for layout in LAYOUTS}
+        base_runs = {}
+        for rnd in range(REPEAT):
+            log(f"round {rnd + 1} of {REPEAT}")
+            for layout in LAYOUTS:
+                tp_runs[layout].append(throughput(b, layout, b.fresh(), perf=PERF if rnd == 0 else None))
+            if SAMPLE_A:
+                base_runs.setdefault("a", []).append(baseline(b, "a", "split", limit=min(SAMPLE_A, N)))
+            for layout in LAYOUTS:
+                base_runs.setdefault("b-" + layout, []).append(baseline(b, "b", layout))
+        meta["extra_deliveries"] = sum(r["deliveries"] - r["unique"] for runs in tp_runs.values() for r in runs)
+        tp = [median_run(runs) for runs in tp_runs.values()]
+        base = {k: median_run(runs) for k, runs in base_runs.items()}
+        lat = [latency(b, rate, i == 0) for i, rate in enumerate(RATES)]
+        mem = hold(b) if HOLD else None
+        failed = False
+    finally:
+        b.close()
+        if failed:
+            log(f"failed: configs and logs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    meta["load_end"] = loadavg()
+    md = report(meta, tp, base, lat, mem)
+    (OUT / "results.md").write_text(md)
+    (OUT / "results.json").write_text(json.dumps({"meta": meta, "throughput": tp, "baselines": base,
+                                                  "latency": lat, "memory": mem}, indent=1))
+    print(md)
+    log(f"written {OUT / 'results.md'} and results.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "decide.h"
@@ -63,8 +64,10 @@ void px_claim_init(void)
 {
     if (getrandom(token_state, sizeof(token_state), 0) != (ssize_t)sizeof(token_state) ||
         (token_state[0] | token_state[1]) == 0) {
-        token_state[0] = px_now_ms() ^ ((uint64_t)getpid() << 32);
-        token_state[1] = 0x9E3779B97F4A7C15ull;
+        struct timespec ts;   /* no getrandom: time to the ns, pid and an address */
+        clock_gettime(CLOCK_REALTIME, &ts);
+        token_state[0] = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 40);
+        token_state[1] = 0x9E3779B97F4A7C15ull ^ (uint64_t)(uintptr_t)&ts;
     }
     const char *pause = getenv("IDEMPROXY_DEBUG_CLAIM_PAUSE_MS");
     debug_claim_pause_ms = pause ? atol(pause) : 0;
@@ -188,7 +191,11 @@ static const char *lock_value(px_entry *e, char *buf, size_t size)
 }
 
 /* A fresh random lock token: 20 hex digits from xorshift128+, seeded from the
- * kernel once. Tokens need to be unique per holder, not secret. */
+ * kernel once. Tokens need to be unique per holder, not secret, but unique
+ * they must be, across processes too: a claim that finds its own token takes
+ * the lock as "ours, from a lost reply". An earlier srandom(ms ^ pid) seed let
+ * two replicas started in the same millisecond draw the same tokens, and both
+ * delivered every key (test_two_replicas_never_deliver_a_key_twice caught it). */
 static uint64_t token_state[2];
 
 static uint64_t next_random(void)

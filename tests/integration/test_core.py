@@ -362,3 +362,19 @@ def test_idle_consumers_with_nothing_pending_are_removed(env):
     names = lambda: sorted(c["name"] for c in r.xinfo_consumers("room", "game-server"))
     wait_for(lambda: names() == ["busy-pod", "me"], timeout=10, what="idle consumers removed")
     assert "removing idle consumer old-pod-1" in p.log_text()
+
+
+def test_six_replicas_started_together_never_share_a_lock_token(env):
+    # Replicas started within the same millisecond once drew the same lock tokens
+    # (a weak seed), so each took the other's lock as its own: every key twice.
+    r = env.r
+    publish(r, "room", [{"eventId": f"t{i}"} for i in range(40)])
+    conf = [stream_conf("groupless", "single")]
+    eps = [env.endpoint() for _ in range(6)]
+    workers = [env.worker(ep) for ep in eps]
+    for ep in eps:
+        env.proxy(conf, endpoint=ep, log_level="info")
+    wait_for(lambda: sum(len(w.keys()) for w in workers) >= 40, what="40 deliveries")
+    time.sleep(1.0)
+    keys = [k for w in workers for k in w.keys()]
+    assert sorted(keys) == sorted(f"t{i}" for i in range(40))

@@ -57,7 +57,7 @@ for s in llvm-symbolizer llvm-symbolizer-14; do
     if command -v $s >/dev/null 2>&1; then export ASAN_SYMBOLIZER_PATH; ASAN_SYMBOLIZER_PATH=$(command -v $s); break; fi
 done
 
-if ! make -s -f tests/fuzz/Makefile -j"$(nproc)" $(printf "$B/fuzz_%s " $targets); then
+if ! make -s -f tests/fuzz/Makefile -j"$(nproc)" B="$PWD/$B" $(printf "$PWD/$B/fuzz_%s " $targets); then
     echo "fuzz: the build failed"
     echo "0 passed, $(wc -w <<<"$targets") failed"
     exit 1

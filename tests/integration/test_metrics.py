@@ -86,3 +86,31 @@ def test_health_command(env):
     p.stop()
     res = subprocess.run([str(BIN), "health", "-c", str(p.config)], capture_output=True, text=True, timeout=10)
     assert res.returncode == 1
+
+
+def test_json_logs_one_line_per_decision_and_never_the_password(env, tmp_path):
+    import redis as redis_lib
+    secret = "s3cret-Pa55"
+    env.r.config_set("requirepass", secret)
+    r = redis_lib.Redis(port=env.redis.port, password=secret, decode_responses=True)
+    from pxtest import Proxy
+    p = Proxy(tmp_path, "pj", f"redis://:{secret}@127.0.0.1:{env.redis.port}", env.endpoint(),
+              [conf("room")])
+    p.config.write_text(p.config.read_text().replace("level: debug", "level: debug\n  format: json"))
+    env.proxies.append(p)
+    p.start()
+    w = env.worker(p.endpoint)
+    publish(r, "room", [{"eventId": "j1"}, {"eventId": "j1"}])
+    r.xadd("room", {"payload": "{bad"})
+    wait_for(lambda: w.keys() == ["j1"] and "duplicate" in p.log_text() and "bad entry" in p.log_text(),
+             what="decisions logged")
+    text = p.log_text()
+    assert secret not in text
+    lines = [json.loads(l) for l in text.splitlines() if l.strip()]
+    assert all({"ts", "level", "msg"} <= set(l) for l in lines)
+    assert any(l["level"] == "debug" and "delivered" in l["msg"] for l in lines)
+    assert any(l["level"] == "warn" and "bad entry" in l["msg"] for l in lines)
+    # the password file path, not its content, may appear; the URL's password never
+    p.stop()
+    res = subprocess.run([str(BIN), "check", "-c", str(p.config)], capture_output=True, text=True)
+    assert secret not in res.stderr + res.stdout

@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import redis as redis_lib
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -330,3 +331,21 @@ def pending(r, stream, group):
         return r.xpending(stream, group)["pending"]
     except Exception:
         return 0
+
+
+# The fixtures every suite uses (tests/integration and tests/fault import them
+# into their conftest.py).
+@pytest.fixture
+def redis_server(tmp_path):
+    d = tmp_path / "redis"
+    d.mkdir()
+    srv = RedisServer(d)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def env(tmp_path, redis_server):
+    e = Env(tmp_path, redis_server)
+    yield e
+    e.close()

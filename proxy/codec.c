@@ -34,32 +34,37 @@ static void delivery_fill(const px_delivery_view *d, Idemproxy__V1__Delivery *m,
     m->deadline_unix_ms = d->deadline_unix_ms;
 }
 
-/* protobuf-c wants NUL-terminated names; field names in a stream entry are
- * binary-safe, so they are copied into one scratch block. */
-static char **names_copy(const px_delivery_view *d, px_buf *scratch)
-{
-    char **names = px_malloc(sizeof(char *) * (d->nfields ? d->nfields : 1));
-    size_t *offs = px_malloc(sizeof(size_t) * (d->nfields ? d->nfields : 1));
-    px_buf_reset(scratch);
-    for (size_t i = 0; i < d->nfields; i++) {
-        offs[i] = scratch->len;
-        px_buf_append(scratch, d->fields[i].name, d->fields[i].name_len);
-        px_buf_append(scratch, "", 1);
-    }
-    for (size_t i = 0; i < d->nfields; i++) names[i] = scratch->data + offs[i];
-    free(offs);
-    return names;
-}
+/* Scratch reused across deliveries, so encoding allocates only when a
+ * delivery has more fields or longer names than any before it. protobuf-c
+ * wants NUL-terminated names; stream field names are binary-safe, so they are
+ * copied into one block. */
+static struct {
+    Idemproxy__V1__Field  *fields;
+    Idemproxy__V1__Field **ptrs;
+    char                 **names;
+    size_t                 cap;
+    px_buf                 text;
+} scratch;
 
 static size_t encode(const px_delivery_view *d, px_buf *out)
 {
-    static px_buf scratch;
-    size_t n = d->nfields ? d->nfields : 1;
-    Idemproxy__V1__Field *fields = px_malloc(sizeof(*fields) * n);
-    Idemproxy__V1__Field **ptrs = px_malloc(sizeof(*ptrs) * n);
-    char **names = names_copy(d, &scratch);
+    if (scratch.cap < d->nfields) {
+        scratch.cap = d->nfields;
+        scratch.fields = px_realloc(scratch.fields, sizeof(*scratch.fields) * scratch.cap);
+        scratch.ptrs = px_realloc(scratch.ptrs, sizeof(*scratch.ptrs) * scratch.cap);
+        scratch.names = px_realloc(scratch.names, sizeof(*scratch.names) * scratch.cap);
+    }
+    px_buf_reset(&scratch.text);
+    for (size_t i = 0; i < d->nfields; i++) {
+        px_buf_append(&scratch.text, d->fields[i].name, d->fields[i].name_len);
+        px_buf_append(&scratch.text, "", 1);
+    }
+    for (size_t i = 0, off = 0; i < d->nfields; i++) {   /* the block no longer moves */
+        scratch.names[i] = scratch.text.data + off;
+        off += d->fields[i].name_len + 1;
+    }
     Idemproxy__V1__Delivery m;
-    delivery_fill(d, &m, fields, ptrs, names);
+    delivery_fill(d, &m, scratch.fields, scratch.ptrs, scratch.names);
     size_t size = idemproxy__v1__delivery__get_packed_size(&m);
     if (out) {
         px_buf_reset(out);
@@ -67,9 +72,6 @@ static size_t encode(const px_delivery_view *d, px_buf *out)
         idemproxy__v1__delivery__pack(&m, (uint8_t *)out->data);
         out->len = size;
     }
-    free(fields);
-    free(ptrs);
-    free(names);
     return size;
 }
 

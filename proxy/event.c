@@ -70,7 +70,8 @@ static char *render(px_entry *e, const px_template *tpl, json_object *event, jso
 int px_event_prepare(px_entry *e, char *why, size_t whylen)
 {
     px_stream_conf *sc = e->st->conf;
-    json_object *fields = json_object_new_object();
+    /* #fields is built only for streams whose templates name it (proxy.c). */
+    json_object *fields = e->st->want_fields ? json_object_new_object() : NULL;
     json_object *event = NULL;
     int rc = PX_ERR;
 
@@ -89,8 +90,9 @@ int px_event_prepare(px_entry *e, char *why, size_t whylen)
             snprintf(why, whylen, "field name %zu holds a NUL character", i);
             goto done;
         }
-        json_object_object_add(fields, f->name,
-                                json_object_new_string_len(f->value, (int)f->value_len));
+        if (fields)
+            json_object_object_add(fields, f->name,
+                                   json_object_new_string_len(f->value, (int)f->value_len));
     }
 
     if (sc->payload_field) {

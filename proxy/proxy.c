@@ -386,11 +386,14 @@ void px_proxy_bad_entry(px_entry *e, const char *why)
     px_queue_push(&e->st->px->commit_q, e);
 }
 
-void px_proxy_trimmed(px_stream *st, const char *id)
+/* A pending entry deleted from the stream: counted and acked away ('ack' is
+ * false when XAUTOCLAIM already removed it from the pending list). */
+void px_proxy_trimmed(px_stream *st, const char *id, bool ack)
 {
     st->c.trimmed++;
     px_log_info("stream %s: pending entry %s was trimmed or deleted; acked away", st->conf->stream, id);
-    px_redis_cmd(st->px->redis, NULL, NULL, "XACK %s %s %s", st->conf->stream, st->conf->group, id);
+    if (ack)
+        px_redis_cmd(st->px->redis, NULL, NULL, "XACK %s %s %s", st->conf->stream, st->conf->group, id);
 }
 
 /* --- the loop ------------------------------------------------------------------------ */
@@ -514,6 +517,8 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
         st->index = s;
         snprintf(st->lease_s, sizeof(st->lease_s), "%lld", st->conf->lease_ms);
         snprintf(st->ttl_s, sizeof(st->ttl_s), "%lld", st->conf->done_ttl_ms);
+        st->want_fields = strstr(px_template_source(st->conf->key_tpl), "fields") ||
+                          (st->conf->lock_tpl && strstr(px_template_source(st->conf->lock_tpl), "fields"));
         double every = (double)st->conf->lease_ms / 3000.0;
         ev_timer_init(&st->lease, lease_cb, every, every);
         st->lease.data = st;

@@ -131,6 +131,7 @@ struct px_stream {
     size_t          index;
     char            lease_s[24];   /* lease_ms as text, for commands */
     char            ttl_s[24];     /* done_ttl_ms as text */
+    bool            want_fields;   /* a template names #fields: build it per entry */
     px_redis       *link;          /* the stream's own link for blocking reads */
     int             rstate;        /* reader state (reader.c) */
     bool            reading;       /* a read is in flight */
@@ -180,7 +181,7 @@ void px_proxy_claim_failed(px_entry *e);
 void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason);
 void px_proxy_committed(px_entry *e, bool ok);
 void px_proxy_bad_entry(px_entry *e, const char *why);
-void px_proxy_trimmed(px_stream *st, const char *id);
+void px_proxy_trimmed(px_stream *st, const char *id, bool ack);
 px_entry *px_proxy_find(px_stream *st, const char *id);
 size_t px_proxy_room(px_proxy *px);
 

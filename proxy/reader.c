@@ -93,7 +93,7 @@ static size_t take_entries(px_stream *st, redisReply *entries, bool fresh)
         else if (st->rstate == R_HISTORY) snprintf(st->last_id, sizeof(st->last_id), "%s", id);
         if (!fresh && px_proxy_find(st, id)) continue;
         if (en->element[1]->type != REDIS_REPLY_ARRAY) {
-            px_proxy_trimmed(st, id);     /* pending, but deleted from the stream */
+            px_proxy_trimmed(st, id, true);   /* pending, but deleted from the stream */
             continue;
         }
         px_entry_create(st, id, en->element[1]);
@@ -223,11 +223,9 @@ static void autoclaim_reply_cb(px_redis *r, redisReply *reply, void *priv)
     if (reply->elements >= 3 && reply->element[2]->type == REDIS_REPLY_ARRAY) {
         /* Redis 7: ids that were pending but deleted; XAUTOCLAIM removed them. */
         redisReply *del = reply->element[2];
-        for (size_t i = 0; i < del->elements; i++) {
-            st->c.trimmed++;
-            px_log_info("stream %s: pending entry %s was trimmed or deleted; acked away",
-                        st->conf->stream, del->element[i]->str);
-        }
+        for (size_t i = 0; i < del->elements; i++)
+            if (del->element[i]->type == REDIS_REPLY_STRING)
+                px_proxy_trimmed(st, del->element[i]->str, false);
     }
 }
 

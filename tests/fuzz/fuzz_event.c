@@ -141,6 +141,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     px.conf = &conf;
     st.px = &px;
     st.conf = &sc;
+    /* as px_proxy_create decides it: #fields is built when a template names it */
+    st.want_fields = strstr(px_template_source(sc.key_tpl), "fields") ||
+                     (sc.lock_tpl && strstr(px_template_source(sc.lock_tpl), "fields"));
 
     /* The pieces: [payload] name value name value ... */
     size_t npieces = 1;

@@ -378,3 +378,17 @@ def test_six_replicas_started_together_never_share_a_lock_token(env):
     time.sleep(1.0)
     keys = [k for w in workers for k in w.keys()]
     assert sorted(keys) == sorted(f"t{i}" for i in range(40))
+
+
+def test_fields_variable_in_a_payload_stream(env):
+    # #fields is built only for streams whose templates name it.
+    r = env.r
+    p = env.proxy([{"stream": "room", "group": "g", "payload_field": "payload",
+                    "key": "#fields['source'] + ':' + #event.eventId"}])
+    w = env.worker(p.endpoint)
+    r.xadd("room", {"source": "web", "payload": '{"eventId": "f1"}'})
+    r.xadd("room", {"source": "web", "payload": '{"eventId": "f1"}'})
+    r.xadd("room", {"source": "app", "payload": '{"eventId": "f1"}'})
+    wait_for(lambda: sorted(w.keys()) == ["app:f1", "web:f1"], what="two keys")
+    time.sleep(0.3)
+    assert sorted(w.keys()) == ["app:f1", "web:f1"]

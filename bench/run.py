@@ -43,6 +43,8 @@ Knobs (environment, default):
                              throughput run (build/bench/perf-<layout>.txt);
                              "stat": its context switches and syscalls per
                              thread (build/bench/perf-stat-<layout>.txt)
+  BENCH_CLUSTER_N 100000     entries in the Redis Cluster rows (bench/cluster.py): 1, 2
+                             and 3 idemproxy replicas against a local 3-master cluster
   BENCH_TIMEOUT 300          seconds any one wait may take
   IDEMPROXY_BIN build/idemproxy (copied first: a rebuild meanwhile is harmless)
 An empty BENCH_RATES or BENCH_LAYOUTS, or 0 for BENCH_SAMPLE_A or BENCH_HOLD,
@@ -66,6 +68,8 @@ from pathlib import Path
 
 import redis as redis_lib
 
+import cluster as bench_cluster
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "build" / "bench"
 BIN_DIR = OUT
@@ -86,6 +90,7 @@ SAMPLE_A = env("BENCH_SAMPLE_A", 5000, int)
 WORKERS = env("BENCH_WORKERS", 4, int)
 MAX_INFLIGHT = env("BENCH_MAX_INFLIGHT", 256, int)
 HOLD = env("BENCH_HOLD", 10000, int)
+CLUSTER_N = env("BENCH_CLUSTER_N", 100000, int)
 HOLD_INFLIGHT = HOLD + 256
 LAYOUTS = [x for x in env("BENCH_LAYOUTS", "single,split").split(",") if x]
 LAT_LAYOUT = env("BENCH_LAT_LAYOUT", "single")
@@ -714,6 +719,7 @@ def main():
         base = {k: median_run(runs) for k, runs in base_runs.items()}
         lat = [latency(b, rate, i == 0) for i, rate in enumerate(RATES)]
         mem = hold(b) if HOLD else None
+        clu = bench_cluster.measure(sys.modules[__name__], b, CLUSTER_N) if CLUSTER_N else []
         failed = False
     finally:
         b.close()
@@ -722,10 +728,11 @@ def main():
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     meta["load_end"] = loadavg()
-    md = report(meta, tp, base, lat, mem)
+    md = report(meta, tp, base, lat, mem) + bench_cluster.report(clu, spread)
     (OUT / "results.md").write_text(md)
     (OUT / "results.json").write_text(json.dumps({"meta": meta, "throughput": tp, "baselines": base,
-                                                  "latency": lat, "memory": mem}, indent=1))
+                                                  "latency": lat, "memory": mem, "cluster": clu},
+                                                 indent=1))
     print(md)
     log(f"written {OUT / 'results.md'} and results.json")
 

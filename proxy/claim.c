@@ -164,22 +164,41 @@ static void entry_script(px_entry *e, px_script *s, reply_fn *on, bool step, con
 
 /* --- key names ------------------------------------------------------------ */
 
+/* prefix + key, or prefix + "{" + key + "}" with hash_tag (one cluster slot
+ * for a key's lock and done mark, whatever the prefixes). */
+static const char *key_name(px_entry *e, px_buf *b, const char *prefix)
+{
+    px_buf_reset(b);
+    px_buf_appends(b, prefix);
+    if (e->st->conf->hash_tag) px_buf_append(b, "{", 1);
+    px_buf_appends(b, e->key);
+    if (e->st->conf->hash_tag) px_buf_append(b, "}", 1);
+    return b->data;
+}
+
 static const char *lock_name(px_entry *e, px_buf *b)
 {
     px_stream_conf *sc = e->st->conf;
-    px_buf_reset(b);
-    px_buf_appends(b, sc->layout == PX_LAYOUT_SINGLE ? sc->prefix : sc->lock_prefix);
-    px_buf_appends(b, e->key);
-    return b->data;
+    return key_name(e, b, sc->layout == PX_LAYOUT_SINGLE ? sc->prefix : sc->lock_prefix);
 }
 
 static const char *done_name(px_entry *e, px_buf *b)
 {
     px_stream_conf *sc = e->st->conf;
-    px_buf_reset(b);
-    px_buf_appends(b, sc->layout == PX_LAYOUT_SINGLE ? sc->prefix : sc->done_prefix);
-    px_buf_appends(b, e->key);
-    return b->data;
+    return key_name(e, b, sc->layout == PX_LAYOUT_SINGLE ? sc->prefix : sc->done_prefix);
+}
+
+/* Split layout on a cluster: lock and done keys on different slots may sit on
+ * different nodes, where pipelined commands run in any order. Then each
+ * double check waits for the reply before it (lock before the second done
+ * check; done mark before the release). */
+static bool split_ordered(px_entry *e)
+{
+    px_buf a = {0}, b = {0};
+    bool same = px_redis_same_slot(e->st->px->redis, lock_name(e, &a), done_name(e, &b));
+    px_buf_deinit(&a);
+    px_buf_deinit(&b);
+    return same;
 }
 
 /* The value our dedup lock holds. */
@@ -318,14 +337,26 @@ static void claim_split_lock(px_entry *e)
     claim_split_lock_now(e);
 }
 
+/* Unordered slots: the lock's reply is in; now the second done check. */
+static void claim_split_recheck(px_entry *e)
+{
+    if (e->step_failed) { claim_decided(e); return; }
+    px_buf b = {0};
+    step_begin(e, claim_decided);
+    exists_done(e, &b);
+    step_end(e);
+    px_buf_deinit(&b);
+}
+
 static void claim_split_lock_now(px_entry *e)
 {
     px_buf b = {0};
     char val[32];
-    step_begin(e, claim_decided);
+    bool ordered = split_ordered(e);
+    step_begin(e, ordered ? claim_decided : claim_split_recheck);
     set_nx_get(e, on_lock_set, lock_name(e, &b), lock_value(e, val, sizeof(val)));
     if (e->st->conf->fencing && !e->lock_key) incr_fence(e);
-    exists_done(e, &b);
+    if (ordered) exists_done(e, &b);
     step_end(e);
     px_buf_deinit(&b);
 }
@@ -508,13 +539,40 @@ static void dead_letter_add(px_entry *e, const char *reason)
     free(lens);
 }
 
+/* The releases that end a commit: the split layout's dedup lock (only after
+ * the done mark: a release first would let another holder in before done is
+ * visible), lock_key, or a dedup lock not marked done. */
+static void commit_release(px_entry *e)
+{
+    if (e->has_dedup && e->st->conf->layout == PX_LAYOUT_SPLIT) {
+        px_buf b = {0};
+        char val[32];
+        entry_script(e, &release_script, on_split_release, true, lock_name(e, &b),
+                     lock_value(e, val, sizeof(val)), NULL);
+        e->has_dedup = false;
+        px_buf_deinit(&b);
+    }
+    px_claim_release(e);
+}
+
+/* Unordered slots: the done mark's reply is in; now the releases. */
+static void commit_release_after(px_entry *e)
+{
+    if (e->step_failed) { commit_decided(e); return; }
+    step_begin(e, commit_decided);
+    commit_release(e);
+    step_end(e);
+}
+
 static void commit_one(px_entry *e)
 {
     px_stream_conf *sc = e->st->conf;
     if (e->bad) { px_dead_letter_bad(e, e->reason); return; }
     px_buf b = {0};
     const char *ttl = e->st->ttl_s;
-    step_begin(e, commit_decided);
+    bool ordered = !(e->key && e->mark_done && e->has_dedup && sc->layout == PX_LAYOUT_SPLIT) ||
+                   split_ordered(e);
+    step_begin(e, ordered ? commit_decided : commit_release_after);
     if (e->outcome == PX_OUT_DEAD_LETTERED) dead_letter_add(e, e->reason ? e->reason : "dropped");
     if (e->key && e->mark_done) {
         const char *val = sc->layout == PX_LAYOUT_SINGLE ? "D" : "1";
@@ -523,13 +581,7 @@ static void commit_one(px_entry *e)
         entry_cmd(e, on_done_set, sc->layout == PX_LAYOUT_SINGLE ? 6 : 5, argv, lens);
         if (sc->layout == PX_LAYOUT_SINGLE) e->has_dedup = false;  /* the done mark replaced it */
     }
-    if (e->has_dedup && sc->layout == PX_LAYOUT_SPLIT) {
-        char val[32];
-        entry_script(e, &release_script, on_split_release, true, lock_name(e, &b),
-                     lock_value(e, val, sizeof(val)), NULL);
-        e->has_dedup = false;
-    }
-    px_claim_release(e);   /* whatever is left: lock_key, or a dedup lock not marked done */
+    if (ordered) commit_release(e);
     step_end(e);
     px_buf_deinit(&b);
 }

@@ -1324,6 +1324,7 @@ static const cfg_opt cfg_stream_opts[] = {
     CFG_ENUM("on_missing_key", px_stream_conf, on_missing_key, cfg_missing),
     CFG_BOOL(px_stream_conf, fencing),
     CFG_MS(px_stream_conf, claim_idle_ms, 0),
+    CFG_BOOL(px_stream_conf, hash_tag),
     { .name = NULL }
 };
 
@@ -1383,6 +1384,7 @@ static void cfg_stream_defaults(cfg_parser *p, px_stream_conf *s, const yaml_nod
     s->retry_backoff_ms = PX_CONFIG_DEFAULT_RETRY_BACKOFF_MS;
     s->on_missing_key = PX_MISSING_DEAD_LETTER;
     s->fencing = false;
+    s->hash_tag = false;
     s->claim_idle_ms = PX_CONFIG_DEFAULT_CLAIM_IDLE_MS;
     s->line = (int)block->start_mark.line + 1;
     s->key_tpl = px_template_compile(s->key, err, sizeof err, &errcol);

@@ -40,6 +40,7 @@ typedef struct px_stream_conf {
     px_on_missing  on_missing_key;  /* default dead_letter */
     bool           fencing;         /* default false */
     long long      claim_idle_ms;   /* default 30000 */
+    bool           hash_tag;        /* default false: true names keys prefix + "{" + key + "}" */
     px_template   *key_tpl;         /* compiled 'key' */
     px_template   *lock_tpl;        /* compiled 'lock_key'; NULL when none */
     int            line;            /* line of the block in the file, for messages */

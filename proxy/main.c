@@ -190,12 +190,6 @@ static int cmd_run(const char *path)
             return 2;
         }
     }
-    if (c->ncluster) {
-        fprintf(stderr, "%s: redis.cluster is not supported yet; use redis.url\n", path);
-        free(password);
-        px_config_destroy(c);
-        return 2;
-    }
     resolve_host(c);
     signal(SIGPIPE, SIG_IGN);
     srandom((unsigned)(px_now_ms() ^ (uint64_t)getpid()));

@@ -128,6 +128,12 @@ void px_metrics_render(px_proxy *px, px_buf *b)
     }
     gauge(b, "idemproxy_redis_errors_total", "counter",
           "Redis commands that failed: error replies, timeouts, lost links.", (double)px_redis_errors);
+    px_buf_printf(b, "# HELP idemproxy_redis_redirects_total Redis Cluster redirects followed, by kind "
+                     "(moved: the slot map changed; ask: a slot in migration).\n"
+                     "# TYPE idemproxy_redis_redirects_total counter\n"
+                     "idemproxy_redis_redirects_total{kind=\"moved\"} %llu\n"
+                     "idemproxy_redis_redirects_total{kind=\"ask\"} %llu\n",
+                  px_redis_redirects[0], px_redis_redirects[1]);
     gauge(b, "idemproxy_protocol_errors_total", "counter",
           "Worker replies that did not decode, were unspecified or echoed the wrong ids.",
           (double)px_protocol_errors);

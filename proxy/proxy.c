@@ -52,8 +52,16 @@ static double jitter(double lo, double hi)
     return lo + (hi - lo) * ((double)(random() % 1000) / 1000.0);
 }
 
+static void wait_out_end(px_entry *e)
+{
+    if (!e->waiting_out) return;
+    e->waiting_out = false;
+    e->st->px->waiting_out--;
+}
+
 static void to_claim(px_entry *e)
 {
+    wait_out_end(e);
     if (e->claim_since == 0) e->claim_since = ev_now(e->st->px->loop);
     e->state = PX_E_CLAIM;
     px_queue_push(&e->st->px->claim_q, e);
@@ -169,6 +177,7 @@ void px_entry_finish(px_entry *e, px_outcome outcome)
     case PX_OUT_NONE: break;   /* released at shutdown: still pending in Redis */
     }
     ev_timer_stop(st->px->loop, &e->timer);
+    wait_out_end(e);
     if (e->prev) e->prev->next = e->next; else st->head = e->next;
     if (e->next) e->next->prev = e->prev;
     st->tracked--;
@@ -185,10 +194,18 @@ px_entry *px_proxy_find(px_stream *st, const char *id)
     return NULL;
 }
 
+/* max_inflight bounds the entries being claimed, with a worker or being
+ * written. Copies parked behind another holder's lock (for up to a lease) are
+ * not in it, or a few busy keys across replicas would stall reading; they are
+ * bounded apart, to PX_WAITING_OUT_MAX times max_inflight. */
+#define PX_WAITING_OUT_MAX 4
+
 size_t px_proxy_room(px_proxy *px)
 {
-    size_t max = (size_t)px->conf->max_inflight;
-    return px->tracked >= max ? 0 : max - px->tracked;
+    size_t max = (size_t)px->conf->max_inflight, cap = max * (1 + PX_WAITING_OUT_MAX);
+    size_t active = px->tracked - px->waiting_out;
+    if (active >= max || px->tracked >= cap) return 0;
+    return max - active < cap - px->tracked ? max - active : cap - px->tracked;
 }
 
 /* The entry leaves: XACK first in group mode, then it is gone. */
@@ -271,19 +288,28 @@ void px_proxy_busy(px_entry *e, bool lock_key_busy)
                     sc->stream, e->id, e->lock_key);
         commit(e, PX_OUT_DEAD_LETTERED, false, "busy");
         return;
-    case PX_BUSY_PARK:
-        /* Look again once the holder's lease could have ended; never lost. */
+    case PX_BUSY_PARK: {
+        /* Look again until the holder's lease could have ended; never lost. A
+         * local holder wakes its copies when it leaves; a holder elsewhere
+         * (another replica) usually finishes in a few ms, so the copy looks
+         * again after 20 ms, doubling up to lease_ms: a few SETs instead of a
+         * whole lease of waiting. */
         e->wait_until_ms = 0;
         px_claim_release(e);
         e->state = PX_E_PARKED;
-        if (!lock_key_busy) {
-            px_entry *h = local_holder(e);
-            if (h) h->has_followers = true;   /* woken when h leaves; the timer is a fallback */
-        }
-        px_log_debug("busy: stream %s entry %s key %s; looking again in %lld ms", sc->stream,
-                     e->id, e->key, sc->lease_ms);
-        entry_timer(e, back_to_claim_cb, (double)sc->lease_ms + jitter(0, 50));
+        px_entry *h = lock_key_busy ? NULL : local_holder(e);
+        if (h) h->has_followers = true;   /* woken when h leaves; the timer is a fallback */
+        double ms = (double)sc->lease_ms;
+        if (h == NULL && !lock_key_busy && e->busy_looks < 16 &&
+            (double)(20u << e->busy_looks) < ms)
+            ms = (double)(20u << e->busy_looks);
+        e->busy_looks++;
+        px_log_debug("busy: stream %s entry %s key %s; looking again in %.0f ms", sc->stream,
+                     e->id, e->key, ms);
+        if (!e->waiting_out) { e->waiting_out = true; e->st->px->waiting_out++; }
+        entry_timer(e, back_to_claim_cb, ms + jitter(0, ms < 100 ? 10 : 50));
         return;
+    }
     }
 }
 
@@ -392,8 +418,10 @@ void px_proxy_trimmed(px_stream *st, const char *id, bool ack)
 {
     st->c.trimmed++;
     px_log_info("stream %s: pending entry %s was trimmed or deleted; acked away", st->conf->stream, id);
-    if (ack)
-        px_redis_cmd(st->px->redis, NULL, NULL, "XACK %s %s %s", st->conf->stream, st->conf->group, id);
+    if (ack) {
+        const char *argv[] = { "XACK", st->conf->stream, st->conf->group, id };
+        px_redis_strv(st->px->redis, NULL, NULL, 4, argv);
+    }
 }
 
 /* --- the loop ------------------------------------------------------------------------ */
@@ -504,8 +532,12 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
         px_proxy_destroy(px);
         return NULL;
     }
-    px_redis_opts o = { "commands", conf->redis_host, conf->redis_port, conf->redis_unix,
-                        conf->redis_user, px->password, conf->redis_db, conf->timeout_ms };
+    px_redis_opts o = {
+        .name = "commands", .host = conf->redis_host, .port = conf->redis_port,
+        .unix_path = conf->redis_unix, .user = conf->redis_user, .password = px->password,
+        .db = conf->redis_db, .timeout_ms = conf->timeout_ms,
+        .seeds = (const char *const *)conf->cluster, .nseeds = conf->ncluster,
+    };
     px->redis = px_redis_create(loop, &o, command_link_cb, px);
 
     px->nstreams = conf->nstreams;

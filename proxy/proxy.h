@@ -62,6 +62,8 @@ struct px_entry {
     bool            has_dedup;     /* we hold the dedup lock (or may: reply lost) */
     bool            has_lock;      /* we hold lock_key */
     bool            has_followers; /* copies of this key are parked behind our lock */
+    bool            waiting_out;   /* parked behind a holder's lease: not in max_inflight */
+    unsigned        busy_looks;    /* times found busy behind another holder */
     bool            lease_lost;    /* an extension found our token gone */
     bool            in_claim_io;   /* a claim or XACK round trip is in flight */
     bool            mark_done;     /* the commit writes the done mark */
@@ -158,6 +160,7 @@ struct px_proxy {
     px_stream      *streams;
     size_t          nstreams;
     size_t          tracked;       /* entries read and not yet gone, all streams */
+    size_t          waiting_out;   /* of those, copies parked behind another holder's lock */
     px_queue        claim_q, send_q, commit_q, xack_q;
     void           *deliver;       /* deliver.c state */
     void           *metrics;       /* metrics.c state; NULL when disabled */

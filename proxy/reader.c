@@ -107,7 +107,12 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
     px_stream *st = priv;
     st->reading = false;
     if (st->rstate == R_STOPPED) return;
-    if (reply == NULL) return;  /* link down: the state callback restarts us */
+    if (reply == NULL) {
+        /* Link down: the state callback restarts us. A cluster may stay up
+         * while one command is lost (its node failed over): pause, then again. */
+        if (px_redis_is_up(st->link)) ev_timer_start(st->px->loop, &st->pause);
+        return;
+    }
     if (reply->type == REDIS_REPLY_ERROR) {
         if (strncmp(reply->str, "NOGROUP", 7) == 0) st->rstate = R_CREATE;  /* group or key gone */
         ev_timer_start(st->px->loop, &st->pause);  /* a brief pause, then again */
@@ -163,12 +168,14 @@ static void read_next(px_stream *st)
     if (!px_redis_is_up(st->link)) return;
     int rc = PX_ERR;
     if (st->rstate == R_CREATE) {
-        if (sc->group)
-            rc = px_redis_cmd(st->link, create_reply_cb, st, "XGROUP CREATE %s %s %s MKSTREAM",
-                              sc->stream, sc->group, sc->start);
-        else if (strcmp(sc->start, "$") == 0)
-            rc = px_redis_cmd(st->link, create_reply_cb, st, "XREVRANGE %s + - COUNT 1", sc->stream);
-        else {
+        if (sc->group) {
+            const char *argv[] = { "XGROUP", "CREATE", sc->stream, sc->group, sc->start, "MKSTREAM" };
+            size_t lens[] = { 6, 6, strlen(sc->stream), strlen(sc->group), strlen(sc->start), 8 };
+            rc = px_redis_argv(st->link, sc->stream, 0, create_reply_cb, st, 6, argv, lens);
+        } else if (strcmp(sc->start, "$") == 0) {
+            const char *argv[] = { "XREVRANGE", sc->stream, "+", "-", "COUNT", "1" };
+            rc = px_redis_strv(st->link, create_reply_cb, st, 6, argv);
+        } else {
             snprintf(st->last_id, sizeof(st->last_id), "%s", sc->start);
             st->rstate = R_LIVE;
             read_next(st);
@@ -276,8 +283,9 @@ static void consumers_reply_cb(px_redis *r, redisReply *reply, void *priv)
         if (name == NULL || strcmp(name, st->conf->consumer) == 0) continue;
         if (info_int(c, "pending") == 0 && info_int(c, "idle") > idle_consumer_ms) {
             px_log_info("stream %s: removing idle consumer %s", st->conf->stream, name);
-            px_redis_cmd(r, NULL, NULL, "XGROUP DELCONSUMER %s %s %s", st->conf->stream,
-                         st->conf->group, name);
+            const char *argv[] = { "XGROUP", "DELCONSUMER", st->conf->stream, st->conf->group, name };
+            size_t lens[] = { 6, 11, strlen(argv[2]), strlen(argv[3]), strlen(name) };
+            px_redis_argv(r, st->conf->stream, 0, NULL, NULL, 5, argv, lens);
         }
     }
 }
@@ -287,8 +295,9 @@ static void janitor_cb(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop; (void)revents;
     px_stream *st = w->data;
     if (st->px->stopping || st->rstate != R_LIVE) return;
-    px_redis_cmd(st->px->redis, consumers_reply_cb, st, "XINFO CONSUMERS %s %s", st->conf->stream,
-                 st->conf->group);
+    const char *argv[] = { "XINFO", "CONSUMERS", st->conf->stream, st->conf->group };
+    size_t lens[] = { 5, 9, strlen(argv[2]), strlen(argv[3]) };
+    px_redis_argv(st->px->redis, st->conf->stream, 0, consumers_reply_cb, st, 4, argv, lens);
 }
 
 /* --- public ------------------------------------------------------------------ */
@@ -321,8 +330,11 @@ void px_reader_start(px_stream *st)
     px_config *c = st->px->conf;
     char name[300];
     snprintf(name, sizeof(name), "reader %s", st->conf->stream);
-    px_redis_opts o = { name, c->redis_host, c->redis_port, c->redis_unix, c->redis_user,
-                        st->px->password, c->redis_db, c->timeout_ms };
+    px_redis_opts o = {
+        .name = name, .host = c->redis_host, .port = c->redis_port, .unix_path = c->redis_unix,
+        .user = c->redis_user, .password = st->px->password, .db = c->redis_db,
+        .timeout_ms = c->timeout_ms, .seeds = (const char *const *)c->cluster, .nseeds = c->ncluster,
+    };
     st->rstate = R_DOWN;
     ev_timer_init(&st->pause, pause_cb, 0.5, 0.);
     st->pause.data = st;

@@ -15,6 +15,7 @@
 #include <hiredis/async.h>
 #include <hiredis/adapters/libev.h>
 
+#include "cluster.h"
 #include "log.h"
 
 #define PX_REDIS_BACKOFF_MIN_MS 100
@@ -46,7 +47,10 @@ struct px_redis {
     long long           backoff_ms;
     px_rcmd            *head, *tail; /* pending commands, oldest first */
     bool                destroying;
+    px_cluster         *cl;        /* cluster mode: the router; 'ac' stays NULL */
 };
+
+static int px_redis_cmd(px_redis *r, px_redis_cb *cb, void *priv, const char *fmt, ...);
 
 static void connect_start(px_redis *r);
 
@@ -177,7 +181,7 @@ static void reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
         if (send_rcmd(r, c, c->argc, (const char **)c->argv, c->lens) == PX_OK) return;
         rep = NULL;
     }
-    if (rep == NULL || rep->type == REDIS_REPLY_ERROR) {
+    if ((rep == NULL || rep->type == REDIS_REPLY_ERROR) && !r->opts.cluster_node) {
         px_redis_errors++;
         if (rep) px_log_warn("redis %s: %s", r->opts.name, rep->str);
     }
@@ -228,7 +232,8 @@ static void hello_cb(px_redis *r, redisReply *reply, void *priv)
     }
     if (reply->type != REDIS_REPLY_STATUS || strcmp(reply->str, "PONG") != 0) return;
     r->backoff_ms = PX_REDIS_BACKOFF_MIN_MS;
-    px_log_info("redis %s: connected", r->opts.name);
+    if (r->opts.cluster_node) px_log_debug("redis %s: connected", r->opts.name);
+    else px_log_info("redis %s: connected", r->opts.name);
     set_up(r, true);
 }
 
@@ -308,6 +313,14 @@ px_redis *px_redis_create(struct ev_loop *loop, const px_redis_opts *opts,
     r->deadline.data = r;
     ev_timer_init(&r->retry, retry_cb, 0., 0.);
     r->retry.data = r;
+    if (opts->nseeds) {
+        char **seeds = px_malloc(sizeof(char *) * opts->nseeds);
+        for (size_t i = 0; i < opts->nseeds; i++) seeds[i] = px_strdup(opts->seeds[i]);
+        r->opts.seeds = (const char *const *)seeds;
+        r->cl = px_cluster_create(loop, &r->opts, r);
+        return r;
+    }
+    r->opts.seeds = NULL;
     connect_start(r);
     return r;
 }
@@ -316,6 +329,9 @@ void px_redis_destroy(px_redis *r)
 {
     if (r == NULL) return;
     r->destroying = true;
+    px_cluster_destroy(r->cl);
+    for (size_t i = 0; r->opts.seeds && i < r->opts.nseeds; i++) free((char *)r->opts.seeds[i]);
+    free((void *)r->opts.seeds);
     ev_timer_stop(r->loop, &r->deadline);
     ev_timer_stop(r->loop, &r->retry);
     if (r->ac) {
@@ -336,8 +352,20 @@ bool px_redis_is_up(const px_redis *r)
     return r->up;
 }
 
+void px_redis_cluster_state(px_redis *outer, bool up)
+{
+    if (up) px_log_info("redis %s: cluster ready", outer->opts.name);
+    set_up(outer, up);
+}
+
+bool px_redis_same_slot(const px_redis *r, const char *a, const char *b)
+{
+    return r->cl == NULL || px_cluster_slot(a, strlen(a)) == px_cluster_slot(b, strlen(b));
+}
+
 size_t px_redis_pending(const px_redis *r)
 {
+    if (r->cl) return px_cluster_pending(r->cl);
     size_t n = 0;
     for (px_rcmd *c = r->head; c; c = c->next) n++;
     return n;
@@ -358,14 +386,25 @@ static px_rcmd *rcmd_new(px_redis *r, px_redis_cb *cb, void *priv, long long ext
 int px_redis_argv(px_redis *r, const char *key, long long extra_ms, px_redis_cb *cb,
                   void *priv, int argc, const char **argv, const size_t *lens)
 {
-    (void)key;  /* a cluster router picks the node by this key */
+    if (r->cl)
+        return px_cluster_send(r->cl, NULL, 0, key, key ? strlen(key) : 0, extra_ms, cb, priv,
+                               argc, argv, lens);
     if (r->ac == NULL || !r->up) return PX_ERR;
     px_rcmd *c = rcmd_new(r, cb, priv, extra_ms);
     if (send_rcmd(r, c, argc, argv, lens) != PX_OK) { rcmd_free(c); return PX_ERR; }
     return PX_OK;
 }
 
-int px_redis_cmd(px_redis *r, px_redis_cb *cb, void *priv, const char *fmt, ...)
+int px_redis_strv(px_redis *r, px_redis_cb *cb, void *priv, int argc, const char **argv)
+{
+    size_t lens[16];
+    if (argc > 16) return PX_ERR;
+    for (int i = 0; i < argc; i++) lens[i] = strlen(argv[i]);
+    return px_redis_argv(r, argc > 1 ? argv[1] : NULL, 0, cb, priv, argc, argv, lens);
+}
+
+/* Printf-style, for the handshake (hiredis' format). */
+static int px_redis_cmd(px_redis *r, px_redis_cb *cb, void *priv, const char *fmt, ...)
 {
     if (r->ac == NULL) return PX_ERR;
     px_rcmd *c = rcmd_new(r, cb, priv, 0);
@@ -382,6 +421,9 @@ int px_redis_cmd(px_redis *r, px_redis_cb *cb, void *priv, const char *fmt, ...)
 int px_redis_script(px_redis *r, px_script *s, px_redis_cb *cb, void *priv, int nkeys,
                     int argc, const char **argv, const size_t *lens)
 {
+    if (r->cl)
+        return px_cluster_send(r->cl, s, nkeys, nkeys > 0 ? argv[0] : NULL, nkeys > 0 ? lens[0] : 0,
+                               0, cb, priv, argc, argv, lens);
     if (r->ac == NULL || !r->up) return PX_ERR;
     px_rcmd *c = rcmd_new(r, cb, priv, 0);
     c->script = s;

@@ -6,9 +6,10 @@
  * backoff, AUTH/SELECT on connect, and scripts sent as EVALSHA that fall back
  * to EVAL after NOSCRIPT.
  *
- * Callers route through px_redis_argv with the key the command is about, so a
- * cluster router can later pick the node by the key's hash slot without any
- * caller changing.
+ * Callers route through px_redis_argv with the key the command is about. With
+ * cluster seeds in the options, a px_redis is a Redis Cluster client
+ * (cluster.c) behind the same calls: each command goes to the master that owns
+ * its key's slot.
  */
 #ifndef PX_REDIS_H
 #define PX_REDIS_H
@@ -33,6 +34,9 @@ typedef struct px_redis_opts {
     const char *password;      /* (ref) may be NULL; never logged */
     int         db;
     long long   timeout_ms;    /* deadline of every command */
+    const char *const *seeds;  /* (ref) Redis Cluster seed nodes "host:port"; host/port unused */
+    size_t      nseeds;
+    bool        cluster_node;  /* a cluster's link to one node: errors are the router's to report */
 } px_redis_opts;
 
 /* Called when the link becomes usable (after AUTH/SELECT) and when it is lost. */
@@ -49,7 +53,14 @@ px_redis *px_redis_create(struct ev_loop *loop, const px_redis_opts *opts,
                           px_redis_state_cb *state_cb, void *udata);
 void px_redis_destroy(px_redis *r);
 
+/* A single server: connected and authenticated. A cluster: every slot has a
+ * master and every master's link is up. */
 bool px_redis_is_up(const px_redis *r);
+
+/* True when keys 'a' and 'b' are served by one connection in order: always on
+ * a single server, on a cluster only when they share a hash slot. Commands on
+ * different slots may run in any order relative to each other. */
+bool px_redis_same_slot(const px_redis *r, const char *a, const char *b);
 
 /* Commands sent and not yet answered. */
 size_t px_redis_pending(const px_redis *r);
@@ -62,8 +73,8 @@ size_t px_redis_pending(const px_redis *r);
 int px_redis_argv(px_redis *r, const char *key, long long extra_ms, px_redis_cb *cb,
                   void *priv, int argc, const char **argv, const size_t *lens);
 
-/* Printf-style convenience for rare commands (hiredis' format, %b for binary). */
-int px_redis_cmd(px_redis *r, px_redis_cb *cb, void *priv, const char *fmt, ...);
+/* px_redis_argv for NUL-terminated arguments, routed by argv[1]. */
+int px_redis_strv(px_redis *r, px_redis_cb *cb, void *priv, int argc, const char **argv);
 
 /* Run script 's' with 'nkeys' keys followed by args; argv excludes EVALSHA/sha/numkeys. */
 int px_redis_script(px_redis *r, px_script *s, px_redis_cb *cb, void *priv, int nkeys,
@@ -71,5 +82,8 @@ int px_redis_script(px_redis *r, px_script *s, px_redis_cb *cb, void *priv, int 
 
 /* Count of commands that failed (error replies, timeouts, lost links). */
 extern unsigned long long px_redis_errors;
+
+/* Redis Cluster redirects followed: [0] MOVED, [1] ASK. */
+extern unsigned long long px_redis_redirects[2];
 
 #endif

@@ -84,8 +84,144 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}"
 
 
+class RedisCluster:
+    """A real local Redis Cluster: 'masters' masters with 'replicas' replicas
+    each, every node a redis-server in its own directory under 'tmp', created
+    by `redis-cli --cluster create`. A short node timeout makes failovers
+    take about a second."""
+
+    def __init__(self, tmp: Path, masters=3, replicas=1, node_timeout=1000):
+        self.tmp = tmp
+        self.procs = {}
+        n = masters * (1 + replicas)
+        self.ports = [free_port() for _ in range(n)]
+        self.node_timeout = node_timeout
+        for port in self.ports:
+            self.start_node(port)
+        subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+                        "--cluster-replicas", str(replicas), "--cluster-yes"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+        wait_for(self.settled, timeout=30, what="cluster state ok on every node")
+        self.client = redis_lib.RedisCluster(host="127.0.0.1", port=self.ports[0],
+                                             decode_responses=True)
+
+    def start_node(self, port):
+        d = self.tmp / f"node-{port}"
+        d.mkdir(exist_ok=True)
+        bus = self.__dict__.setdefault("bus", {}).setdefault(port, free_port())
+        self.procs[port] = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d),
+             "--cluster-enabled", "yes", "--cluster-port", str(bus),
+             "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", str(self.node_timeout),
+             "--logfile", str(d / "redis.log"), "--save", "", "--appendonly", "no",
+             "--repl-diskless-sync-delay", "0"],   # replicas in sync at once, so they can fail over
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: self._ping(port), what=f"redis-server {port}")
+
+    def node(self, port):
+        return redis_lib.Redis(port=port, decode_responses=True, socket_timeout=5)
+
+    def _ping(self, port):
+        try:
+            return self.node(port).ping()
+        except redis_lib.exceptions.ConnectionError:
+            return False
+
+    def nodes(self):
+        """CLUSTER NODES as seen by a live node: [(port, id, role, slot ranges)]."""
+        for port in self.procs:
+            try:
+                text = self.node(port).execute_command("CLUSTER", "NODES")
+            except redis_lib.exceptions.ConnectionError:
+                continue
+            out = []
+            for line in text.splitlines():
+                f = line.split()
+                if "fail" in f[2]:
+                    continue
+                out.append((int(f[1].split(":")[1].split("@")[0]), f[0],
+                            "master" if "master" in f[2] else "slave", f[8:]))
+            return out
+        return []
+
+    def masters(self):
+        return sorted(p for p, _, role, _ in self.nodes() if role == "master")
+
+    def served(self):
+        """True when a live node's CLUSTER SLOTS maps every slot to a live master."""
+        port = self.live_port()
+        total = 0
+        for start, end, master, *_ in self.node(port).execute_command("CLUSTER", "SLOTS"):
+            mport = int(master[1])
+            if mport not in self.procs or self.procs[mport].poll() is not None:
+                return False
+            total += end - start + 1
+        return total == 16384
+
+    def node_id(self, port):
+        return self.node(port).execute_command("CLUSTER", "MYID")
+
+    def settled(self):
+        for port in self.procs:
+            try:
+                info = self.node(port).execute_command("CLUSTER", "INFO")
+            except redis_lib.exceptions.ConnectionError:
+                return False
+            if "cluster_state:ok" not in info:
+                return False
+            repl = self.node(port).info("replication")
+            if repl.get("role") == "slave" and repl.get("master_link_status") != "up":
+                return False
+        return subprocess.run(["redis-cli", "--cluster", "check", f"127.0.0.1:{self.live_port()}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+
+    def live_port(self):
+        return next(p for p, proc in self.procs.items() if proc.poll() is None)
+
+    def replica_of(self, master_port):
+        mid = self.node_id(master_port)
+        for port in self.procs:
+            if self.procs[port].poll() is not None:
+                continue
+            for line in self.node(port).execute_command("CLUSTER", "NODES").splitlines():
+                f = line.split()
+                if "myself" in f[2] and f[3] == mid:
+                    return port
+        raise AssertionError(f"no replica of {master_port}")
+
+    def reshard(self, from_port, to_port, slots):
+        subprocess.run(["redis-cli", "--cluster", "reshard", f"127.0.0.1:{from_port}",
+                        "--cluster-from", self.node_id(from_port),
+                        "--cluster-to", self.node_id(to_port),
+                        "--cluster-slots", str(slots), "--cluster-yes"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+
+    def failover(self, master_port):
+        """CLUSTER FAILOVER on the master's replica: a coordinated switch that loses nothing."""
+        rep = self.replica_of(master_port)
+        self.node(rep).execute_command("CLUSTER", "FAILOVER")
+        wait_for(lambda: rep in self.masters() and master_port not in self.masters(), timeout=20,
+                 what=f"replica {rep} promoted")
+        return rep
+
+    def kill(self, port):
+        self.procs[port].kill()
+        self.procs[port].wait()
+
+    @property
+    def seeds(self):
+        return [f"127.0.0.1:{p}" for p in self.ports]
+
+    def stop(self):
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 class Proxy:
-    """One idemproxy process with a config written from keyword arguments."""
+    """One idemproxy process with a config written from keyword arguments.
+    'redis_url' may be a list of cluster seeds ("host:port")."""
 
     def __init__(self, tmp: Path, name: str, redis_url: str, endpoint: str, streams, **app):
         self.tmp = tmp
@@ -94,7 +230,9 @@ class Proxy:
         self.config = tmp / f"{name}.yaml"
         self.log = tmp / f"{name}.log"
         self.proc = None
-        lines = [f"redis:\n  url: {redis_url}\n  timeout_ms: {app.pop('timeout_ms', 1000)}",
+        where = (f"cluster: [{', '.join(redis_url)}]" if isinstance(redis_url, list)
+                 else f"url: {redis_url}")
+        lines = [f"redis:\n  {where}\n  timeout_ms: {app.pop('timeout_ms', 1000)}",
                  f"app:\n  endpoint: {endpoint}\n  ack_timeout_ms: {app.pop('ack_timeout_ms', 5000)}"]
         for k in ("max_inflight", "max_entry_bytes"):
             if k in app:

@@ -8,7 +8,8 @@ from pxtest import BIN, pb, publish, pending, wait_for
 FAMILIES = ["idemproxy_entries_read_total", "idemproxy_outcomes_total", "idemproxy_deliveries_total",
             "idemproxy_duplicates_total", "idemproxy_lock_busy_total", "idemproxy_acks_total",
             "idemproxy_ack_timeouts_total", "idemproxy_dead_letters_total", "idemproxy_lease_lost_total",
-            "idemproxy_trimmed_total", "idemproxy_redis_errors_total", "idemproxy_protocol_errors_total",
+            "idemproxy_trimmed_total", "idemproxy_redis_errors_total", "idemproxy_redis_redirects_total",
+            "idemproxy_protocol_errors_total",
             "idemproxy_inflight", "idemproxy_entries_pending", "idemproxy_redis_up",
             "idemproxy_workers_connected", "idemproxy_ack_latency_seconds", "idemproxy_lock_wait_seconds"]
 

@@ -134,11 +134,12 @@ static void test_full(void)
         test_streq("dead_letter", s->dead_letter, "room-dlq");
         test_cond("on_missing_key", s->on_missing_key == PX_MISSING_SKIP);
         test_cond("fencing", s->fencing == true);
+        test_cond("hash_tag", s->hash_tag == true);
         test_cond("claim_idle_ms", s->claim_idle_ms == 60000);
         test_cond("line of block 0", s->line == 21);
         test_streq("stream 2", c->streams[1].stream, "seat");
         test_streq("start entry id", c->streams[1].start, "1700000000000-5");
-        test_cond("line of block 1", c->streams[1].line == 42);
+        test_cond("line of block 1", c->streams[1].line == 43);
     }
     px_config_destroy(c);
 
@@ -197,6 +198,7 @@ static void test_defaults(void)
     test_cond("no dead_letter", s->dead_letter == NULL);
     test_cond("default on_missing_key", s->on_missing_key == PX_MISSING_DEAD_LETTER);
     test_cond("default fencing", s->fencing == false);
+    test_cond("default hash_tag", s->hash_tag == false);
     test_cond("default claim_idle_ms", s->claim_idle_ms == 30000);
     test_cond("line", s->line == 1);
     px_config_destroy(c);

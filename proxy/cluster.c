@@ -1,0 +1,490 @@
+/*
+ * cluster.c - see cluster.h.
+ *
+ * The router keeps a slot table (slot -> node) learned from CLUSTER SLOTS and
+ * a node list, one px_redis link per master. Each command is copied once into
+ * a record (argv in one allocation), so it can be sent again after a redirect
+ * or a wait; the caller's callback runs exactly once, with the final reply or
+ * NULL (link lost, deadline passed), as on a single server.
+ *
+ * The map is refreshed after a MOVED, after a link is lost, and every half
+ * second while the cluster is not ready (a failover in progress). Nodes that
+ * are no longer masters are dropped once idle, from a timer (never from inside
+ * one of their own callbacks).
+ */
+#include "cluster.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+#define PX_CLUSTER_MAX_REDIRECTS 16
+#define PX_CLUSTER_WAIT_S        0.05    /* TRYAGAIN/CLUSTERDOWN and waiting commands retry */
+#define PX_CLUSTER_REFRESH_S     0.5     /* map refresh while not ready */
+#define PX_CLUSTER_REFRESH_MIN_S 0.1     /* at most this often */
+
+unsigned long long px_redis_redirects[2];
+
+/* --- pure part ------------------------------------------------------------ */
+
+static uint16_t crc16(const char *p, size_t n)
+{
+    uint16_t crc = 0;
+    for (size_t i = 0; i < n; i++) {
+        crc ^= (uint16_t)((uint8_t)p[i] << 8);
+        for (int b = 0; b < 8; b++)
+            crc = (uint16_t)(crc & 0x8000 ? (crc << 1) ^ 0x1021 : crc << 1);
+    }
+    return crc;
+}
+
+unsigned px_cluster_slot(const char *key, size_t len)
+{
+    /* Only the part between the first '{' and the next '}' is hashed, if non-empty. */
+    const char *open = memchr(key, '{', len);
+    if (open) {
+        size_t rest = len - (size_t)(open - key) - 1;
+        const char *close = memchr(open + 1, '}', rest);
+        if (close && close > open + 1) { key = open + 1; len = (size_t)(close - key); }
+    }
+    return crc16(key, len) & (PX_CLUSTER_SLOTS - 1);
+}
+
+bool px_cluster_split_addr(const char *addr, char *host, size_t hostsize, int *port)
+{
+    const char *colon = strrchr(addr, ':');
+    if (colon == NULL || colon == addr) return false;
+    char *end;
+    long p = strtol(colon + 1, &end, 10);
+    if (*end || end == colon + 1 || p < 1 || p > 65535) return false;
+    const char *h = addr;
+    size_t n = (size_t)(colon - addr);
+    if (n >= 2 && h[0] == '[' && h[n - 1] == ']') { h++; n -= 2; }   /* "[::1]:7000" */
+    if (n == 0 || n >= hostsize) return false;
+    memcpy(host, h, n);
+    host[n] = '\0';
+    *port = (int)p;
+    return true;
+}
+
+bool px_cluster_redirect(const char *err, px_redirect *out)
+{
+    char kind[8], addr[sizeof(out->addr)], host[256];
+    unsigned slot;
+    int port;
+    if (sscanf(err, "%7s %u %279s", kind, &slot, addr) != 3) return false;
+    if (strcmp(kind, "MOVED") != 0 && strcmp(kind, "ASK") != 0) return false;
+    if (slot >= PX_CLUSTER_SLOTS || !px_cluster_split_addr(addr, host, sizeof(host), &port))
+        return false;
+    out->ask = kind[0] == 'A';
+    out->slot = slot;
+    snprintf(out->addr, sizeof(out->addr), "%s", addr);
+    return true;
+}
+
+int px_cluster_parse_slots(const redisReply *r, const char *asked_host, px_slot_range **out)
+{
+    *out = NULL;
+    if (r == NULL || r->type != REDIS_REPLY_ARRAY) return -1;
+    px_slot_range *v = px_calloc(r->elements ? r->elements : 1, sizeof(*v));
+    int n = 0;
+    for (size_t i = 0; i < r->elements; i++) {
+        const redisReply *e = r->element[i];
+        if (e->type != REDIS_REPLY_ARRAY || e->elements < 3) goto bad;
+        const redisReply *s = e->element[0], *t = e->element[1], *m = e->element[2];
+        if (s->type != REDIS_REPLY_INTEGER || t->type != REDIS_REPLY_INTEGER ||
+            s->integer < 0 || t->integer < s->integer || t->integer >= PX_CLUSTER_SLOTS ||
+            m->type != REDIS_REPLY_ARRAY || m->elements < 2 ||
+            m->element[0]->type != REDIS_REPLY_STRING || m->element[1]->type != REDIS_REPLY_INTEGER)
+            goto bad;
+        const char *host = m->element[0]->str;
+        if (host[0] == '\0' || strcmp(host, "?") == 0) host = asked_host;
+        v[n].start = (unsigned)s->integer;
+        v[n].end = (unsigned)t->integer;
+        snprintf(v[n].addr, sizeof(v[n].addr), "%s:%lld", host, m->element[1]->integer);
+        n++;
+    }
+    *out = v;
+    return n;
+bad:
+    free(v);
+    return -1;
+}
+
+/* --- the router ----------------------------------------------------------- */
+
+typedef struct cl_node {
+    px_cluster *cl;            /* (ref) */
+    char        addr[280];     /* "host:port" */
+    char        host[256];
+    px_redis   *link;
+    bool        master;        /* in the current map */
+    struct cl_node *next;
+} cl_node;
+
+typedef struct ccmd {
+    px_cluster  *cl;
+    px_redis_cb *cb;
+    void        *priv;
+    px_script   *script;
+    int          nkeys;
+    long long    extra_ms;
+    unsigned     slot;
+    bool         any;          /* no key: any master */
+    int          redirects;
+    char         ask[280];     /* one-shot ASK target, "" when none */
+    ev_tstamp    deadline;     /* given up (reply NULL) after this, while waiting */
+    struct ccmd *next;         /* waiting list */
+    int          argc;
+    const char **argv;         /* into the same allocation */
+    size_t      *lens;
+} ccmd;
+
+struct px_cluster {
+    struct ev_loop *loop;
+    px_redis       *outer;
+    px_redis_opts   opts;        /* (ref) the outer link's copy */
+    cl_node        *nodes;
+    cl_node        *slots[PX_CLUSTER_SLOTS];
+    bool            have_map;    /* every slot has a master */
+    bool            up;
+    bool            refreshing;  /* a CLUSTER SLOTS in flight */
+    ev_tstamp       last_refresh;
+    ev_timer        refresh;
+    ev_timer        wait;        /* retries waiting commands */
+    ev_timer        gc;          /* drops idle non-master nodes */
+    ccmd           *wait_head, *wait_tail;
+    size_t          nwaiting;
+    bool            destroying;
+};
+
+static void dispatch(px_cluster *cl, ccmd *c);
+static void refresh_soon(px_cluster *cl);
+
+static void update_up(px_cluster *cl)
+{
+    bool up = cl->have_map;
+    for (cl_node *n = cl->nodes; n && up; n = n->next)
+        if (n->master && !px_redis_is_up(n->link)) up = false;
+    if (!up) refresh_soon(cl);
+    if (up == cl->up) return;
+    cl->up = up;
+    if (!cl->destroying) px_redis_cluster_state(cl->outer, up);
+}
+
+static void retry_waiting(px_cluster *cl)
+{
+    ccmd *c = cl->wait_head;
+    cl->wait_head = cl->wait_tail = NULL;
+    cl->nwaiting = 0;
+    ev_tstamp now = ev_now(cl->loop);
+    while (c) {
+        ccmd *next = c->next;
+        if (now >= c->deadline) {
+            px_redis_errors++;
+            px_log_warn("redis %s: command gave up waiting for the cluster (slot %u)",
+                        cl->opts.name, c->slot);
+            if (c->cb) c->cb(cl->outer, NULL, c->priv);
+            free(c);
+        } else {
+            dispatch(cl, c);
+        }
+        c = next;
+    }
+}
+
+static void node_state_cb(px_redis *r, bool up, void *udata)
+{
+    (void)r;
+    cl_node *n = udata;
+    px_cluster *cl = n->cl;
+    if (cl->destroying) return;
+    if (up && !cl->up && !cl->refreshing) {
+        ev_timer_stop(cl->loop, &cl->refresh);   /* a node to ask: ask now */
+        cl->last_refresh = 0;
+    }
+    update_up(cl);
+    if (up && cl->wait_head) retry_waiting(cl);
+}
+
+/* The node for "host:port", created (and connecting) when 'create'. */
+static cl_node *node_get(px_cluster *cl, const char *addr, bool create)
+{
+    for (cl_node *n = cl->nodes; n; n = n->next)
+        if (strcmp(n->addr, addr) == 0) return n;
+    if (!create) return NULL;
+    char host[256];
+    int port;
+    if (!px_cluster_split_addr(addr, host, sizeof(host), &port)) return NULL;
+    cl_node *n = px_calloc(1, sizeof(*n));
+    n->cl = cl;
+    snprintf(n->addr, sizeof(n->addr), "%s", addr);
+    snprintf(n->host, sizeof(n->host), "%s", host);
+    char name[400];
+    snprintf(name, sizeof(name), "%s %s", cl->opts.name, addr);
+    px_redis_opts o = cl->opts;
+    o.name = name;
+    o.host = host;
+    o.port = port;
+    o.unix_path = NULL;
+    o.seeds = NULL;
+    o.nseeds = 0;
+    o.cluster_node = true;
+    n->next = cl->nodes;
+    cl->nodes = n;
+    n->link = px_redis_create(cl->loop, &o, node_state_cb, n);
+    return n;
+}
+
+static void node_free(cl_node *n)
+{
+    px_redis_destroy(n->link);
+    free(n);
+}
+
+static void finish(ccmd *c, redisReply *reply)
+{
+    if (reply == NULL || reply->type == REDIS_REPLY_ERROR) {
+        px_redis_errors++;
+        if (reply) px_log_warn("redis %s: %s", c->cl->opts.name, reply->str);
+    }
+    if (c->cb) c->cb(c->cl->outer, reply, c->priv);
+    free(c);
+}
+
+static void wait_push(px_cluster *cl, ccmd *c)
+{
+    c->next = NULL;
+    if (cl->wait_tail) cl->wait_tail->next = c; else cl->wait_head = c;
+    cl->wait_tail = c;
+    cl->nwaiting++;
+    if (!ev_is_active(&cl->wait)) {
+        ev_timer_set(&cl->wait, PX_CLUSTER_WAIT_S, 0.);
+        ev_timer_start(cl->loop, &cl->wait);
+    }
+}
+
+static void ccmd_reply(px_redis *r, redisReply *reply, void *priv)
+{
+    (void)r;
+    ccmd *c = priv;
+    px_cluster *cl = c->cl;
+    if (cl->destroying) { finish(c, NULL); return; }
+    if (reply == NULL) {
+        refresh_soon(cl);
+    } else if (reply->type == REDIS_REPLY_ERROR) {
+        px_redirect rd;
+        if (px_cluster_redirect(reply->str, &rd) && c->redirects < PX_CLUSTER_MAX_REDIRECTS) {
+            c->redirects++;
+            px_redis_redirects[rd.ask]++;
+            if (rd.ask) {
+                snprintf(c->ask, sizeof(c->ask), "%s", rd.addr);
+            } else {
+                cl_node *n = node_get(cl, rd.addr, true);
+                if (n) cl->slots[rd.slot] = n;
+                refresh_soon(cl);
+            }
+            dispatch(cl, c);
+            return;
+        }
+        if ((strncmp(reply->str, "TRYAGAIN", 8) == 0 || strncmp(reply->str, "CLUSTERDOWN", 11) == 0) &&
+            ev_now(cl->loop) < c->deadline) {
+            if (reply->str[0] == 'C') refresh_soon(cl);
+            wait_push(cl, c);
+            return;
+        }
+    }
+    finish(c, reply);
+}
+
+static cl_node *any_master(px_cluster *cl)
+{
+    for (cl_node *n = cl->nodes; n; n = n->next)
+        if (n->master && px_redis_is_up(n->link)) return n;
+    return NULL;
+}
+
+static void dispatch(px_cluster *cl, ccmd *c)
+{
+    cl_node *n = c->ask[0] ? node_get(cl, c->ask, true) : c->any ? any_master(cl) : cl->slots[c->slot];
+    if (n == NULL || !px_redis_is_up(n->link)) { wait_push(cl, c); return; }
+    if (c->ask[0]) {
+        static const char *asking[] = { "ASKING" };
+        static const size_t asking_len[] = { 6 };
+        px_redis_argv(n->link, NULL, 0, NULL, NULL, 1, asking, asking_len);
+        c->ask[0] = '\0';
+    }
+    int rc = c->script
+        ? px_redis_script(n->link, c->script, ccmd_reply, c, c->nkeys, c->argc, c->argv, c->lens)
+        : px_redis_argv(n->link, NULL, c->extra_ms, ccmd_reply, c, c->argc, c->argv, c->lens);
+    if (rc != PX_OK) wait_push(cl, c);
+}
+
+int px_cluster_send(px_cluster *cl, px_script *s, int nkeys, const char *key, size_t keylen,
+                    long long extra_ms, px_redis_cb *cb, void *priv, int argc, const char **argv, const size_t *lens)
+{
+    if (!cl->up) return PX_ERR;
+    size_t bytes = 0;
+    for (int i = 0; i < argc; i++) bytes += lens[i] + 1;
+    ccmd *c = px_malloc(sizeof(*c) + (size_t)argc * (sizeof(char *) + sizeof(size_t)) + bytes);
+    memset(c, 0, sizeof(*c));
+    c->cl = cl;
+    c->cb = cb;
+    c->priv = priv;
+    c->script = s;
+    c->nkeys = nkeys;
+    c->extra_ms = extra_ms;
+    c->deadline = ev_now(cl->loop) + (double)(cl->opts.timeout_ms + extra_ms) / 1000.0;
+    c->any = key == NULL;
+    c->slot = key ? px_cluster_slot(key, keylen) : 0;
+    c->argc = argc;
+    c->argv = (const char **)(c + 1);
+    c->lens = (size_t *)(c->argv + argc);
+    char *p = (char *)(c->lens + argc);
+    for (int i = 0; i < argc; i++) {
+        memcpy(p, argv[i], lens[i]);
+        p[lens[i]] = '\0';
+        c->argv[i] = p;
+        c->lens[i] = lens[i];
+        p += lens[i] + 1;
+    }
+    dispatch(cl, c);
+    return PX_OK;
+}
+
+/* --- the map ---------------------------------------------------------------- */
+
+static void gc_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    px_cluster *cl = w->data;
+    for (cl_node **pp = &cl->nodes; *pp;) {
+        cl_node *n = *pp;
+        if (!n->master && px_redis_pending(n->link) == 0 && cl->have_map) {
+            *pp = n->next;
+            node_free(n);
+        } else {
+            pp = &n->next;
+        }
+    }
+}
+
+static void slots_reply(px_redis *r, redisReply *reply, void *priv)
+{
+    px_cluster *cl = priv;
+    cl->refreshing = false;
+    if (cl->destroying) return;
+    cl_node *asked = NULL;
+    for (cl_node *n = cl->nodes; n; n = n->next)
+        if (n->link == r) asked = n;
+    px_slot_range *v;
+    int nr = px_cluster_parse_slots(reply, asked ? asked->host : "127.0.0.1", &v);
+    if (nr < 0) {
+        px_log_warn("redis %s: CLUSTER SLOTS: %s", cl->opts.name,
+                    reply && reply->type == REDIS_REPLY_ERROR ? reply->str : "no slot map");
+        update_up(cl);
+        return;
+    }
+    for (cl_node *n = cl->nodes; n; n = n->next) n->master = false;
+    memset(cl->slots, 0, sizeof(cl->slots));
+    for (int i = 0; i < nr; i++) {
+        cl_node *n = node_get(cl, v[i].addr, true);
+        if (n == NULL) continue;
+        n->master = true;
+        for (unsigned s = v[i].start; s <= v[i].end; s++) cl->slots[s] = n;
+    }
+    free(v);
+    size_t unmapped = 0;
+    for (unsigned s = 0; s < PX_CLUSTER_SLOTS; s++) unmapped += cl->slots[s] == NULL;
+    if (unmapped && (cl->have_map || !cl->last_refresh))
+        px_log_warn("redis %s: %zu slots have no master", cl->opts.name, unmapped);
+    cl->have_map = unmapped == 0;
+    ev_timer_set(&cl->gc, 0., 0.);
+    ev_timer_start(cl->loop, &cl->gc);
+    update_up(cl);
+    if (cl->wait_head) retry_waiting(cl);
+}
+
+static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)revents;
+    px_cluster *cl = w->data;
+    if (cl->refreshing) return;
+    static const char *argv[] = { "CLUSTER", "SLOTS" };
+    static const size_t lens[] = { 7, 5 };
+    /* Ask a master first, then any node we know; with none up, dial the seeds again. */
+    cl_node *n = any_master(cl);
+    for (cl_node *m = cl->nodes; n == NULL && m; m = m->next)
+        if (px_redis_is_up(m->link)) n = m;
+    cl->last_refresh = ev_now(loop);
+    if (n && px_redis_argv(n->link, NULL, 0, slots_reply, cl, 2, argv, lens) == PX_OK) {
+        cl->refreshing = true;
+        return;
+    }
+    for (size_t i = 0; i < cl->opts.nseeds; i++) node_get(cl, cl->opts.seeds[i], true);
+    ev_timer_set(&cl->refresh, PX_CLUSTER_REFRESH_S, 0.);
+    ev_timer_start(loop, &cl->refresh);
+}
+
+/* Ask for the map again: at once if the last ask is old enough, else a bit later. */
+static void refresh_soon(px_cluster *cl)
+{
+    if (cl->destroying || cl->refreshing || ev_is_active(&cl->refresh)) return;
+    ev_tstamp after = cl->last_refresh + (cl->up ? PX_CLUSTER_REFRESH_MIN_S : PX_CLUSTER_REFRESH_S)
+                      - ev_now(cl->loop);
+    ev_timer_set(&cl->refresh, after > 0 ? after : 0., 0.);
+    ev_timer_start(cl->loop, &cl->refresh);
+}
+
+static void wait_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    retry_waiting(w->data);
+}
+
+/* A seed's link coming up starts the first refresh (node_state_cb -> update_up). */
+px_cluster *px_cluster_create(struct ev_loop *loop, const px_redis_opts *opts, px_redis *outer)
+{
+    px_cluster *cl = px_calloc(1, sizeof(*cl));
+    cl->loop = loop;
+    cl->outer = outer;
+    cl->opts = *opts;
+    ev_timer_init(&cl->refresh, refresh_cb, 0., 0.);
+    cl->refresh.data = cl;
+    ev_timer_init(&cl->wait, wait_cb, 0., 0.);
+    cl->wait.data = cl;
+    ev_timer_init(&cl->gc, gc_cb, 0., 0.);
+    cl->gc.data = cl;
+    for (size_t i = 0; i < opts->nseeds; i++) node_get(cl, opts->seeds[i], true);
+    refresh_soon(cl);
+    return cl;
+}
+
+void px_cluster_destroy(px_cluster *cl)
+{
+    if (cl == NULL) return;
+    cl->destroying = true;
+    ev_timer_stop(cl->loop, &cl->refresh);
+    ev_timer_stop(cl->loop, &cl->wait);
+    ev_timer_stop(cl->loop, &cl->gc);
+    while (cl->nodes) {
+        cl_node *n = cl->nodes;
+        cl->nodes = n->next;
+        node_free(n);
+    }
+    for (ccmd *c = cl->wait_head, *next; c; c = next) {
+        next = c->next;
+        if (c->cb) c->cb(cl->outer, NULL, c->priv);
+        free(c);
+    }
+    free(cl);
+}
+
+size_t px_cluster_pending(const px_cluster *cl)
+{
+    size_t n = cl->nwaiting;
+    for (cl_node *m = cl->nodes; m; m = m->next) n += px_redis_pending(m->link);
+    return n;
+}

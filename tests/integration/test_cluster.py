@@ -1,0 +1,231 @@
+"""idemproxy against a real Redis Cluster (3 masters + 3 replicas, started in a
+temp dir): slot routing, MOVED and ASK, a resharding and failovers under load
+with three idemproxy replicas in one group (issue 7)."""
+import json
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from pxtest import Env, Proxy, RedisCluster, pb, wait_for
+
+STREAMS = [f"orders:{{{i}}}" for i in range(8)]
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    d = tmp_path / "cluster"
+    d.mkdir()
+    c = RedisCluster(d)
+    yield c
+    c.stop()
+
+
+class ClusterEnv(Env):
+    def __init__(self, tmp, cluster):
+        self.tmp = tmp
+        self.cluster = cluster
+        self.r = cluster.client
+        self.proxies = []
+        self.workers = []
+        self.n = 0
+
+    def proxy(self, streams, endpoint=None, proc_env=None, **app):
+        p = Proxy(self.tmp, f"proxy{len(self.proxies) + 1}", self.cluster.seeds[:2],
+                  endpoint or self.endpoint(), streams, **app)
+        self.proxies.append(p)
+        return p.start(**(proc_env or {}))
+
+
+@pytest.fixture
+def cenv(tmp_path, cluster):
+    e = ClusterEnv(tmp_path, cluster)
+    yield e
+    e.close()
+
+
+def stream_conf(name, **kw):
+    return {"stream": name, "group": "g", "payload_field": "payload", "key": "#event.eventId",
+            "claim_idle_ms": 2000, **kw}
+
+
+def produce(r, n, copies_every=2, start=0):
+    """n entries over the 8 streams; every key appears twice, the copy on
+    another stream (a publisher retry), so dedup crosses nodes. Returns keys."""
+    keys = []
+    for i in range(start, start + n):
+        k = f"evt-{i // copies_every}"
+        r.xadd(STREAMS[(i * 3) % 8], {"payload": json.dumps({"eventId": k, "n": i})})
+        keys.append(k)
+    return set(keys)
+
+
+def all_done(r, proxies, n_entries):
+    read = sum(int(p.metrics().get(f'idemproxy_entries_read_total{{stream="{s}"}}', 0))
+               for p in proxies for s in STREAMS)
+    return read >= n_entries and pending_total(r) == 0
+
+
+def pending_total(r):
+    total = 0
+    for s in STREAMS:
+        try:
+            total += r.xpending(s, "g")["pending"]
+        except Exception:
+            pass
+    return total
+
+
+def test_streams_live_on_every_master(cluster):
+    owners = {cluster.client.keyslot(s) for s in STREAMS}
+    masters = set()
+    for port, _, role, slots in cluster.nodes():
+        if role != "master":
+            continue
+        for rng in slots:
+            a, _, b = rng.partition("-")
+            if any(int(a) <= s <= int(b or a) for s in owners):
+                masters.add(port)
+    assert len(masters) == 3, "the 8 test streams should be read from all three masters"
+
+
+@pytest.mark.parametrize("layout,hash_tag", [("single", False), ("split", False), ("split", True)])
+def test_dedup_across_masters(cenv, layout, hash_tag):
+    r = cenv.r
+    keys = produce(r, 600)
+    px = cenv.proxy([stream_conf(s, layout=layout, hash_tag=hash_tag) for s in STREAMS])
+    w = cenv.worker(px.endpoint)
+    wait_for(lambda: all_done(r, [px], 600), timeout=30, what="every entry done and acked")
+    got = Counter(w.keys())
+    assert set(got) == keys
+    assert max(got.values()) == 1, [k for k, c in got.items() if c > 1]
+    tag = (lambda k: "{" + k + "}") if hash_tag else (lambda k: k)
+    if layout == "single":
+        assert all(r.get(f"idem:{tag(k)}") == "D" for k in keys)
+    else:
+        assert all(r.exists(f"done:{tag(k)}") for k in keys)
+        assert not any(r.exists(f"lock:{tag(k)}") for k in keys)
+    # the keys really are spread over the cluster's nodes
+    nodes = {r.keyslot(f"idem:{tag(k)}" if layout == "single" else f"done:{tag(k)}") // 5462
+             for k in keys}
+    assert len(nodes) == 3 or hash_tag is False and layout == "single"
+    assert px.get("/readyz")[0] == 200
+    m = px.metrics()
+    assert m["idemproxy_redis_up"] == 1
+    assert m['idemproxy_redis_redirects_total{kind="moved"}'] == 0   # the map was right
+    assert m["idemproxy_redis_errors_total"] == 0
+
+
+def test_ask_and_moved_during_a_slot_migration(cenv):
+    """A dedup key whose slot is being migrated: the claim gets ASK and lands on
+    the importing node (ASKING + SET); once the slot moves, MOVED repoints it."""
+    c = cenv.cluster
+    r = cenv.r
+    key = "ask-me"
+    slot = r.keyslot(f"idem:{key}")
+    src = next(p for p, _, role, slots in c.nodes() if role == "master" and any(
+        int(x.partition("-")[0]) <= slot <= int(x.partition("-")[2] or x) for x in slots))
+    dst = next(p for p in c.masters() if p != src)
+    c.node(dst).execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", c.node_id(src))
+    c.node(src).execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", c.node_id(dst))
+    px = cenv.proxy([stream_conf(STREAMS[0])])
+    w = cenv.worker(px.endpoint)
+    r.xadd(STREAMS[0], {"payload": json.dumps({"eventId": key})})
+    wait_for(lambda: w.keys() == [key], what="the delivery")
+    wait_for(lambda: pending_total(r) == 0, what="the ack")
+    # the done mark went to the importing node (ASK), not the source
+    dn = c.node(dst)
+    with dn.pipeline(transaction=False) as pipe:
+        pipe.execute_command("ASKING")
+        pipe.get(f"idem:{key}")
+        assert pipe.execute()[1] == "D"
+    assert c.node(src).execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
+    for port in c.masters():
+        c.node(port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", c.node_id(dst))
+    # a copy now: the proxy's map still says src, which answers MOVED
+    r.xadd(STREAMS[0], {"payload": json.dumps({"eventId": key})})
+    wait_for(lambda: pending_total(r) == 0 and px.metrics().get(
+        f'idemproxy_entries_read_total{{stream="{STREAMS[0]}"}}') == 2, what="the copy")
+    time.sleep(0.3)
+    assert w.keys() == [key]
+    m = px.metrics()
+    assert m['idemproxy_redis_redirects_total{kind="ask"}'] >= 1
+    assert m['idemproxy_redis_redirects_total{kind="moved"}'] >= 1
+    assert m["idemproxy_redis_errors_total"] == 0
+
+
+def run_producer(r, n, rate, stop):
+    """Publish n entries at about 'rate' per second on a thread; every key twice."""
+    keys = set()
+
+    def go():
+        i = 0
+        while i < n and not stop.is_set():
+            keys.update(produce(r, 20, start=i))
+            i += 20
+            time.sleep(20 / rate)
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t, keys
+
+
+def test_three_replicas_through_a_resharding_and_a_failover(cenv):
+    c = cenv.cluster
+    r = cenv.r
+    confs = [stream_conf(s, layout="split", hash_tag=True) for s in STREAMS]
+    proxies = [cenv.proxy(confs, proc_env={"HOSTNAME": f"px{i}"}) for i in range(3)]
+    workers = [cenv.worker(p.endpoint) for p in proxies]
+    stop = threading.Event()
+    t, keys = run_producer(r, 3000, 600, stop)
+    time.sleep(1.0)
+    m = c.masters()
+    c.reshard(m[0], m[1], 2000)          # MOVED and ASK under load
+    time.sleep(0.5)
+    c.failover(m[2])                     # a replica promoted, coordinated: nothing lost
+    t.join(timeout=60)
+    assert not t.is_alive()
+    wait_for(lambda: all_done(r, proxies, 3000), timeout=60, what="every entry done and acked")
+    got = Counter(k for w in workers for k in w.keys())
+    assert set(got) == keys
+    assert max(got.values()) == 1, [k for k, n in got.items() if n > 1][:10]
+    assert all(len(w.keys()) > 0 for w in workers), "every replica took a share"
+    assert sum(p.metrics()['idemproxy_redis_redirects_total{kind="moved"}'] for p in proxies) > 0
+    assert all(p.get("/readyz")[0] == 200 for p in proxies)
+
+
+def test_master_killed(cenv):
+    """kill -9 of a master: not ready while its slots have no master, no entry
+    lost, and the acks the proxy holds through the outage are written once a
+    replica is promoted, without delivering those keys again."""
+    c = cenv.cluster
+    r = cenv.r
+    confs = [stream_conf(s, lease_ms=20000) for s in STREAMS]
+    px = cenv.proxy(confs, timeout_ms=500, ack_timeout_ms=30000)
+    w = cenv.worker(px.endpoint)
+    keys = produce(r, 200)
+    wait_for(lambda: all_done(r, [px], 200), timeout=30, what="the first entries")
+    w.close()
+    # three deliveries held by manual workers across the kill
+    held = [cenv.worker(px.endpoint, manual=True) for _ in range(3)]
+    more = produce(r, 6, start=200)
+    wait_for(lambda: all(h.inbox for h in held), timeout=10, what="three deliveries in hand")
+    victim = c.masters()[0]
+    c.kill(victim)
+    wait_for(lambda: px.get("/readyz")[0] == 503, timeout=10, what="not ready while a master is down")
+    held_keys = [h.inbox[0].key for h in held]
+    for h in held:
+        h.answer(pb.Ack.ACK)                  # acks arrive while the cluster cannot write
+    wait_for(c.served, timeout=30, what="a replica promoted")
+    wait_for(lambda: px.get("/readyz")[0] == 200, timeout=15, what="ready again")
+    wait_for(lambda: all(r.get(f"idem:{k}") == "D" for k in held_keys), timeout=10,
+             what="the held acks' done marks")
+    for h in held:
+        h.close()                           # manual workers would hold the next deliveries
+    w2 = cenv.worker(px.endpoint)
+    later = produce(r, 200, start=206)
+    wait_for(lambda: all_done(r, [px], 406), timeout=30, what="every entry done after the failover")
+    got = Counter(w.keys() + [k for h in held for k in h.keys()] + w2.keys())
+    assert set(got) == keys | more | later   # nothing lost
+    assert all(got[k] == 1 for k in held_keys), "a held ack was lost and its key delivered again"
+    assert px.log_text().count("commands: cluster ready") >= 2

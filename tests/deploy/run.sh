@@ -340,6 +340,13 @@ check "idemproxy check: the config of deploy/k8s/configmap.yaml" check_config "$
 check "idemproxy check: the config the chart renders (defaults)" check_config "$tmp/chart-config.yaml"
 "$PY" tests/deploy/manifests.py config "$tmp/custom.yaml" "$tmp/custom-config.yaml"
 check "idemproxy check: the config the chart renders (non-default values)" check_config "$tmp/custom-config.yaml"
+render --set 'redis.cluster={redis-0.redis:6379,redis-1.redis:6379}' >"$tmp/cluster.yaml" 2>&1
+"$PY" tests/deploy/manifests.py config "$tmp/cluster.yaml" "$tmp/cluster-config.yaml"
+check "idemproxy check: the config the chart renders with redis.cluster seeds" check_config "$tmp/cluster-config.yaml"
+check "the chart renders redis.cluster instead of redis.url when seeds are given" \
+    bash -c "grep -q 'redis-1.redis:6379' '$tmp/cluster-config.yaml' && ! grep -q 'url:' '$tmp/cluster-config.yaml'"
+expect_fail "negative: the values schema refuses a cluster seed without a port" \
+    render --set 'redis.cluster={redis-0.redis}'
 sed 's/lease_ms: 5000/lease_ms: 1000/' "$tmp/k8s-config.yaml" >"$tmp/bad-config.yaml"
 expect_fail "negative: idemproxy check refuses a broken copy (lease_ms < 2 x timeout_ms)" \
     broken "lease_ms: 1000" "$tmp/bad-config.yaml" check_config "$tmp/bad-config.yaml"

@@ -53,7 +53,11 @@ emptyDir, the metrics address the probes use).
 {{- define "idemproxy.config" -}}
 {{- $cfg := deepCopy (.Values.config | default dict) }}
 {{- $redis := deepCopy (get $cfg "redis" | default dict) }}
+{{- if .Values.redis.cluster }}
+{{- $_ := set $redis "cluster" .Values.redis.cluster }}
+{{- else }}
 {{- $_ := set $redis "url" (required "redis.url is required" .Values.redis.url) }}
+{{- end }}
 {{- $_ := set $redis "password_file" (printf "%s/password" (include "idemproxy.passwordDir" .)) }}
 {{- $_ := set $cfg "redis" $redis }}
 {{- $app := deepCopy (get $cfg "app" | default dict) }}

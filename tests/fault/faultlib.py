@@ -83,7 +83,7 @@ def check(name, r, keys, ledger, workers, groups=(("room", "g"),), prefix="idem:
     acked = ledger.acked()
     seen = delivered_lines(workers)
     redelivered = sum(c - 1 for c in seen.values() if c > 1)
-    done = {k for k in uniq if r.exists(prefix + k)}
+    done = {k for k in uniq if not (r.get(prefix + k) or "L:").startswith("L:")}   # "L:" = still locked
     lost = uniq - done
     still_pending = sum(pending(r, s, g) for s, g in groups)
     print(f"\n{name}: entries={len(keys)} keys={len(uniq)} delivered={len(seen)} "
@@ -104,6 +104,7 @@ def wait_all_done(r, keys, prefix="idem:", groups=(("room", "g"),), timeout=60):
             return False
         pipe = r.pipeline(transaction=False)
         for k in uniq:
-            pipe.exists(prefix + k)
-        return all(pipe.execute())
+            pipe.get(prefix + k)
+        # single layout: "L:<token>" is a lock still held, "D" is done
+        return all(v is not None and not v.startswith("L:") for v in pipe.execute())
     wait_for(ok, timeout=timeout, what="every key done and nothing pending")

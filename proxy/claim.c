@@ -435,8 +435,13 @@ void px_claim_extend(px_stream *st)
 {
     if (!px_redis_is_up(st->px->redis)) return;
     const char *lease = st->lease_s;
-    for (px_entry *e = st->head; e; e = e->next) {
+    double now = ev_now(st->px->loop);
+    size_t budget = st->lease_budget;   /* paced: see px_proxy_create */
+    for (px_entry *e = st->head; e && budget; e = e->next) {
         if (e->state != PX_E_SEND && e->state != PX_E_SENT) continue;
+        if (e->lease_next > now) continue;
+        e->lease_next = now + st->lease_every;
+        budget--;
         px_buf b = {0};
         char val[32];
         if (e->has_dedup)

@@ -80,11 +80,13 @@ px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields)
     px_stream_conf *sc = st->conf;
     size_t nf = fields->elements / 2, bytes = 0, idlen = strlen(id);
     for (size_t i = 0; i < nf * 2; i++) bytes += fields->element[i]->len + 1;
-    px_entry *e = px_calloc(1, sizeof(*e));
+    /* One block: the entry, then its fields, then the bytes they point to. */
+    px_entry *e = px_malloc(sizeof(*e) + nf * sizeof(px_field) + idlen + 1 + bytes);
+    memset(e, 0, sizeof(*e));
     e->st = st;
     e->payload_idx = -1;
-    e->blob = px_malloc(idlen + 1 + bytes);
-    e->fields = px_calloc(nf ? nf : 1, sizeof(px_field));
+    e->fields = (px_field *)(e + 1);
+    e->blob = (char *)(e->fields + nf);
     e->nfields = nf;
     char *p = e->blob;
     memcpy(p, id, idlen + 1);
@@ -129,9 +131,7 @@ void px_entry_free(px_entry *e)
     free(e->key);
     free(e->lock_key);
     free(e->reason);
-    free(e->fields);
-    free(e->blob);
-    free(e);
+    free(e);   /* and its fields and blob, in the same block */
 }
 
 /* The entry of this replica working on 'e's key (claiming, delivered, being

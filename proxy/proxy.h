@@ -56,7 +56,8 @@ struct px_entry {
     px_field       *fields;        /* all fields, in stream order; point into 'blob' */
     size_t          nfields;
     int             payload_idx;   /* index of the payload field, or -1 */
-    char           *blob;          /* owned: one block holding id and field bytes */
+    char           *blob;          /* id and field bytes; 'fields' and 'blob' live in
+                                      the entry's own allocation, after it */
     size_t          bytes;         /* size of the entry's fields, for max_entry_bytes */
     char           *key;           /* rendered dedup key; owned; NULL for bad input */
     char           *lock_key;      /* rendered lock_key; owned; NULL when none */

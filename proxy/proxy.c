@@ -88,11 +88,13 @@ px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields)
     px_stream_conf *sc = st->conf;
     size_t nf = fields->elements / 2, bytes = 0, idlen = strlen(id);
     for (size_t i = 0; i < nf * 2; i++) bytes += fields->element[i]->len + 1;
-    px_entry *e = px_calloc(1, sizeof(*e));
+    /* One block: the entry, then its fields, then the bytes they point to. */
+    px_entry *e = px_malloc(sizeof(*e) + nf * sizeof(px_field) + idlen + 1 + bytes);
+    memset(e, 0, sizeof(*e));
     e->st = st;
     e->payload_idx = -1;
-    e->blob = px_malloc(idlen + 1 + bytes);
-    e->fields = px_calloc(nf ? nf : 1, sizeof(px_field));
+    e->fields = (px_field *)(e + 1);
+    e->blob = (char *)(e->fields + nf);
     e->nfields = nf;
     char *p = e->blob;
     memcpy(p, id, idlen + 1);
@@ -137,9 +139,7 @@ void px_entry_free(px_entry *e)
     free(e->key);
     free(e->lock_key);
     free(e->reason);
-    free(e->fields);
-    free(e->blob);
-    free(e);
+    free(e);   /* and its fields and blob, in the same block */
 }
 
 /* The entry of this replica working on 'e's key (claiming, delivered, being
@@ -252,6 +252,9 @@ void px_proxy_claimed(px_entry *e)
         px_entry_finish(e, PX_OUT_NONE);
         return;
     }
+    /* The first extension is due within the second half of lease_every,
+     * jittered, so a burst of claims does not become a burst of extensions. */
+    e->lease_next = ev_now(e->st->px->loop) + e->st->lease_every * jitter(0.5, 1.0);
     e->state = PX_E_SEND;
     px_queue_push(&e->st->px->send_q, e);
 }
@@ -551,8 +554,19 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
         snprintf(st->ttl_s, sizeof(st->ttl_s), "%lld", st->conf->done_ttl_ms);
         st->want_fields = strstr(px_template_source(st->conf->key_tpl), "fields") ||
                           (st->conf->lock_tpl && strstr(px_template_source(st->conf->lock_tpl), "fields"));
-        double every = (double)st->conf->lease_ms / 3000.0;
-        ev_timer_init(&st->lease, lease_cb, every, every);
+        /* Leases are extended every lease_ms / 3 each, not all at once: a
+         * timer ticks PX_LEASE_TICKS times in that time and extends the due
+         * ones, at most lease_budget a tick. The budget is 4 x the average
+         * need even if every slot of max_inflight is held, so a backlog (all
+         * due at once) drains within a quarter of lease_every: an extension
+         * goes out at most (1 + 1/4 + 1/16) / 3 < 0.44 of the lease after the
+         * last, and lands within timeout_ms <= lease_ms / 2 (config.c) of
+         * that, before the lease ends. */
+        st->lease_every = (double)st->conf->lease_ms / 3000.0;
+        st->lease_budget = (4 * (size_t)conf->max_inflight + PX_LEASE_TICKS - 1) / PX_LEASE_TICKS;
+        if (st->lease_budget < 64) st->lease_budget = 64;
+        double tick = st->lease_every / PX_LEASE_TICKS;
+        ev_timer_init(&st->lease, lease_cb, tick, tick);
         st->lease.data = st;
         ev_timer_start(loop, &st->lease);
         px_reader_start(st);

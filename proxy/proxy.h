@@ -24,6 +24,11 @@
 #include "config.h"
 #include "redis.h"
 
+/* Lease extension pacing (claim.c): each held lease is extended every
+ * lease_ms / 3, by a timer that ticks this often in that time and extends only
+ * the entries that are due, at most 'lease_budget' a tick. */
+#define PX_LEASE_TICKS 16
+
 typedef struct px_proxy px_proxy;
 typedef struct px_stream px_stream;
 typedef struct px_entry px_entry;
@@ -51,7 +56,8 @@ struct px_entry {
     px_field       *fields;        /* all fields, in stream order; point into 'blob' */
     size_t          nfields;
     int             payload_idx;   /* index of the payload field, or -1 */
-    char           *blob;          /* owned: one block holding id and field bytes */
+    char           *blob;          /* id and field bytes; 'fields' and 'blob' live in
+                                      the entry's own allocation, after it */
     size_t          bytes;         /* size of the entry's fields, for max_entry_bytes */
     char           *key;           /* rendered dedup key; owned; NULL for bad input */
     char           *lock_key;      /* rendered lock_key; owned; NULL when none */
@@ -83,6 +89,7 @@ struct px_entry {
     char           *reason;        /* owned: dead-letter reason, or NULL */
     uint32_t        req_id;        /* SP request id of the current delivery */
     uint64_t        deadline_ms;   /* ack deadline of the current delivery */
+    double          lease_next;    /* loop time its next lease extension is due */
     ev_timer        timer;         /* park / backoff / lock wait / ack timeout */
     px_entry       *prev, *next;   /* the stream's list of tracked entries */
     px_entry       *qnext;         /* the queue it waits in (claim, send, commit, xack) */
@@ -140,7 +147,9 @@ struct px_stream {
     char            last_id[64];   /* group-less: last id read; group: history cursor */
     ev_timer        autoclaim;     /* group mode: periodic XAUTOCLAIM */
     char            autoclaim_cursor[64];
-    ev_timer        lease;         /* periodic lease extension */
+    ev_timer        lease;         /* ticks PX_LEASE_TICKS times per lease_every */
+    double          lease_every;   /* seconds between two extensions of one lease: lease_ms / 3 */
+    size_t          lease_budget;  /* entries extended at most per tick (bounds the bursts) */
     ev_timer        janitor;       /* group mode: idle consumer removal */
     ev_timer        pause;         /* a short wait after an error reply, then read again */
     px_entry       *head;          /* tracked entries of this stream */

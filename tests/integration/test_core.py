@@ -265,6 +265,29 @@ def test_lease_extended_past_lease_ms(env):
     assert "lease lost" not in p.log_text()
 
 
+def test_many_held_leases_all_extended(env):
+    """Extensions are paced (a few per timer tick, not every lease at once);
+    still, with hundreds of deliveries held past two leases, no lock expires."""
+    n = 600
+    # max_inflight leaves a reader batch of room, so the last few entries are read too.
+    p = env.proxy([stream_conf("group", "single", lease_ms=2000)], ack_timeout_ms=30000,
+                  max_inflight=n + 256, log_level="info")
+    w = env.worker(p.endpoint, behave=lambda d: None)    # receives, never answers
+    publish(env.r, "room", [{"eventId": f"held-{i}"} for i in range(n)])
+    wait_for(lambda: len(w.got) >= n, what=f"{n} deliveries held")
+    keys = [f"idem:held-{i}" for i in range(n)]
+    first = env.r.mget(keys)
+    assert all(v and v.startswith("L:") for v in first)
+    end = time.monotonic() + 5.0                          # two and a half leases
+    while time.monotonic() < end:
+        assert env.r.mget(keys) == first                  # every lock still ours
+        time.sleep(0.2)
+    assert all(0 < t <= 2000 for t in env.r.eval(
+        "local t = {} for i, k in ipairs(KEYS) do t[i] = redis.call('pttl', k) end return t",
+        len(keys), *keys))
+    assert "lease lost" not in p.log_text()
+
+
 def test_fencing_tokens_increase(env):
     def behave(d):
         return (pb.Ack.RETRY, "") if d.attempt < 3 else (pb.Ack.ACK, "")

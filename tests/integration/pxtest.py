@@ -42,6 +42,20 @@ def free_port():
         return s.getsockname()[1]
 
 
+def free_ports(n):
+    """n distinct free ports (every socket is held until all are chosen)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def wait_for(cond, timeout=10.0, what="condition"):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -92,23 +106,35 @@ class RedisCluster:
 
     def __init__(self, tmp: Path, masters=3, replicas=1, node_timeout=1000):
         self.tmp = tmp
-        self.procs = {}
-        n = masters * (1 + replicas)
-        self.ports = [free_port() for _ in range(n)]
         self.node_timeout = node_timeout
-        for port in self.ports:
-            self.start_node(port)
-        subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
-                        "--cluster-replicas", str(replicas), "--cluster-yes"],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
-        wait_for(self.settled, timeout=30, what="cluster state ok on every node")
+        n = masters * (1 + replicas)
+        # A port taken by something else between free_port() and the bind leaves
+        # `--cluster create` waiting forever for a node to join: try afresh.
+        for attempt in range(3):
+            self.procs = {}
+            ports = free_ports(2 * n)            # data and bus ports, all distinct
+            self.ports, self.bus = ports[:n], dict(zip(ports[:n], ports[n:]))
+            try:
+                for port in self.ports:
+                    self.start_node(port)
+                subprocess.run(["redis-cli", "--cluster", "create",
+                                *(f"127.0.0.1:{p}" for p in self.ports),
+                                "--cluster-replicas", str(replicas), "--cluster-yes"],
+                               check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               timeout=30)
+                wait_for(self.settled, timeout=30, what="cluster state ok on every node")
+                break
+            except (subprocess.SubprocessError, AssertionError):
+                self.stop()
+                if attempt == 2:
+                    raise
         self.client = redis_lib.RedisCluster(host="127.0.0.1", port=self.ports[0],
                                              decode_responses=True)
 
     def start_node(self, port):
         d = self.tmp / f"node-{port}"
         d.mkdir(exist_ok=True)
-        bus = self.__dict__.setdefault("bus", {}).setdefault(port, free_port())
+        bus = self.bus[port]
         self.procs[port] = subprocess.Popen(
             ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d),
              "--cluster-enabled", "yes", "--cluster-port", str(bus),

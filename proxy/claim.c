@@ -209,6 +209,7 @@ static const char *done_name(px_entry *e, px_buf *b)
  * check; done mark before the release). */
 static bool split_ordered(px_entry *e)
 {
+    if (!px_redis_clustered(e->st->px->redis)) return true;   /* one server: one connection */
     px_buf a = {0}, b = {0};
     bool same = px_redis_same_slot(e->st->px->redis, lock_name(e, &a), done_name(e, &b));
     px_buf_deinit(&a);

@@ -369,6 +369,11 @@ void px_redis_cluster_state(px_redis *outer, bool up)
     set_up(outer, up);
 }
 
+bool px_redis_clustered(const px_redis *r)
+{
+    return r->cl != NULL;
+}
+
 bool px_redis_same_slot(const px_redis *r, const char *a, const char *b)
 {
     return r->cl == NULL || px_cluster_slot(a, strlen(a)) == px_cluster_slot(b, strlen(b));

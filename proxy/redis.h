@@ -57,6 +57,9 @@ void px_redis_destroy(px_redis *r);
  * master and every master's link is up. */
 bool px_redis_is_up(const px_redis *r);
 
+/* True for a Redis Cluster client. */
+bool px_redis_clustered(const px_redis *r);
+
 /* True when keys 'a' and 'b' are served by one connection in order: always on
  * a single server, on a cluster only when they share a hash slot. Commands on
  * different slots may run in any order relative to each other. */

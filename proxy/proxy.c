@@ -178,6 +178,7 @@ void px_entry_finish(px_entry *e, px_outcome outcome)
     }
     ev_timer_stop(st->px->loop, &e->timer);
     wait_out_end(e);
+    if (e->state == PX_E_XACK) st->px->leaving--;
     if (e->prev) e->prev->next = e->next; else st->head = e->next;
     if (e->next) e->next->prev = e->prev;
     st->tracked--;
@@ -195,15 +196,18 @@ px_entry *px_proxy_find(px_stream *st, const char *id)
 }
 
 /* max_inflight bounds the entries being claimed, with a worker or being
- * written. Copies parked behind another holder's lock (for up to a lease) are
- * not in it, or a few busy keys across replicas would stall reading; they are
- * bounded apart, to PX_WAITING_OUT_MAX times max_inflight. */
+ * written (SPEC 4: claimed entries not yet committed). Two kinds of tracked
+ * entry are not in it: copies parked behind another holder's lock (for up to
+ * a lease), or a few busy keys across replicas would stall reading; and
+ * entries already committed (or found to be copies) that only await their
+ * XACK, or that last round trip would hold up the next read. Together they
+ * are bounded apart, to PX_WAITING_OUT_MAX times max_inflight. */
 #define PX_WAITING_OUT_MAX 4
 
 size_t px_proxy_room(px_proxy *px)
 {
     size_t max = (size_t)px->conf->max_inflight, cap = max * (1 + PX_WAITING_OUT_MAX);
-    size_t active = px->tracked - px->waiting_out;
+    size_t active = px->tracked - px->waiting_out - px->leaving;
     if (active >= max || px->tracked >= cap) return 0;
     return max - active < cap - px->tracked ? max - active : cap - px->tracked;
 }
@@ -214,6 +218,7 @@ static void leave(px_entry *e, px_outcome outcome)
     e->outcome = outcome;
     if (e->st->conf->group) {
         e->state = PX_E_XACK;
+        e->st->px->leaving++;
         px_queue_push(&e->st->px->xack_q, e);
     } else {
         px_entry_finish(e, outcome);

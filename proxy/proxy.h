@@ -170,6 +170,7 @@ struct px_proxy {
     size_t          nstreams;
     size_t          tracked;       /* entries read and not yet gone, all streams */
     size_t          waiting_out;   /* of those, copies parked behind another holder's lock */
+    size_t          leaving;       /* of those, committed (or copies) and only awaiting XACK */
     px_queue        claim_q, send_q, commit_q, xack_q;
     void           *deliver;       /* deliver.c state */
     void           *metrics;       /* metrics.c state; NULL when disabled */

@@ -288,6 +288,32 @@ def test_many_held_leases_all_extended(env):
     assert "lease lost" not in p.log_text()
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_max_inflight_bounds_claimed_entries_only(env, mode):
+    """max_inflight counts claimed entries not yet committed (SPEC 4): with a
+    worker that never answers, exactly that many are delivered and held, and no
+    more are read; copies of done keys are not claimed, so they still leave."""
+    r = env.r
+    for i in range(20):
+        r.set(f"idem:done-{i}", "D", px=600000)
+    publish(r, "room", [{"eventId": f"done-{i}"} for i in range(20)] +
+            [{"eventId": f"new-{i}"} for i in range(30)])
+    p = env.proxy([stream_conf(mode, "single")], max_inflight=8, ack_timeout_ms=60000)
+    w = env.worker(p.endpoint, behave=lambda d: None)     # receives, never answers
+    wait_for(lambda: len(w.got) >= 8, what="8 deliveries held")
+    time.sleep(1.0)                                       # room for more would be used by now
+    m = p.metrics()
+    assert len(w.got) == 8
+    assert sorted(d.key for d in w.got) == sorted(f"new-{i}" for i in range(8))
+    assert m['idemproxy_outcomes_total{stream="room",outcome="duplicate"}'] == 20
+    assert m["idemproxy_inflight"] == 8
+    assert m['idemproxy_entries_read_total{stream="room"}'] == 28
+    assert all(r.get(f"idem:new-{i}").startswith("L:") for i in range(8))
+    assert all(r.get(f"idem:new-{i}") is None for i in range(8, 30))
+    if mode == "group":
+        assert pending(r, "room", "game-server") == 8     # the copies were XACKed
+
+
 def test_fencing_tokens_increase(env):
     def behave(d):
         return (pb.Ack.RETRY, "") if d.attempt < 3 else (pb.Ack.ACK, "")

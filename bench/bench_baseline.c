@@ -5,8 +5,14 @@
  * Modes a and b read the stream with XRANGE in pages of --batch entries, parse each
  * entry's "payload" field with json-c and take "eventId" as the key (what
  * idemproxy renders from "#event.eventId"); the time of that reading and
- * parsing is included. Neither uses a consumer group (no XREADGROUP, no XACK),
- * and the "handler" does nothing.
+ * parsing is included. The "handler" does nothing.
+ *
+ * --group G (mode b): read as idemproxy does in group mode, so Redis does the
+ * same work: XREADGROUP GROUP G bench COUNT --batch ... ">" instead of XRANGE
+ * (the group is created at "0" first), and one XACK per page, pipelined after
+ * that page's done marks (the same connection, so after them), of every entry
+ * the page settled. Without --group, no consumer group and no XACK: what
+ * idemproxy does in group-less mode (XREAD).
  *
  * --mode a: the seeds' algorithm (seed 000's @RedisLock), what each service
  * does today: per event, one round trip per command:
@@ -60,6 +66,12 @@ static redisContext *c;
 static char release_sha[64];
 static long lease_ms = 5000, ttl_ms = 600000;
 static unsigned long long n_keys, n_copies, n_busy, n_bad, n_entries;
+static const char *group;               /* --group: XREADGROUP and XACK */
+static const char *stream = "bench";
+
+/* Group mode: the ids a page settles, XACKed in one command. */
+static const char **ack_argv;
+static size_t nack;
 
 static double now_s(void)
 {
@@ -102,7 +114,7 @@ static redisReply *get_reply(const char *what)
     return checked(r, what);
 }
 
-typedef struct ev { char *key, tok[24]; } ev;
+typedef struct ev { char *key, tok[24], id[40]; } ev;
 
 static void new_token(ev *e)
 {
@@ -116,6 +128,21 @@ static char *name(char *buf, size_t size, const char *prefix, const char *key)
 {
     snprintf(buf, size, "%s%s", prefix, key);
     return buf;
+}
+
+/* Group mode: 'id' settled; XACKed with the rest of its page. */
+static void ack_later(const char *id)
+{
+    if (group) ack_argv[3 + nack++] = id;
+}
+
+/* Group mode: append the page's XACK; returns how many replies to read (0 or 1). */
+static size_t append_xack(void)
+{
+    if (nack == 0) return 0;
+    append((int)(3 + nack), ack_argv);
+    nack = 0;
+    return 1;
 }
 
 /* --- mode a: five round trips per new key, one per copy ------------------ */
@@ -166,6 +193,7 @@ static size_t page_settle(ev *v, size_t n, const char *state)
         if (state[i] == BUSY) { n_busy++; v[nbusy++] = v[i]; continue; }
         if (state[i] == CLAIMED) n_keys++; else n_copies++;
         free(v[i].key);
+        v[i].key = NULL;
     }
     return nbusy;
 }
@@ -191,7 +219,11 @@ static size_t page_single(ev *v, size_t n, char *state)
     for (size_t i = 0; i < n; i++)
         if (state[i] == CLAIMED)
             append(6, (const char *[]){ "SET", name(k, sizeof(k), "idem:", v[i].key), "D", "PX", ttl, "GET" });
+    for (size_t i = 0; i < n; i++)
+        if (state[i] != BUSY) ack_later(v[i].id);
+    size_t acks = append_xack();
     for (size_t i = 0; i < nclaimed; i++) freeReplyObject(get_reply("SET D"));
+    if (acks) freeReplyObject(get_reply("XACK"));
     return page_settle(v, n, state);
 }
 
@@ -233,13 +265,16 @@ static size_t page_split(ev *v, size_t n, char *state)
             sent++;
         }
     }
+    for (size_t i = 0; i < n; i++)
+        if (state[i] != BUSY) ack_later(v[i].id);
+    sent += append_xack();
     for (size_t i = 0; i < sent; i++) freeReplyObject(get_reply("finish"));
     return page_settle(v, n, state);
 }
 
 /* --- mode l: XADD -> XREAD latency, no dedup ------------------------------ */
 
-static int latency_floor(const char *stream, long limit)
+static int latency_floor(long limit)
 {
     static hist h;
     char last[64] = "$";
@@ -292,7 +327,7 @@ static char *entry_key(redisReply *en)
 
 int main(int argc, char **argv)
 {
-    const char *host = "127.0.0.1", *stream = "bench", *layout = "split";
+    const char *host = "127.0.0.1", *layout = "split";
     int port = 6379;
     char mode = 'b';
     long batch = 256, limit = 0;
@@ -301,9 +336,10 @@ int main(int argc, char **argv)
         { "stream", required_argument, NULL, 's' }, { "mode", required_argument, NULL, 'm' },
         { "layout", required_argument, NULL, 'l' }, { "batch", required_argument, NULL, 'b' },
         { "limit", required_argument, NULL, 'n' },  { "lease", required_argument, NULL, 'L' },
-        { "ttl", required_argument, NULL, 'T' },    { NULL, 0, NULL, 0 } };
+        { "ttl", required_argument, NULL, 'T' },    { "group", required_argument, NULL, 'g' },
+        { NULL, 0, NULL, 0 } };
     int o;
-    while ((o = getopt_long(argc, argv, "h:p:s:m:l:b:n:L:T:", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "h:p:s:m:l:b:n:L:T:g:", opts, NULL)) != -1) {
         switch (o) {
         case 'h': host = optarg; break;
         case 'p': port = atoi(optarg); break;
@@ -314,15 +350,17 @@ int main(int argc, char **argv)
         case 'n': limit = atol(optarg); break;
         case 'L': lease_ms = atol(optarg); break;
         case 'T': ttl_ms = atol(optarg); break;
+        case 'g': group = optarg; break;
         default:
             fprintf(stderr, "usage: bench_baseline --mode a|b|l [--layout single|split] [--host H]"
-                            " [--port P] [--stream S] [--batch N] [--limit N]\n");
+                            " [--port P] [--stream S] [--batch N] [--limit N] [--group G]\n");
             return 2;
         }
     }
     int single = strcmp(layout, "single") == 0;
-    if ((mode != 'a' && mode != 'b' && mode != 'l') || (!single && strcmp(layout, "split") != 0) || batch < 1) {
-        fprintf(stderr, "bench_baseline: bad --mode, --layout or --batch\n");
+    if ((mode != 'a' && mode != 'b' && mode != 'l') || (!single && strcmp(layout, "split") != 0) || batch < 1 ||
+        (group && mode != 'b')) {
+        fprintf(stderr, "bench_baseline: bad --mode, --layout, --batch or --group (mode b only)\n");
         return 2;
     }
     if (mode == 'a') single = 0;   /* the seeds use lock: and done: keys */
@@ -336,7 +374,7 @@ int main(int argc, char **argv)
     if (mode == 'l') {
         /* say we are reading: the orchestrator starts the producer after this line */
         fprintf(stderr, "reading\n");
-        return latency_floor(stream, limit > 0 ? limit : 1);
+        return latency_floor(limit > 0 ? limit : 1);
     }
     redisReply *r = cmd("SCRIPT LOAD", 3, (const char *[]){ "SCRIPT", "LOAD", release_lua });
     snprintf(release_sha, sizeof(release_sha), "%s", r->str);
@@ -344,7 +382,20 @@ int main(int argc, char **argv)
 
     ev *v = calloc((size_t)batch * 2, sizeof(ev));   /* a page plus the busy carried over */
     char *state = calloc((size_t)batch * 2, 1);
-    if (v == NULL || state == NULL) { fprintf(stderr, "bench_baseline: out of memory\n"); return 1; }
+    ack_argv = calloc((size_t)batch * 2 + 3, sizeof(*ack_argv));
+    static char (*bad_ids)[40];
+    bad_ids = calloc((size_t)batch, sizeof(*bad_ids));
+    if (v == NULL || state == NULL || ack_argv == NULL || bad_ids == NULL) {
+        fprintf(stderr, "bench_baseline: out of memory\n");
+        return 1;
+    }
+    if (group) {
+        ack_argv[0] = "XACK";
+        ack_argv[1] = stream;
+        ack_argv[2] = group;
+        r = cmd("XGROUP CREATE", 5, (const char *[]){ "XGROUP", "CREATE", stream, group, "0" });
+        freeReplyObject(r);
+    }
     size_t carried = 0;
     char start[64] = "-", count[24];
     double t0 = now_s();
@@ -353,22 +404,36 @@ int main(int argc, char **argv)
         if (limit > 0 && (long)n_entries + want > limit) want = limit - (long)n_entries;
         if (want <= 0) break;
         snprintf(count, sizeof(count), "%ld", want);
-        redisReply *page = cmd("XRANGE", 6, (const char *[]){ "XRANGE", stream, start, "+", "COUNT", count });
-        if (page->type != REDIS_REPLY_ARRAY) die("XRANGE");
-        size_t n = carried;
-        for (size_t i = 0; i < page->elements; i++) {
+        redisReply *reply, *page;
+        if (group) {
+            /* XREADGROUP's reply: [[stream, entries]], or nil when nothing is new. */
+            reply = cmd("XREADGROUP", 9, (const char *[]){ "XREADGROUP", "GROUP", group, "bench", "COUNT",
+                                                         count, "STREAMS", stream, ">" });
+            page = reply->type == REDIS_REPLY_ARRAY && reply->elements == 1 ? reply->element[0]->element[1]
+                                                                               : NULL;
+        } else {
+            reply = page = cmd("XRANGE", 6, (const char *[]){ "XRANGE", stream, start, "+", "COUNT", count });
+            if (page->type != REDIS_REPLY_ARRAY) die("XRANGE");
+        }
+        size_t n = carried, got = page ? page->elements : 0, nbad = 0;
+        for (size_t i = 0; i < got; i++) {
             redisReply *en = page->element[i];
             n_entries++;
             char *key = entry_key(en);
-            if (key == NULL) { n_bad++; continue; }
+            if (key == NULL) {        /* bad input: acked with the page, as idemproxy's skip */
+                n_bad++;
+                snprintf(bad_ids[nbad], sizeof(bad_ids[nbad]), "%s", en->element[0]->str);
+                ack_later(bad_ids[nbad++]);
+                continue;
+            }
             v[n].key = key;
             v[n].tok[0] = '\0';
+            snprintf(v[n].id, sizeof(v[n].id), "%s", en->element[0]->str);
             n++;
         }
-        size_t got = page->elements;
         if (got > 0)
             snprintf(start, sizeof(start), "(%s", page->element[got - 1]->element[0]->str);
-        freeReplyObject(page);
+        freeReplyObject(reply);
         if (mode == 'a') {
             for (size_t i = 0; i < n; i++) { one_event(&v[i]); free(v[i].key); }
             carried = 0;

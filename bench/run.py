@@ -5,9 +5,11 @@ It starts ONE redis-server (a free port, a temp dir, no persistence) and, for
 each measurement, FLUSHALLs it and reloads the same entries (bench_producer with
 the same seed gives the same keys in the same order). Then:
 
-  throughput, per layout (single, split): the stream is loaded before the
-    proxy starts; workers (bench_worker, one REP socket per thread) connect;
-    the proxy starts in group mode (XREADGROUP + XACK, the realistic setup).
+  throughput, per read mode (group, plain) and layout (single, split): the
+    stream is loaded before the proxy starts; workers (bench_worker, one REP
+    socket per thread) connect; the proxy starts in group mode (XREADGROUP +
+    XACK, the setup for many replicas) or group-less ("plain": XREAD from 0,
+    nothing acked, seed 000's fromStart() setup).
     keys/s    = unique keys / time from the proxy's start to the worker's
                 receipt of the last unique key;
     entries/s = N / time until /metrics shows entries_read = N and
@@ -18,7 +20,9 @@ the same seed gives the same keys in the same order). Then:
     Redis commands per unique key = INFO commandstats after CONFIG RESETSTAT.
   baselines on the same data: (a) the seeds' per-event algorithm, 5 round trips
     per new key (on a sample: it is slow; keys/s is a rate) and (b) the same
-    dedup pipelined from C, both layouts (bench_baseline.c says what they do).
+    dedup pipelined from C, for each read mode and layout, reading the way
+    idemproxy does in that mode (XREADGROUP and XACK in group mode, so Redis
+    does the same work; bench_baseline.c says what they do).
   latency: entries XADDed at a steady rate (each stamped with its send time) to
     an idle proxy; the worker histograms now - stamp at receipt. The same load
     read by a plain blocked XREAD client, no proxy, is the "floor".
@@ -32,6 +36,7 @@ Knobs (environment, default):
   BENCH_COPIES 0.5           share of entries that repeat an earlier eventId
   BENCH_REPEAT 3             rounds of throughput runs and baselines
   BENCH_LAYOUTS single,split
+  BENCH_READS group,plain    read modes of the throughput rows and of (b)
   BENCH_SAMPLE_A 5000        entries baseline (a) runs on
   BENCH_BATCH 256            baseline (b)'s pipeline batch
   BENCH_RATES 1000,5000,20000, BENCH_RATE_SECONDS 5, BENCH_LAT_LAYOUT single,
@@ -47,7 +52,7 @@ Knobs (environment, default):
                              and 3 idemproxy replicas against a local 3-master cluster
   BENCH_TIMEOUT 300          seconds any one wait may take
   IDEMPROXY_BIN build/idemproxy (copied first: a rebuild meanwhile is harmless)
-An empty BENCH_RATES or BENCH_LAYOUTS, or 0 for BENCH_SAMPLE_A or BENCH_HOLD,
+An empty BENCH_RATES, BENCH_LAYOUTS or BENCH_READS, or 0 for BENCH_SAMPLE_A or BENCH_HOLD,
 skips that part. Prints the table and writes build/bench/results.md and
 results.json. A missed target never fails the run: the table says which were met.
 """
@@ -93,6 +98,8 @@ HOLD = env("BENCH_HOLD", 10000, int)
 CLUSTER_N = env("BENCH_CLUSTER_N", 100000, int)
 HOLD_INFLIGHT = HOLD + 256
 LAYOUTS = [x for x in env("BENCH_LAYOUTS", "single,split").split(",") if x]
+READS = [x for x in env("BENCH_READS", "group,plain").split(",") if x]
+VARIANTS = [f"{read}/{layout}" for read in READS for layout in LAYOUTS]   # "group/single", ...
 LAT_LAYOUT = env("BENCH_LAT_LAYOUT", "single")
 BATCH = env("BENCH_BATCH", 256, int)
 PERF = env("BENCH_PERF", "")
@@ -204,12 +211,13 @@ class Bench:
 
     # --- processes --------------------------------------------------------
 
-    def proxy(self, layout, max_inflight=MAX_INFLIGHT, ack_timeout_ms=30000):
+    def proxy(self, layout, max_inflight=MAX_INFLIGHT, ack_timeout_ms=30000, read="group"):
         self.nproxy += 1
         name = f"proxy{self.nproxy}"
         endpoint = f"ipc://{self.tmp}/app.sock"
         mport = free_port()
         cfg = self.tmp / f"{name}.yaml"
+        group = f"    group: {GROUP}\n" if read == "group" else ""
         cfg.write_text(f"""redis:
   url: redis://127.0.0.1:{self.port}
 app:
@@ -223,8 +231,7 @@ log:
 shutdown_grace_ms: 2000
 streams:
   - stream: {STREAM}
-    group: {GROUP}
-    consumer: bench
+{group}    consumer: bench
     payload_field: payload
     key: "#event.eventId"
     layout: {layout}
@@ -350,15 +357,16 @@ def spread(r):
     return f"{r['keys_per_s']:,.0f}" + (f" ({lo:,.0f}–{hi:,.0f})" if hi > lo else "")
 
 
-def throughput(b, layout, data, perf=None):
-    log(f"throughput, layout {layout}: {N} entries loaded, {data['unique']} unique keys")
+def throughput(b, variant, data, perf=None):
+    read, layout = variant.split("/")
+    log(f"throughput, {read} read, layout {layout}: {N} entries loaded, {data['unique']} unique keys")
     b.reset_stats()
     w = b.worker(f"ipc://{b.tmp}/app.sock", expect=data["unique"])
     time.sleep(0.2)                                      # let the worker's sockets exist
-    p = b.proxy(layout)
-    perf = perf if layout == LAYOUTS[0] else None
+    p = b.proxy(layout, read=read)
+    perf = perf if variant == VARIANTS[0] else None
     p.start(perf, OUT / f"perf{'-stat' if perf == 'stat' else ''}-{layout}")
-    m = b.wait(lambda: p.finished(N), TIMEOUT, f"{N} entries done ({layout})")
+    m = b.wait(lambda: p.finished(N), TIMEOUT, f"{N} entries done ({variant})")
     t_all = time.monotonic() - p.t0
     cpu = p.cpu()
     hwm = p.hwm_kib()
@@ -367,7 +375,7 @@ def throughput(b, layout, data, perf=None):
     wr = w.stop()
     t_keys = (wr["expect_mono"] / 1e6 - p.t0) if wr["expect_mono"] else float("nan")
     res = {
-        "layout": layout, "entries": N, "unique": data["unique"], "load": loadavg(),
+        "variant": variant, "read": read, "layout": layout, "entries": N, "unique": data["unique"], "load": loadavg(),
         "t_keys": t_keys, "t_all": t_all,
         "keys_per_s": data["unique"] / t_keys, "entries_per_s": N / t_all,
         "cpu_s": cpu, "cpu_per_1k": cpu / (N / 1000), "vmhwm_kib": hwm,
@@ -394,12 +402,14 @@ def throughput(b, layout, data, perf=None):
         f"({t_all:.2f} s), CPU {cpu:.2f} s, busy {res['lock_busy']:.0f}, cmds/key {res['cmds_per_key']:.2f}, "
         f"longest gap {res['max_gap_s']:.2f} s")
 
-    # The same stream again, every key done: all copies (a restart reading from 0).
-    b.r.xgroup_setid(STREAM, GROUP, "0")
+    # The same stream again, every key done: all copies (a restart reading from 0;
+    # group-less, a new proxy reads from "0" anyway).
+    if read == "group":
+        b.r.xgroup_setid(STREAM, GROUP, "0")
     b.reset_stats()
-    p = b.proxy(layout)
+    p = b.proxy(layout, read=read)
     p.start()
-    m = b.wait(lambda: p.finished(N), TIMEOUT, f"{N} copies skipped ({layout})")
+    m = b.wait(lambda: p.finished(N), TIMEOUT, f"{N} copies skipped ({variant})")
     t_copy = time.monotonic() - p.t0
     res["copy_cpu_s"] = p.cpu()
     cstats = b.command_stats()
@@ -414,21 +424,24 @@ def throughput(b, layout, data, perf=None):
     return res
 
 
-def baseline(b, mode, layout, limit=0):
+def baseline(b, mode, layout, limit=0, read="plain"):
     data = b.fresh()
     b.reset_stats()
     cmd = [str(BIN_DIR / "bench_baseline"), "--port", str(b.port), "--stream", STREAM, "--mode", mode,
            "--layout", layout, "--batch", str(BATCH)]
     if limit:
         cmd += ["--limit", str(limit)]
+    if read == "group":
+        cmd += ["--group", GROUP]
     load = loadavg()
     res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     res["load"] = load
     stats = b.command_stats()
-    stats.pop("script|load", None)
+    for own in ("script|load", "xgroup|create"):
+        stats.pop(own, None)
     res["commands"] = stats
     res["cmds_per_key"] = sum(stats.values()) / max(res["keys"], 1)
-    log(f"baseline ({mode}) {layout}{' on ' + str(limit) + ' entries' if limit else ''}: "
+    log(f"baseline ({mode}) {read if mode == 'b' else ''} {layout}{' on ' + str(limit) + ' entries' if limit else ''}: "
         f"{res['keys_per_s']:.0f} keys/s, {res['entries_per_s']:.0f} entries/s")
     return res
 
@@ -567,50 +580,54 @@ def report(meta, tp, base, lat, mem):
     L.append(f"`make bench` on {meta['machine']}; load average {meta['load_start']} at the start, "
              f"{meta['load_end']} at the end; {meta['redis']}; idemproxy {meta['rev']} (binary built {meta['binary']}). "
              f"{N} entries, {COPIES:.0%} copies (same seed, so the same keys, for every run), "
-             f"JSON payloads with an eventId; idemproxy in group mode (XREADGROUP, XACK), "
+             f"JSON payloads with an eventId; idemproxy in group mode (XREADGROUP, XACK) and group-less "
+             f"(\"plain\": XREAD from 0, nothing acked), "
              f"max_inflight {MAX_INFLIGHT}, {WORKERS} C workers (one REP socket each) that ack at once; "
              f"one redis-server for everything, flushed and reloaded before each run. "
              f"Throughput rows: the median of {REPEAT} interleaved rounds (min–max of keys/s in brackets).\n")
     L.append("| run | unique keys | keys/s | entries/s | copies/s | proxy CPU s / 1k entries | Redis commands / key |")
     L.append("|---|---:|---:|---:|---:|---:|---:|")
     for t in tp:
-        L.append(f"| idemproxy, layout {t['layout']} | {t['unique']} | {spread(t)} | "
+        L.append(f"| idemproxy, {t['read']} read, layout {t['layout']} | {t['unique']} | {spread(t)} | "
                  f"{t['entries_per_s']:,.0f} | {t['copies_per_s']:,.0f} | {t['cpu_per_1k']:.3f} | "
                  f"{t['cmds_per_key']:.2f} |")
     a = base.get("a")
     if a:
         L.append(f"| (a) seeds' algorithm, 5 round trips per key, on the first {a['entries']} entries | "
                  f"{a['keys']} | {spread(a)} | {a['entries_per_s']:,.0f} | | | {a['cmds_per_key']:.2f} |")
-    for layout in LAYOUTS:
-        r = base.get("b-" + layout)
+    for v in VARIANTS:
+        r = base.get("b-" + v)
+        read, layout = v.split("/")
         if r:
-            L.append(f"| (b) no proxy, pipelined ({BATCH}/batch), layout {layout} | {r['keys']} | "
+            L.append(f"| (b) no proxy, pipelined ({BATCH}/batch), {read} read, layout {layout} | {r['keys']} | "
                      f"{spread(r)} | {r['entries_per_s']:,.0f} | | | {r['cmds_per_key']:.2f} |")
     L.append("")
     L.append("keys/s: unique keys / time from the proxy's start until the worker received the last one. "
              "entries/s: entries / time until every entry was done and XACKed (/metrics: read = N, "
              "pending = 0). copies/s: a second run over the same stream once every key is done "
-             "(XGROUP SETID to 0, as a restart reading from the start): every entry a skipped copy. "
-             "Baselines read the stream with XRANGE and parse the JSON (json-c), with no consumer group "
-             "and no XACK; that time is included. Redis commands counted by INFO commandstats, which also "
+             "(group: XGROUP SETID to 0; plain: a new proxy, which reads from 0): every entry a skipped copy. "
+             "Baselines parse the JSON (json-c), and that time is included. (a) reads with XRANGE, no "
+             "consumer group, as seed 000 does. (b) reads as idemproxy does in the same read mode: "
+             "group, XREADGROUP and one XACK per page after its done marks; plain, XRANGE and no XACK. "
+             "Redis commands counted by INFO commandstats, which also "
              "counts the GET/DEL a compare-and-delete script runs.\n")
 
-    L.append("| ratio | single | split |")
-    L.append("|---|---:|---:|")
-    by = {t["layout"]: t for t in tp}
+    by = {t["variant"]: t for t in tp}
+    L.append("| ratio | " + " | ".join(v.replace("/", " read, ") for v in VARIANTS) + " |")
+    L.append("|---|" + "---:|" * len(VARIANTS))
 
-    def ratio(layout, ref):
-        t = by.get(layout)
+    def ratio(v, ref):
+        t = by.get(v)
         return t["keys_per_s"] / ref["keys_per_s"] if t and ref and ref["keys_per_s"] else float("nan")
 
-    L.append(f"| idemproxy / (b), keys/s | {ratio('single', base.get('b-single')):.2f} | "
-             f"{ratio('split', base.get('b-split')):.2f} |")
-    L.append(f"| idemproxy / (a), keys/s | {ratio('single', a):.1f} | {ratio('split', a):.1f} |")
-    def copy_ratio(layout):
-        t = by.get(layout)
+    def copy_ratio(v):
+        t = by.get(v)
         return t["copies_per_s"] / t["keys_per_s"] if t else float("nan")
 
-    L.append(f"| copies/s / keys/s | {copy_ratio('single'):.2f} | {copy_ratio('split'):.2f} |")
+    L.append("| idemproxy / (b) in the same read mode, keys/s | "
+             + " | ".join(f"{ratio(v, base.get('b-' + v)):.2f}" for v in VARIANTS) + " |")
+    L.append("| idemproxy / (a), keys/s | " + " | ".join(f"{ratio(v, a):.1f}" for v in VARIANTS) + " |")
+    L.append("| copies/s / keys/s | " + " | ".join(f"{copy_ratio(v):.2f}" for v in VARIANTS) + " |")
     L.append("")
 
     L.append(f"Latency from XADD to the worker (layout {LAT_LAYOUT}, {RATE_SECONDS:g} s per rate, "
@@ -640,12 +657,13 @@ def report(meta, tp, base, lat, mem):
                  f"{mem['held_cmds_per_s']:,.0f} Redis commands/s while holding) | {mem['rss_later_kib'] / 1024:.1f} |")
         L.append(f"| the same, peak (VmHWM) | {mem['hwm_kib'] / 1024:.1f} |")
     for t in tp:
-        L.append(f"| peak (VmHWM) in the throughput run, layout {t['layout']} | {t['vmhwm_kib'] / 1024:.1f} |")
+        L.append(f"| peak (VmHWM) in the throughput run, {t['read']} read, layout {t['layout']} | "
+                 f"{t['vmhwm_kib'] / 1024:.1f} |")
     L.append("")
 
     L.append("Redis commands per unique key (INFO commandstats):\n")
     for t in tp:
-        L.append(f"- idemproxy {t['layout']}: {t['cmds_per_key']:.2f} = {breakdown(t['commands'], t['unique'])}; "
+        L.append(f"- idemproxy {t['variant']}: {t['cmds_per_key']:.2f} = {breakdown(t['commands'], t['unique'])}; "
                  f"re-read of done entries: {t['copy_cmds_per_entry']:.2f} per entry = "
                  f"{breakdown(t['copy_commands'], N)}")
     for k, r in base.items():
@@ -653,7 +671,7 @@ def report(meta, tp, base, lat, mem):
     L.append("")
     L.append("What the runs saw (median round):\n")
     for t in tp:
-        L.append(f"- idemproxy {t['layout']}: {t['deliveries']} deliveries for {t['unique']} unique keys "
+        L.append(f"- idemproxy {t['variant']}: {t['deliveries']} deliveries for {t['unique']} unique keys "
                  f"({t['redeliveries']} with attempt > 1, {t['ack_timeouts']:.0f} ack timeouts), outcomes acked {t['acked']:.0f} + duplicate "
                  f"{t['duplicates']:.0f}; copies found busy and parked {t['lock_busy']:.0f}; "
                  f"keys done after {t['t_keys']:.2f} s, all entries after {t['t_all']:.2f} s; "
@@ -662,16 +680,16 @@ def report(meta, tp, base, lat, mem):
 
     L.append("| target | measured | |")
     L.append("|---|---|---|")
-    for layout, need in (("single", 0.8), ("split", 0.5)):
-        r = ratio(layout, base.get("b-" + layout))
-        L.append(f"| {layout}: idemproxy ≥ {need} × (b) keys/s | {r:.2f} | {ok(r >= need, r)} |")
-    for layout in LAYOUTS:
-        r = ratio(layout, a)
-        L.append(f"| {layout}: idemproxy ≥ 30 × (a) keys/s | {r:.1f} | {ok(r >= 30, r)} |")
-        t = by.get(layout)
-        if t:
-            q = t["copies_per_s"] / t["keys_per_s"]
-            L.append(f"| {layout}: copies skipped ≥ 2 × the rate of new keys | {q:.2f} | {ok(q >= 2)} |")
+    for v in VARIANTS:
+        need = 0.8 if v.endswith("/single") else 0.5
+        r = ratio(v, base.get("b-" + v))
+        L.append(f"| {v}: idemproxy ≥ {need} × (b) keys/s | {r:.2f} | {ok(r >= need, r)} |")
+    for v in VARIANTS:
+        r = ratio(v, a)
+        L.append(f"| {v}: idemproxy ≥ 30 × (a) keys/s | {r:.1f} | {ok(r >= 30, r)} |")
+        if by.get(v):
+            q = copy_ratio(v)
+            L.append(f"| {v}: copies skipped ≥ 2 × the rate of new keys | {q:.2f} | {ok(q >= 2)} |")
     for r in lat:
         if r["rate"] == 5000:
             L.append(f"| p99 ≤ 2 ms at 5k entries/s | {ms(r['p99_us'])} ms | {ok(r['p99_us'] <= 2000)} |")
@@ -697,23 +715,24 @@ def main():
                 Path(os.environ.get("IDEMPROXY_BIN", ROOT / "build" / "idemproxy")).stat().st_mtime)),
             "redis": subprocess.run(["redis-server", "--version"], capture_output=True,
                                     text=True).stdout.split(" sha=")[0]}
-    log(f"N={N} copies={COPIES} rates={RATES} layouts={LAYOUTS}; load average {meta['load_start']}")
+    log(f"N={N} copies={COPIES} rates={RATES} variants={VARIANTS}; load average {meta['load_start']}")
     tmp = tempfile.mkdtemp(prefix="idemproxy-bench-")
     b = Bench(tmp)
     failed = True
     try:
         # Rounds interleave idemproxy and the baselines, so a change in the
         # machine's load hits them alike; each row reports its median round.
-        tp_runs = {layout: [] for layout in LAYOUTS}
+        tp_runs = {v: [] for v in VARIANTS}
         base_runs = {}
         for rnd in range(REPEAT):
             log(f"round {rnd + 1} of {REPEAT}")
-            for layout in LAYOUTS:
-                tp_runs[layout].append(throughput(b, layout, b.fresh(), perf=PERF if rnd == 0 else None))
+            for v in VARIANTS:
+                tp_runs[v].append(throughput(b, v, b.fresh(), perf=PERF if rnd == 0 else None))
             if SAMPLE_A:
                 base_runs.setdefault("a", []).append(baseline(b, "a", "split", limit=min(SAMPLE_A, N)))
-            for layout in LAYOUTS:
-                base_runs.setdefault("b-" + layout, []).append(baseline(b, "b", layout))
+            for v in VARIANTS:
+                read, layout = v.split("/")
+                base_runs.setdefault("b-" + v, []).append(baseline(b, "b", layout, read=read))
         meta["extra_deliveries"] = sum(r["deliveries"] - r["unique"] for runs in tp_runs.values() for r in runs)
         tp = [median_run(runs) for runs in tp_runs.values()]
         base = {k: median_run(runs) for k, runs in base_runs.items()}

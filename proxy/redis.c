@@ -286,6 +286,11 @@ static void connect_start(px_redis *r)
     }
     ac->data = r;
     r->ac = ac;
+    /* hiredis frees its read buffer whenever it empties and is over 16 KiB
+     * (maxbuf): every batch of replies larger than that (a read of 256
+     * entries is ~40 KiB) would grow it again from nothing. Keep it; it is
+     * as large as the largest batch of replies, one per link. */
+    ac->c.reader->maxbuf = 0;
     redisLibevAttach(r->loop, ac);
     redisAsyncSetConnectCallback(ac, connect_cb);
     redisAsyncSetDisconnectCallback(ac, disconnect_cb);

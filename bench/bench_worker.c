@@ -151,11 +151,18 @@ int main(int argc, char **argv)
         int rc = pthread_create(&tid[i], NULL, hold ? hold_thread : ack_thread, &h[i]);
         if (rc != 0) { fprintf(stderr, "bench_worker: pthread_create: %s\n", strerror(rc)); return 1; }
     }
+    /* The count goes to a temporary file renamed over 'progress', so a reader
+     * never sees it truncated and empty (which read as 0 deliveries held). */
+    char tmp[4096];
+    if (progress) snprintf(tmp, sizeof(tmp), "%s.tmp", progress);
     struct timespec tick = { 0, 100 * 1000 * 1000 };
     while (sigtimedwait(&set, NULL, &tick) < 0) {
         if (progress) {
-            FILE *f = fopen(progress, "w");
-            if (f) { fprintf(f, "%ld\n", atomic_load(&deliveries)); fclose(f); }
+            FILE *f = fopen(tmp, "w");
+            if (f) {
+                fprintf(f, "%ld\n", atomic_load(&deliveries));
+                if (fclose(f) == 0) rename(tmp, progress);
+            }
         }
     }
     atomic_store(&stop, 1);

@@ -9,9 +9,11 @@
  * which the K-th delivery arrived is recorded, so the orchestrator can time
  * "all unique keys delivered" without polling.
  *
- * Hold mode (--hold): one raw (AF_SP_RAW) NN_REP socket that receives
- * deliveries and never answers, so idemproxy keeps them all in flight: the
- * "RSS with 10k deliveries in flight" measurement.
+ * Hold mode (--hold): --threads raw (AF_SP_RAW) NN_REP sockets, a thread
+ * each, that receive deliveries and never answer, so idemproxy keeps them all
+ * in flight: the "RSS with 10k deliveries in flight" measurement. idemproxy
+ * sends at most 128 unanswered deliveries per connected worker, so 10k need
+ * 79 sockets.
  *
  * It runs until SIGTERM or SIGINT, then prints one JSON line on stdout:
  *   {"deliveries":..,"redeliveries":..,"expect_mono":..,"first_mono":..,
@@ -134,7 +136,6 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (hold) threads = 1;
     if (threads < 1) threads = 1;
 
     /* Signals go to this thread only, through sigtimedwait. */

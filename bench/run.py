@@ -27,7 +27,8 @@ the same seed gives the same keys in the same order). Then:
     an idle proxy; the worker histograms now - stamp at receipt. The same load
     read by a plain blocked XREAD client, no proxy, is the "floor".
   memory: VmRSS of an idle proxy, and with BENCH_HOLD deliveries held by a
-    worker that never answers (max_inflight = BENCH_HOLD + 256).
+    worker that never answers (max_inflight = BENCH_HOLD + 256), over a socket
+    per 128 deliveries (idemproxy's window per connected worker).
 Throughput runs and baselines are repeated in BENCH_REPEAT interleaved rounds;
 each row is its median round.
 
@@ -329,7 +330,9 @@ class Worker:
         self.progress = Path(tmp) / "worker.progress"
         self.progress.unlink(missing_ok=True)
         cmd = [str(BIN_DIR / "bench_worker"), "--endpoint", endpoint, "--progress", str(self.progress)]
-        cmd += ["--hold"] if hold else ["--threads", str(WORKERS), "--expect", str(expect)]
+        # Holding: a socket per 128 deliveries, idemproxy's window per worker.
+        cmd += (["--hold", "--threads", str(HOLD // 128 + 1)] if hold else
+                ["--threads", str(WORKERS), "--expect", str(expect)])
         self.proc = spawn(cmd, stdout=subprocess.PIPE, text=True)
 
     def count(self):
@@ -654,7 +657,8 @@ def report(meta, tp, base, lat, mem):
         L.append(f"| idle, max_inflight {MAX_INFLIGHT} | {idle / 1024:.1f} |")
     if mem:
         L.append(f"| idle, max_inflight {HOLD_INFLIGHT} | {mem['rss_idle_kib'] / 1024:.1f} |")
-        L.append(f"| {mem['held']} deliveries in flight (max_inflight {HOLD_INFLIGHT}, worker never answers), "
+        L.append(f"| {mem['held']} deliveries in flight (max_inflight {HOLD_INFLIGHT}, a worker with "
+                 f"{HOLD // 128 + 1} sockets that never answers), "
                  f"1 s after the last | {mem['rss_kib'] / 1024:.1f} |")
         L.append(f"| the same, 7 s after the last (after rounds of lease extensions: "
                  f"{mem['held_cmds_per_s']:,.0f} Redis commands/s while holding) | {mem['rss_later_kib'] / 1024:.1f} |")

@@ -14,6 +14,14 @@
  * NN_RCVFD and NN_SNDFD are eventfds that signal by becoming readable and are
  * level-triggered: both are watched for EV_READ and drained with NN_DONTWAIT
  * until EAGAIN. The send watcher runs only while deliveries wait for room.
+ *
+ * A window of PX_WORKER_WINDOW unanswered deliveries per connected worker:
+ * libnanomsg's REP drops a reply silently when its pipe back to us is full
+ * ("if it cannot be sent because of pushback, drop it silently", rep.c), and
+ * an ipc pipe we are slow to read holds only ~200 replies (~350 small ones).
+ * A dropped ack would cost an ack timeout and a second delivery. Raw REQ
+ * spreads requests round-robin over the workers, so no pipe owes us more
+ * replies than that. Deliveries past the window wait, claimed, for replies.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -29,6 +37,7 @@
 #define PX_SLOT_BITS 20
 #define PX_SLOT_MASK ((1u << PX_SLOT_BITS) - 1)
 #define PX_GEN_MASK  0x7FFu
+#define PX_WORKER_WINDOW 128
 
 unsigned long long px_protocol_errors;
 
@@ -144,7 +153,17 @@ void px_deliver_flush(px_proxy *px)
 {
     px_deliver *d = px->deliver;
     px_entry *e;
+    if (px->send_q.head == NULL) {
+        ev_io_stop(px->loop, &d->snd_w);
+        return;
+    }
+    int workers = (int)nn_get_statistic(d->sock, NN_STAT_CURRENT_CONNECTIONS);
+    size_t window = PX_WORKER_WINDOW * (size_t)(workers > 1 ? workers : 1);
     while ((e = px->send_q.head) != NULL) {
+        if (d->nslots - d->nfree >= window) {         /* a reply frees room: the next flush */
+            ev_io_stop(px->loop, &d->snd_w);
+            return;
+        }
         if (send_one(px, d, e) != PX_OK) {
             if (!ev_is_active(&d->snd_w)) ev_io_start(px->loop, &d->snd_w);
             return;

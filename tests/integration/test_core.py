@@ -191,6 +191,25 @@ def test_worker_connects_late_c_worker(env):
     wait_for(lambda: pending(env.r, "room", "game-server") == 0, what="acked")
 
 
+def test_no_ack_lost_with_many_deliveries_in_flight(env):
+    """libnanomsg's REP drops a reply silently when its pipe back to the proxy
+    is full (a few hundred unread acks). With max_inflight far above that and
+    one C worker, no ack may be lost: each key is delivered once, attempt 1,
+    and nothing waits for an ack timeout."""
+    n = 6000
+    publish(env.r, "room", [{"eventId": f"w{i}"} for i in range(n)])
+    p = env.proxy([stream_conf("group", "single")], max_inflight=4000, ack_timeout_ms=4000,
+                  log_level="warn")
+    w = env.cworker(p.endpoint)
+    wait_for(lambda: len(w.lines()) >= n, timeout=60, what=f"{n} deliveries")
+    wait_for(lambda: pending(env.r, "room", "game-server") == 0, timeout=10, what="all acked")
+    lines = w.lines()
+    assert len(lines) == n and sorted(lines) == sorted(f"w{i} attempt=1" for i in range(n))
+    m = p.metrics()
+    assert m['idemproxy_ack_timeouts_total{stream="room"}'] == 0
+    assert m['idemproxy_deliveries_total{stream="room"}'] == n
+
+
 def test_c_worker_started_before_proxy(env):
     ep = env.endpoint()
     w = env.cworker(ep)
@@ -267,17 +286,19 @@ def test_lease_extended_past_lease_ms(env):
 
 def test_many_held_leases_all_extended(env):
     """Extensions are paced (a few per timer tick, not every lease at once);
-    still, with hundreds of deliveries held past two leases, no lock expires."""
+    still, with hundreds of entries held past two leases, no lock expires: not
+    those delivered (128, one worker's window) nor those claimed and waiting
+    for the window."""
     n = 600
     # max_inflight leaves a reader batch of room, so the last few entries are read too.
     p = env.proxy([stream_conf("group", "single", lease_ms=2000)], ack_timeout_ms=30000,
                   max_inflight=n + 256, log_level="info")
     w = env.worker(p.endpoint, behave=lambda d: None)    # receives, never answers
     publish(env.r, "room", [{"eventId": f"held-{i}"} for i in range(n)])
-    wait_for(lambda: len(w.got) >= n, what=f"{n} deliveries held")
     keys = [f"idem:held-{i}" for i in range(n)]
+    wait_for(lambda: all(v and v.startswith("L:") for v in env.r.mget(keys)), what=f"{n} claims")
+    wait_for(lambda: len(w.got) >= 128, what="a window of deliveries")
     first = env.r.mget(keys)
-    assert all(v and v.startswith("L:") for v in first)
     end = time.monotonic() + 5.0                          # two and a half leases
     while time.monotonic() < end:
         assert env.r.mget(keys) == first                  # every lock still ours
@@ -285,6 +306,8 @@ def test_many_held_leases_all_extended(env):
     assert all(0 < t <= 2000 for t in env.r.eval(
         "local t = {} for i, k in ipairs(KEYS) do t[i] = redis.call('pttl', k) end return t",
         len(keys), *keys))
+    assert len(w.got) == 128                              # the rest wait for replies
+    assert p.metrics()["idemproxy_inflight"] == n
     assert "lease lost" not in p.log_text()
 
 

@@ -137,6 +137,13 @@ def loadavg():
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+def cpu_ticks():
+    """(steal, total) ticks of all CPUs from /proc/stat: time a hypervisor gave
+    to other guests shows as steal, and explains a slow run."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return f[7] if len(f) > 7 else 0, sum(f[:8])
+
+
 def cpu_seconds(pid):
     """utime + stime of a process, in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -584,7 +591,8 @@ def report(meta, tp, base, lat, mem):
     L = []
     L.append(f"## Benchmark ({meta['date']})\n")
     L.append(f"`make bench` on {meta['machine']}; load average {meta['load_start']} at the start, "
-             f"{meta['load_end']} at the end; {meta['redis']}; idemproxy {meta['rev']} (binary built {meta['binary']}). "
+             f"{meta['load_end']} at the end; CPU time stolen by the hypervisor during the run "
+             f"{meta['steal_pct']:.1f} %; {meta['redis']}; idemproxy {meta['rev']} (binary built {meta['binary']}). "
              f"{N} entries, {COPIES:.0%} copies (same seed, so the same keys, for every run), "
              f"JSON payloads with an eventId; idemproxy in group mode (XREADGROUP, XACK) and group-less "
              f"(\"plain\": XREAD from 0, nothing acked), "
@@ -717,7 +725,7 @@ def main():
             sys.exit(f"bench: {BIN_DIR / prog} is missing: run `make -C bench` first")
     OUT.mkdir(parents=True, exist_ok=True)
     meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
-            "load_start": loadavg(), "rev": git_rev(),
+            "load_start": loadavg(), "ticks_start": cpu_ticks(), "rev": git_rev(),
             "binary": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(
                 Path(os.environ.get("IDEMPROXY_BIN", ROOT / "build" / "idemproxy")).stat().st_mtime)),
             "redis": subprocess.run(["redis-server", "--version"], capture_output=True,
@@ -754,6 +762,8 @@ def main():
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     meta["load_end"] = loadavg()
+    (s0, t0), (s1, t1) = meta["ticks_start"], cpu_ticks()
+    meta["steal_pct"] = 100.0 * (s1 - s0) / max(t1 - t0, 1)
     md = report(meta, tp, base, lat, mem) + bench_cluster.report(clu, spread)
     (OUT / "results.md").write_text(md)
     (OUT / "results.json").write_text(json.dumps({"meta": meta, "throughput": tp, "baselines": base,

@@ -383,8 +383,7 @@ int main(int argc, char **argv)
     ev *v = calloc((size_t)batch * 2, sizeof(ev));   /* a page plus the busy carried over */
     char *state = calloc((size_t)batch * 2, 1);
     ack_argv = calloc((size_t)batch * 2 + 3, sizeof(*ack_argv));
-    static char (*bad_ids)[40];
-    bad_ids = calloc((size_t)batch, sizeof(*bad_ids));
+    char (*bad_ids)[40] = calloc((size_t)batch, sizeof(*bad_ids));
     if (v == NULL || state == NULL || ack_argv == NULL || bad_ids == NULL) {
         fprintf(stderr, "bench_baseline: out of memory\n");
         return 1;

@@ -149,21 +149,21 @@ static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
     return PX_OK;
 }
 
+/* How many deliveries may be unanswered at once: the window per worker. */
+static size_t send_window(px_deliver *d)
+{
+    int workers = (int)nn_get_statistic(d->sock, NN_STAT_CURRENT_CONNECTIONS);
+    return PX_WORKER_WINDOW * (size_t)(workers > 1 ? workers : 1);
+}
+
 void px_deliver_flush(px_proxy *px)
 {
     px_deliver *d = px->deliver;
     px_entry *e;
-    if (px->send_q.head == NULL) {
-        ev_io_stop(px->loop, &d->snd_w);
-        return;
-    }
-    int workers = (int)nn_get_statistic(d->sock, NN_STAT_CURRENT_CONNECTIONS);
-    size_t window = PX_WORKER_WINDOW * (size_t)(workers > 1 ? workers : 1);
+    size_t window = 0;
     while ((e = px->send_q.head) != NULL) {
-        if (d->nslots - d->nfree >= window) {         /* a reply frees room: the next flush */
-            ev_io_stop(px->loop, &d->snd_w);
-            return;
-        }
+        if (window == 0) window = send_window(d);
+        if (d->nslots - d->nfree >= window) break;    /* a reply frees room: the next flush */
         if (send_one(px, d, e) != PX_OK) {
             if (!ev_is_active(&d->snd_w)) ev_io_start(px->loop, &d->snd_w);
             return;

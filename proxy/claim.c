@@ -177,32 +177,6 @@ static void entry_script(px_entry *e, px_script *s, reply_fn *on, bool step, con
         ctx_unsent(ctx);
 }
 
-/* --- key names ------------------------------------------------------------ */
-
-/* prefix + key, or prefix + "{" + key + "}" with hash_tag (one cluster slot
- * for a key's lock and done mark, whatever the prefixes). */
-static const char *key_name(px_entry *e, px_buf *b, const char *prefix)
-{
-    px_buf_reset(b);
-    px_buf_appends(b, prefix);
-    if (e->st->conf->hash_tag) px_buf_append(b, "{", 1);
-    px_buf_appends(b, e->key);
-    if (e->st->conf->hash_tag) px_buf_append(b, "}", 1);
-    return b->data;
-}
-
-static const char *lock_name(px_entry *e, px_buf *b)
-{
-    px_stream_conf *sc = e->st->conf;
-    return key_name(e, b, sc->layout == PX_LAYOUT_SINGLE ? sc->prefix : sc->lock_prefix);
-}
-
-static const char *done_name(px_entry *e, px_buf *b)
-{
-    px_stream_conf *sc = e->st->conf;
-    return key_name(e, b, sc->layout == PX_LAYOUT_SINGLE ? sc->prefix : sc->done_prefix);
-}
-
 /* Split layout on a cluster: lock and done keys on different slots may sit on
  * different nodes, where pipelined commands run in any order. Then each
  * double check waits for the reply before it (lock before the second done
@@ -210,10 +184,7 @@ static const char *done_name(px_entry *e, px_buf *b)
 static bool split_ordered(px_entry *e)
 {
     if (!px_redis_clustered(e->st->px->redis)) return true;   /* one server: one connection */
-    px_buf a = {0}, b = {0};
-    bool same = px_redis_same_slot(e->st->px->redis, lock_name(e, &a), done_name(e, &b));
-    px_buf_deinit(&a);
-    px_buf_deinit(&b);
+    bool same = px_redis_same_slot(e->st->px->redis, e->lock_name, e->done_name);
     return same;
 }
 
@@ -287,11 +258,11 @@ static void on_fence(px_entry *e, redisReply *r)
     if (r->type == REDIS_REPLY_INTEGER) e->fence = (uint64_t)r->integer;
 }
 
-/* Send `EXISTS done`, naming the key in 'b'. */
-static void exists_done(px_entry *e, px_buf *b)
+/* Send `EXISTS done`. */
+static void exists_done(px_entry *e)
 {
-    const char *argv[2] = { "EXISTS", done_name(e, b) };
-    size_t lens[2] = { 6, b->len };
+    const char *argv[2] = { "EXISTS", e->done_name };
+    size_t lens[2] = { 6, e->done_name_len };
     entry_cmd(e, on_done_exists, 2, argv, lens);
 }
 
@@ -362,29 +333,24 @@ static void claim_split_lock(px_entry *e)
 static void claim_split_recheck(px_entry *e)
 {
     if (e->step_failed) { claim_decided(e); return; }
-    px_buf b = {0};
     step_begin(e, claim_decided);
-    exists_done(e, &b);
+    exists_done(e);
     step_end(e);
-    px_buf_deinit(&b);
 }
 
 static void claim_split_lock_now(px_entry *e)
 {
-    px_buf b = {0};
     char val[32];
     bool ordered = split_ordered(e);
     step_begin(e, ordered ? claim_decided : claim_split_recheck);
-    set_nx_get(e, on_lock_set, lock_name(e, &b), lock_value(e, val, sizeof(val)));
+    set_nx_get(e, on_lock_set, e->lock_name, lock_value(e, val, sizeof(val)));
     if (e->st->conf->fencing && !e->lock_key) incr_fence(e);
-    if (ordered) exists_done(e, &b);
+    if (ordered) exists_done(e);
     step_end(e);
-    px_buf_deinit(&b);
 }
 
 static void claim_one(px_entry *e)
 {
-    px_buf b = {0};
     char val[32];
     if (!e->has_dedup) new_token(e);
     e->claim_set = PX_LOCK_NONE;
@@ -392,14 +358,13 @@ static void claim_one(px_entry *e)
     e->in_claim_io = true;
     if (e->st->conf->layout == PX_LAYOUT_SINGLE) {
         step_begin(e, claim_decided);
-        set_nx_get(e, on_lock_set, lock_name(e, &b), lock_value(e, val, sizeof(val)));
+        set_nx_get(e, on_lock_set, e->lock_name, lock_value(e, val, sizeof(val)));
         if (e->st->conf->fencing && !e->lock_key) incr_fence(e);
     } else {
         step_begin(e, claim_split_lock);
-        exists_done(e, &b);
+        exists_done(e);
     }
     step_end(e);
-    px_buf_deinit(&b);
 }
 
 void px_claim_flush(px_proxy *px)
@@ -458,13 +423,11 @@ void px_claim_release(px_entry *e)
 {
     px_redis *r = e->st->px->redis;
     if (e->has_dedup) {
-        px_buf b = {0};
-        char val[32];
-        const char *argv[] = { lock_name(e, &b), lock_value(e, val, sizeof(val)) };
-        size_t lens[] = { b.len, strlen(val) };
+            char val[32];
+        const char *argv[] = { e->lock_name, lock_value(e, val, sizeof(val)) };
+        size_t lens[] = { e->lock_name_len, strlen(val) };
         px_redis_script(r, &release_script, NULL, NULL, 1, 2, argv, lens);
-        px_buf_deinit(&b);
-        e->has_dedup = false;
+            e->has_dedup = false;
     }
     if (e->has_lock) {
         const char *argv[] = { e->lock_key, e->token };
@@ -494,15 +457,13 @@ void px_claim_extend(px_stream *st)
         if (e->lease_next > now) continue;
         e->lease_next = now + st->lease_every;
         budget--;
-        px_buf b = {0};
-        char val[32];
+            char val[32];
         if (e->has_dedup)
-            entry_script(e, &extend_script, on_extended, false, lock_name(e, &b),
+            entry_script(e, &extend_script, on_extended, false, e->lock_name,
                          lock_value(e, val, sizeof(val)), lease);
         if (e->has_lock)
             entry_script(e, &extend_script, on_extended, false, e->lock_key, e->token, lease);
-        px_buf_deinit(&b);
-    }
+        }
 }
 
 /* --- commit: done mark, dead letter ---------------------------------------- */
@@ -571,13 +532,11 @@ static void dead_letter_add(px_entry *e, const char *reason)
 static void commit_release(px_entry *e)
 {
     if (e->has_dedup && e->st->conf->layout == PX_LAYOUT_SPLIT) {
-        px_buf b = {0};
-        char val[32];
-        entry_script(e, &release_script, on_split_release, true, lock_name(e, &b),
+            char val[32];
+        entry_script(e, &release_script, on_split_release, true, e->lock_name,
                      lock_value(e, val, sizeof(val)), NULL);
         e->has_dedup = false;
-        px_buf_deinit(&b);
-    }
+        }
     px_claim_release(e);
 }
 
@@ -594,7 +553,6 @@ static void commit_one(px_entry *e)
 {
     px_stream_conf *sc = e->st->conf;
     if (e->bad) { px_dead_letter_bad(e, e->reason); return; }
-    px_buf b = {0};
     const char *ttl = e->st->ttl_s;
     bool ordered = !(e->key && e->mark_done && e->has_dedup && sc->layout == PX_LAYOUT_SPLIT) ||
                    split_ordered(e);
@@ -602,14 +560,13 @@ static void commit_one(px_entry *e)
     if (e->outcome == PX_OUT_DEAD_LETTERED) dead_letter_add(e, e->reason ? e->reason : "dropped");
     if (e->key && e->mark_done) {
         const char *val = sc->layout == PX_LAYOUT_SINGLE ? "D" : "1";
-        const char *argv[] = { "SET", done_name(e, &b), val, "PX", ttl, "GET" };
-        size_t lens[] = { 3, b.len, 1, 2, strlen(ttl), 3 };
+        const char *argv[] = { "SET", e->done_name, val, "PX", ttl, "GET" };
+        size_t lens[] = { 3, e->done_name_len, 1, 2, strlen(ttl), 3 };
         entry_cmd(e, on_done_set, sc->layout == PX_LAYOUT_SINGLE ? 6 : 5, argv, lens);
         if (sc->layout == PX_LAYOUT_SINGLE) e->has_dedup = false;  /* the done mark replaced it */
     }
     if (ordered) commit_release(e);
     step_end(e);
-    px_buf_deinit(&b);
 }
 
 void px_commit_flush(px_proxy *px)

@@ -38,33 +38,70 @@ static void put_dotted(json_object *obj, const char *name, json_object *value)
     json_object_object_add(cur, seg, value);
 }
 
-/* Render 'tpl' for 'e' into a new string, or NULL with 'why' filled. */
-static char *render(px_entry *e, const px_template *tpl, json_object *event, json_object *fields,
-                    const char *what, char *why, size_t whylen)
+/* The key and the names of its Redis keys, in one allocation made once per
+ * entry: prefix + key, or prefix + "{" + key + "}" with hash_tag (one cluster
+ * slot for a key's lock and done mark, whatever the prefixes). Layout single
+ * has one name for both; split has lock_prefix + key and done_prefix + key. */
+static char *put_name(char *p, const char *prefix, const char *key, size_t n, bool tag)
 {
-    static px_buf out;
+    p = stpcpy(p, prefix);
+    if (tag) *p++ = '{';
+    memcpy(p, key, n);
+    p += n;
+    if (tag) *p++ = '}';
+    *p = '\0';
+    return p + 1;
+}
+
+static void set_key(px_entry *e, const char *key, size_t n)
+{
+    px_stream_conf *sc = e->st->conf;
+    bool split = sc->layout == PX_LAYOUT_SPLIT, tag = sc->hash_tag;
+    const char *lp = split ? sc->lock_prefix : sc->prefix;
+    size_t ll = strlen(lp) + n + (tag ? 2 : 0);
+    size_t dl = split ? strlen(sc->done_prefix) + n + (tag ? 2 : 0) : ll;
+    char *p = px_malloc(n + 1 + ll + 1 + (split ? dl + 1 : 0));
+    free(e->key);
+    e->key = p;
+    memcpy(p, key, n);
+    p[n] = '\0';
+    e->lock_name = p + n + 1;
+    e->done_name = e->lock_name;
+    p = put_name(p + n + 1, lp, key, n, tag);
+    if (split) {
+        e->done_name = p;
+        put_name(p, sc->done_prefix, key, n, tag);
+    }
+    e->lock_name_len = ll;
+    e->done_name_len = dl;
+}
+
+/* Render 'tpl' for 'e' into 'out', or false with 'why' filled. */
+static bool render(px_entry *e, const px_template *tpl, json_object *event, json_object *fields,
+                   const char *what, px_buf *out, char *why, size_t whylen)
+{
     char err[256];
     px_tvars vars = { event, fields, e->st->conf->stream, e->id };
-    if (px_template_render(tpl, &vars, &out, err, sizeof(err)) != PX_OK) {
+    if (px_template_render(tpl, &vars, out, err, sizeof(err)) != PX_OK) {
         snprintf(why, whylen, "%s '%s': %s", what, px_template_source(tpl), err);
-        return NULL;
+        return false;
     }
-    if (memchr(out.data, '\0', out.len)) {
+    if (memchr(out->data, '\0', out->len)) {
         /* Keys are C strings from here on: "a\u0000b" and "a\u0000c" would both
          * become "a" and one would be skipped as a copy (found by fuzz_event). */
         snprintf(why, whylen, "%s '%s' renders a NUL character", what, px_template_source(tpl));
-        return NULL;
+        return false;
     }
-    if (out.len == 0) {
+    if (out->len == 0) {
         snprintf(why, whylen, "%s '%s' renders an empty string", what, px_template_source(tpl));
-        return NULL;
+        return false;
     }
-    if (!px_utf8_valid(out.data, out.len)) {
+    if (!px_utf8_valid(out->data, out->len)) {
         snprintf(why, whylen, "%s '%s' renders text that is not UTF-8", what,
                  px_template_source(tpl));
-        return NULL;
+        return false;
     }
-    return px_strndup(out.data, out.len);
+    return true;
 }
 
 /* --- the fast path -----------------------------------------------------------
@@ -223,22 +260,23 @@ static const char *simple_member(const px_template *t, size_t *len)
     return name;
 }
 
-/* The key of a payload for a "#event.NAME" template, or NULL: use json-c. */
-static char *fast_key(const px_template *t, const px_field *payload)
+/* Set the key of a payload for a "#event.NAME" template, or false: use json-c. */
+static bool fast_key(px_entry *e, const px_template *t, const px_field *payload)
 {
     size_t nlen, vn = 0;
     const char *name = simple_member(t, &nlen);
-    if (name == NULL) return NULL;
+    if (name == NULL) return false;
     jscan s = { (const unsigned char *)payload->value,
                 (const unsigned char *)payload->value + payload->value_len };
     const unsigned char *v = NULL;
     bool plain = false;
     j_ws(&s);
-    if (s.p >= s.end || *s.p != '{' || !j_object(&s, 0, name, nlen, &v, &vn, &plain)) return NULL;
+    if (s.p >= s.end || *s.p != '{' || !j_object(&s, 0, name, nlen, &v, &vn, &plain)) return false;
     j_ws(&s);
-    if (s.p != s.end || v == NULL || !plain || vn <= 2) return NULL;
-    if (!px_utf8_valid((const char *)v + 1, vn - 2)) return NULL;
-    return px_strndup((const char *)v + 1, vn - 2);
+    if (s.p != s.end || v == NULL || !plain || vn <= 2) return false;
+    if (!px_utf8_valid((const char *)v + 1, vn - 2)) return false;
+    set_key(e, (const char *)v + 1, vn - 2);
+    return true;
 }
 
 int px_event_prepare(px_entry *e, char *why, size_t whylen)
@@ -275,7 +313,7 @@ int px_event_prepare(px_entry *e, char *why, size_t whylen)
             goto done;
         }
         px_field *p = &e->fields[e->payload_idx];
-        if (sc->lock_tpl == NULL && (e->key = fast_key(sc->key_tpl, p)) != NULL) {
+        if (sc->lock_tpl == NULL && fast_key(e, sc->key_tpl, p)) {
             rc = PX_OK;
             goto done;
         }
@@ -311,11 +349,12 @@ int px_event_prepare(px_entry *e, char *why, size_t whylen)
         }
     }
 
-    e->key = render(e, sc->key_tpl, event, fields, "key", why, whylen);
-    if (e->key == NULL) goto done;
+    static px_buf out;
+    if (!render(e, sc->key_tpl, event, fields, "key", &out, why, whylen)) goto done;
+    set_key(e, out.data, out.len);
     if (sc->lock_tpl) {
-        e->lock_key = render(e, sc->lock_tpl, event, fields, "lock_key", why, whylen);
-        if (e->lock_key == NULL) goto done;
+        if (!render(e, sc->lock_tpl, event, fields, "lock_key", &out, why, whylen)) goto done;
+        e->lock_key = px_strndup(out.data, out.len);
     }
     rc = PX_OK;
 done:

@@ -60,6 +60,10 @@ struct px_entry {
                                       the entry's own allocation, after it */
     size_t          bytes;         /* size of the entry's fields, for max_entry_bytes */
     char           *key;           /* rendered dedup key; owned; NULL for bad input */
+    const char     *lock_name;     /* Redis key names of the dedup lock and the done mark, */
+    const char     *done_name;     /* in key's allocation (event.c); the same in */
+    size_t          lock_name_len; /* layout single */
+    size_t          done_name_len;
     char           *lock_key;      /* rendered lock_key; owned; NULL when none */
     char            token[24];     /* our random lock token for this claim */
     uint64_t        fence;         /* fencing token of this claim, 0 when off */

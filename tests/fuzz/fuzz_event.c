@@ -53,6 +53,17 @@ static const char *const locks[4] = {
 
 static px_template *key_tpl[8], *lock_tpl[4];
 
+/* A Redis key name is prefix + key, or prefix + "{" + key + "}" with hash_tag. */
+static void check_name(const px_stream_conf *sc, const char *name, size_t len, const char *prefix,
+                       const char *key)
+{
+    char want[4096];
+    int n = snprintf(want, sizeof(want), sc->hash_tag ? "%s{%s}" : "%s%s", prefix, key);
+    if (n >= (int)sizeof(want)) return;
+    FUZZ_CHECK(len == (size_t)n && strlen(name) == len && memcmp(name, want, len) == 0,
+               "key name '%s' (%zu), want '%s'", name, len, want);
+}
+
 static px_template *compile(const char *src)
 {
     char err[256];
@@ -138,6 +149,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     sc.payload_field = payload_mode ? payload : NULL;
     sc.key_tpl = key_tpl[(h >> 2) & 7];
     sc.lock_tpl = lock_tpl[(h >> 5) & 3];
+    /* The header byte is spent; the input's length picks the layout and hash_tag. */
+    static char prefix[] = "idem:", lock_prefix[] = "lock:", done_prefix[] = "done:";
+    sc.layout = (size & 1) ? PX_LAYOUT_SPLIT : PX_LAYOUT_SINGLE;
+    sc.hash_tag = size & 2;
+    sc.prefix = prefix;
+    sc.lock_prefix = lock_prefix;
+    sc.done_prefix = done_prefix;
     px.conf = &conf;
     st.px = &px;
     st.conf = &sc;
@@ -213,6 +231,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                    e->lock_key ? "without lock_key" : "missing");
         if (e->lock_key)
             FUZZ_CHECK(px_utf8_valid(e->lock_key, strlen(e->lock_key)), "lock key not UTF-8");
+        check_name(&sc, e->lock_name, e->lock_name_len,
+                   sc.layout == PX_LAYOUT_SPLIT ? lock_prefix : prefix, e->key);
+        check_name(&sc, e->done_name, e->done_name_len,
+                   sc.layout == PX_LAYOUT_SPLIT ? done_prefix : prefix, e->key);
         if (payload_mode) {
             const px_field *pf = &e->fields[e->payload_idx];
             json_object *ref = payload_reference(pf->value, pf->value_len);

@@ -85,13 +85,41 @@ void px_codec_delivery_encode(const px_delivery_view *d, px_buf *out)
     encode(d, out);
 }
 
+/* Acks are unpacked into a static scratch area: an Ack is a few short
+ * strings, so no malloc per ack; a larger one (a long reason) spills to the
+ * heap. The proxy is single-threaded, and each Ack is freed before the next. */
+static _Alignas(16) unsigned char ack_scratch[4096];
+static size_t ack_used;
+
+static void *ack_alloc(void *data, size_t size)
+{
+    (void)data;
+    size = (size + 15) & ~(size_t)15;
+    if (size <= sizeof(ack_scratch) - ack_used) {
+        void *p = ack_scratch + ack_used;
+        ack_used += size;
+        return p;
+    }
+    return malloc(size);
+}
+
+static void ack_free(void *data, void *p)
+{
+    (void)data;
+    if ((unsigned char *)p < ack_scratch || (unsigned char *)p >= ack_scratch + sizeof(ack_scratch))
+        free(p);
+}
+
+static ProtobufCAllocator ack_allocator = { ack_alloc, ack_free, NULL };
+
 px_ack_status px_codec_ack_decode(const void *data, size_t len, const char *stream,
                                   const char *entry_id, char *reason, size_t reason_size,
                                   const char **why)
 {
     reason[0] = '\0';
     *why = NULL;
-    Idemproxy__V1__Ack *a = idemproxy__v1__ack__unpack(NULL, len, data);
+    ack_used = 0;
+    Idemproxy__V1__Ack *a = idemproxy__v1__ack__unpack(&ack_allocator, len, data);
     if (a == NULL) {
         *why = "reply is not a protobuf Ack";
         return PX_ACK_INVALID;
@@ -120,6 +148,6 @@ px_ack_status px_codec_ack_decode(const void *data, size_t len, const char *stre
         memcpy(reason, a->reason, n);
         reason[n] = '\0';
     }
-    idemproxy__v1__ack__free_unpacked(a, NULL);
+    idemproxy__v1__ack__free_unpacked(a, &ack_allocator);
     return st;
 }

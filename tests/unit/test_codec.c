@@ -84,6 +84,22 @@ static void test_ack(void)
     a.stream = s_empty;
     n = idemproxy__v1__ack__pack(&a, buf);
     test_cond("no echoes: fine", decode(buf, n, &why, reason, sizeof(reason)) == PX_ACK_DROP);
+
+    /* Acks are unpacked into a 4 KiB scratch area; a longer one spills to the
+     * heap and must read the same (and leak nothing: the memcheck suite). */
+    static char big[6000];
+    static uint8_t bigbuf[6100];
+    char long_reason[5000];
+    memset(big, 'r', sizeof(big) - 1);
+    big[0] = 'X';
+    a.reason = big;
+    a.stream = s_room;
+    a.entry_id = s_id1;
+    n = idemproxy__v1__ack__pack(&a, bigbuf);
+    test_cond("a 6 KB reason decodes", decode(bigbuf, n, &why, long_reason, sizeof(long_reason)) == PX_ACK_DROP);
+    test_cond("its first 4999 bytes kept", strlen(long_reason) == 4999 && long_reason[0] == 'X' &&
+              long_reason[4998] == 'r');
+    test_cond("a short ack after it still decodes", decode("\x08\x01", 2, &why, reason, sizeof(reason)) == PX_ACK_ACK);
 }
 
 int main(void)

@@ -17,6 +17,7 @@
 
 #include "cluster.h"
 #include "log.h"
+#include "reply.h"
 
 #define PX_REDIS_BACKOFF_MIN_MS 100
 #define PX_REDIS_BACKOFF_MAX_MS 5000
@@ -48,6 +49,7 @@ struct px_redis {
     px_rcmd            *head, *tail; /* pending commands, oldest first */
     bool                destroying;
     px_cluster         *cl;        /* cluster mode: the router; 'ac' stays NULL */
+    px_reply_arena     *arena;     /* every context's replies (reply.c) */
 };
 
 static int px_redis_cmd(px_redis *r, px_redis_cb *cb, void *priv, const char *fmt, ...);
@@ -291,6 +293,7 @@ static void connect_start(px_redis *r)
      * entries is ~40 KiB) would grow it again from nothing. Keep it; it is
      * as large as the largest batch of replies, one per link. */
     ac->c.reader->maxbuf = 0;
+    px_reply_attach(ac->c.reader, r->arena);
     redisLibevAttach(r->loop, ac);
     redisAsyncSetConnectCallback(ac, connect_cb);
     redisAsyncSetDisconnectCallback(ac, disconnect_cb);
@@ -337,6 +340,7 @@ px_redis *px_redis_create(struct ev_loop *loop, const px_redis_opts *opts,
         return r;
     }
     r->opts.seeds = NULL;
+    r->arena = px_reply_arena_new();
     connect_start(r);
     return r;
 }
@@ -355,6 +359,7 @@ void px_redis_destroy(px_redis *r)
         r->ac = NULL;
         redisAsyncFree(ac);
     }
+    px_reply_arena_release(r->arena);   /* after the reader's last reply, if it holds one */
     free((char *)r->opts.name);
     free((char *)r->opts.host);
     free((char *)r->opts.unix_path);

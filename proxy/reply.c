@@ -1,0 +1,210 @@
+/*
+ * reply.c - see reply.h. hiredis builds every reply through the reader's
+ * redisReplyObjectFunctions; ours take each object, with its string or its
+ * element array, from the link's arena in one bump, and keep no list of them.
+ *
+ * hiredis frees only whole replies (the root a callback got, or the root of a
+ * reply cut short by an error or a closing link), so the arena counts roots:
+ * when none is alive every object is dead and the arena is rewound. A link
+ * whose reader is being parsed while another reply is still in a callback
+ * (two contexts of one link, during a reconnect) just waits for both.
+ *
+ * Under AddressSanitizer rewound memory is poisoned, so a reply read after
+ * its callback returned is reported like any use after free.
+ */
+#include "reply.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <hiredis/hiredis.h>
+
+#include "px.h"
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PX_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define PX_ASAN 1
+#endif
+#ifdef PX_ASAN
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n)   ASAN_POISON_MEMORY_REGION(p, n)
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define POISON(p, n)   ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+#define PX_CHUNK      (64 * 1024)    /* a read of 256 entries fills about three */
+#define PX_ARENA_KEEP (512 * 1024)   /* chunks kept for the next reply; more go back */
+
+typedef struct px_chunk {
+    struct px_chunk *next;
+    size_t           cap, used;
+    _Alignas(16) unsigned char data[];
+} px_chunk;
+
+struct px_reply_arena {
+    px_chunk *chunks;       /* in use, newest (the one bumped) first */
+    px_chunk *spare;        /* rewound, each PX_CHUNK */
+    size_t    spare_bytes;
+    size_t    live;         /* roots made and not yet freed */
+    bool      released;     /* its link is gone: free it once 'live' is 0 */
+};
+
+/* A root carries its arena just before it, for freeObject. */
+typedef struct { px_reply_arena *arena; void *pad; } root_head;
+
+static void *arena_alloc(px_reply_arena *a, size_t n)
+{
+    n = (n + 15) & ~(size_t)15;
+    px_chunk *c = a->chunks;
+    if (c == NULL || c->cap - c->used < n) {
+        if (n <= PX_CHUNK && a->spare) {
+            c = a->spare;
+            a->spare = c->next;
+            a->spare_bytes -= c->cap;
+        } else {
+            size_t cap = n > PX_CHUNK ? n : PX_CHUNK;
+            c = px_malloc(sizeof(*c) + cap);
+            c->cap = cap;
+            POISON(c->data, cap);
+        }
+        c->used = 0;
+        c->next = a->chunks;
+        a->chunks = c;
+    }
+    void *p = c->data + c->used;
+    c->used += n;
+    UNPOISON(p, n);
+    return p;
+}
+
+static void arena_rewind(px_reply_arena *a)
+{
+    px_chunk *c = a->chunks, *next;
+    for (; c; c = next) {
+        next = c->next;
+        POISON(c->data, c->cap);
+        if (c->cap == PX_CHUNK && a->spare_bytes + c->cap <= PX_ARENA_KEEP) {
+            c->next = a->spare;
+            a->spare = c;
+            a->spare_bytes += c->cap;
+        } else {
+            free(c);
+        }
+    }
+    a->chunks = NULL;
+}
+
+static void arena_free(px_reply_arena *a)
+{
+    arena_rewind(a);
+    px_chunk *c = a->spare, *next;
+    for (; c; c = next) {
+        next = c->next;
+        free(c);
+    }
+    free(a);
+}
+
+/* An object of 'type' with 'extra' bytes after it, linked into its parent. */
+static redisReply *new_object(const redisReadTask *task, int type, size_t extra)
+{
+    const redisReadTask *t = task;
+    while (t->parent) t = t->parent;        /* the root task carries the arena */
+    px_reply_arena *a = t->privdata;
+    bool root = task->parent == NULL;
+    unsigned char *p = arena_alloc(a, (root ? sizeof(root_head) : 0) + sizeof(redisReply) + extra);
+    if (root) {
+        ((root_head *)p)->arena = a;
+        a->live++;
+        p += sizeof(root_head);
+    }
+    redisReply *r = (redisReply *)p;
+    memset(r, 0, sizeof(*r));
+    r->type = type;
+    if (!root) ((redisReply *)task->parent->obj)->element[task->idx] = r;
+    return r;
+}
+
+static void *create_string(const redisReadTask *task, char *str, size_t len)
+{
+    redisReply *r = new_object(task, task->type, len + 1);
+    r->str = (char *)(r + 1);
+    memcpy(r->str, str, len);
+    r->str[len] = '\0';
+    r->len = len;
+    return r;
+}
+
+static void *create_array(const redisReadTask *task, int elements)
+{
+    size_t n = elements > 0 ? (size_t)elements : 0;
+    redisReply *r = new_object(task, REDIS_REPLY_ARRAY, n * sizeof(redisReply *));
+    if (n) {
+        r->element = (redisReply **)(r + 1);
+        memset(r->element, 0, n * sizeof(redisReply *));
+    }
+    r->elements = n;
+    return r;
+}
+
+static void *create_integer(const redisReadTask *task, long long value)
+{
+    redisReply *r = new_object(task, REDIS_REPLY_INTEGER, 0);
+    r->integer = value;
+    return r;
+}
+
+static void *create_nil(const redisReadTask *task)
+{
+    return new_object(task, REDIS_REPLY_NIL, 0);
+}
+
+static void free_object(void *obj)
+{
+    if (obj == NULL) return;
+    px_reply_arena *a = ((root_head *)obj - 1)->arena;
+    if (--a->live > 0) return;
+    if (a->released) arena_free(a);
+    else arena_rewind(a);
+}
+
+static redisReplyObjectFunctions reply_functions = {
+    create_string, create_array, create_integer, create_nil, free_object
+};
+
+px_reply_arena *px_reply_arena_new(void)
+{
+    return px_calloc(1, sizeof(px_reply_arena));
+}
+
+void px_reply_arena_release(px_reply_arena *a)
+{
+    if (a == NULL) return;
+    a->released = true;
+    if (a->live == 0) arena_free(a);
+}
+
+void px_reply_attach(redisReader *reader, px_reply_arena *a)
+{
+    reader->fn = &reply_functions;
+    reader->privdata = a;
+}
+
+size_t px_reply_arena_in_use(const px_reply_arena *a)
+{
+    size_t n = 0;
+    for (const px_chunk *c = a->chunks; c; c = c->next) n += c->used;
+    return n;
+}
+
+size_t px_reply_arena_kept(const px_reply_arena *a)
+{
+    return a->spare_bytes;
+}

@@ -1,0 +1,171 @@
+/*
+ * test_reply.c - replies built in a link's arena (proxy/reply.c) by hiredis'
+ * own reader: the same trees hiredis builds with malloc, whole or fed a byte
+ * at a time; memory reused from one reply to the next; a reply cut short by
+ * a protocol error or by freeing the reader; an arena released while a reply
+ * is still alive.
+ */
+#include <stdlib.h>
+
+#include <hiredis/hiredis.h>
+
+#include "reply.h"
+#include "test.h"
+
+/* An XREADGROUP reply: one stream, two entries, then a deleted one (nil fields). */
+static const char xread[] =
+    "*1\r\n*2\r\n$4\r\nroom\r\n*3\r\n"
+    "*2\r\n$3\r\n1-0\r\n*2\r\n$7\r\npayload\r\n$17\r\n{\"eventId\":\"e-1\"}\r\n"
+    "*2\r\n$3\r\n2-0\r\n*4\r\n$1\r\na\r\n$0\r\n\r\n$1\r\nb\r\n$1\r\nc\r\n"
+    "*2\r\n$3\r\n3-0\r\n*-1\r\n";
+
+static redisReader *reader(px_reply_arena *a)
+{
+    redisReader *r = redisReaderCreate();
+    r->maxbuf = 0;
+    px_reply_attach(r, a);
+    return r;
+}
+
+/* Feed 'resp' in pieces of 'step' bytes; return the one reply it holds. */
+static redisReply *parse(redisReader *r, const char *resp, size_t len, size_t step)
+{
+    void *reply = NULL;
+    for (size_t off = 0; off < len && reply == NULL; off += step) {
+        size_t n = len - off < step ? len - off : step;
+        if (redisReaderFeed(r, resp + off, n) != REDIS_OK) return NULL;
+        if (redisReaderGetReply(r, &reply) != REDIS_OK) return NULL;
+    }
+    return reply;
+}
+
+static int is_str(const redisReply *r, const char *s)
+{
+    return r && r->type == REDIS_REPLY_STRING && r->len == strlen(s) && strcmp(r->str, s) == 0;
+}
+
+static void check_xread(const redisReply *x, const char *how)
+{
+    char name[128];
+    snprintf(name, sizeof(name), "XREADGROUP reply, %s: the tree", how);
+    const redisReply *s = x && x->type == REDIS_REPLY_ARRAY && x->elements == 1 ? x->element[0] : NULL;
+    const redisReply *es = s && s->elements == 2 && is_str(s->element[0], "room") ? s->element[1] : NULL;
+    int ok = es && es->type == REDIS_REPLY_ARRAY && es->elements == 3;
+    if (ok) {
+        const redisReply *e1 = es->element[0], *e2 = es->element[1], *e3 = es->element[2];
+        ok = is_str(e1->element[0], "1-0") && e1->element[1]->elements == 2 &&
+             is_str(e1->element[1]->element[0], "payload") &&
+             is_str(e1->element[1]->element[1], "{\"eventId\":\"e-1\"}") &&
+             is_str(e2->element[0], "2-0") && e2->element[1]->elements == 4 &&
+             is_str(e2->element[1]->element[1], "") && is_str(e2->element[1]->element[3], "c") &&
+             is_str(e3->element[0], "3-0") && e3->element[1]->type == REDIS_REPLY_NIL;
+    }
+    test_cond(name, ok);
+}
+
+static void test_trees(void)
+{
+    px_reply_arena *a = px_reply_arena_new();
+    redisReader *r = reader(a);
+    redisReply *x = parse(r, xread, sizeof(xread) - 1, sizeof(xread));
+    check_xread(x, "whole");
+    test_cond("a reply alive is in the arena", px_reply_arena_in_use(a) > 0);
+    r->fn->freeObject(x);
+    test_cond("freed: the arena is rewound", px_reply_arena_in_use(a) == 0);
+
+    x = parse(r, xread, sizeof(xread) - 1, 1);
+    check_xread(x, "a byte at a time");
+    r->fn->freeObject(x);
+
+    x = parse(r, ":-42\r\n", 6, 6);
+    test_cond("integer", x && x->type == REDIS_REPLY_INTEGER && x->integer == -42);
+    r->fn->freeObject(x);
+    x = parse(r, "$-1\r\n", 5, 5);
+    test_cond("nil", x && x->type == REDIS_REPLY_NIL);
+    r->fn->freeObject(x);
+    x = parse(r, "+OK\r\n", 5, 5);
+    test_cond("status", x && x->type == REDIS_REPLY_STATUS && strcmp(x->str, "OK") == 0 && x->len == 2);
+    r->fn->freeObject(x);
+    x = parse(r, "-BUSYGROUP exists\r\n", 19, 19);
+    test_cond("error", x && x->type == REDIS_REPLY_ERROR && strcmp(x->str, "BUSYGROUP exists") == 0);
+    r->fn->freeObject(x);
+    x = parse(r, "*0\r\n", 4, 4);
+    test_cond("empty array", x && x->type == REDIS_REPLY_ARRAY && x->elements == 0);
+    r->fn->freeObject(x);
+    x = parse(r, "*-1\r\n", 5, 5);
+    test_cond("nil array", x && x->type == REDIS_REPLY_NIL);
+    r->fn->freeObject(x);
+
+    /* Many replies at once, each handed out and freed before the next, as
+     * hiredis' async context does. */
+    size_t n = 2000;
+    char *many = malloc(n * (sizeof(xread) - 1));
+    for (size_t i = 0; i < n; i++) memcpy(many + i * (sizeof(xread) - 1), xread, sizeof(xread) - 1);
+    redisReaderFeed(r, many, n * (sizeof(xread) - 1));
+    size_t got = 0, kept_max = 0;
+    void *reply;
+    while (redisReaderGetReply(r, &reply) == REDIS_OK && reply) {
+        got++;
+        r->fn->freeObject(reply);
+        if (px_reply_arena_kept(a) > kept_max) kept_max = px_reply_arena_kept(a);
+    }
+    test_cond("2000 pipelined replies, one at a time", got == n && px_reply_arena_in_use(a) == 0);
+    test_cond("memory reused: one chunk kept", kept_max == 64 * 1024);
+    free(many);
+
+    /* A 3 MB bulk string: its own chunk, given back when freed. */
+    size_t big = 3u << 20;
+    char *resp = malloc(big + 32);
+    int h = snprintf(resp, 32, "$%zu\r\n", big);
+    memset(resp + h, 'x', big);
+    memcpy(resp + h + big, "\r\n", 2);
+    x = parse(r, resp, (size_t)h + big + 2, 1 << 16);
+    test_cond("a 3 MB string", x && x->len == big && x->str[0] == 'x' && x->str[big - 1] == 'x' &&
+              x->str[big] == '\0');
+    r->fn->freeObject(x);
+    test_cond("its chunk is not kept", px_reply_arena_kept(a) <= 512 * 1024);
+    free(resp);
+
+    redisReaderFree(r);
+    px_reply_arena_release(a);
+}
+
+static void test_cut_short(void)
+{
+    px_reply_arena *a = px_reply_arena_new();
+    redisReader *r = reader(a);
+    /* Half a reply, then garbage where a type byte should be. */
+    void *reply = NULL;
+    redisReaderFeed(r, "*3\r\n$1\r\na\r\n", 11);
+    test_cond("half a reply: no reply yet", redisReaderGetReply(r, &reply) == REDIS_OK && reply == NULL);
+    test_cond("its objects are in the arena", px_reply_arena_in_use(a) > 0);
+    redisReaderFeed(r, "!oops\r\n", 7);
+    test_cond("a protocol error", redisReaderGetReply(r, &reply) == REDIS_ERR && reply == NULL);
+    test_cond("the half reply is freed: arena rewound", px_reply_arena_in_use(a) == 0);
+    redisReaderFree(r);
+
+    /* A reader freed with half a reply (a link that drops mid-reply). */
+    r = reader(a);
+    redisReaderFeed(r, "*2\r\n:1\r\n", 8);
+    redisReaderGetReply(r, &reply);
+    test_cond("half a reply held by a reader", reply == NULL && px_reply_arena_in_use(a) > 0);
+    redisReaderFree(r);
+    test_cond("freeing the reader frees it", px_reply_arena_in_use(a) == 0);
+
+    /* Released while a reply is still in its callback (hiredis defers the
+     * context's free until the callback returns): the reply stays readable
+     * and the arena goes with it (valgrind and ASan see no leak). */
+    r = reader(a);
+    redisReply *x = parse(r, xread, sizeof(xread) - 1, sizeof(xread));
+    px_reply_arena_release(a);
+    check_xread(x, "after its arena was released");
+    r->fn->freeObject(x);
+    redisReaderFree(r);
+}
+
+int main(void)
+{
+    test_trees();
+    test_cut_short();
+    return test_report();
+}

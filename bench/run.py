@@ -26,6 +26,8 @@ the same seed gives the same keys in the same order). Then:
   latency: entries XADDed at a steady rate (each stamped with its send time) to
     an idle proxy; the worker histograms now - stamp at receipt. The same load
     read by a plain blocked XREAD client, no proxy, is the "floor".
+  allocations: one more run of the first variant with bench/alloc_count.c
+    preloaded into the proxy: heap allocations per entry read, by library.
   memory: VmRSS of an idle proxy, and with BENCH_HOLD deliveries held by a
     worker that never answers (max_inflight = BENCH_HOLD + 256), over a socket
     per 128 deliveries (idemproxy's window per connected worker).
@@ -258,11 +260,11 @@ class Proxy:
         self.binary, self.cfg, self.logpath, self.mport, self.endpoint = binary, cfg, logpath, mport, endpoint
         self.proc = None
 
-    def start(self, perf=None, perf_out=None):
+    def start(self, perf=None, perf_out=None, env=None):
         self.logf = open(self.logpath, "ab")
         self.t0 = time.monotonic()
         self.proc = spawn([str(self.binary), "-c", str(self.cfg)], stdout=self.logf,
-                          stderr=subprocess.STDOUT)
+                          stderr=subprocess.STDOUT, env=env)
         self.perf = None
         if perf == "record":
             cmd = ["perf", "record", "-g", "-q", "-o", f"{perf_out}.data"]
@@ -437,6 +439,33 @@ def throughput(b, variant, data, perf=None):
     return res
 
 
+def allocations(b, variant):
+    """One more run of 'variant' with bench/alloc_count.c preloaded into the proxy:
+    heap allocations (malloc, calloc, realloc) per entry read, by the library
+    that called. Startup's few thousand are included. Not timed."""
+    read, layout = variant.split("/")
+    data = b.fresh()
+    out = b.tmp / "alloc_count.txt"
+    out.unlink(missing_ok=True)
+    w = b.worker(f"ipc://{b.tmp}/app.sock", expect=data["unique"])
+    time.sleep(0.2)
+    p = b.proxy(layout, read=read)
+    p.start(env=dict(os.environ, LD_PRELOAD=str(BIN_DIR / "alloc_count.so"), ALLOC_COUNT_OUT=str(out)))
+    b.wait(lambda: p.finished(N), TIMEOUT, f"{N} entries done (allocations, {variant})")
+    p.stop()
+    w.stop()
+    by_lib = {}
+    for line in out.read_text().splitlines() if out.exists() else []:
+        n, lib = line.split(" ", 1)
+        lib = lib.split(".so")[0]
+        by_lib[lib] = by_lib.get(lib, 0) + int(n)
+    res = {"variant": variant, "entries": N, "by_lib": by_lib, "per_entry": sum(by_lib.values()) / N}
+    log(f"  allocations per entry ({variant}): {res['per_entry']:.2f}: "
+        + ", ".join(f"{k} {v / N:.2f}" for k, v in sorted(by_lib.items(), key=lambda kv: -kv[1])
+                    if v / N >= 0.005))
+    return res
+
+
 def baseline(b, mode, layout, limit=0, read="plain"):
     data = b.fresh()
     b.reset_stats()
@@ -587,7 +616,7 @@ def breakdown(stats, per):
     return ", ".join(f"{k} {v / per:.3g}" for k, v in items if v / per >= 0.0005)
 
 
-def report(meta, tp, base, lat, mem):
+def report(meta, tp, base, lat, mem, allocs=None):
     L = []
     L.append(f"## Benchmark ({meta['date']})\n")
     L.append(f"`make bench` on {meta['machine']}; load average {meta['load_start']} at the start, "
@@ -676,6 +705,13 @@ def report(meta, tp, base, lat, mem):
                  f"{t['vmhwm_kib'] / 1024:.1f} |")
     L.append("")
 
+    if allocs and allocs["per_entry"]:
+        per = sorted(allocs["by_lib"].items(), key=lambda kv: -kv[1])
+        L.append(f"Heap allocations in the proxy (malloc, calloc, realloc; one more {allocs['variant']} "
+                 f"run with bench/alloc_count.c preloaded, startup included): "
+                 f"{allocs['per_entry']:.2f} per entry read = "
+                 + ", ".join(f"{lib} {n / allocs['entries']:.2f}" for lib, n in per
+                             if n / allocs['entries'] >= 0.005) + ".\n")
     L.append("Redis commands per unique key (INFO commandstats):\n")
     for t in tp:
         L.append(f"- idemproxy {t['variant']}: {t['cmds_per_key']:.2f} = {breakdown(t['commands'], t['unique'])}; "
@@ -720,7 +756,7 @@ def report(meta, tp, base, lat, mem):
 
 
 def main():
-    for prog in ("bench_worker", "bench_producer", "bench_baseline"):
+    for prog in ("bench_worker", "bench_producer", "bench_baseline", "alloc_count.so"):
         if not (BIN_DIR / prog).exists():
             sys.exit(f"bench: {BIN_DIR / prog} is missing: run `make -C bench` first")
     OUT.mkdir(parents=True, exist_ok=True)
@@ -751,6 +787,7 @@ def main():
         meta["extra_deliveries"] = sum(r["deliveries"] - r["unique"] for runs in tp_runs.values() for r in runs)
         tp = [median_run(runs) for runs in tp_runs.values()]
         base = {k: median_run(runs) for k, runs in base_runs.items()}
+        allocs = allocations(b, VARIANTS[0]) if VARIANTS else None
         lat = [latency(b, rate, i == 0) for i, rate in enumerate(RATES)]
         mem = hold(b) if HOLD else None
         clu = bench_cluster.measure(sys.modules[__name__], b, CLUSTER_N) if CLUSTER_N else []
@@ -764,10 +801,11 @@ def main():
     meta["load_end"] = loadavg()
     (s0, t0), (s1, t1) = meta["ticks_start"], cpu_ticks()
     meta["steal_pct"] = 100.0 * (s1 - s0) / max(t1 - t0, 1)
-    md = report(meta, tp, base, lat, mem) + bench_cluster.report(clu, spread)
+    md = report(meta, tp, base, lat, mem, allocs) + bench_cluster.report(clu, spread)
     (OUT / "results.md").write_text(md)
     (OUT / "results.json").write_text(json.dumps({"meta": meta, "throughput": tp, "baselines": base,
-                                                  "latency": lat, "memory": mem, "cluster": clu},
+                                                  "latency": lat, "memory": mem, "cluster": clu,
+                                                  "allocations": allocs},
                                                  indent=1))
     print(md)
     log(f"written {OUT / 'results.md'} and results.json")

@@ -38,10 +38,7 @@ static void put_dotted(json_object *obj, const char *name, json_object *value)
     json_object_object_add(cur, seg, value);
 }
 
-/* The key and the names of its Redis keys, in one allocation made once per
- * entry: prefix + key, or prefix + "{" + key + "}" with hash_tag (one cluster
- * slot for a key's lock and done mark, whatever the prefixes). Layout single
- * has one name for both; split has lock_prefix + key and done_prefix + key. */
+/* Write one name at 'p', NUL-terminated; return the byte after it. */
 static char *put_name(char *p, const char *prefix, const char *key, size_t n, bool tag)
 {
     p = stpcpy(p, prefix);
@@ -53,6 +50,10 @@ static char *put_name(char *p, const char *prefix, const char *key, size_t n, bo
     return p + 1;
 }
 
+/* The key and the names of its Redis keys, in one allocation made once per
+ * entry: prefix + key, or prefix + "{" + key + "}" with hash_tag (one cluster
+ * slot for a key's lock and done mark, whatever the prefixes). Layout single
+ * has one name for both; split has lock_prefix + key and done_prefix + key. */
 static void set_key(px_entry *e, const char *key, size_t n)
 {
     px_stream_conf *sc = e->st->conf;

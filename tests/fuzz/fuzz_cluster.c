@@ -6,13 +6,17 @@
  *    first {tag} hashes as the tag alone.
  * 2. The input as an error reply: a MOVED/ASK it accepts has a slot below
  *    16384 and an address that splits into host and port.
- * 3. The input as RESP, read by hiredis' own reader: a CLUSTER SLOTS map it
- *    accepts has ranges within 0..16383, start <= end, and addresses that split.
+ * 3. The input as RESP, read by hiredis' own reader into the daemon's reply
+ *    arena (proxy/reply.c), fed in two pieces split where the input's last
+ *    byte says: a CLUSTER SLOTS map it accepts has ranges within 0..16383,
+ *    start <= end, and addresses that split; a reply cut short by a protocol
+ *    error leaves nothing alive in the arena.
  */
 #include <hiredis/hiredis.h>
 
 #include "cluster.h"
 #include "fuzz.h"
+#include "reply.h"
 
 /* hiredis 0.14's reader allocates an aggregate's element array at its
  * declared count before reading any element ("*555555550" asks for 4 GiB);
@@ -62,10 +66,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     free(text);
 
+    if (huge_aggregate(data, size)) return 0;
+    px_reply_arena *arena = px_reply_arena_new();
     redisReader *r = redisReaderCreate();
+    px_reply_attach(r, arena);
     void *reply = NULL;
-    if (!huge_aggregate(data, size) && redisReaderFeed(r, (const char *)data, size) == REDIS_OK &&
-        redisReaderGetReply(r, &reply) == REDIS_OK && reply) {
+    size_t cut = size ? data[size - 1] % (size + 1) : 0;
+    int rc = redisReaderFeed(r, (const char *)data, cut);
+    if (rc == REDIS_OK) rc = redisReaderGetReply(r, &reply);
+    if (rc == REDIS_OK && reply == NULL) {
+        rc = redisReaderFeed(r, (const char *)data + cut, size - cut);
+        if (rc == REDIS_OK) rc = redisReaderGetReply(r, &reply);
+    }
+    if (rc != REDIS_OK)
+        FUZZ_CHECK(px_reply_arena_in_use(arena) == 0, "an error left %zu bytes alive",
+                   px_reply_arena_in_use(arena));
+    if (rc == REDIS_OK && reply) {
         px_slot_range *v;
         int n = px_cluster_parse_slots(reply, "10.0.0.1", &v);
         FUZZ_CHECK(n >= -1, "n %d", n);
@@ -76,8 +92,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             FUZZ_CHECK(strrchr(v[i].addr, ':') != NULL, "addr %s", v[i].addr);
         }
         free(v);
-        freeReplyObject(reply);
+        r->fn->freeObject(reply);
+        FUZZ_CHECK(px_reply_arena_in_use(arena) == 0, "freed, yet %zu bytes alive",
+                   px_reply_arena_in_use(arena));
     }
     redisReaderFree(r);
+    px_reply_arena_release(arena);
     return 0;
 }

@@ -21,6 +21,7 @@
 
 #define PX_REDIS_BACKOFF_MIN_MS 100
 #define PX_REDIS_BACKOFF_MAX_MS 5000
+#define PX_SCRIPT_ARGC_MAX      8    /* EVALSHA sha numkeys + keys and arguments */
 
 unsigned long long px_redis_errors;
 
@@ -30,9 +31,10 @@ typedef struct px_rcmd {
     void           *priv;
     ev_tstamp       deadline;     /* loop time after which the link is dropped */
     px_script      *script;       /* (ref) set for EVALSHA, to retry as EVAL */
-    char          **argv;         /* owned copy, kept only for scripts */
-    size_t         *lens;
+    const char     *argv[PX_SCRIPT_ARGC_MAX];  /* scripts only: into 'args' or *script */
+    size_t          lens[PX_SCRIPT_ARGC_MAX];
     int             argc;
+    px_buf          args;         /* a script's arguments copied; kept with the record */
     struct px_rcmd *next;         /* FIFO order */
 } px_rcmd;
 
@@ -74,16 +76,12 @@ static void fifo_remove(px_redis *r, px_rcmd *c)
     if (r->tail == c) r->tail = prev;
 }
 
-/* Command records are reused: one per command on the hot path. */
+/* Command records are reused: one per command on the hot path. A record
+ * keeps its 'args' memory, so a script command allocates nothing once warm. */
 static px_rcmd *rcmd_pool;
 
 static void rcmd_free(px_rcmd *c)
 {
-    if (c->argv) {
-        for (int i = 0; i < c->argc; i++) free(c->argv[i]);
-        free(c->argv);
-        free(c->lens);
-    }
     c->next = rcmd_pool;
     rcmd_pool = c;
 }
@@ -184,14 +182,13 @@ static void reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
     if (rep && rep->type == REDIS_REPLY_ERROR && c->script &&
         strncmp(rep->str, "NOSCRIPT", 8) == 0 && r->ac) {
         /* The script cache is volatile (restart, failover, SCRIPT FLUSH): send the body. */
-        c->argv[0] = (free(c->argv[0]), px_strdup("EVAL"));
-        free(c->argv[1]);
-        c->argv[1] = px_strdup(c->script->body);
+        c->argv[0] = "EVAL";
+        c->argv[1] = c->script->body;
         c->lens[0] = 4;
         c->lens[1] = strlen(c->script->body);
         c->script = NULL;
         c->deadline = ev_now(r->loop) + (double)r->opts.timeout_ms / 1000.0;
-        if (send_rcmd(r, c, c->argc, (const char **)c->argv, c->lens) == PX_OK) return;
+        if (send_rcmd(r, c, c->argc, c->argv, c->lens) == PX_OK) return;
         rep = NULL;
     }
     if ((rep == NULL || rep->type == REDIS_REPLY_ERROR) && !r->opts.cluster_node) {
@@ -400,8 +397,12 @@ size_t px_redis_pending(const px_redis *r)
 static px_rcmd *rcmd_new(px_redis *r, px_redis_cb *cb, void *priv, long long extra_ms)
 {
     px_rcmd *c = rcmd_pool;
-    if (c) { rcmd_pool = c->next; memset(c, 0, sizeof(*c)); }
-    else c = px_calloc(1, sizeof(*c));
+    if (c) {
+        px_buf args = c->args;
+        rcmd_pool = c->next;
+        memset(c, 0, sizeof(*c));
+        c->args = args;
+    } else c = px_calloc(1, sizeof(*c));
     c->r = r;
     c->cb = cb;
     c->priv = priv;
@@ -450,28 +451,35 @@ int px_redis_script(px_redis *r, px_script *s, px_redis_cb *cb, void *priv, int 
     if (r->cl)
         return px_cluster_send(r->cl, s, nkeys, nkeys > 0 ? argv[0] : NULL, nkeys > 0 ? lens[0] : 0,
                                0, cb, priv, argc, argv, lens);
-    if (r->ac == NULL || !r->up) return PX_ERR;
+    if (r->ac == NULL || !r->up || argc + 3 > PX_SCRIPT_ARGC_MAX || nkeys < 0 || nkeys > argc)
+        return PX_ERR;
     px_rcmd *c = rcmd_new(r, cb, priv, 0);
     c->script = s;
     c->argc = argc + 3;
-    c->argv = px_malloc(sizeof(char *) * (size_t)c->argc);
-    c->lens = px_malloc(sizeof(size_t) * (size_t)c->argc);
-    char nk[16];
-    snprintf(nk, sizeof(nk), "%d", nkeys);
+    /* Kept for a NOSCRIPT retry: the script and its sha outlive the command;
+     * numkeys and the arguments are copied into the record's own buffer. */
     if (s->sha[0]) {
-        c->argv[0] = px_strdup("EVALSHA");  c->lens[0] = 7;
-        c->argv[1] = px_strdup(s->sha);     c->lens[1] = 40;
+        c->argv[0] = "EVALSHA";  c->lens[0] = 7;
+        c->argv[1] = s->sha;     c->lens[1] = 40;
     } else {
         c->script = NULL;
-        c->argv[0] = px_strdup("EVAL");     c->lens[0] = 4;
-        c->argv[1] = px_strdup(s->body);    c->lens[1] = strlen(s->body);
+        c->argv[0] = "EVAL";     c->lens[0] = 4;
+        c->argv[1] = s->body;    c->lens[1] = strlen(s->body);
     }
-    c->argv[2] = px_strdup(nk);         c->lens[2] = strlen(nk);
+    char nk = (char)('0' + nkeys);                  /* 0..5: checked above */
+    px_buf_reset(&c->args);
+    px_buf_append(&c->args, &nk, 1);
+    size_t off[PX_SCRIPT_ARGC_MAX];
+    off[2] = 0;
+    c->lens[2] = c->args.len;
     for (int i = 0; i < argc; i++) {
-        c->argv[i + 3] = px_strndup(argv[i], lens[i]);
+        px_buf_append(&c->args, "", 1);             /* each copy NUL-terminated */
+        off[i + 3] = c->args.len;
+        px_buf_append(&c->args, argv[i], lens[i]);
         c->lens[i + 3] = lens[i];
     }
-    if (send_rcmd(r, c, c->argc, (const char **)c->argv, c->lens) != PX_OK) {
+    for (int i = 2; i < c->argc; i++) c->argv[i] = c->args.data + off[i];
+    if (send_rcmd(r, c, c->argc, c->argv, c->lens) != PX_OK) {
         rcmd_free(c);
         return PX_ERR;
     }

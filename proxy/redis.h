@@ -79,7 +79,8 @@ int px_redis_argv(px_redis *r, const char *key, long long extra_ms, px_redis_cb 
 /* px_redis_argv for NUL-terminated arguments, routed by argv[1]. */
 int px_redis_strv(px_redis *r, px_redis_cb *cb, void *priv, int argc, const char **argv);
 
-/* Run script 's' with 'nkeys' keys followed by args; argv excludes EVALSHA/sha/numkeys. */
+/* Run script 's' with 'nkeys' keys followed by args; argv excludes EVALSHA/sha/numkeys.
+ * At most 5 keys and args together (PX_ERR otherwise). */
 int px_redis_script(px_redis *r, px_script *s, px_redis_cb *cb, void *priv, int nkeys,
                     int argc, const char **argv, const size_t *lens);
 

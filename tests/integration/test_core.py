@@ -269,6 +269,26 @@ def test_busy_dedup_lock_is_looked_at_again(env):
     wait_for(lambda: env.r.exists("done:mig1"), what="done")
 
 
+def test_split_release_survives_script_flush(env):
+    """The release is an EVALSHA; after SCRIPT FLUSH it comes back NOSCRIPT
+    and is sent again as EVAL with the arguments the command kept."""
+    p = env.proxy([stream_conf("group", "split")])
+    w = env.worker(p.endpoint)
+    publish(env.r, "room", [{"eventId": "before"}])
+    wait_for(lambda: env.r.exists("done:before") and not env.r.exists("lock:before"),
+             what="first entry done and released")
+    env.r.script_flush()
+    env.r.config_resetstat()
+    publish(env.r, "room", [{"eventId": f"after-{i}"} for i in range(40)] * 2)
+    keys = [f"after-{i}" for i in range(40)]
+    wait_for(lambda: sorted(w.keys()) == sorted(["before"] + keys), what="every key once")
+    wait_for(lambda: pending(env.r, "room", "game-server") == 0, what="acked")
+    assert all(env.r.exists(f"done:{k}") for k in keys)
+    assert env.r.keys("lock:*") == []                # every lock released
+    assert env.r.info("commandstats")["cmdstat_eval"]["calls"] >= 1   # NOSCRIPT, then EVAL
+    assert p.metrics()["idemproxy_redis_errors_total"] == 0
+
+
 def test_lease_extended_past_lease_ms(env):
     p = env.proxy([stream_conf("group", "single", lease_ms=2000)], ack_timeout_ms=20000)
     w = env.worker(p.endpoint, manual=True)

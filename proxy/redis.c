@@ -466,19 +466,20 @@ int px_redis_script(px_redis *r, px_script *s, px_redis_cb *cb, void *priv, int 
         c->argv[0] = "EVAL";     c->lens[0] = 4;
         c->argv[1] = s->body;    c->lens[1] = strlen(s->body);
     }
-    char nk = (char)('0' + nkeys);                  /* 0..5: checked above */
+    size_t total = 1;                               /* numkeys: one digit, 0..5 */
+    for (int i = 0; i < argc; i++) total += lens[i];
     px_buf_reset(&c->args);
-    px_buf_append(&c->args, &nk, 1);
-    size_t off[PX_SCRIPT_ARGC_MAX];
-    off[2] = 0;
-    c->lens[2] = c->args.len;
+    px_buf_reserve(&c->args, total);                /* copies below never move */
+    char *p = c->args.data;
+    *p = (char)('0' + nkeys);
+    c->argv[2] = p++;  c->lens[2] = 1;
     for (int i = 0; i < argc; i++) {
-        px_buf_append(&c->args, "", 1);             /* each copy NUL-terminated */
-        off[i + 3] = c->args.len;
-        px_buf_append(&c->args, argv[i], lens[i]);
-        c->lens[i + 3] = lens[i];
+        memcpy(p, argv[i], lens[i]);
+        c->argv[i + 3] = p;  c->lens[i + 3] = lens[i];
+        p += lens[i];
     }
-    for (int i = 2; i < c->argc; i++) c->argv[i] = c->args.data + off[i];
+    *p = '\0';                                      /* px_buf keeps a NUL at the end */
+    c->args.len = total;
     if (send_rcmd(r, c, c->argc, c->argv, c->lens) != PX_OK) {
         rcmd_free(c);
         return PX_ERR;

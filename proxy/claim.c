@@ -580,6 +580,9 @@ void px_commit_flush(px_proxy *px)
 
 typedef struct xack_batch { px_entry **v; size_t n; } xack_batch;
 
+/* A batch holds its entries ('io'), like any command about an entry: shutdown
+ * may finish them while the XACK is in flight, and the reply (or the link's
+ * teardown) must find them still allocated. */
 static void xack_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
@@ -588,8 +591,10 @@ static void xack_reply_cb(px_redis *r, redisReply *reply, void *priv)
     for (size_t i = 0; i < b->n; i++) {
         px_entry *e = b->v[i];
         e->in_claim_io = false;
+        e->io--;
+        if (e->gone) { if (e->io == 0) px_entry_free(e); continue; }
         if (ok) px_entry_finish(e, e->outcome);
-        else px_queue_push(&e->st->px->xack_q, e);   /* written again when Redis is back */
+        else px_proxy_xack_failed(e);   /* written again after a pause */
     }
     free(b->v);
     free(b);
@@ -621,11 +626,13 @@ void px_xack_flush(px_proxy *px)
             argv[3 + i] = b->v[i]->id;
             lens[3 + i] = strlen(b->v[i]->id);
             b->v[i]->in_claim_io = true;
+            b->v[i]->io++;
         }
         if (px_redis_argv(px->redis, st->conf->stream, 0, xack_reply_cb, b, (int)argc, argv, lens)
             != PX_OK) {
             for (size_t i = 0; i < b->n; i++) {
                 b->v[i]->in_claim_io = false;
+                b->v[i]->io--;
                 px_queue_push(&px->xack_q, b->v[i]);
             }
             free(b->v);

@@ -404,6 +404,20 @@ void px_proxy_committed(px_entry *e, bool ok)
     leave(e, e->outcome);
 }
 
+static void xack_again_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    px_entry *e = w->data;
+    px_queue_push(&e->st->px->xack_q, e);
+}
+
+/* The XACK was refused or lost: sent again after a pause, not every loop
+ * iteration (an error reply would otherwise spin the loop). */
+void px_proxy_xack_failed(px_entry *e)
+{
+    entry_timer(e, xack_again_cb, PX_ERROR_PAUSE_MS);
+}
+
 void px_proxy_bad_entry(px_entry *e, const char *why)
 {
     px_stream_conf *sc = e->st->conf;
@@ -460,30 +474,39 @@ static void lease_cb(struct ev_loop *loop, ev_timer *w, int revents)
     px_claim_extend(w->data);
 }
 
-/* Give back what was not delivered, so another replica can take it at once. */
+/* Entries the drain gives back: not delivered yet (or, once the grace is
+ * over, 'all' of those with a worker too), and no claim in flight. */
+static bool undelivered(const px_entry *e, bool all)
+{
+    switch (e->state) {
+    case PX_E_PARKED: case PX_E_LOCKWAIT: case PX_E_BACKOFF: case PX_E_SEND: return true;
+    case PX_E_CLAIM: return !e->in_claim_io;
+    case PX_E_SENT: return all;
+    default: return false;
+    }
+}
+
+/* Give back what was not delivered, so another replica can take it at once.
+ * The queues are rebuilt without those entries first: the entries are freed
+ * as they finish, and a queue must never name a freed entry. */
 static void release_undelivered(px_proxy *px, bool all)
 {
-    for (size_t s = 0; s < px->nstreams; s++) {
-        px_entry *e = px->streams[s].head, *next;
-        for (; e; e = next) {
-            next = e->next;
-            bool waiting = e->state == PX_E_PARKED || e->state == PX_E_LOCKWAIT ||
-                           e->state == PX_E_BACKOFF || e->state == PX_E_SEND ||
-                           (e->state == PX_E_CLAIM && !e->in_claim_io);
-            if (waiting || (all && e->state == PX_E_SENT)) {
-                if (e->state == PX_E_SENT) px_deliver_forget(px, e);
-                px_claim_release(e);
-                px_entry_finish(e, PX_OUT_NONE);
-            }
-        }
-    }
-    /* The queues may now name freed entries: rebuild them from what is left. */
     px_queue *qs[] = { &px->claim_q, &px->send_q };
     for (size_t i = 0; i < 2; i++) {
         px_queue keep = {0};
         px_entry *e;
-        while ((e = px_queue_pop(qs[i])) != NULL) if (!e->gone) px_queue_push(&keep, e);
+        while ((e = px_queue_pop(qs[i])) != NULL) if (!undelivered(e, all)) px_queue_push(&keep, e);
         *qs[i] = keep;
+    }
+    for (size_t s = 0; s < px->nstreams; s++) {
+        px_entry *e = px->streams[s].head, *next;
+        for (; e; e = next) {
+            next = e->next;
+            if (!undelivered(e, all)) continue;
+            if (e->state == PX_E_SENT) px_deliver_forget(px, e);
+            px_claim_release(e);
+            px_entry_finish(e, PX_OUT_NONE);
+        }
     }
 }
 

@@ -197,6 +197,7 @@ void px_proxy_duplicate(px_entry *e, bool after_lock);
 void px_proxy_claim_failed(px_entry *e);
 void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason);
 void px_proxy_committed(px_entry *e, bool ok);
+void px_proxy_xack_failed(px_entry *e);
 void px_proxy_bad_entry(px_entry *e, const char *why);
 void px_proxy_trimmed(px_stream *st, const char *id, bool ack);
 px_entry *px_proxy_find(px_stream *st, const char *id);

@@ -246,6 +246,7 @@ static void on_lock_set(px_entry *e, redisReply *r)
     char mine[32];
     lock_value(e, mine, sizeof(mine));
     e->claim_set = (int)px_decide_lock_reply(r->type == REDIS_REPLY_STRING ? r->str : NULL, mine);
+    e->claim_own = r->type == REDIS_REPLY_STRING && e->claim_set == PX_LOCK_TAKEN;
 }
 
 static void on_done_exists(px_entry *e, redisReply *r)
@@ -264,6 +265,26 @@ static void exists_done(px_entry *e)
     const char *argv[2] = { "EXISTS", e->done_name };
     size_t lens[2] = { 6, e->done_name_len };
     entry_cmd(e, on_done_exists, 2, argv, lens);
+}
+
+static void on_extended(px_entry *e, redisReply *r);
+
+/* The lease of a lock just taken is extended from now on, every lease_every
+ * (px_claim_extend), whatever state the entry is in while it holds it. The
+ * first extension falls in the second half of lease_every, jittered, so a
+ * burst of claims does not become a burst of extensions. */
+static void lease_start(px_entry *e)
+{
+    double j = 0.5 + 0.5 * (double)(random() % 1000) / 1000.0;
+    e->lease_next = ev_now(e->st->px->loop) + e->st->lease_every * j;
+}
+
+/* Extend one of our locks at once: 'dedup' or lock_key. */
+static void extend_now(px_entry *e, const char *key, bool dedup)
+{
+    char val[32];
+    entry_script(e, &extend_script, on_extended, false, key,
+                 dedup ? lock_value(e, val, sizeof(val)) : e->token, e->st->lease_s);
 }
 
 /* The last reply of a claim round trip is in: decide. */
@@ -293,6 +314,10 @@ static void claim_decided(px_entry *e)
         break;
     case PX_CLAIM_CLAIMED:
         e->has_dedup = true;
+        lease_start(e);
+        /* Our own lock from a claim whose reply was lost: SET NX left its
+         * TTL as it was, maybe nearly spent. Extend it now. */
+        if (e->claim_own) extend_now(e, e->lock_name, true);
         if (e->lock_key) px_claim_lock_key(e);
         else px_proxy_claimed(e);
         break;
@@ -352,8 +377,9 @@ static void claim_split_lock_now(px_entry *e)
 static void claim_one(px_entry *e)
 {
     char val[32];
-    if (!e->has_dedup) new_token(e);
+    if (!e->has_dedup) { new_token(e); e->lease_lost = false; }
     e->claim_set = PX_LOCK_NONE;
+    e->claim_own = false;
     e->claim_done = false;
     e->in_claim_io = true;
     if (e->st->conf->layout == PX_LAYOUT_SINGLE) {
@@ -381,7 +407,34 @@ static void incr_fence(px_entry *e)
     entry_cmd(e, on_fence, 2, argv, lens);
 }
 
-/* --- lock_key ------------------------------------------------------------- */
+/* --- lock_key -------------------------------------------------------------
+ * Taken after the dedup lock, with the same token. An entry that had to wait
+ * for it (wait_ms) held its dedup lock all along (extended like any other),
+ * and once lock_key is taken it looks at the dedup key again: done meanwhile
+ * (a copy handled elsewhere while we waited) is a duplicate; our dedup lock
+ * gone (a lease lost to a Redis pause or failover) makes the entry busy, so it
+ * is claimed afresh. Without the look, a copy that claimed the key after our
+ * lease ran out would be delivered after our ack. */
+
+static void on_recheck_lock(px_entry *e, redisReply *r)
+{
+    char mine[32];
+    lock_value(e, mine, sizeof(mine));
+    const char *v = r->type == REDIS_REPLY_STRING ? r->str : NULL;
+    e->recheck_mine = v && strcmp(v, mine) == 0;
+    if (e->st->conf->layout == PX_LAYOUT_SINGLE && v && v[0] == 'D') e->claim_done = true;
+}
+
+/* Send the look at the dedup key: its lock (and, split, the done mark). */
+static void recheck_dedup(px_entry *e)
+{
+    const char *argv[2] = { "GET", e->lock_name };
+    size_t lens[2] = { 3, e->lock_name_len };
+    e->claim_done = false;
+    e->recheck_mine = false;
+    entry_cmd(e, on_recheck_lock, 2, argv, lens);
+    if (e->st->conf->layout == PX_LAYOUT_SPLIT) exists_done(e);
+}
 
 static void lock_key_decided(px_entry *e)
 {
@@ -391,12 +444,34 @@ static void lock_key_decided(px_entry *e)
         px_proxy_claim_failed(e);
         return;
     }
-    if (e->claim_set == PX_LOCK_TAKEN) {
-        e->has_lock = true;
-        px_proxy_claimed(e);
-    } else {
+    if (e->claim_set != PX_LOCK_TAKEN) {
+        e->lock_waited = true;
         px_proxy_busy(e, true);
+        return;
     }
+    e->has_lock = true;
+    if (e->claim_own) extend_now(e, e->lock_key, false);
+    if (e->lock_waited && e->claim_done) {          /* done while we waited */
+        px_claim_release(e);
+        px_proxy_duplicate(e, true);
+    } else if (e->lock_waited && !e->recheck_mine) { /* our dedup lease ran out */
+        px_log_info("stream %s entry %s key %s: dedup lock lost while waiting for %s; "
+                    "claiming again", e->st->conf->stream, e->id, e->key, e->lock_key);
+        e->has_dedup = true;                          /* release compares tokens */
+        px_claim_release(e);                          /* the room too: claimed afresh */
+        px_proxy_busy(e, false);
+    } else {
+        px_proxy_claimed(e);
+    }
+}
+
+/* Unordered (cluster, different nodes): lock_key's reply is in; now the look. */
+static void lock_key_recheck(px_entry *e)
+{
+    if (e->step_failed || e->claim_set != PX_LOCK_TAKEN) { lock_key_decided(e); return; }
+    step_begin(e, lock_key_decided);
+    recheck_dedup(e);
+    step_end(e);
 }
 
 static void on_lock_key_set(px_entry *e, redisReply *r)
@@ -404,16 +479,24 @@ static void on_lock_key_set(px_entry *e, redisReply *r)
     /* lock_key holds tokens only: any other value is someone else's lock. */
     const char *old = r->type == REDIS_REPLY_STRING ? r->str : NULL;
     e->claim_set = old == NULL || strcmp(old, e->token) == 0 ? PX_LOCK_TAKEN : PX_LOCK_BUSY;
+    e->claim_own = old != NULL && e->claim_set == PX_LOCK_TAKEN;
 }
 
 void px_claim_lock_key(px_entry *e)
 {
     if (!px_redis_is_up(e->st->px->redis)) { px_proxy_claim_failed(e); return; }
     e->claim_set = PX_LOCK_NONE;
+    e->claim_own = false;
     e->in_claim_io = true;
-    step_begin(e, lock_key_decided);
+    /* The look after a wait must run after the SET: pipelined on one
+     * connection, or after its reply when the keys may sit on two nodes. */
+    bool ordered = !e->lock_waited || !px_redis_clustered(e->st->px->redis) ||
+                   (px_redis_same_slot(e->st->px->redis, e->lock_key, e->lock_name) &&
+                    px_redis_same_slot(e->st->px->redis, e->lock_key, e->done_name));
+    step_begin(e, ordered ? lock_key_decided : lock_key_recheck);
     set_nx_get(e, on_lock_key_set, e->lock_key, e->token);
     if (e->st->conf->fencing) incr_fence(e);
+    if (ordered && e->lock_waited) recheck_dedup(e);
     step_end(e);
 }
 
@@ -446,24 +529,21 @@ static void on_extended(px_entry *e, redisReply *r)
     }
 }
 
+/* Extend every lock an entry holds, in every state in which it holds it
+ * (waiting for lock_key, queued for or with a worker, being committed), each
+ * every lease_every, paced (see px_proxy_create). */
 void px_claim_extend(px_stream *st)
 {
     if (!px_redis_is_up(st->px->redis)) return;
-    const char *lease = st->lease_s;
     double now = ev_now(st->px->loop);
-    size_t budget = st->lease_budget;   /* paced: see px_proxy_create */
+    size_t budget = st->lease_budget;
     for (px_entry *e = st->head; e && budget; e = e->next) {
-        if (e->state != PX_E_SEND && e->state != PX_E_SENT) continue;
-        if (e->lease_next > now) continue;
+        if (!(e->has_dedup || e->has_lock) || e->lease_next > now) continue;
         e->lease_next = now + st->lease_every;
         budget--;
-            char val[32];
-        if (e->has_dedup)
-            entry_script(e, &extend_script, on_extended, false, e->lock_name,
-                         lock_value(e, val, sizeof(val)), lease);
-        if (e->has_lock)
-            entry_script(e, &extend_script, on_extended, false, e->lock_key, e->token, lease);
-        }
+        if (e->has_dedup) extend_now(e, e->lock_name, true);
+        if (e->has_lock) extend_now(e, e->lock_key, false);
+    }
 }
 
 /* --- commit: done mark, dead letter ---------------------------------------- */

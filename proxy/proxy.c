@@ -257,9 +257,6 @@ void px_proxy_claimed(px_entry *e)
         px_entry_finish(e, PX_OUT_NONE);
         return;
     }
-    /* The first extension is due within the second half of lease_every,
-     * jittered, so a burst of claims does not become a burst of extensions. */
-    e->lease_next = ev_now(e->st->px->loop) + e->st->lease_every * jitter(0.5, 1.0);
     e->state = PX_E_SEND;
     px_queue_push(&e->st->px->send_q, e);
 }

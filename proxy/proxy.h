@@ -86,6 +86,9 @@ struct px_entry {
     px_step_fn     *step_done;     /* runs when the step's last reply is in */
     int             claim_set;     /* claim: a px_lock_reply (decide.h) */
     bool            claim_done;    /* claim: the done key exists */
+    bool            claim_own;     /* claim: the lock already held our token (a lost reply) */
+    bool            lock_waited;   /* lock_key was busy once: look at the dedup key again */
+    bool            recheck_mine;  /* that look found our dedup lock */
     uint64_t        wait_until_ms; /* LOCKWAIT: give up on lock_key after this */
     double          claim_since;   /* loop time of the first claim attempt (lock_wait) */
     double          sent_at;       /* loop time the current delivery went out (ack_latency) */

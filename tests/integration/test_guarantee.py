@@ -84,3 +84,50 @@ def test_exit_with_xack_in_flight_over_a_slow_link(env, tmp_path):
                 assert key in done, f"entry {eid} of key {key} acked but not done"
     finally:
         link.close()
+
+
+# --- lock_key waits longer than the dedup lease (issue 15, 1) --------------------------
+
+@pytest.mark.parametrize("layout", ["single", "split"])
+def test_lock_key_wait_longer_than_the_lease_delivers_once(env, layout):
+    """Copy 1 holds the dedup lock and waits for its room longer than lease_ms;
+    copy 2 of the same event arrives meanwhile. The dedup lease must be
+    extended while copy 1 waits, and done checked again once the room is
+    taken: the key is delivered once (it was delivered twice, after its ack)."""
+    r = env.r
+    ep = env.endpoint()
+    r.set("lock:room:1", "someone-else", px=2600)       # the room is busy for 2.6 s
+    env.proxy([group_conf(layout=layout, lock_key="lock:room:#{event.roomId}", wait_ms=6000,
+                          lease_ms=2000)], endpoint=ep)
+    w = env.worker(ep)
+    publish(r, "room", [ev(1, roomId=1)])
+    time.sleep(0.5)
+    publish(r, "room", [ev(1, roomId=1)])                # copy 2, another entry
+    wait_for(lambda: pending(r, "room", "g") == 0 and r.xlen("room") == 2, 15, "both copies finished")
+    time.sleep(0.5)
+    assert w.keys() == ["e1"], w.keys()
+    assert r.keys("lock:room:*") == []
+
+
+@pytest.mark.parametrize("layout", ["single", "split"])
+def test_lock_key_taken_after_the_dedup_lock_was_lost_looks_again(env, layout):
+    """Copy 1 waits for its room and loses its dedup lock meanwhile (deleted
+    here, as a Redis pause or failover would); copy 2 claims the key and waits
+    too. Whoever takes the room first, the key is delivered once: copy 1 looks
+    at the dedup key again once it holds the room."""
+    r = env.r
+    ep = env.endpoint()
+    dedup = "idem:e1" if layout == "single" else "lock:e1"
+    r.set("lock:room:1", "someone-else", px=2500)
+    env.proxy([group_conf(layout=layout, lock_key="lock:room:#{event.roomId}", wait_ms=6000)],
+              endpoint=ep)
+    w = env.worker(ep)
+    publish(r, "room", [ev(1, roomId=1)])
+    wait_for(lambda: r.exists(dedup), 5, "copy 1 holds the dedup lock")
+    time.sleep(0.3)
+    r.delete(dedup)
+    publish(r, "room", [ev(1, roomId=1)])
+    wait_for(lambda: pending(r, "room", "g") == 0 and r.xlen("room") == 2, 20, "both copies finished")
+    time.sleep(0.5)
+    assert w.keys() == ["e1"], w.keys()
+    assert r.keys("lock:room:*") == []

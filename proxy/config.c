@@ -1323,7 +1323,7 @@ static const cfg_opt cfg_stream_opts[] = {
     CFG_STR(px_stream_conf, dead_letter, CFG_EMPTY_NULL),
     CFG_ENUM("on_missing_key", px_stream_conf, on_missing_key, cfg_missing),
     CFG_BOOL(px_stream_conf, fencing),
-    CFG_MS(px_stream_conf, claim_idle_ms, 0),
+    CFG_MS(px_stream_conf, claim_idle_ms, 100),  /* kept fresh every third of it (reader.c) */
     CFG_BOOL(px_stream_conf, hash_tag),
     { .name = NULL }
 };

@@ -136,6 +136,7 @@ static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
     e->req_id = id;
     e->sent_at = ev_now(px->loop);
     e->attempt++;
+    px_reader_delivering(e);
     e->deadline_ms = v.deadline_unix_ms;
     e->state = PX_E_SENT;
     e->st->c.deliveries++;

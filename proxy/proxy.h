@@ -68,6 +68,7 @@ struct px_entry {
     char            token[24];     /* our random lock token for this claim */
     uint64_t        fence;         /* fencing token of this claim, 0 when off */
     uint32_t        attempt;       /* deliveries so far; group mode starts from Redis' count */
+    uint32_t        redis_count;   /* group mode: the delivery count Redis holds for it */
     bool            examined;      /* claimed at least once before: a later 'done' is after_lock */
     bool            has_dedup;     /* we hold the dedup lock (or may: reply lost) */
     bool            has_lock;      /* we hold lock_key */
@@ -153,6 +154,7 @@ struct px_stream {
     bool            reading;       /* a read is in flight */
     char            last_id[64];   /* group-less: last id read; group: history cursor */
     ev_timer        autoclaim;     /* group mode: periodic XAUTOCLAIM */
+    ev_timer        refresh;       /* group mode: tracked entries kept fresh (JUSTID) */
     char            autoclaim_cursor[64];
     ev_timer        lease;         /* ticks PX_LEASE_TICKS times per lease_every */
     double          lease_every;   /* seconds between two extensions of one lease: lease_ms / 3 */
@@ -220,6 +222,7 @@ void px_reader_start(px_stream *st);
 void px_reader_kick(px_stream *st);
 void px_reader_stop(px_stream *st);
 bool px_reader_live(px_stream *st);           /* connected and reading */
+void px_reader_delivering(px_entry *e);       /* a delivery goes out: Redis counts it */
 
 /* event.c: parse the entry and render its keys; PX_ERR with 'why' for bad input. */
 int px_event_prepare(px_entry *e, char *why, size_t whylen);

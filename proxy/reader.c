@@ -56,8 +56,11 @@ static void counts_reply_cb(px_redis *r, redisReply *reply, void *priv)
         if (p->type != REDIS_REPLY_ARRAY || p->elements < 4 || p->element[0]->type != REDIS_REPLY_STRING ||
             p->element[3]->type != REDIS_REPLY_INTEGER) continue;
         px_entry *e = px_proxy_find(st, p->element[0]->str);
-        if (e && e->attempt == 0 && p->element[3]->integer > 1)
-            e->attempt = (uint32_t)(p->element[3]->integer - 1);   /* the next delivery is this count */
+        if (e == NULL || e->attempt != 0 || p->element[3]->integer < 1) continue;
+        /* The read that brought it counted the delivery it is about to get:
+         * the deliveries before are one fewer. */
+        e->redis_count = (uint32_t)p->element[3]->integer;
+        e->attempt = e->redis_count - 1;
     }
 }
 
@@ -70,6 +73,59 @@ static void ask_counts(px_stream *st, const char *first, const char *last, size_
     size_t lens[7];
     for (int i = 0; i < 7; i++) lens[i] = strlen(argv[i]);
     px_redis_argv(st->px->redis, st->conf->stream, 0, counts_reply_cb, st, 7, argv, lens);
+}
+
+/* Group mode: Redis' delivery count of an entry is idemproxy's deliveries of
+ * it (SPEC 5.2). XREADGROUP counts one as it hands an entry out (the delivery
+ * it is read for), and so do a history read and XAUTOCLAIM; keeping tracked
+ * entries fresh counts nothing (JUSTID). A redelivery by this process sets the
+ * count, and so does a read that returned an entry we already track. */
+static void set_count(px_entry *e, uint32_t count)
+{
+    px_stream_conf *sc = e->st->conf;
+    char c[16];
+    snprintf(c, sizeof(c), "%u", count ? count : 1);
+    const char *argv[] = { "XCLAIM", sc->stream, sc->group, sc->consumer, "0", e->id,
+                           "RETRYCOUNT", c, "JUSTID" };
+    size_t lens[9];
+    for (int i = 0; i < 9; i++) lens[i] = strlen(argv[i]);
+    px_redis_argv(e->st->px->redis, sc->stream, 0, NULL, NULL, 9, argv, lens);
+    e->redis_count = count;
+}
+
+void px_reader_delivering(px_entry *e)
+{
+    if (e->st->conf->group && e->attempt > e->redis_count) set_count(e, e->attempt);
+}
+
+/* Keep what we track fresh: `XCLAIM ... 0 <ids> JUSTID` resets the idle time
+ * of our own pending entries without counting a delivery, every third of
+ * claim_idle_ms, so no XAUTOCLAIM (ours or another replica's) takes over an
+ * entry this consumer is still working on. */
+#define PX_REFRESH_BATCH 512
+
+static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    px_stream *st = w->data;
+    px_stream_conf *sc = st->conf;
+    if (!px_redis_is_up(st->px->redis) || st->head == NULL) return;
+    const char *argv[5 + PX_REFRESH_BATCH + 1];
+    size_t lens[5 + PX_REFRESH_BATCH + 1];
+    argv[0] = "XCLAIM"; argv[1] = sc->stream; argv[2] = sc->group; argv[3] = sc->consumer;
+    argv[4] = "0";
+    for (int i = 0; i < 5; i++) lens[i] = strlen(argv[i]);
+    int n = 5;
+    for (px_entry *e = st->head; e; e = e->next) {
+        argv[n] = e->id;
+        lens[n++] = strlen(e->id);
+        if (n == 5 + PX_REFRESH_BATCH || e->next == NULL) {
+            argv[n] = "JUSTID";
+            lens[n++] = 6;
+            px_redis_argv(st->px->redis, sc->stream, 0, NULL, NULL, n, argv, lens);
+            n = 5;
+        }
+    }
 }
 
 /* Take the entries of one stream out of an XREAD/XREADGROUP/XAUTOCLAIM reply.
@@ -91,12 +147,19 @@ static size_t take_entries(px_stream *st, redisReply *entries, bool fresh)
         const char *id = en->element[0]->str;
         if (st->conf->group == NULL) snprintf(st->last_id, sizeof(st->last_id), "%s", id);
         else if (st->rstate == R_HISTORY) snprintf(st->last_id, sizeof(st->last_id), "%s", id);
-        if (!fresh && px_proxy_find(st, id)) continue;
+        if (!fresh) {
+            px_entry *known = px_proxy_find(st, id);
+            if (known) {   /* still ours: that read counted no delivery, undo it */
+                set_count(known, known->redis_count);
+                continue;
+            }
+        }
         if (en->element[1]->type != REDIS_REPLY_ARRAY) {
             px_proxy_trimmed(st, id, true);   /* pending, but deleted from the stream */
             continue;
         }
-        px_entry_create(st, id, en->element[1]);
+        px_entry *e = px_entry_create(st, id, en->element[1]);
+        if (fresh) e->redis_count = 1;
     }
     return entries->elements;
 }
@@ -346,6 +409,10 @@ void px_reader_start(px_stream *st)
         ev_timer_init(&st->autoclaim, autoclaim_cb, every, every);
         st->autoclaim.data = st;
         ev_timer_start(st->px->loop, &st->autoclaim);
+        double fresh = (double)st->conf->claim_idle_ms / 3000.0;
+        ev_timer_init(&st->refresh, refresh_cb, fresh, fresh);
+        st->refresh.data = st;
+        ev_timer_start(st->px->loop, &st->refresh);
         const char *dbg = getenv("IDEMPROXY_DEBUG_IDLE_CONSUMER_MS");
         if (dbg) idle_consumer_ms = atoll(dbg);
         double janitor_s = (double)idle_consumer_ms / 1000.0 < PX_JANITOR_S
@@ -372,6 +439,7 @@ void px_reader_stop(px_stream *st)
     st->rstate = R_STOPPED;
     ev_timer_stop(st->px->loop, &st->pause);
     ev_timer_stop(st->px->loop, &st->autoclaim);
+    ev_timer_stop(st->px->loop, &st->refresh);
     ev_timer_stop(st->px->loop, &st->janitor);
     px_redis_destroy(st->link);
     st->link = NULL;

@@ -131,3 +131,78 @@ def test_lock_key_taken_after_the_dedup_lock_was_lost_looks_again(env, layout):
     time.sleep(0.5)
     assert w.keys() == ["e1"], w.keys()
     assert r.keys("lock:room:*") == []
+
+
+# --- the delivery counter counts deliveries (issue 15, 2) ------------------------------
+
+def _counts(r, stream="room", group="g"):
+    return {e["message_id"]: (e["consumer"], e["times_delivered"])
+            for e in r.xpending_range(stream, group, "-", "+", 100)}
+
+
+def test_slow_worker_does_not_inflate_the_delivery_count(env):
+    """A worker that takes 3 s (claim_idle_ms 500): the entry stays this
+    consumer's, its delivery count stays 1, and after a kill -9 and a restart
+    it is delivered again as attempt 2, not dead-lettered (max_deliveries 3).
+    The reclaim without JUSTID counted a delivery every claim_idle_ms (1 -> 7)."""
+    r = env.r
+    ep = env.endpoint()
+    conf = group_conf(claim_idle_ms=500, max_deliveries=3, dead_letter="dlq")
+    p = env.proxy([conf], endpoint=ep)
+    w = env.worker(ep, manual=True)
+    (eid,) = publish(r, "room", [ev(1)])
+    wait_for(lambda: w.inbox, 5, "delivery")
+    time.sleep(3)
+    assert _counts(r) == {eid: ("c1", 1)}
+    p.kill9()
+    w.close()
+    p2 = env.proxy([conf], endpoint=ep)
+    w2 = env.worker(ep)
+    wait_for(lambda: pending(r, "room", "g") == 0, 10, "handled after the restart")
+    assert [d.attempt for d in w2.got] == [2]
+    assert r.xlen("dlq") == 0 if r.exists("dlq") else True
+    assert r.get("idem:e1") == "D"
+
+
+def test_live_replica_keeps_its_slow_entry(env):
+    """Two live replicas (consumers c1, c2), claim_idle_ms 500: c1's worker
+    takes 3 s; c2 must not take the entry over, and nobody else sees it."""
+    r = env.r
+    ep1, ep2 = env.endpoint(), env.endpoint()
+    env.proxy([group_conf(claim_idle_ms=500)], endpoint=ep1)
+    w1 = env.worker(ep1, manual=True)
+    (eid,) = publish(r, "room", [ev(1)])
+    wait_for(lambda: w1.inbox, 5, "delivery to c1")
+    env.proxy([group_conf(consumer="c2", claim_idle_ms=500)], endpoint=ep2)
+    w2 = env.worker(ep2)
+    seen = set()
+    for _ in range(30):
+        seen |= {c for c, _ in _counts(r).values()}
+        time.sleep(0.1)
+    assert seen == {"c1"}, f"taken over by {seen - {'c1'}}"
+    w1.answer(pb.Ack.ACK)
+    wait_for(lambda: pending(r, "room", "g") == 0, 5, "acked")
+    assert w2.keys() == []
+    assert _counts(r) == {}
+
+
+def test_redelivery_is_counted_in_redis_and_survives_a_restart(env):
+    """RETRY once: the redelivery is attempt 2 and Redis' count says 2; after
+    a kill -9 the next delivery is attempt 3, the last of max_deliveries 3."""
+    r = env.r
+    ep = env.endpoint()
+    conf = group_conf(claim_idle_ms=500, max_deliveries=3, retry_backoff_ms=50, dead_letter="dlq")
+    p = env.proxy([conf], endpoint=ep)
+    w = env.worker(ep, manual=True)
+    (eid,) = publish(r, "room", [ev(1)])
+    wait_for(lambda: w.inbox, 5, "delivery 1")
+    w.answer(pb.Ack.RETRY, "not yet")
+    wait_for(lambda: len(w.got) == 2 and w.inbox, 5, "delivery 2")
+    wait_for(lambda: _counts(r) == {eid: ("c1", 2)}, 3, "Redis counts the redelivery")
+    p.kill9()
+    w.close()
+    env.proxy([conf], endpoint=ep)
+    w2 = env.worker(ep)
+    wait_for(lambda: pending(r, "room", "g") == 0, 10, "handled after the restart")
+    assert [d.attempt for d in w2.got] == [3]
+    assert not r.exists("dlq")

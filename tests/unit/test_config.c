@@ -318,6 +318,8 @@ static void test_errors(void)
                  "t.yaml:2:17: ", "app.max_inflight: must be at least 1 (got 0)");
     expect_error("max_deliveries 0", "streams:\n  - stream: room\n    max_deliveries: 0\n",
                  "t.yaml:3:21: ", "must be at least 1");
+    expect_error("claim_idle_ms 0", "streams:\n  - stream: room\n    group: g\n    claim_idle_ms: 0\n",
+                 "t.yaml:4:20: ", "claim_idle_ms: must be at least 100 (got 0)");
     expect_error("max_entry_bytes 0", "app:\n  max_entry_bytes: 0\n" S,
                  "t.yaml:2:20: ", "app.max_entry_bytes: must be at least 1");
 

@@ -592,7 +592,8 @@ static void dead_letter_add(px_entry *e, const char *reason)
     ARG("XADD", 4);
     ARG(sc->dead_letter, strlen(sc->dead_letter));
     ARG("*", 1);
-    for (size_t i = 0; i < e->nfields; i++) {
+    /* An oversized entry is not copied: its reason and id are the reference. */
+    for (size_t i = 0; i < (e->oversized ? 0 : e->nfields); i++) {
         ARG(e->fields[i].name, e->fields[i].name_len);
         ARG(e->fields[i].value, e->fields[i].value_len);
     }

@@ -89,10 +89,10 @@ static void ack_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
     px_proxy_on_answer(e, PX_ACK_TIMEOUT, "ack timeout");
 }
 
-/* Send one delivery. PX_EAGAIN when the socket has no room (or no worker). */
-static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
+/* The Delivery of 'e' (fields in d's scratch space), as it goes out. */
+static px_delivery_view delivery_view(px_deliver *d, px_entry *e, uint32_t attempt,
+                                      uint64_t fence, uint64_t deadline)
 {
-    if (d->nfree == 0) return PX_EAGAIN;
     if (d->fields_cap < e->nfields) {
         d->fields_cap = e->nfields;
         d->fields = px_realloc(d->fields, sizeof(px_field) * d->fields_cap);
@@ -100,14 +100,30 @@ static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
     size_t nf = 0;
     for (size_t i = 0; i < e->nfields; i++)
         if ((int)i != e->payload_idx) d->fields[nf++] = e->fields[i];
-    px_delivery_view v = {
+    return (px_delivery_view){
         .stream = e->st->conf->stream, .entry_id = e->id, .key = e->key,
         .fields = d->fields, .nfields = nf,
         .payload = e->payload_idx >= 0 ? e->fields[e->payload_idx].value : NULL,
         .payload_len = e->payload_idx >= 0 ? e->fields[e->payload_idx].value_len : 0,
-        .attempt = e->attempt + 1, .fencing_token = e->fence,
-        .deadline_unix_ms = px_now_ms() + (uint64_t)px->conf->ack_timeout_ms,
+        .attempt = attempt, .fencing_token = fence, .deadline_unix_ms = deadline,
     };
+}
+
+/* The largest the entry's Delivery can encode to (the numbers at their
+ * widest): what max_entry_bytes bounds (SPEC 4), so no worker is ever sent a
+ * message over its receive limit. */
+size_t px_deliver_size(px_proxy *px, px_entry *e)
+{
+    px_delivery_view v = delivery_view(px->deliver, e, UINT32_MAX, UINT64_MAX, UINT64_MAX);
+    return px_codec_delivery_size(&v);
+}
+
+/* Send one delivery. PX_EAGAIN when the socket has no room (or no worker). */
+static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
+{
+    if (d->nfree == 0) return PX_EAGAIN;
+    px_delivery_view v = delivery_view(d, e, e->attempt + 1, e->fence,
+                                       px_now_ms() + (uint64_t)px->conf->ack_timeout_ms);
     px_codec_delivery_encode(&v, &d->enc);
 
     uint32_t id = slot_take(d, e);

@@ -126,6 +126,15 @@ px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields)
 
     char why[512];
     if (px_event_prepare(e, why, sizeof(why)) != PX_OK) {
+        e->oversized = (long long)e->bytes > st->px->conf->max_entry_bytes;
+        px_proxy_bad_entry(e, why);
+        return e;
+    }
+    size_t size = px_deliver_size(st->px, e);
+    if ((long long)size > st->px->conf->max_entry_bytes) {
+        snprintf(why, sizeof(why), "its Delivery encodes to %zu bytes, over max_entry_bytes %lld",
+                 size, st->px->conf->max_entry_bytes);
+        e->oversized = true;
         px_proxy_bad_entry(e, why);
         return e;
     }

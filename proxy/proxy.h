@@ -81,6 +81,7 @@ struct px_entry {
     bool            dl_written;    /* the dead letter is written (not again on a retry) */
     bool            gone;          /* finished; freed when 'io' reaches 0 */
     bool            bad;           /* bad input: the commit is its dead letter */
+    bool            oversized;     /* over max_entry_bytes: its dead letter is a reference */
     int             io;            /* commands about this entry awaiting replies */
     int             step_pending;  /* replies the current step still waits for */
     bool            step_failed;   /* a reply of the step was lost or an error */
@@ -243,6 +244,7 @@ void px_deliver_deinit(px_proxy *px);
 void px_deliver_flush(px_proxy *px);          /* send_q -> socket */
 int  px_deliver_workers(px_proxy *px);
 void px_deliver_forget(px_proxy *px, px_entry *e);  /* drop e's slot (shutdown) */
+size_t px_deliver_size(px_proxy *px, px_entry *e);   /* its Delivery's largest encoding */
 extern unsigned long long px_protocol_errors;
 
 #endif

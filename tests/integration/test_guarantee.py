@@ -206,3 +206,34 @@ def test_redelivery_is_counted_in_redis_and_survives_a_restart(env):
     wait_for(lambda: pending(r, "room", "g") == 0, 10, "handled after the restart")
     assert [d.attempt for d in w2.got] == [3]
     assert not r.exists("dlq")
+
+
+# --- one oversized Delivery costs nobody else (issue 15, 3) ----------------------------
+
+def test_encoded_delivery_over_max_entry_bytes_is_dead_lettered_alone(env):
+    """An entry of 1,039,996 bytes (under max_entry_bytes, 1 MiB) whose key is
+    500 KB encodes to about 1.5 MB: the C worker (1 MiB receive limit) dropped
+    its connection on each send and the good entries in flight with it lost
+    their acks. The encoded size is what is bounded: it is dead-lettered alone,
+    with its reason and a reference (no copy), and every good key is delivered
+    once and acked."""
+    r = env.r
+    ep = env.endpoint()
+    env.proxy([group_conf(dead_letter="dlq", max_deliveries=2, retry_backoff_ms=50)], endpoint=ep,
+              ack_timeout_ms=2000)
+    w = env.cworker(ep)
+    big = json.dumps({"eventId": "k" * 500_000, "pad": "p" * 539_970})
+    assert 1_039_990 < len(big) + len("payload") < 1 << 20
+    good = [ev(i) for i in range(40)]
+    publish(r, "room", good[:20])
+    (big_id,) = publish(r, "room", [big])
+    publish(r, "room", good[20:])
+    wait_for(lambda: r.exists("dlq") and pending(r, "room", "g") == 0, 20, "all handled")
+    dl = r.xrange("dlq")
+    assert len(dl) == 1, [f["idemproxy-reason"] for _, f in dl]
+    f = dl[0][1]
+    assert f["idemproxy-entry-id"] == big_id and "max_entry_bytes" in f["idemproxy-reason"]
+    assert "payload" not in f, "the dead letter copied the oversized entry"
+    wait_for(lambda: sorted(w.keys()) == sorted(g["eventId"] for g in good), 5, "every good key")
+    assert len(w.keys()) == 40
+    assert all(r.get(f"idem:e{i}") == "D" for i in range(40))

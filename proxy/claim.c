@@ -117,8 +117,14 @@ static void entry_reply_cb(px_redis *r, redisReply *reply, void *priv)
     ctx_put(priv);
     e->io--;
     if (e->gone) { if (e->io == 0) px_entry_free(e); return; }
-    if (ctx.step && (reply == NULL || reply->type == REDIS_REPLY_ERROR)) e->step_failed = true;
-    else if (reply && reply->type != REDIS_REPLY_ERROR && ctx.on) ctx.on(e, reply);
+    if (ctx.step && (reply == NULL || reply->type == REDIS_REPLY_ERROR)) {
+        e->step_failed = true;
+        if (reply && !px_decide_error_passes(reply->str)) {
+            e->step_hard = true;
+            free(e->redis_error);
+            e->redis_error = px_strndup(reply->str, reply->len < 200 ? reply->len : 200);
+        }
+    } else if (reply && reply->type != REDIS_REPLY_ERROR && ctx.on) ctx.on(e, reply);
     if (ctx.step) {
         e->step_pending--;
         step_check(e);
@@ -129,6 +135,7 @@ static void step_begin(px_entry *e, px_step_fn *done)
 {
     e->step_pending = 1;          /* held until step_end, so replies cannot finish early */
     e->step_failed = false;
+    e->step_hard = false;
     e->step_done = done;
 }
 
@@ -238,6 +245,59 @@ static void set_nx_get(px_entry *e, reply_fn *on, const char *key, const char *v
 
 static void incr_fence(px_entry *e);
 
+/* --- the entry-level dead-letter mark --------------------------------------
+ * Group-less, every replica reads every entry, and reads it again after a
+ * restart. An entry dead-lettered without a done mark (bad input, a busy
+ * refusal, a Redis error) gets `idemproxy:dl:<stream>:<id>`, set NX with the
+ * writer's token before its dead letter, so one replica writes it once, a
+ * retry of the same writer still does, and (for streams that refuse) a later
+ * reader sees the refusal was final and never delivers the entry. */
+
+static void mark_name(px_entry *e, px_buf *b)
+{
+    px_buf_printf(b, "idemproxy:dl:%s:%s", e->st->conf->stream, e->id);
+}
+
+static bool refusals_final(px_entry *e)
+{
+    px_stream_conf *sc = e->st->conf;
+    return sc->group == NULL && sc->lock_key && sc->on_busy == PX_BUSY_DEAD_LETTER;
+}
+
+static void on_mark_exists(px_entry *e, redisReply *r)
+{
+    e->claim_marked = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+}
+
+static void exists_mark(px_entry *e)
+{
+    px_buf b = {0};
+    mark_name(e, &b);
+    const char *argv[2] = { "EXISTS", b.data };
+    size_t lens[2] = { 6, b.len };
+    entry_cmd(e, on_mark_exists, 2, argv, lens);
+    px_buf_deinit(&b);
+}
+
+static void on_mark_set(px_entry *e, redisReply *r)
+{
+    /* nil: ours now; our own token: ours from an earlier try; else another's */
+    if (r->type == REDIS_REPLY_STRING && strcmp(r->str, e->token) != 0)
+        e->dl_written = e->dl_other = true;
+}
+
+static void set_mark(px_entry *e)
+{
+    px_buf b = {0};
+    mark_name(e, &b);
+    if (e->token[0] == '\0') new_token(e);
+    const char *ttl = e->st->ttl_s;
+    const char *argv[] = { "SET", b.data, e->token, "NX", "PX", ttl, "GET" };
+    size_t lens[] = { 3, b.len, strlen(e->token), 2, 2, strlen(ttl), 3 };
+    entry_cmd(e, on_mark_set, 7, argv, lens);
+    px_buf_deinit(&b);
+}
+
 /* --- claim ---------------------------------------------------------------- */
 
 /* What the SET NX GET on the dedup lock said (decide.c reads the value). */
@@ -298,6 +358,11 @@ static void claim_decided(px_entry *e)
         px_proxy_claim_failed(e);
         return;
     }
+    if (e->claim_marked) {          /* refused already, by us or another replica */
+        if (e->claim_set == PX_LOCK_TAKEN) { e->has_dedup = true; px_claim_release(e); }
+        px_proxy_already_dead(e);
+        return;
+    }
     bool examined = e->examined;
     e->examined = true;
     switch (px_decide_claim((px_lock_reply)e->claim_set, e->claim_done, examined)) {
@@ -340,7 +405,7 @@ static void claim_resume_cb(struct ev_loop *loop, ev_timer *w, int revents)
 static void claim_split_lock(px_entry *e)
 {
     if (e->step_failed) { claim_decided(e); return; }
-    if (e->claim_done) { claim_decided(e); return; }   /* fast path: done, no lock taken */
+    if (e->claim_done || e->claim_marked) { claim_decided(e); return; }   /* no lock needed */
     if (debug_claim_pause_ms > 0) {
         px_log_info("debug: claim of key %s paused for %ld ms after the first check", e->key,
                     debug_claim_pause_ms);
@@ -381,13 +446,16 @@ static void claim_one(px_entry *e)
     e->claim_set = PX_LOCK_NONE;
     e->claim_own = false;
     e->claim_done = false;
+    e->claim_marked = false;
     e->in_claim_io = true;
     if (e->st->conf->layout == PX_LAYOUT_SINGLE) {
         step_begin(e, claim_decided);
+        if (refusals_final(e)) exists_mark(e);
         set_nx_get(e, on_lock_set, e->lock_name, lock_value(e, val, sizeof(val)));
         if (e->st->conf->fencing && !e->lock_key) incr_fence(e);
     } else {
         step_begin(e, claim_split_lock);
+        if (refusals_final(e)) exists_mark(e);
         exists_done(e);
     }
     step_end(e);
@@ -630,10 +698,36 @@ static void commit_release_after(px_entry *e)
     step_end(e);
 }
 
+static void commit_body(px_entry *e);
+
+static void commit_marked(px_entry *e)
+{
+    if (e->step_failed) { commit_decided(e); return; }
+    commit_body(e);
+}
+
 static void commit_one(px_entry *e)
 {
     px_stream_conf *sc = e->st->conf;
-    if (e->bad) { px_dead_letter_bad(e, e->reason); return; }
+    if (sc->group == NULL && sc->dead_letter && e->outcome == PX_OUT_DEAD_LETTERED &&
+        !e->mark_done && !e->dl_written) {
+        step_begin(e, commit_marked);
+        set_mark(e);
+        step_end(e);
+        return;
+    }
+    commit_body(e);
+}
+
+static void commit_body(px_entry *e)
+{
+    px_stream_conf *sc = e->st->conf;
+    if (e->bad) {
+        step_begin(e, commit_decided);
+        dead_letter_add(e, e->reason);
+        step_end(e);
+        return;
+    }
     const char *ttl = e->st->ttl_s;
     bool ordered = !(e->key && e->mark_done && e->has_dedup && sc->layout == PX_LAYOUT_SPLIT) ||
                    split_ordered(e);
@@ -722,48 +816,4 @@ void px_xack_flush(px_proxy *px)
         free(argv);
         free(lens);
     }
-}
-
-/* --- bad input ------------------------------------------------------------- */
-
-static void bad_added(px_entry *e)
-{
-    px_proxy_committed(e, !e->step_failed);
-}
-
-static void on_bad_marker(px_entry *e, redisReply *r)
-{
-    /* Group-less: every replica reads every entry; only the first to set the
-     * marker writes the dead letter, and a restart does not write it again. */
-    if (r->type != REDIS_REPLY_STATUS) e->dl_written = true;
-}
-
-static void bad_marked(px_entry *e)
-{
-    if (e->step_failed) { px_proxy_committed(e, false); return; }
-    step_begin(e, bad_added);
-    dead_letter_add(e, e->reason);
-    step_end(e);
-}
-
-void px_dead_letter_bad(px_entry *e, const char *why)
-{
-    px_stream_conf *sc = e->st->conf;
-    if (why != e->reason) { free(e->reason); e->reason = px_strdup(why); }
-    if (sc->group == NULL && sc->dead_letter) {
-        px_buf b = {0};
-        char ttl[24];
-        snprintf(ttl, sizeof(ttl), "%lld", sc->done_ttl_ms);
-        px_buf_printf(&b, "idemproxy:bad:%s:%s", sc->stream, e->id);
-        const char *argv[] = { "SET", b.data, "1", "NX", "PX", ttl };
-        size_t lens[] = { 3, b.len, 1, 2, 2, strlen(ttl) };
-        step_begin(e, bad_marked);
-        entry_cmd(e, on_bad_marker, 6, argv, lens);
-        step_end(e);
-        px_buf_deinit(&b);
-        return;
-    }
-    step_begin(e, bad_added);
-    dead_letter_add(e, e->reason);
-    step_end(e);
 }

@@ -248,7 +248,8 @@ static void finish(ccmd *c, redisReply *reply)
 {
     if (reply == NULL || reply->type == REDIS_REPLY_ERROR) {
         px_redis_errors++;
-        if (reply) px_log_warn("redis %s: %s", c->cl->opts.name, reply->str);
+        static px_log_limit limit;
+        if (reply) px_log_limited(&limit, 1.0, PX_LOG_WARN, "redis %s: %s", c->cl->opts.name, reply->str);
     }
     if (c->cb) c->cb(c->cl->outer, reply, c->priv);
     free(c);

@@ -50,3 +50,17 @@ px_busy_next px_decide_busy(uint64_t now_ms, uint64_t wait_until_ms, bool lock_k
     if (lock_key_busy && on_busy == PX_BUSY_DEAD_LETTER) return PX_BUSY_REFUSE;
     return PX_BUSY_PARK;
 }
+
+bool px_decide_error_passes(const char *err)
+{
+    static const char *const passing[] = {
+        "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "OOM",
+        "NOREPLICAS", "MOVED", "ASK", "NOSCRIPT", "UNBLOCKED", NULL,
+    };
+    if (err == NULL) return true;
+    for (size_t i = 0; passing[i]; i++) {
+        size_t n = strlen(passing[i]);
+        if (strncmp(err, passing[i], n) == 0 && (err[n] == ' ' || err[n] == '\0')) return true;
+    }
+    return false;
+}

@@ -59,4 +59,13 @@ typedef enum {
 px_busy_next px_decide_busy(uint64_t now_ms, uint64_t wait_until_ms, bool lock_key_busy,
                             px_on_busy on_busy);
 
+/* An error reply that waiting can cure (a loading, busy, failing-over or
+ * full server, a cluster in motion): true. WRONGTYPE, NOPERM, ERR and the
+ * rest come back the same however often they are retried: false. */
+bool px_decide_error_passes(const char *err);
+
+/* The entry's Redis errors that do not pass: after this many it is
+ * dead-lettered with the error as its reason (SPEC 5.6). */
+#define PX_MAX_REDIS_ERRORS 5
+
 #endif

@@ -26,15 +26,42 @@ bool px_log_enabled(px_log_level level)
     return level <= log_level;
 }
 
+static void log_line(px_log_level level, const char *msg);
+
 void px_log(px_log_level level, const char *fmt, ...)
 {
     if (!px_log_enabled(level)) return;
-
-    char msg[2048], ts[40];
+    char msg[2048];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    log_line(level, msg);
+}
+
+void px_log_limited(px_log_limit *l, double every_s, px_log_level level, const char *fmt, ...)
+{
+    if (!px_log_enabled(level)) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double now = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    if (now < l->next) { l->left_out++; return; }
+    l->next = now + every_s;
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (l->left_out && n >= 0 && (size_t)n < sizeof(msg))
+        snprintf(msg + n, sizeof(msg) - (size_t)n, " (and %lu more like it since the last)",
+                 l->left_out);
+    l->left_out = 0;
+    log_line(level, msg);
+}
+
+static void log_line(px_log_level level, const char *msg)
+{
+    char ts[40];
 
     struct timeval tv;
     struct tm tm;
@@ -44,7 +71,21 @@ void px_log(px_log_level level, const char *fmt, ...)
     snprintf(ts + n, sizeof(ts) - n, ".%03dZ", (int)(tv.tv_usec / 1000));
 
     if (log_format == PX_LOG_TEXT) {
-        fprintf(stderr, "%s %-5s %s\n", ts, level_names[level], msg);
+        /* One message, one line: a key or a Redis error holding a newline or
+         * another control character cannot forge a line of its own. */
+        const char *q = msg;
+        while (*q && (unsigned char)*q >= 0x20 && *q != 0x7f) q++;
+        if (*q == '\0') { fprintf(stderr, "%s %-5s %s\n", ts, level_names[level], msg); return; }
+        px_buf t = {0};
+        for (const char *p = msg; *p; p++) {
+            unsigned char c = (unsigned char)*p;
+            if (c == '\n') px_buf_appends(&t, "\\n");
+            else if (c == '\r') px_buf_appends(&t, "\\r");
+            else if (c < 0x20 || c == 0x7f) px_buf_printf(&t, "\\x%02x", c);
+            else px_buf_append(&t, p, 1);
+        }
+        fprintf(stderr, "%s %-5s %s\n", ts, level_names[level], t.data ? t.data : "");
+        px_buf_deinit(&t);
         return;
     }
     px_buf b = {0};

@@ -11,6 +11,13 @@ void px_log_setup(px_log_level level, px_log_format format);
 bool px_log_enabled(px_log_level level);
 void px_log(px_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* A repeating condition logs at most once per 'every_s' seconds per place:
+ * px_log_limited(&limit, 1.0, PX_LOG_WARN, fmt, ...). The first line after a
+ * quiet spell says how many were left out. */
+typedef struct px_log_limit { double next; unsigned long left_out; } px_log_limit;
+void px_log_limited(px_log_limit *l, double every_s, px_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 #define px_log_error(...) px_log(PX_LOG_ERROR, __VA_ARGS__)
 #define px_log_warn(...)  px_log(PX_LOG_WARN, __VA_ARGS__)
 #define px_log_info(...)  px_log(PX_LOG_INFO, __VA_ARGS__)

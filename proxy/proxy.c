@@ -148,6 +148,7 @@ void px_entry_free(px_entry *e)
     free(e->key);
     free(e->lock_key);
     free(e->reason);
+    free(e->redis_error);
     free(e);   /* and its fields and blob, in the same block */
 }
 
@@ -327,16 +328,54 @@ void px_proxy_busy(px_entry *e, bool lock_key_busy)
     }
 }
 
+/* The pause before trying again after the entry's n-th error that does not
+ * pass: 200 ms, doubling, at most 30 s. */
+static double error_pause_ms(unsigned n)
+{
+    double ms = PX_ERROR_PAUSE_MS * (double)(1u << (n < 8 ? n : 8));
+    return ms < 30000 ? ms : 30000;
+}
+
 void px_proxy_claim_failed(px_entry *e)
 {
+    px_stream_conf *sc = e->st->conf;
     if (e->st->px->stopping) {
         px_claim_release(e);
         px_entry_finish(e, PX_OUT_NONE);
         return;
     }
+    double ms = PX_ERROR_PAUSE_MS;
+    if (e->step_hard) {
+        /* An error that retrying does not cure (WRONGTYPE on a rendered key,
+         * NOPERM): a few tries with backoff, then the dead letter with the
+         * error as its reason, not marked done, so it never holds a slot of
+         * max_inflight for ever (SPEC 5.6). */
+        static px_log_limit limit;
+        e->redis_errors++;
+        px_log_limited(&limit, 1.0, PX_LOG_WARN, "stream %s entry %s key %s: %s (try %u of %d)",
+                       sc->stream, e->id, e->key, e->redis_error, e->redis_errors,
+                       PX_MAX_REDIS_ERRORS);
+        if (e->redis_errors >= PX_MAX_REDIS_ERRORS) {
+            char why[300];
+            snprintf(why, sizeof(why), "redis error: %s", e->redis_error);
+            px_claim_release(e);
+            commit(e, PX_OUT_DEAD_LETTERED, false, why);
+            return;
+        }
+        ms = error_pause_ms(e->redis_errors);
+    }
     /* Redis is down or refused: try again shortly (the flush waits for the link). */
     e->state = PX_E_PARKED;
-    entry_timer(e, back_to_claim_cb, PX_ERROR_PAUSE_MS);
+    entry_timer(e, back_to_claim_cb, ms);
+}
+
+/* Group-less: another reader (or we, before a restart) dead-lettered this
+ * entry for good (a busy refusal); it is never delivered. */
+void px_proxy_already_dead(px_entry *e)
+{
+    px_log_debug("stream %s entry %s key %s: dead-lettered already", e->st->conf->stream, e->id,
+                 e->key);
+    leave(e, PX_OUT_DEAD_LETTERED);
 }
 
 /* --- answers from workers (from deliver.c) -------------------------------------------- */
@@ -402,11 +441,20 @@ static void commit_again_cb(struct ev_loop *loop, ev_timer *w, int revents)
 void px_proxy_committed(px_entry *e, bool ok)
 {
     if (!ok) {
-        /* Kept until written: the app's answer is never forgotten. */
-        entry_timer(e, commit_again_cb, PX_ERROR_PAUSE_MS);
+        /* Kept until written: the app's answer is never forgotten. An error
+         * that retrying does not cure is tried again less and less often. */
+        double ms = PX_ERROR_PAUSE_MS;
+        if (e->step_hard) {
+            static px_log_limit limit;
+            ms = error_pause_ms(++e->redis_errors);
+            px_log_limited(&limit, 1.0, PX_LOG_WARN, "stream %s entry %s key %s: writing its "
+                           "outcome failed: %s; again in %.0f ms", e->st->conf->stream, e->id,
+                           e->key ? e->key : "-", e->redis_error, ms);
+        }
+        entry_timer(e, commit_again_cb, ms);
         return;
     }
-    if (e->outcome == PX_OUT_DEAD_LETTERED) e->st->c.dead_letters++;
+    if (e->outcome == PX_OUT_DEAD_LETTERED && !e->dl_other) e->st->c.dead_letters++;
     leave(e, e->outcome);
 }
 

@@ -79,9 +79,14 @@ struct px_entry {
     bool            in_claim_io;   /* a claim or XACK round trip is in flight */
     bool            mark_done;     /* the commit writes the done mark */
     bool            dl_written;    /* the dead letter is written (not again on a retry) */
+    bool            dl_other;      /* ... by another replica (group-less mark) */
     bool            gone;          /* finished; freed when 'io' reaches 0 */
     bool            bad;           /* bad input: the commit is its dead letter */
     bool            oversized;     /* over max_entry_bytes: its dead letter is a reference */
+    bool            step_hard;     /* ... with an error that retrying does not cure */
+    bool            claim_marked;  /* claim: the entry-level dead-letter mark exists */
+    unsigned        redis_errors;  /* such errors so far (PX_MAX_REDIS_ERRORS) */
+    char           *redis_error;   /* owned: the last of them, for the dead letter */
     int             io;            /* commands about this entry awaiting replies */
     int             step_pending;  /* replies the current step still waits for */
     bool            step_failed;   /* a reply of the step was lost or an error */
@@ -201,6 +206,7 @@ void px_proxy_claimed(px_entry *e);
 void px_proxy_busy(px_entry *e, bool lock_key_busy);
 void px_proxy_duplicate(px_entry *e, bool after_lock);
 void px_proxy_claim_failed(px_entry *e);
+void px_proxy_already_dead(px_entry *e);
 void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason);
 void px_proxy_committed(px_entry *e, bool ok);
 void px_proxy_xack_failed(px_entry *e);
@@ -236,7 +242,6 @@ void px_claim_release(px_entry *e);           /* give back our locks, fire and f
 void px_claim_extend(px_stream *st);          /* extend leases of delivered entries */
 void px_commit_flush(px_proxy *px);           /* commit_q -> done mark / dead letter */
 void px_xack_flush(px_proxy *px);             /* xack_q -> XACK */
-void px_dead_letter_bad(px_entry *e, const char *why); /* bad input to the dead letter */
 
 /* deliver.c */
 int  px_deliver_init(px_proxy *px);

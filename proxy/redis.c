@@ -193,7 +193,8 @@ static void reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
     }
     if ((rep == NULL || rep->type == REDIS_REPLY_ERROR) && !r->opts.cluster_node) {
         px_redis_errors++;
-        if (rep) px_log_warn("redis %s: %s", r->opts.name, rep->str);
+        static px_log_limit limit;
+        if (rep) px_log_limited(&limit, 1.0, PX_LOG_WARN, "redis %s: %s", r->opts.name, rep->str);
     }
     if (c->cb) c->cb(r, rep, c->priv);
     rcmd_free(c);

@@ -17,6 +17,12 @@ def group_conf(**kw):
     return s
 
 
+def finished(r, stream="room", group="g"):
+    """Every entry read by the group and none pending (errors propagate)."""
+    g = [x for x in r.xinfo_groups(stream) if x["name"] == group]
+    return bool(g) and g[0]["lag"] == 0 and g[0]["pending"] == 0
+
+
 def ev(i, **kw):
     d = {"eventId": f"e{i}"}
     d.update(kw)
@@ -103,7 +109,7 @@ def test_lock_key_wait_longer_than_the_lease_delivers_once(env, layout):
     publish(r, "room", [ev(1, roomId=1)])
     time.sleep(0.5)
     publish(r, "room", [ev(1, roomId=1)])                # copy 2, another entry
-    wait_for(lambda: pending(r, "room", "g") == 0 and r.xlen("room") == 2, 15, "both copies finished")
+    wait_for(lambda: finished(r), 15, "both copies finished")
     time.sleep(0.5)
     assert w.keys() == ["e1"], w.keys()
     assert r.keys("lock:room:*") == []
@@ -127,7 +133,7 @@ def test_lock_key_taken_after_the_dedup_lock_was_lost_looks_again(env, layout):
     time.sleep(0.3)
     r.delete(dedup)
     publish(r, "room", [ev(1, roomId=1)])
-    wait_for(lambda: pending(r, "room", "g") == 0 and r.xlen("room") == 2, 20, "both copies finished")
+    wait_for(lambda: finished(r), 20, "both copies finished")
     time.sleep(0.5)
     assert w.keys() == ["e1"], w.keys()
     assert r.keys("lock:room:*") == []
@@ -228,7 +234,7 @@ def test_encoded_delivery_over_max_entry_bytes_is_dead_lettered_alone(env):
     publish(r, "room", good[:20])
     (big_id,) = publish(r, "room", [big])
     publish(r, "room", good[20:])
-    wait_for(lambda: r.exists("dlq") and pending(r, "room", "g") == 0, 20, "all handled")
+    wait_for(lambda: r.exists("dlq") and finished(r), 20, "all handled")
     dl = r.xrange("dlq")
     assert len(dl) == 1, [f["idemproxy-reason"] for _, f in dl]
     f = dl[0][1]
@@ -237,3 +243,57 @@ def test_encoded_delivery_over_max_entry_bytes_is_dead_lettered_alone(env):
     wait_for(lambda: sorted(w.keys()) == sorted(g["eventId"] for g in good), 5, "every good key")
     assert len(w.keys()) == 40
     assert all(r.get(f"idem:e{i}") == "D" for i in range(40))
+
+
+# --- a refusal is final (issue 15, 5) ---------------------------------------------------
+
+def test_groupless_busy_refusal_is_final_across_replicas_and_restarts(env):
+    """Group-less, lock_key with on_busy: dead_letter, two replicas. The room
+    is busy: the entry is refused with one dead letter (not one per replica),
+    and once the room is free a restarted replica reading from the start does
+    not deliver it. The key itself stays not done (SPEC 5.3)."""
+    r = env.r
+    conf = {"stream": "room", "payload_field": "payload", "key": "#event.eventId",
+            "lock_key": "lock:room:#{event.roomId}", "on_busy": "dead_letter",
+            "dead_letter": "dlq", "start": "0"}
+    r.set("lock:room:1", "someone-else", px=1500)
+    eps = [env.endpoint(), env.endpoint()]
+    ps = [env.proxy([conf], endpoint=ep) for ep in eps]
+    ws = [env.worker(ep) for ep in eps]
+    publish(r, "room", [ev(1, roomId=1), ev(2, roomId=2)])
+    wait_for(lambda: r.exists("dlq"), 5, "the refusal")
+    wait_for(lambda: sum(w.keys().count("e2") for w in ws) == 1, 5, "e2 delivered")
+    time.sleep(2)                                   # the room is free again
+    assert ps[0].stop() == 0
+    ps.append(env.proxy([conf], endpoint=eps[0]))   # reads again from "0"
+    ws.append(env.worker(eps[0]))
+    time.sleep(2)
+    assert len(r.xrange("dlq")) == 1, r.xrange("dlq")
+    assert r.xrange("dlq")[0][1]["idemproxy-reason"] == "busy"
+    assert [k for w in ws for k in w.keys()] == ["e2"]
+    assert not r.exists("idem:e1")
+
+
+# --- an error that retrying cannot cure (issue 15, 6) -----------------------------------
+
+def test_persistent_redis_error_is_dead_lettered_and_the_stream_goes_on(env):
+    """lock_key renders to a hash: WRONGTYPE for ever. With max_inflight 2,
+    two such entries held both slots and nothing else was read; the log got
+    5 lines a second. Now each ends in the dead letter with the error as its
+    reason after bounded attempts, the others are delivered, and the log line
+    is rate-limited."""
+    r = env.r
+    ep = env.endpoint()
+    r.hset("lock:room:bad", "a", "1")
+    p = env.proxy([group_conf(lock_key="lock:room:#{event.roomId}", dead_letter="dlq")],
+                  endpoint=ep, max_inflight=2, log_level="info")
+    w = env.worker(ep)
+    publish(r, "room", [ev(1, roomId="bad"), ev(2, roomId="bad")] +
+            [ev(i, roomId=str(i)) for i in range(3, 13)])
+    wait_for(lambda: finished(r), 30, "every entry finished")
+    assert sorted(w.keys()) == sorted(f"e{i}" for i in range(3, 13))
+    dl = r.xrange("dlq")
+    assert len(dl) == 2 and all("WRONGTYPE" in f["idemproxy-reason"] for _, f in dl), dl
+    assert not r.exists("idem:e1") and not r.exists("idem:e2")
+    lines = [l for l in p.log_text().splitlines() if "WRONGTYPE" in l]
+    assert 1 <= len(lines) <= 16, "\n".join(lines)

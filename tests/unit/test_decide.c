@@ -72,9 +72,24 @@ static void test_busy(void)
     test_cond("wait_ms 0 refuses at once", px_decide_busy(100, 100, true, PX_BUSY_DEAD_LETTER) == PX_BUSY_REFUSE);
 }
 
+static void test_errors(void)
+{
+    test_cond("lost reply passes", px_decide_error_passes(NULL));
+    test_cond("LOADING passes", px_decide_error_passes("LOADING Redis is loading the dataset in memory"));
+    test_cond("BUSY passes", px_decide_error_passes("BUSY Redis is busy running a script"));
+    test_cond("READONLY passes (failover)", px_decide_error_passes("READONLY You can't write against a read only replica."));
+    test_cond("OOM passes", px_decide_error_passes("OOM command not allowed when used memory > 'maxmemory'."));
+    test_cond("CLUSTERDOWN passes", px_decide_error_passes("CLUSTERDOWN The cluster is down"));
+    test_cond("WRONGTYPE stays", !px_decide_error_passes("WRONGTYPE Operation against a key holding the wrong kind of value"));
+    test_cond("NOPERM stays", !px_decide_error_passes("NOPERM this user has no permissions to run the 'set' command"));
+    test_cond("ERR stays", !px_decide_error_passes("ERR syntax error"));
+    test_cond("BUSYGROUP is not BUSY", !px_decide_error_passes("BUSYGROUP Consumer Group name already exists"));
+}
+
 int main(void)
 {
     test_lock_reply();
+    test_errors();
     test_claim();
     test_answer();
     test_backoff();

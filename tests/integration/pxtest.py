@@ -401,6 +401,10 @@ class PyWorker:
         with self.lock:
             return [d.key for d in self.got]
 
+    def received(self):
+        """As CWorker.received(): the key of every delivery as it arrived."""
+        return self.keys()
+
     def close(self):
         self.stopped = True
         self.sock.close()
@@ -408,10 +412,14 @@ class PyWorker:
 
 
 class CWorker:
-    """clients/c's example worker: prints '<key> attempt=<n>' per delivery."""
+    """clients/c's example worker: prints '<key> attempt=<n>' per delivery
+    once answered (lines()), and records each as it arrives (received())."""
 
     def __init__(self, endpoint, tmp, **env):
-        self.out = tmp / f"cworker-{time.time_ns()}.out"
+        ns = time.time_ns()
+        self.out = tmp / f"cworker-{ns}.out"
+        self.recv = Path(env.pop("WORKER_RECEIVED", tmp / f"cworker-{ns}.recv"))
+        env["WORKER_RECEIVED"] = self.recv
         e = dict(os.environ)
         e.update({k: str(v) for k, v in env.items()})
         self.f = open(self.out, "wb")
@@ -423,6 +431,14 @@ class CWorker:
 
     def keys(self):
         return [l.split(" attempt=")[0] for l in self.lines()]
+
+    def received(self):
+        """The key of every delivery as it arrived, answered or not (a delivery
+        in hand at a kill -9 included)."""
+        if not self.recv.exists():
+            return []
+        return [l.rsplit(" attempt=", 1)[0] for l in self.recv.read_text(errors="replace").splitlines()
+                if " attempt=" in l]
 
     def stop(self):
         if self.proc.poll() is None:

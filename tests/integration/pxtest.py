@@ -532,6 +532,17 @@ def pending(r, stream, group):
     return r.xpending(stream, group)["pending"]
 
 
+def has_group(r, stream, group):
+    """True once 'group' exists on 'stream' (a wait that may begin before the
+    proxy has created its group waits for this first; pending() would raise)."""
+    try:
+        return any(g["name"] == group for g in r.xinfo_groups(stream))
+    except redis_lib.exceptions.ResponseError as e:
+        if "no such key" in str(e).lower():
+            return False
+        raise
+
+
 # The fixtures every suite uses (tests/integration and tests/fault import them
 # into their conftest.py).
 @pytest.fixture

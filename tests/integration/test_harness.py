@@ -6,7 +6,7 @@ import subprocess
 import pytest
 import redis as redis_lib
 
-from pxtest import Env, Proxy, pending
+from pxtest import Env, Proxy, pending, wait_for
 
 
 def test_pending_raises_on_a_missing_group(env):
@@ -34,6 +34,8 @@ def _fake_proxy(tmp, script):
     p = Proxy(tmp, "fake", "redis://127.0.0.1:1", "ipc:///nonexistent", [])
     p.logf = open(p.log, "ab")
     p.proc = subprocess.Popen(["sh", "-c", script], stdout=p.logf, stderr=subprocess.STDOUT)
+    if "trap" in script:          # its trap is set before it is sent SIGTERM
+        wait_for(lambda: "ready" in p.log_text(), what="the fake proxy's trap")
     return p
 
 
@@ -42,9 +44,9 @@ class _Srv:          # Env needs a server with a client; none is used here
 
 
 @pytest.mark.parametrize("script,why", [
-    ("trap 'exit 23' TERM; while :; do sleep 0.05; done", "exit 23"),          # LeakSanitizer's code
-    ("trap 'kill -SEGV $$' TERM; while :; do sleep 0.05; done", "exit -11"),    # a crash at shutdown
-])
+    ("trap 'exit 23' TERM; echo ready; while :; do sleep 0.05; done", "exit 23"),          # LeakSanitizer's code
+    ("trap 'kill -SEGV $$' TERM; echo ready; while :; do sleep 0.05; done", "exit -11"),    # a crash at shutdown
+], ids=["leak-exit-23", "crash-sigsegv"])
 def test_close_fails_when_a_proxy_ends_badly_on_sigterm(tmp_path, script, why):
     e = Env(tmp_path, _Srv())
     e.proxies.append(_fake_proxy(tmp_path, script))
@@ -56,14 +58,14 @@ def test_close_fails_when_a_proxy_hangs_on_sigterm(tmp_path, monkeypatch):
     import pxtest
     monkeypatch.setattr(pxtest, "STOP_TIMEOUT", 0.5)
     e = Env(tmp_path, _Srv())
-    e.proxies.append(_fake_proxy(tmp_path, "trap '' TERM; while :; do sleep 0.05; done"))
+    e.proxies.append(_fake_proxy(tmp_path, "trap '' TERM; echo ready; while :; do sleep 0.05; done"))
     with pytest.raises(AssertionError, match=f"exit {-signal.SIGKILL}"):
         e.close()
 
 
 def test_close_passes_a_clean_exit_and_leaves_an_ended_proxy_alone(tmp_path):
     e = Env(tmp_path, _Srv())
-    e.proxies.append(_fake_proxy(tmp_path, "trap 'exit 0' TERM; while :; do sleep 0.05; done"))
+    e.proxies.append(_fake_proxy(tmp_path, "trap 'exit 0' TERM; echo ready; while :; do sleep 0.05; done"))
     dead = _fake_proxy(tmp_path, "exit 1")      # a test about a failing start
     dead.proc.wait()
     e.proxies.append(dead)

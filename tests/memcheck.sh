@@ -70,7 +70,7 @@ valgrind_reports() {
     elif [ "$n" -lt "$min" ] || [ "$summed" -eq 0 ]; then
         bad "$name: $n valgrind logs, $summed with an ERROR SUMMARY (want at least $min, and a summary)"
     else
-        ok "$name: no reports ($n processes, $summed ran to their ERROR SUMMARY; the others were killed -9)"
+        ok "$name: no reports ($n processes, $summed ran to their ERROR SUMMARY, the rest were killed -9)"
     fi
 }
 

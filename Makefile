@@ -59,7 +59,7 @@ deps:
 test: deps all unit
 	./tests/run
 
-# The fault suite at full size (1,000+ entries a scenario); `make test` runs it small.
+# The fault suite alone at full size (1,000+ entries a scenario), as `make test` runs it.
 test-fault: deps all
 	FAULT_FULL=1 .venv/bin/python -m pytest -q -s -p no:cacheprovider tests/fault
 

@@ -23,13 +23,19 @@
  *                        deadline_unix_ms, payload, fields, status, start_ms, end_ms);
  *                        the shared client scenario reads it (tests/integration/
  *                        test_clients.py), so every language writes the same
+ *   WORKER_RECEIVED      a file: "<key> attempt=<n>" is appended (one write(2))
+ *                        as each delivery arrives, before any work, so one in
+ *                        hand at a kill -9 is on record (tests/fault counts
+ *                        every delivery per key from it)
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <nanomsg/nn.h>
 
@@ -147,6 +153,26 @@ static void report(const px_delivery *d, const char *status, long long start, lo
     fclose(f);
 }
 
+/* Appends "<key> attempt=<n>" to the file named by WORKER_RECEIVED, in one
+ * write(2): it is in the file even if the worker is killed the next moment. */
+static void received(const px_delivery *d)
+{
+    const char *path = getenv("WORKER_RECEIVED");
+    char line[1100];
+    int fd, n;
+
+    if (path == NULL || *path == '\0')
+        return;
+    n = snprintf(line, sizeof(line), "%s attempt=%u\n", d->key, d->attempt);
+    if (n < 0 || (size_t) n >= sizeof(line))
+        n = snprintf(line, sizeof(line), "%.1000s... attempt=%u\n", d->key, d->attempt);
+    if ((fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0644)) < 0)
+        return;
+    if (write(fd, line, (size_t) n) != n)
+        fprintf(stderr, "example_worker: %s: short write\n", path);
+    close(fd);
+}
+
 /* How the environment asks 'd' to be answered: "ack", "retry" or "drop". */
 static const char *decide(const px_delivery *d)
 {
@@ -222,6 +248,7 @@ int main(int argc, char **argv)
                 break;
             continue;
         }
+        received(d);
         if (verbose)
             describe(d);
         if (in_list(getenv("WORKER_CRASH_KEYS"), d->key)) {

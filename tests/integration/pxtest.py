@@ -318,7 +318,8 @@ class Proxy:
     def stop(self, sig=signal.SIGTERM, timeout=15.0):
         if self.proc is None:
             return None
-        self.proc.send_signal(sig)
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
         try:
             rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -400,6 +401,10 @@ class PyWorker:
         with self.lock:
             return [d.key for d in self.got]
 
+    def received(self):
+        """As CWorker.received(): the key of every delivery as it arrived."""
+        return self.keys()
+
     def close(self):
         self.stopped = True
         self.sock.close()
@@ -407,10 +412,14 @@ class PyWorker:
 
 
 class CWorker:
-    """clients/c's example worker: prints '<key> attempt=<n>' per delivery."""
+    """clients/c's example worker: prints '<key> attempt=<n>' per delivery
+    once answered (lines()), and records each as it arrives (received())."""
 
     def __init__(self, endpoint, tmp, **env):
-        self.out = tmp / f"cworker-{time.time_ns()}.out"
+        ns = time.time_ns()
+        self.out = tmp / f"cworker-{ns}.out"
+        self.recv = Path(env.pop("WORKER_RECEIVED", tmp / f"cworker-{ns}.recv"))
+        env["WORKER_RECEIVED"] = self.recv
         e = dict(os.environ)
         e.update({k: str(v) for k, v in env.items()})
         self.f = open(self.out, "wb")
@@ -422,6 +431,14 @@ class CWorker:
 
     def keys(self):
         return [l.split(" attempt=")[0] for l in self.lines()]
+
+    def received(self):
+        """The key of every delivery as it arrived, answered or not (a delivery
+        in hand at a kill -9 included)."""
+        if not self.recv.exists():
+            return []
+        return [l.rsplit(" attempt=", 1)[0] for l in self.recv.read_text(errors="replace").splitlines()
+                if " attempt=" in l]
 
     def stop(self):
         if self.proc.poll() is None:
@@ -468,12 +485,30 @@ class Env:
         return w
 
     def close(self):
+        """Ends every proxy still running with SIGTERM, as a pod ends (kill -9
+        is for the tests about kill -9, which call kill9() themselves), then the
+        workers. SIGTERM is what makes LeakSanitizer and valgrind look at the
+        exit: a proxy that then exits non-zero (a crash, a sanitizer or valgrind
+        report: both exit non-zero) or that hangs past the timeout fails the
+        test. A proxy that had already ended is the test's business."""
+        bad = []
+        for p in self.proxies:
+            if p.proc is None:
+                continue
+            if p.proc.poll() is not None:
+                p.stop()
+                continue
+            rc = p.stop(signal.SIGTERM, timeout=STOP_TIMEOUT)
+            if rc != 0:
+                bad.append(f"{p.name} exit {rc} after SIGTERM (log: {p.log})")
         for w in self.workers:
             (w.stop if isinstance(w, CWorker) else w.close)()
-        for p in self.proxies:
-            p.stop(signal.SIGKILL)
+        assert not bad, "; ".join(bad)
 
 
+# How long a proxy may take to exit after SIGTERM (shutdown_grace_ms, then
+# valgrind's leak check): longer is a hang and fails the test.
+STOP_TIMEOUT = float(os.environ.get("IDEMPROXY_STOP_TIMEOUT", "20"))
 
 
 def publish(r, stream, events, field="payload"):
@@ -491,10 +526,21 @@ def publish(r, stream, events, field="payload"):
 
 
 def pending(r, stream, group):
+    """How many entries of 'group' are pending (XPENDING). Every error
+    propagates: a missing stream or group, a key of the wrong type and an
+    unreachable Redis are not "nothing pending"."""
+    return r.xpending(stream, group)["pending"]
+
+
+def has_group(r, stream, group):
+    """True once 'group' exists on 'stream' (a wait that may begin before the
+    proxy has created its group waits for this first; pending() would raise)."""
     try:
-        return r.xpending(stream, group)["pending"]
-    except Exception:
-        return 0
+        return any(g["name"] == group for g in r.xinfo_groups(stream))
+    except redis_lib.exceptions.ResponseError as e:
+        if "no such key" in str(e).lower():
+            return False
+        raise
 
 
 # The fixtures every suite uses (tests/integration and tests/fault import them

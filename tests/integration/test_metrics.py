@@ -3,7 +3,7 @@ import json
 import subprocess
 import time
 
-from pxtest import BIN, pb, publish, pending, wait_for
+from pxtest import BIN, pb, publish, has_group, pending, wait_for
 
 FAMILIES = ["idemproxy_entries_read_total", "idemproxy_outcomes_total", "idemproxy_deliveries_total",
             "idemproxy_duplicates_total", "idemproxy_lock_busy_total", "idemproxy_acks_total",
@@ -45,6 +45,7 @@ def test_numbers_add_up_after_copies_a_drop_and_a_bad_entry(env):
     w = env.worker(p.endpoint, behave=lambda d: (pb.Ack.DROP, "no") if d.key == "d1" else (pb.Ack.ACK, ""))
     publish(r, "room", [{"eventId": f"k{i}"} for i in range(5)] * 2 + [{"eventId": "d1"}])
     r.xadd("room", {"payload": "{broken"})
+    wait_for(lambda: has_group(r, "room", "g"), what="the group")
     wait_for(lambda: pending(r, "room", "g") == 0 and r.xlen("dlq") == 2, what="all done")
     wait_for(lambda: p.metrics()['idemproxy_outcomes_total{stream="room",outcome="duplicate"}'] == 5,
              what="duplicates counted")

@@ -9,6 +9,7 @@ import java.util.Set;
 import org.springframework.expression.AccessException;
 import org.springframework.expression.EvaluationContext;
 import org.springframework.expression.Expression;
+import org.springframework.expression.ExpressionException;
 import org.springframework.expression.PropertyAccessor;
 import org.springframework.expression.TypedValue;
 import org.springframework.expression.common.TemplateParserContext;
@@ -38,7 +39,10 @@ import org.springframework.expression.spel.support.StandardEvaluationContext;
  * gives: the same text, or an error where idemproxy has one. A case with a
  * "spel" entry is a documented difference, and SpEL must do exactly what it
  * says ("gives": the text or null SpEL returns; "error": SpEL throws), so the
- * list of differences cannot go stale. "na" cases (record accessors, which a
+ * list of differences cannot go stale. Where idemproxy has an error, SpEL must
+ * throw an ExpressionException (its verdict on the expression; a
+ * StackOverflowError or any other crash fails the case), or exactly the class
+ * a case names in "spel_throws". "na" cases (record accessors, which a
  * Map does not have) are not compared. The last line printed is
  * "N passed, N failed"; the exit status is 1 when anything failed.
  */
@@ -75,10 +79,19 @@ public final class SpelDiff {
         }
     }
 
-    /** What SpEL made of a case: text, null, or an error message. */
-    record Outcome(boolean error, String text) {
-        static Outcome value(String s) { return new Outcome(false, s); }
-        static Outcome fail(String msg) { return new Outcome(true, msg); }
+    /**
+     * What SpEL made of a case: text, null, or an error message. 'spelError'
+     * says the error is SpEL's own verdict on the expression (a parse or
+     * evaluation ExpressionException), not a crash of the evaluator (a
+     * StackOverflowError, a NullPointerException), which no case accepts.
+     */
+    record Outcome(boolean error, boolean spelError, String text) {
+        static Outcome value(String s) { return new Outcome(false, false, s); }
+        static Outcome fail(Throwable ex) {
+            String m = ex.getMessage();
+            return new Outcome(true, ex instanceof ExpressionException,
+                    ex.getClass().getSimpleName() + (m == null ? "" : ": " + m));
+        }
 
         @Override
         public String toString() {
@@ -120,15 +133,21 @@ public final class SpelDiff {
                 want = "documented difference: SpEL gives " + (g.isNull() ? "null" : '"' + g.asText() + '"');
                 differences++;
             } else if (spel != null && spel.has("error")) {
-                ok = got.error();
-                want = "documented difference: SpEL fails";
+                ok = got.spelError();
+                want = "documented difference: SpEL fails (an ExpressionException)";
                 differences++;
             } else if (c.has("expect")) {
                 ok = !got.error() && c.get("expect").asText().equals(got.text());
                 want = "\"" + c.get("expect").asText() + "\" as idemproxy";
+            } else if (c.has("spel_throws")) {
+                // SpEL fails with an exception of its evaluator, not an
+                // ExpressionException: the case names the class it must be.
+                String cls = c.get("spel_throws").asText();
+                ok = got.error() && got.text().startsWith(cls + ":");
+                want = "an error, as idemproxy (SpEL: " + cls + ")";
             } else {
-                ok = got.error();
-                want = "an error, as idemproxy";
+                ok = got.spelError();
+                want = "an error (an ExpressionException), as idemproxy";
             }
             if (spel != null && spel.path("why").asText().isEmpty()) {
                 ok = false;
@@ -167,8 +186,7 @@ public final class SpelDiff {
                     : PARSER.parseExpression(sugar(src), new TemplateParserContext());
             return Outcome.value(e.getValue(ctx, String.class));
         } catch (Exception | StackOverflowError ex) {
-            String m = ex.getMessage();
-            return Outcome.fail(ex.getClass().getSimpleName() + (m == null ? "" : ": " + m));
+            return Outcome.fail(ex);
         }
     }
 

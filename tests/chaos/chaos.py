@@ -46,7 +46,7 @@ import redis as redis_lib  # noqa: E402
 
 # The seeds `make test` runs (tests/run, suite "chaos"): chosen because each
 # reaches one of issue 15's defects on the code before its fix (README.md).
-FIXED_SEEDS = [0, 2, 4, 8, 11, 14]
+FIXED_SEEDS = [0, 2, 4, 8, 14, 1003]
 FIXED_BUDGET_S = 120
 
 STREAM, GROUP, DEAD = "room", "g", "dead"

@@ -19,7 +19,7 @@ LIB_OBJ   = $(filter-out $(B)/proxy/main.o,$(PROXY_OBJ))
 
 UNIT      = $(patsubst tests/unit/test_%.c,$(B)/tests/test_%,$(wildcard tests/unit/test_*.c))
 
-.PHONY: all deps test test-fault fuzz unit demo bench clean clients-c
+.PHONY: all deps test test-fault chaos fuzz unit demo bench clean clients-c
 all: $(B)/idemproxy clients-c
 
 $(GEN).h: $(GEN).c
@@ -62,6 +62,14 @@ test: deps all unit
 # The fault suite alone at full size (1,000+ entries a scenario), as `make test` runs it.
 test-fault: deps all
 	FAULT_FULL=1 .venv/bin/python -m pytest -q -s -p no:cacheprovider tests/fault
+
+# Seeded chaos (tests/chaos/README.md): SEEDS seeds from FROM, or the one SEED.
+# A failure prints its seed and the command that replays it. With an ASan build:
+# make chaos B=build-asan SANITIZE=address SEEDS=50. `make test` runs a fixed set.
+SEEDS ?= 20
+FROM  ?= 0
+chaos: deps all
+	.venv/bin/python tests/chaos/chaos.py --bin $(B)/idemproxy $(if $(SEED),--seed $(SEED),--seeds $(SEEDS) --from $(FROM))
 
 # libFuzzer targets (tests/fuzz/), 60 s each; `make test` runs them 10 s each.
 FUZZ_SECONDS ?= 60

@@ -1,0 +1,868 @@
+#!/usr/bin/env python3
+"""Seeded chaos for idemproxy: a recorded history judged by a checker.
+
+One seed picks everything: a configuration (layout, group or not, lock_key,
+wait_ms, lease_ms, claim_idle_ms, ack_timeout_ms, max_inflight, on_busy,
+fencing, 1-4 replicas), a workload (copies of events, shared rooms, entries near
+and over max_entry_bytes, bad input, a lock_key of the wrong type), worker
+behaviour (fast, slow past the lease, RETRY, DROP, no answer, crash) and a
+timeline of faults (kill -9 or SIGTERM of a replica, Redis connections killed,
+CLIENT PAUSE, a Redis restart with AOF, a worker reconnecting, SIGTERM while
+Redis is paused). Workers record every delivery when it arrives and its answer
+when they answer; when the run has settled, check() reads Redis and judges the
+history against SPEC 5.3-5.7 (see README.md in this directory for the rules).
+
+    chaos.py --seed 17            # one seed, verbose
+    chaos.py --seeds 100 --from 0 # seeds 0..99, one line each
+    chaos.py --fixed              # the fixed set `make test` runs
+
+Everything it starts listens on 127.0.0.1 or an ipc:// path in its temp dir.
+The choices are a pure function of the seed; timing is not, so a replay runs
+the same configuration, workload, answers and fault timeline, not the same
+interleaving (rerun a seed a few times if it fails only sometimes).
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections import Counter, defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+
+import pxtest  # noqa: E402
+from pxtest import RedisServer, Proxy, pb, wait_for  # noqa: E402
+import redis as redis_lib  # noqa: E402
+
+# The seeds `make test` runs (tests/run, suite "chaos"): chosen because each
+# reaches one of issue 15's defects on the code before its fix (README.md).
+FIXED_SEEDS = [0, 2, 4, 8, 14, 1003]
+FIXED_BUDGET_S = 120
+
+STREAM, GROUP, DEAD = "room", "g", "dead"
+KEY_T = "#event.eventId"
+LOCK_T = "lock:room:#{event.room}"
+WRONGTYPE_ROOM = "wrongtype"
+AOF = ["--appendonly", "yes", "--appendfsync", "always"]
+
+
+# --- the seeded generator ---------------------------------------------------------
+
+def generate(seed):
+    """Everything a run does, from the seed alone."""
+    rnd = random.Random(seed)
+    c = {}
+    c["layout"] = rnd.choice(["single", "split"])
+    c["group"] = rnd.random() < 0.6
+    c["lock_key"] = rnd.random() < 0.5
+    c["lease_ms"] = rnd.choice([1000, 1500, 2000, 3000])
+    c["wait_ms"] = rnd.choice([0, 200, int(c["lease_ms"] * 0.8), int(c["lease_ms"] * 1.5)])
+    c["claim_idle_ms"] = rnd.choice([1000, 2000, 3000])
+    c["ack_timeout_ms"] = rnd.choice([int(c["lease_ms"] * 0.7), c["lease_ms"] * 2, c["lease_ms"] * 3])
+    c["max_inflight"] = rnd.choice([1, 2, 4, 16])
+    c["on_busy"] = rnd.choice(["retry", "dead_letter"]) if c["lock_key"] else "retry"
+    c["fencing"] = rnd.random() < 0.5
+    c["replicas"] = rnd.choice([1, 2, 2, 3, 4])
+    c["max_deliveries"] = rnd.choice([2, 3, 5])
+    c["max_entry_bytes"] = rnd.choice([65536, 262144, 1048576])
+    c["shutdown_grace_ms"] = rnd.choice([300, 1000, 3000])
+    c["stable_consumer"] = rnd.random() < 0.8      # a restarted replica keeps its name
+    c["workers_per_replica"] = rnd.choice([1, 2, 3])
+
+    # Worker behaviour: the weights of each answer, and a few poison keys.
+    mix = rnd.choice(["calm", "calm", "slow", "flaky", "hostile"])
+    weights = {"calm": dict(ack=90, slow=3, retry=4, drop=1, none=1, crash=1),
+               "slow": dict(ack=55, slow=35, retry=5, drop=2, none=2, crash=1),
+               "flaky": dict(ack=55, slow=5, retry=25, drop=5, none=5, crash=5),
+               "hostile": dict(ack=45, slow=15, retry=15, drop=10, none=5, crash=10)}[mix]
+    c["mix"] = mix
+    c["weights"] = weights
+    c["slow_factor"] = rnd.choice([1.2, 1.6])  # slow answers take this many leases
+
+    # Workload.
+    nkeys = rnd.randint(8, 40)
+    rooms = [f"r{i}" for i in range(rnd.randint(1, 5))]
+    events = []
+    for i in range(nkeys):
+        k = f"ev{seed}-{i}"
+        for _ in range(rnd.choice([1, 1, 2, 3])):
+            events.append({"kind": "good", "key": k, "room": rnd.choice(rooms)})
+    rnd.shuffle(events)
+    lim = c["max_entry_bytes"]
+    extras = []
+    if rnd.random() < 0.4:
+        extras.append({"kind": "near", "room": rnd.choice(rooms)})      # encoded just under the limit
+    if rnd.random() < 0.4:
+        extras.append({"kind": "over", "room": rnd.choice(rooms)})      # fields over the limit
+    if rnd.random() < 0.4:
+        extras.append({"kind": "bigkey", "room": rnd.choice(rooms)})    # fields under, encoded over
+    if rnd.random() < 0.3:
+        extras.append({"kind": "badjson"})
+    if rnd.random() < 0.3:
+        extras.append({"kind": "nokey", "room": rnd.choice(rooms)})
+    if c["lock_key"] and rnd.random() < 0.35:
+        for _ in range(rnd.choice([1, 2])):
+            extras.append({"kind": "wrongtype"})
+    if rnd.random() < 0.05:
+        extras.append({"kind": "huge", "n": 3, "mb": 40})                 # 3 x 40 MB (defect 4)
+    for x in extras:
+        events.insert(rnd.randint(0, len(events)), x)
+    for i, ev in enumerate(events):
+        if ev["kind"] != "good" and "key" not in ev:
+            ev["key"] = f"x{seed}-{i}-{ev['kind']}"
+    c["events"] = events
+    # Published in 1-3 batches along the timeline.
+    c["batches"] = sorted(rnd.sample([0.0, 0.5, 1.0, 1.5, 2.0, 3.0], rnd.choice([1, 2, 3])))
+    if c["batches"][0] != 0.0:
+        c["batches"][0] = 0.0
+
+    # The fault timeline.
+    c["duration"] = rnd.choice([3.0, 4.0, 6.0])
+    kinds = ["kill9", "sigterm", "client_kill", "pause", "redis_restart", "worker_reconnect",
+             "pause_term"]
+    faults = []
+    for _ in range(rnd.choice([0, 1, 2, 3, 4])):
+        f = {"t": round(rnd.uniform(0.2, c["duration"]), 2), "kind": rnd.choice(kinds),
+             "replica": rnd.randrange(c["replicas"]),
+             "down": round(rnd.uniform(0.2, 1.5), 2),
+             "pause_ms": rnd.choice([150, 400, 900, 1600])}
+        faults.append(f)
+    c["faults"] = sorted(faults, key=lambda f: f["t"])
+    c["behaviour_seed"] = rnd.getrandbits(32)
+    return c
+
+
+def payload_for(ev, lim):
+    """(fields, bytes of the fields) for one event of the workload."""
+    k = ev["kind"]
+    if k == "badjson":
+        return {"payload": "{not json"}
+    if k == "wrongtype":
+        return {"payload": json.dumps({"eventId": ev["key"], "room": WRONGTYPE_ROOM})}
+    if k == "nokey":
+        return {"payload": json.dumps({"room": ev["room"], "no": "eventId"})}
+    body = {"eventId": ev["key"], "room": ev["room"]}
+    if k == "near":        # the whole encoded Delivery about 2 KB under the limit
+        body["pad"] = "n" * (lim - 2048 - 2 * len(ev["key"]) - 200)
+    elif k == "over":      # the fields alone over the limit
+        body["pad"] = "o" * (lim + 100)
+    elif k == "bigkey":    # fields 100 bytes under the limit, but the key is repeated: ~1.4 x
+        big = ev["key"] + "-" + "k" * int(lim * 0.4)
+        ev["key"] = big
+        body["eventId"] = big
+        body["pad"] = "p" * (lim - 100 - len(json.dumps(body)) - len("payload"))
+    return {"payload": json.dumps(body)}
+
+
+def encoded_size(ev, fields):
+    d = pb.Delivery(stream=STREAM, entry_id="1700000000000-1000", key=ev.get("key", ""),
+                    payload=fields["payload"].encode(), attempt=99, fencing_token=2 ** 40,
+                    deadline_unix_ms=2 ** 42)
+    return len(d.SerializeToString())
+
+
+# --- the workers: a recorded history ------------------------------------------------
+
+class History:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.rows = []
+        self.faults = []          # {"t0","t1","kind","replica"}
+        self.t0 = time.time()
+
+    def add(self, row):
+        with self.lock:
+            self.rows.append(row)
+
+    def fault(self, kind, replica=None, t0=None, t1=None):
+        f = {"kind": kind, "replica": replica, "t0": t0 or time.time(), "t1": t1 or time.time()}
+        with self.lock:
+            self.faults.append(f)
+        return f
+
+
+class Worker(threading.Thread):
+    """A REP worker (pynng, so nng's 1 MiB receive limit, like a libnanomsg worker).
+    Records each delivery on arrival, then its answer."""
+
+    def __init__(self, run, replica, idx, endpoint):
+        super().__init__(daemon=True)
+        import pynng
+        self.pynng = pynng
+        self.run_ = run
+        self.replica = replica
+        self.name_ = f"w{replica}.{idx}"
+        self.endpoint = endpoint
+        self.reconnect = threading.Event()
+        self.sock = None
+
+    def behaviour(self, d):
+        c = self.run_.c
+        r = random.Random(f"{c['behaviour_seed']}/{d.entry_id}/{d.attempt}/{d.key[:64]}")
+        w = c["weights"]
+        return r.choices(list(w), weights=list(w.values()))[0]
+
+    def run(self):
+        stop = self.run_.stopping
+        while not stop.is_set():
+            sock = self.pynng.Rep0(recv_timeout=100)
+            sock.dial(self.endpoint, block=False)
+            self.sock = sock
+            self.reconnect.clear()
+            try:
+                self.serve(sock)
+            finally:
+                sock.close()
+            stop.wait(0.2)          # reconnecting takes a moment
+
+    def serve(self, sock):
+        stop = self.run_.stopping
+        c = self.run_.c
+        while not stop.is_set() and not self.reconnect.is_set():
+            try:
+                msg = sock.recv()
+            except self.pynng.Timeout:
+                continue
+            except self.pynng.Closed:
+                return
+            now = time.time()
+            d = pb.Delivery()
+            d.ParseFromString(msg)
+            room = None
+            try:
+                room = json.loads(d.payload).get("room")
+            except ValueError:
+                pass
+            row = {"replica": self.replica, "worker": self.name_, "key": d.key, "entry": d.entry_id,
+                   "attempt": d.attempt, "token": d.fencing_token, "start": now, "end": None,
+                   "answer": None, "deadline": d.deadline_unix_ms / 1000.0, "size": len(msg),
+                   "room": room}
+            self.run_.hist.add(row)           # on arrival: a kill still leaves it recorded
+            act = self.behaviour(d)
+            if act == "crash":
+                row["answer"], row["end"] = "crash", time.time()
+                self.run_.hist.fault("worker_crash", self.replica)
+                return                          # socket closed, then dialled again
+            if act == "none":
+                stop.wait(max(0.0, row["deadline"] - time.time()) + 0.05)
+                row["answer"], row["end"] = "none", time.time()
+                continue                        # the next recv abandons this request
+            if act == "slow":
+                stop.wait(c["lease_ms"] / 1000.0 * c["slow_factor"])
+            elif act == "ack" and random.random() < 0.3:
+                stop.wait(random.uniform(0.005, 0.05))
+            status = {"ack": pb.Ack.ACK, "slow": pb.Ack.ACK, "retry": pb.Ack.RETRY,
+                      "drop": pb.Ack.DROP}[act]
+            reason = {"drop": "chaos-drop", "retry": "chaos-retry"}.get(act, "")
+            row["answer"] = "drop" if act == "drop" else "retry" if act == "retry" else "ack"
+            row["end"] = time.time()
+            try:
+                sock.send(pb.Ack(status=status, reason=reason).SerializeToString())
+            except self.pynng.NNGException:
+                row["send_failed"] = True
+
+
+# --- one run ------------------------------------------------------------------------
+
+class Run:
+    def __init__(self, seed, binary, tmp, verbose=False):
+        self.seed = seed
+        self.c = generate(seed)
+        self.binary = binary
+        self.tmp = tmp
+        self.verbose = verbose
+        self.hist = History()
+        self.stopping = threading.Event()
+        self.proxies = []
+        self.workers = []
+        self.exits = []           # (replica, how, rc)
+        self.rss = defaultdict(list)     # replica -> [(t, kB)]
+        self.unexpected = []
+        self.entries = []         # (entry id, event)
+        self.asan = _is_asan(binary)
+
+    def log(self, *a):
+        if self.verbose:
+            print(f"  [{time.time() - self.hist.t0:6.2f}s]", *a, flush=True)
+
+    # setup
+    def start_redis(self):
+        d = self.tmp / "redis"
+        d.mkdir()
+        self.redis = RedisServer(d)
+        self.redis.stop()
+        self.redis.start(extra=AOF)       # a restart keeps what was acknowledged
+
+    def r(self):
+        return redis_lib.Redis(port=self.redis.port, socket_timeout=10)
+
+    def stream_conf(self, i):
+        c = self.c
+        s = {"stream": STREAM, "payload_field": "payload", "key": KEY_T, "layout": c["layout"],
+             "lease_ms": c["lease_ms"], "wait_ms": c["wait_ms"], "max_deliveries": c["max_deliveries"],
+             "retry_backoff_ms": 50, "dead_letter": DEAD, "fencing": c["fencing"], "start": "0"}
+        if c["group"]:
+            s["group"] = GROUP
+            s["claim_idle_ms"] = c["claim_idle_ms"]
+            if c["stable_consumer"]:
+                s["consumer"] = f"replica{i}"
+        if c["lock_key"]:
+            s["lock_key"] = LOCK_T
+            s["on_busy"] = c["on_busy"]
+        return s
+
+    def start_proxies(self):
+        c = self.c
+        for i in range(c["replicas"]):
+            ep = f"ipc://{self.tmp}/app{i}.sock"
+            p = Proxy(self.tmp, f"replica{i}", self.redis.url, ep, [self.stream_conf(i)],
+                      timeout_ms=300, ack_timeout_ms=c["ack_timeout_ms"],
+                      max_inflight=c["max_inflight"], max_entry_bytes=c["max_entry_bytes"],
+                      log_level="info", shutdown_grace_ms=c["shutdown_grace_ms"])
+            p.start(**self.proc_env())
+            self.proxies.append(p)
+            for j in range(c["workers_per_replica"]):
+                w = Worker(self, i, j, ep)
+                w.start()
+                self.workers.append(w)
+
+    def proc_env(self):
+        return {"ASAN_OPTIONS": "detect_leaks=0", "IDEMPROXY_CHAOS_SEED": str(self.seed)}
+
+    def publish(self, batch):
+        c = self.c
+        n = len(c["events"])
+        cuts = [int(n * i / len(c["batches"])) for i in range(len(c["batches"]) + 1)]
+        evs = c["events"][cuts[batch]:cuts[batch + 1]]
+        r = self.r()
+        for ev in evs:
+            if ev["kind"] == "huge":
+                for _ in range(ev["n"]):
+                    fields = {"payload": json.dumps({"eventId": ev["key"] + f"-{_}", "room": "r0",
+                                                     "pad": "h" * (ev["mb"] << 20)})}
+                    hev = dict(ev, key=ev["key"] + f"-{_}", kind="over")
+                    self.entries.append((self._xadd(r, fields), hev, ev["mb"] << 20))
+                continue
+            fields = payload_for(ev, c["max_entry_bytes"])
+            ev["size"] = encoded_size(ev, fields)
+            self.entries.append((self._xadd(r, fields), ev, ev["size"]))
+        self.log(f"published batch {batch}: {len(evs)} events")
+
+    def _xadd(self, r, fields):
+        for _ in range(200):               # through restarts and killed connections
+            try:
+                eid = r.xadd(STREAM, fields)
+                return eid.decode() if isinstance(eid, bytes) else eid
+            except (redis_lib.exceptions.ConnectionError, redis_lib.exceptions.TimeoutError,
+                    redis_lib.exceptions.BusyLoadingError):
+                time.sleep(0.05)
+        raise RuntimeError("could not publish")
+
+    def sample_rss(self):
+        while not self.stopping.is_set():
+            for i, p in enumerate(self.proxies):
+                proc = p.proc
+                if proc is None or proc.poll() is not None:
+                    continue
+                try:
+                    for line in open(f"/proc/{proc.pid}/status"):
+                        if line.startswith("VmRSS:"):
+                            self.rss[i].append((time.time(), int(line.split()[1])))
+                except OSError:
+                    pass
+            self.stopping.wait(0.05)
+
+    # faults
+    def stop_replica(self, i, sig):
+        p = self.proxies[i]
+        if p.proc is None:
+            return
+        rc = p.stop(sig, timeout=20)
+        self.exits.append((i, signal.Signals(sig).name, rc))
+        self.log(f"replica{i} stopped by {signal.Signals(sig).name}: exit {rc}")
+
+    def restart_replica(self, i):
+        p = self.proxies[i]
+        if p.proc is None:
+            p.start(**self.proc_env())
+            self.log(f"replica{i} started again")
+
+    def control(self):
+        return redis_lib.Redis(port=self.redis.port, socket_timeout=5)
+
+    def do_fault(self, f):
+        kind, i = f["kind"], f["replica"]
+        t0 = time.time()
+        self.log(f"fault {kind} replica{i} down {f['down']} pause {f['pause_ms']}")
+        if kind in ("kill9", "sigterm"):
+            self.stop_replica(i, signal.SIGKILL if kind == "kill9" else signal.SIGTERM)
+            time.sleep(f["down"])
+            self.restart_replica(i)
+            i_ = i
+        elif kind == "client_kill":
+            self.control().execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+            i_ = None
+        elif kind == "pause":
+            self.control().execute_command("CLIENT", "PAUSE", f["pause_ms"], "ALL")
+            time.sleep(f["pause_ms"] / 1000.0)
+            i_ = None
+        elif kind == "pause_term":
+            # Redis slow past the grace while a replica drains: acks still in flight at exit.
+            # A burst first, so acks and XACKs are in flight when Redis stalls.
+            r = self.r()
+            for n in range(10):
+                ev = {"kind": "good", "key": f"ev{self.seed}-burst{int(f['t'] * 100)}-{n}",
+                      "room": f"r{n % 3}"}
+                fields = payload_for(ev, self.c["max_entry_bytes"])
+                self.entries.append((self._xadd(r, fields), ev, encoded_size(ev, fields)))
+            time.sleep(random.Random(f"{self.seed}/{f['t']}").uniform(0.02, 0.12))
+            t0 = time.time()
+            ms = self.c["shutdown_grace_ms"] + 700
+            self.control().execute_command("CLIENT", "PAUSE", ms, "ALL")
+            time.sleep(0.05)
+            self.stop_replica(i, signal.SIGTERM)
+            time.sleep(max(0.0, ms / 1000.0 - (time.time() - t0)))
+            self.restart_replica(i)
+            i_ = i
+        elif kind == "redis_restart":
+            self.redis.stop()
+            time.sleep(f["down"])
+            self.redis.start(extra=AOF)
+            i_ = None
+        elif kind == "worker_reconnect":
+            for w in self.workers:
+                if w.replica == i:
+                    w.reconnect.set()
+            i_ = i
+        self.hist.fault(kind, i_, t0, time.time())
+
+    def check_alive(self):
+        for i, p in enumerate(self.proxies):
+            if p.proc is not None and p.proc.poll() is not None:
+                rc = p.proc.returncode
+                self.unexpected.append(f"replica{i} exited by itself with {rc}")
+                self.log(f"replica{i} exited by itself: {rc}")
+                p.proc = None
+                p.logf.close()
+                p.start(**self.proc_env())
+
+    def execute(self, settle_timeout=30.0):
+        c = self.c
+        self.start_redis()
+        r = self.r()
+        if any(ev["kind"] == "wrongtype" for ev in c["events"]):
+            r.rpush(f"lock:room:{WRONGTYPE_ROOM}", "not a lock")
+        self.start_proxies()
+        sampler = threading.Thread(target=self.sample_rss, daemon=True)
+        sampler.start()
+        timeline = [(t, "publish", b) for b, t in enumerate(c["batches"])]
+        timeline += [(f["t"], "fault", f) for f in c["faults"]]
+        timeline.sort(key=lambda x: (x[0], x[1] != "publish"))
+        start = time.time()
+        for t, what, arg in timeline:
+            delay = start + t - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            self.check_alive()
+            if what == "publish":
+                self.publish(arg)
+            else:
+                self.do_fault(arg)
+        delay = start + c["duration"] - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        for i in range(len(self.proxies)):
+            self.restart_replica(i)
+        # Settle: every entry has its outcome and nothing is pending, or time is up.
+        deadline = time.time() + settle_timeout
+        settled = False
+        while time.time() < deadline:
+            self.check_alive()
+            try:
+                st = self.read_state()
+                if not self.unsettled(st):
+                    settled = True
+                    break
+            except redis_lib.exceptions.RedisError:
+                pass
+            time.sleep(0.2)
+        time.sleep(0.3)             # let late answers land in the history
+        self.log("settled" if settled else "not settled in time")
+        self.final_rss = {i: (v[-1][1] if v else 0) for i, v in self.rss.items()}
+        for i in range(len(self.proxies)):
+            self.stop_replica(i, signal.SIGTERM)
+        self.stopping.set()
+        try:
+            self.state = self.read_state()
+            self.state_error = None
+        except redis_lib.exceptions.RedisError as e:
+            self.state, self.state_error = None, repr(e)
+        for w in self.workers:
+            w.join(3)
+        self.redis.stop()
+        return self
+
+    # reading Redis (an error here is an error, never "nothing pending")
+    def read_state(self):
+        r = self.r()
+        c = self.c
+        keys = sorted({ev["key"] for _, ev, _ in self.entries if "key" in ev})
+        done = {}
+        pipe = r.pipeline(transaction=False)
+        for k in keys:
+            if c["layout"] == "single":
+                pipe.get(f"idem:{k}")
+            else:
+                pipe.exists(f"done:{k}")
+        for k, v in zip(keys, pipe.execute()):
+            done[k] = (v == b"D") if c["layout"] == "single" else bool(v)
+        dls = defaultdict(list)
+        for did, f in r.xrange(DEAD):
+            f = {a.decode(): b for a, b in f.items()}
+            eid = f.get("idemproxy-entry-id", b"").decode()
+            dls[eid].append({"id": did.decode(), "t": int(did.split(b"-")[0]) / 1000.0,
+                             "reason": f.get("idemproxy-reason", b"").decode(errors="replace"),
+                             "attempts": f.get("idemproxy-attempts", b"").decode()})
+        pending = None
+        if c["group"]:
+            pending = r.xpending(STREAM, GROUP)["pending"]
+        return {"done": done, "dls": dls, "pending": pending}
+
+    def unsettled(self, st):
+        for eid, ev, _ in self.entries:
+            if not st["dls"].get(eid) and not st["done"].get(ev["key"], False):
+                return True
+        return bool(st["pending"])
+
+
+def _is_asan(binary):
+    try:
+        out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True).stdout
+    except OSError:
+        return False
+    return "libasan" in out
+
+
+# --- the checker ------------------------------------------------------------------
+
+BAD_KINDS = {"over", "bigkey", "badjson", "nokey", "wrongtype", "huge"}
+SLACK = 0.05
+
+
+def check(run):
+    """A list of violations (strings); empty when the history is legal."""
+    c, v = run.c, []
+    # A delivery is held from when the proxy sent it (its deadline minus
+    # ack_timeout_ms), which can be well before it reaches a busy worker.
+    for x in run.hist.rows:
+        x["sent"] = min(x["start"], x["deadline"] - c["ack_timeout_ms"] / 1000.0)
+    rows = sorted(run.hist.rows, key=lambda x: x["sent"])
+    faults = run.hist.faults
+    st = run.state
+    lease = c["lease_ms"] / 1000.0
+    if st is None:
+        return [f"state: could not read Redis after the run: {run.state_error}"]
+
+    for f in run.unexpected:
+        v.append(f"crash: {f}")
+    for i, how, rc in run.exits:
+        if how == "SIGTERM" and rc != 0:
+            v.append(f"exit: replica{i} exited {rc} after SIGTERM (want 0)")
+    for p in run.proxies:
+        text = p.log_text()
+        for needle in ("AddressSanitizer", "runtime error:", "LeakSanitizer", "Assertion"):
+            if needle in text:
+                line = next(l for l in text.splitlines() if needle in l)
+                v.append(f"sanitizer: {p.name}: {line.strip()[:200]}")
+                break
+
+    entry_ev = {eid: ev for eid, ev, _ in run.entries}
+    by_entry = defaultdict(list)
+    by_key = defaultdict(list)
+    by_room = defaultdict(list)
+    for x in rows:
+        by_entry[x["entry"]].append(x)
+        by_key[x["key"]].append(x)
+        if c["lock_key"] and x["room"] is not None:
+            by_room[x["room"]].append(x)
+
+    def end_eff(x):
+        """When the worker stopped holding the delivery, as far as the proxy may know."""
+        e = x["end"] if x["end"] is not None else time.time()
+        if x["answer"] in ("crash",):
+            return x["sent"]
+        return min(e, x["deadline"])
+
+    def clean(x):
+        """True if nothing could have cost this holder its lease or its ack."""
+        if x["answer"] != "ack" or x["end"] is None or x["end"] > x["deadline"] - SLACK or x.get("send_failed"):
+            return False
+        for f in faults:
+            if f["kind"] in ("client_kill", "pause", "redis_restart", "pause_term") and \
+                    f["t0"] <= x["end"] + 1.0 and f["t1"] >= x["sent"] - lease:
+                return False
+            if f["replica"] == x["replica"] and f["kind"] in ("kill9", "sigterm", "pause_term",
+                                                              "worker_reconnect", "worker_crash") and \
+                    f["t0"] <= x["end"] + 2.0 and f["t1"] >= x["sent"]:
+                return False
+        return True
+
+    def lease_safe(x):
+        """Held without any fault that could cost the lease, answered or not."""
+        for f in faults:
+            if f["kind"] in ("client_kill", "pause", "redis_restart", "pause_term") and \
+                    f["t0"] <= end_eff(x) + 0.5 and f["t1"] >= x["sent"] - lease:
+                return False
+            if f["replica"] == x["replica"] and f["kind"] in ("kill9", "sigterm", "pause_term") and \
+                    f["t0"] <= end_eff(x) and f["t1"] >= x["sent"]:
+                return False
+        return True
+
+    # 1. No key delivered after it was acked (unless that ack or lease could be lost),
+    # and no key held by two at once while the first holder's lease was safe.
+    for k, xs in by_key.items():
+        for a_i, a in enumerate(xs):
+            for b in xs[a_i + 1:]:
+                if a["end"] is not None and a["answer"] == "ack" and b["sent"] > a["end"] and clean(a):
+                    v.append(f"twice-after-ack: key {k[:60]} acked by {a['worker']} (entry {a['entry']}) at "
+                             f"{a['end'] - run.hist.t0:.2f}s, delivered again to {b['worker']} (entry "
+                             f"{b['entry']}, attempt {b['attempt']}) at {b['start'] - run.hist.t0:.2f}s")
+                    break
+                if b["sent"] < end_eff(a) - SLACK and lease_safe(a):
+                    v.append(f"held-twice: key {k[:60]} sent to {b['worker']} at "
+                             f"{b['sent'] - run.hist.t0:.2f}s while {a['worker']} held it since "
+                             f"{a['sent'] - run.hist.t0:.2f}s")
+                    break
+
+    # 2. Fencing: a later holder of a lock has a higher token.
+    if c["fencing"]:
+        groups = by_room if c["lock_key"] else by_key
+        for lk, xs in groups.items():
+            for a_i, a in enumerate(xs):
+                for b in xs[a_i + 1:]:
+                    if b["sent"] >= end_eff(a) and b["token"] <= a["token"]:
+                        v.append(f"fencing: lock {lk[:60]}: token {b['token']} at "
+                                 f"{b['start'] - run.hist.t0:.2f}s after {a['token']}")
+            for x in xs:
+                if x["token"] == 0:
+                    v.append(f"fencing: delivery of {x['key'][:60]} with token 0")
+                    break
+
+    # 3. lock_key holders never overlap.
+    for room, xs in by_room.items():
+        for a_i, a in enumerate(xs):
+            for b in xs[a_i + 1:]:
+                if b["sent"] < end_eff(a) - SLACK and lease_safe(a):
+                    v.append(f"lock-overlap: room {room}: {b['worker']} got {b['key'][:40]} at "
+                             f"{b['start'] - run.hist.t0:.2f}s while {a['worker']} held {a['key'][:40]} "
+                             f"until {end_eff(a) - run.hist.t0:.2f}s")
+
+    # 4. Size: nothing larger than max_entry_bytes is sent.
+    for x in rows:
+        if x["size"] > c["max_entry_bytes"]:
+            v.append(f"oversize-delivered: entry {x['entry']} arrived as {x['size']} bytes "
+                     f"(max_entry_bytes {c['max_entry_bytes']})")
+
+    # 5. Every entry has exactly one legitimate outcome.
+    lost_allowance = sum(1 for f in faults if f["kind"] in (
+        "kill9", "sigterm", "pause_term", "worker_reconnect", "worker_crash", "client_kill",
+        "redis_restart"))
+    for eid, ev in entry_ev.items():
+        dl = st["dls"].get(eid, [])
+        xs = by_entry.get(eid, [])
+        key = ev.get("key")
+        failed = sum(1 for x in xs if not (x["answer"] == "ack" and clean(x)))
+        for n, x in enumerate(xs):
+            if x["attempt"] > n + 1 + lost_allowance:
+                v.append(f"attempt-inflated: entry {eid} delivered with attempt {x['attempt']} "
+                         f"after {n} recorded deliveries")
+                break
+        if len(dl) > 1:
+            v.append(f"dead-lettered-{len(dl)}x: entry {eid} ({ev['kind']}): "
+                     f"{[d['reason'][:50] for d in dl]}")
+        if ev["kind"] in BAD_KINDS:
+            if xs:
+                v.append(f"bad-delivered: {ev['kind']} entry {eid} was delivered {len(xs)}x")
+            if not dl:
+                v.append(f"no-outcome: {ev['kind']} entry {eid} was never dead-lettered")
+            elif ev["kind"] != "wrongtype" and any(d["reason"].startswith(("max_deliveries", "busy"))
+                                                   for d in dl):
+                v.append(f"bad-wrong-reason: {ev['kind']} entry {eid}: {dl[0]['reason'][:80]}")
+            continue
+        if not dl:
+            if not st["done"].get(key):
+                v.append(f"no-outcome: entry {eid} key {key[:60]} neither done nor dead-lettered "
+                         f"({len(xs)} deliveries)")
+            continue
+        d = dl[0]
+        reason = d["reason"]
+        if reason == "busy":
+            if not (c["lock_key"] and c["on_busy"] == "dead_letter"):
+                v.append(f"bad-cause: entry {eid} dead-lettered busy with on_busy {c['on_busy']}")
+            later = [x for x in xs if x["sent"] > min(dd["t"] for dd in dl) + SLACK]
+            if later:
+                v.append(f"delivered-after-refusal: entry {eid} refused (busy) then delivered "
+                         f"at {later[0]['start'] - run.hist.t0:.2f}s")
+        elif reason == "chaos-drop":
+            if not any(x["answer"] == "drop" for x in xs):
+                v.append(f"bad-cause: entry {eid} dead-lettered as dropped, never dropped by a worker")
+        elif reason.startswith("max_deliveries"):
+            if failed + lost_allowance < c["max_deliveries"]:
+                v.append(f"bad-cause: entry {eid} dead-lettered '{reason[:70]}' after {len(xs)} "
+                         f"recorded deliveries, {failed} failed (max_deliveries {c['max_deliveries']})")
+        else:
+            v.append(f"bad-cause: good entry {eid} dead-lettered: {reason[:100]}")
+        if reason != "busy" and not st["done"].get(key):
+            v.append(f"not-done: entry {eid} dead-lettered ({reason[:40]}) but key not marked done")
+
+    # 6. Nothing marked done that no worker acked (or dropped/exhausted).
+    handled = {x["key"] for x in rows if x["answer"] in ("ack", "drop")}
+    for eid, ev in entry_ev.items():
+        for d in st["dls"].get(eid, []):
+            if d["reason"] != "busy":
+                handled.add(ev.get("key"))
+    for k, isdone in st["done"].items():
+        if isdone and k not in handled:
+            v.append(f"done-unacked: key {k[:60]} is done but no worker acked it")
+
+    # 7. Nothing pending in the group.
+    if c["group"] and st["pending"] != 0:
+        v.append(f"pending: {st['pending']} entries still pending in group {GROUP}")
+
+    # 8. Memory bounded.
+    if not run.asan:
+        for i, samples in run.rss.items():
+            peak = max(kb for _, kb in samples) if samples else 0
+            if peak > 128 * 1024:
+                v.append(f"memory: replica{i} peak RSS {peak // 1024} MiB (limit 128 MiB)")
+            last = run.final_rss.get(i, 0)
+            if last > 32 * 1024:
+                v.append(f"memory: replica{i} RSS {last // 1024} MiB at the end (limit 32 MiB)")
+    return v
+
+
+# --- driving seeds ------------------------------------------------------------------
+
+def describe(c):
+    parts = [c["layout"], "group" if c["group"] else "group-less",
+             f"lock_key/{c['on_busy']}" if c["lock_key"] else "no-lock_key",
+             f"lease={c['lease_ms']}", f"wait={c['wait_ms']}", f"ack_to={c['ack_timeout_ms']}",
+             f"inflight={c['max_inflight']}", f"replicas={c['replicas']}", f"mix={c['mix']}",
+             f"maxdel={c['max_deliveries']}", f"limit={c['max_entry_bytes']}",
+             "fencing" if c["fencing"] else ""]
+    kinds = Counter(ev["kind"] for ev in c["events"])
+    parts.append(",".join(f"{k}:{n}" for k, n in sorted(kinds.items())))
+    parts.append("faults=" + ",".join(f"{f['kind']}@{f['t']}" for f in c["faults"]))
+    return " ".join(p for p in parts if p)
+
+
+def replay_cmd(seed, binary):
+    b = Path(binary).resolve()
+    default = (ROOT / "build" / "idemproxy").resolve()
+    if b == default:
+        return f"make chaos SEED={seed}"
+    rel = os.path.relpath(b.parent, ROOT)
+    return f"make chaos SEED={seed} B={rel}" + (" SANITIZE=address" if _is_asan(b) else "")
+
+
+def run_seed(seed, binary, verbose=False, keep=False):
+    tmp = Path(tempfile.mkdtemp(prefix=f"chaos-{seed}-"))
+    t = time.time()
+    run = Run(seed, binary, tmp, verbose)
+    try:
+        run.execute()
+        v = check(run)
+    except Exception:
+        v = ["harness: " + traceback.format_exc().strip().replace("\n", "\n    ")]
+        for p in run.proxies:
+            if p.proc is not None:
+                p.stop(signal.SIGKILL)
+        run.stopping.set()
+        try:
+            run.redis.stop()
+        except Exception:
+            pass
+    dt = time.time() - t
+    if v:
+        try:
+            (tmp / "history.json").write_text(json.dumps(
+                {"seed": seed, "t0": run.hist.t0, "rows": run.hist.rows, "faults": run.hist.faults,
+                 "entries": [(e, ev.get("key", "")[:80], ev["kind"]) for e, ev, _ in run.entries],
+                 "violations": v}, indent=1, default=str))
+        except Exception:
+            pass
+        print(f"seed {seed}: FAIL in {dt:.1f}s  [{describe(run.c)}]")
+        seen = Counter()
+        for line in v:
+            tag = line.split(":")[0]
+            seen[tag] += 1
+            if seen[tag] <= 3:
+                print(f"    {line}")
+        for tag, n in seen.items():
+            if n > 3:
+                print(f"    ... {n - 3} more {tag}")
+        print(f"    logs: {tmp}")
+        print(f"    replay: {replay_cmd(seed, binary)}")
+    else:
+        print(f"seed {seed}: ok in {dt:.1f}s  [{describe(run.c)}]" if verbose else
+              f"seed {seed}: ok in {dt:.1f}s")
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    sys.stdout.flush()
+    return not v, v
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, help="run this one seed, verbose")
+    ap.add_argument("--seeds", type=int, default=20, help="how many seeds (default 20)")
+    ap.add_argument("--from", dest="first", type=int, default=0, help="first seed")
+    ap.add_argument("--fixed", action="store_true", help="the fixed set `make test` runs")
+    ap.add_argument("--bin", default=str(pxtest.BIN), help="the idemproxy binary")
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir of passing seeds")
+    ap.add_argument("--show", action="store_true", help="print what the seed generates and exit")
+    a = ap.parse_args()
+    pxtest.BIN = Path(a.bin).resolve()
+    if a.show:
+        print(describe(generate(a.seed if a.seed is not None else a.first)))
+        return 0
+    if a.seed is not None:
+        seeds, verbose = [a.seed], True
+    elif a.fixed:
+        seeds, verbose = FIXED_SEEDS, False
+    else:
+        seeds, verbose = list(range(a.first, a.first + a.seeds)), False
+    passed = failed = 0
+    failures = []
+    t0 = time.time()
+    for s in seeds:
+        if a.fixed and time.time() - t0 > FIXED_BUDGET_S:
+            print(f"seed {s}: not run, the {FIXED_BUDGET_S} s budget is spent: counted failed")
+            failed += 1
+            continue
+        ok, v = run_seed(s, pxtest.BIN, verbose, a.keep)
+        if ok:
+            passed += 1
+        else:
+            failed += 1
+            failures.append(s)
+    print(f"\nchaos: {len(seeds)} seeds in {time.time() - t0:.0f}s")
+    if failures:
+        print("failed seeds: " + " ".join(map(str, failures)))
+        print(f"replay one:   {replay_cmd(failures[0], pxtest.BIN)}")
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

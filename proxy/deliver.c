@@ -15,7 +15,22 @@
  * level-triggered: both are watched for EV_READ and drained with NN_DONTWAIT
  * until EAGAIN. The send watcher runs only while deliveries wait for room.
  *
- * A window of PX_WORKER_WINDOW unanswered deliveries per connected worker:
+ * Flow control (SPEC 5.4): a worker is never sent more than it can start
+ * before their ack timers fire, so the ack timeout measures the handler's
+ * work and not a queue in front of it. Raw REQ spreads deliveries
+ * round-robin over the workers, so a window of unanswered deliveries per
+ * connected worker, 'w', paces them all. It adapts to what the answers say:
+ * 'lmin', the quickest recent answer, is about one handler's time; an answer
+ * that took L says how long the queue in front of a worker is. While one more
+ * delivery queued behind the others would still come back within half of
+ * ack_timeout_ms (L + lmin <= ack_timeout / 2), w grows: by one an answer at
+ * first (doubling each round trip), by 1/w once it has had to shrink. An
+ * answer later than half of ack_timeout_ms shrinks it by a quarter, a timeout
+ * halves it, at most once per round trip, never below one. It starts at
+ * PX_WINDOW_START. A worker running one handler at a time at 20 ms each and
+ * ack_timeout_ms 2000 settles near 50: its last delivery waits about 1 s.
+ *
+ * The window is also bounded by PX_WORKER_WINDOW unanswered deliveries per connected worker:
  * libnanomsg's REP drops a reply silently when its pipe back to us is full
  * ("if it cannot be sent because of pushback, drop it silently", rep.c), and
  * an ipc pipe we are slow to read holds only ~200 replies (~350 small ones).
@@ -38,6 +53,8 @@
 #define PX_SLOT_MASK ((1u << PX_SLOT_BITS) - 1)
 #define PX_GEN_MASK  0x7FFu
 #define PX_WORKER_WINDOW 128
+#define PX_WINDOW_START  4.0
+#define PX_LMIN_EVERY    30.0    /* seconds: lmin forgets older answers this often */
 
 unsigned long long px_protocol_errors;
 
@@ -51,7 +68,42 @@ typedef struct px_deliver {
     px_buf     enc;        /* encoding buffer, reused */
     px_field  *fields;     /* scratch: the fields of one delivery */
     size_t     fields_cap;
+    double     w;          /* flow control: deliveries per worker (see above) */
+    bool       shrunk;     /* w has had to shrink once: grow by 1/w, not by 1 */
+    double     lmin, lmin_next, lmin_since;  /* quickest answer (s), this period's, start */
+    double     calm_until; /* no shrink before this loop time (one round trip) */
 } px_deliver;
+
+/* An answer came back 'l' seconds after its delivery went out. */
+static void window_answer(px_proxy *px, px_deliver *d, double l)
+{
+    double now = ev_now(px->loop), half = (double)px->conf->ack_timeout_ms / 2000.0;
+    if (l < d->lmin_next) d->lmin_next = l;
+    if (l < d->lmin) d->lmin = l;
+    if (now - d->lmin_since > PX_LMIN_EVERY) {   /* handlers may have slowed down */
+        d->lmin = d->lmin_next;
+        d->lmin_next = l;
+        d->lmin_since = now;
+    }
+    if (l > half) {
+        if (now >= d->calm_until) {
+            d->w = d->w * 0.75 > 1.0 ? d->w * 0.75 : 1.0;
+            d->shrunk = true;
+            d->calm_until = now + l;
+        }
+    } else if (l + d->lmin <= half && d->w < PX_WORKER_WINDOW) {
+        d->w += d->shrunk ? 1.0 / d->w : 1.0;
+    }
+}
+
+static void window_timeout(px_proxy *px, px_deliver *d)
+{
+    double now = ev_now(px->loop);
+    if (now < d->calm_until) return;
+    d->w = d->w * 0.5 > 1.0 ? d->w * 0.5 : 1.0;
+    d->shrunk = true;
+    d->calm_until = now + (double)px->conf->ack_timeout_ms / 1000.0;
+}
 
 static uint32_t slot_take(px_deliver *d, px_entry *e)
 {
@@ -84,6 +136,7 @@ static void ack_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
     px_deliver *d = e->st->px->deliver;
     slot_put(d, e->req_id);
     e->st->c.ack_timeouts++;
+    window_timeout(e->st->px, d);
     px_log_warn("ack timeout: stream %s entry %s key %s attempt %u", e->st->conf->stream, e->id,
                 e->key, e->attempt);
     px_proxy_on_answer(e, PX_ACK_TIMEOUT, "ack timeout");
@@ -170,7 +223,13 @@ static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
 static size_t send_window(px_deliver *d)
 {
     int workers = (int)nn_get_statistic(d->sock, NN_STAT_CURRENT_CONNECTIONS);
-    return PX_WORKER_WINDOW * (size_t)(workers > 1 ? workers : 1);
+    return (size_t)(d->w * (workers > 1 ? workers : 1) + 0.5);
+}
+
+size_t px_deliver_window(px_proxy *px)
+{
+    px_deliver *d = px->deliver;
+    return d ? send_window(d) : 0;
 }
 
 void px_deliver_flush(px_proxy *px)
@@ -245,6 +304,7 @@ static void rcv_cb(struct ev_loop *loop, ev_io *w, int revents)
         nn_freemsg(body);
         slot_put(d, id);
         ev_timer_stop(px->loop, &e->timer);
+        window_answer(px, d, ev_now(px->loop) - e->sent_at);
         if (st == PX_ACK_INVALID) {
             px_protocol_errors++;
             px_log_warn("invalid reply for stream %s entry %s: %s; treated as RETRY",
@@ -266,6 +326,9 @@ int px_deliver_init(px_proxy *px)
     d->free_slots = px_malloc(sizeof(uint32_t) * d->nslots);
     for (size_t i = 0; i < d->nslots; i++) d->free_slots[i] = (uint32_t)(d->nslots - 1 - i);
     d->nfree = d->nslots;
+    d->w = PX_WINDOW_START;
+    d->lmin = d->lmin_next = 1e9;
+    d->lmin_since = ev_now(px->loop);
 
     d->sock = nn_socket(AF_SP_RAW, NN_REQ);
     if (d->sock < 0) {

@@ -150,6 +150,9 @@ void px_metrics_render(px_proxy *px, px_buf *b)
         label(b, st->conf->stream);
         px_buf_printf(b, "\"} %zu\n", st->tracked);
     }
+    gauge(b, "idemproxy_delivery_window", "gauge",
+          "Unanswered deliveries allowed now, over all workers (flow control, SPEC 5.4).",
+          (double)px_deliver_window(px));
     gauge(b, "idemproxy_inflight", "gauge",
           "Claimed entries not yet committed (with a worker or being written).", (double)inflight);
     gauge(b, "idemproxy_redis_up", "gauge", "1 while Redis is reachable and every stream is read.",

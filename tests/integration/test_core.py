@@ -307,8 +307,8 @@ def test_lease_extended_past_lease_ms(env):
 def test_many_held_leases_all_extended(env):
     """Extensions are paced (a few per timer tick, not every lease at once);
     still, with hundreds of entries held past two leases, no lock expires: not
-    those delivered (128, one worker's window) nor those claimed and waiting
-    for the window."""
+    those delivered (the worker's window: it never answers, so the window
+    stays at its start) nor those claimed and waiting for the window."""
     n = 600
     # max_inflight leaves a reader batch of room, so the last few entries are read too.
     p = env.proxy([stream_conf("group", "single", lease_ms=2000)], ack_timeout_ms=30000,
@@ -317,7 +317,9 @@ def test_many_held_leases_all_extended(env):
     publish(env.r, "room", [{"eventId": f"held-{i}"} for i in range(n)])
     keys = [f"idem:held-{i}" for i in range(n)]
     wait_for(lambda: all(v and v.startswith("L:") for v in env.r.mget(keys)), what=f"{n} claims")
-    wait_for(lambda: len(w.got) >= 128, what="a window of deliveries")
+    window = int(p.metrics()["idemproxy_delivery_window"])
+    assert 1 <= window < 128
+    wait_for(lambda: len(w.got) >= window, what="a window of deliveries")
     first = env.r.mget(keys)
     end = time.monotonic() + 5.0                          # two and a half leases
     while time.monotonic() < end:
@@ -326,7 +328,7 @@ def test_many_held_leases_all_extended(env):
     assert all(0 < t <= 2000 for t in env.r.eval(
         "local t = {} for i, k in ipairs(KEYS) do t[i] = redis.call('pttl', k) end return t",
         len(keys), *keys))
-    assert len(w.got) == 128                              # the rest wait for replies
+    assert len(w.got) == window                           # the rest wait for replies
     assert p.metrics()["idemproxy_inflight"] == n
     assert "lease lost" not in p.log_text()
 
@@ -334,8 +336,9 @@ def test_many_held_leases_all_extended(env):
 @pytest.mark.parametrize("mode", MODES)
 def test_max_inflight_bounds_claimed_entries_only(env, mode):
     """max_inflight counts claimed entries not yet committed (SPEC 4): with a
-    worker that never answers, exactly that many are delivered and held, and no
-    more are read; copies of done keys are not claimed, so they still leave."""
+    worker that never answers, exactly that many are claimed and held (the
+    worker's window of them delivered, the rest waiting for it), and no more
+    are read; copies of done keys are not claimed, so they still leave."""
     r = env.r
     for i in range(20):
         r.set(f"idem:done-{i}", "D", px=600000)
@@ -343,11 +346,13 @@ def test_max_inflight_bounds_claimed_entries_only(env, mode):
             [{"eventId": f"new-{i}"} for i in range(30)])
     p = env.proxy([stream_conf(mode, "single")], max_inflight=8, ack_timeout_ms=60000)
     w = env.worker(p.endpoint, behave=lambda d: None)     # receives, never answers
-    wait_for(lambda: len(w.got) >= 8, what="8 deliveries held")
+    wait_for(lambda: p.metrics().get("idemproxy_inflight") == 8, what="8 entries claimed")
     time.sleep(1.0)                                       # room for more would be used by now
     m = p.metrics()
-    assert len(w.got) == 8
-    assert sorted(d.key for d in w.got) == sorted(f"new-{i}" for i in range(8))
+    window = int(m["idemproxy_delivery_window"])
+    assert 1 <= window < 8
+    assert len(w.got) == window
+    assert sorted(d.key for d in w.got) == sorted(f"new-{i}" for i in range(window))
     assert m['idemproxy_outcomes_total{stream="room",outcome="duplicate"}'] == 20
     assert m["idemproxy_inflight"] == 8
     assert m['idemproxy_entries_read_total{stream="room"}'] == 28

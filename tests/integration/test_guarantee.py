@@ -42,11 +42,20 @@ def test_sigterm_drain_with_unanswered_deliveries(env, unanswered, redis_up):
     ep = env.endpoint()
     p = env.proxy([group_conf(layout="split")], endpoint=ep, max_inflight=1100,
                   shutdown_grace_ms=500)
-    # One worker that never answers: it holds up to 128 (its window); the
-    # rest wait claimed, in the send queue, when SIGTERM comes.
-    w = env.worker(ep, behave=lambda d: None)
+    # Workers that answer the first 150 events each at once (so their windows
+    # grow to the most, 128 each), then hold every delivery: up to 8 x 128
+    # unanswered, the rest claimed in the send queue when SIGTERM comes.
+    nw = 8 if unanswered > 128 else 1
+    warm = [f"w{i}" for i in range(150 * nw)]
+    ws = [env.worker(ep, behave=lambda d: (pb.Ack.ACK, "") if d.key.startswith("w") else None)
+          for _ in range(nw)]
+    publish(r, "room", [{"eventId": k} for k in warm])
+    wait_for(lambda: all(r.exists(f"done:{k}") for k in warm[-20:]), 30, "warm-up acked")
+    wait_for(lambda: p.metrics().get("idemproxy_delivery_window") >= min(unanswered, 128 * nw), 10,
+             "windows grown")
     publish(r, "room", [ev(i) for i in range(unanswered)])
-    wait_for(lambda: len(set(w.keys())) >= min(unanswered, 128), 30, "deliveries in the worker's hands")
+    held = lambda: {k for w in ws for k in w.keys() if not k.startswith("w")}
+    wait_for(lambda: len(held()) >= min(unanswered, 128 * nw) - 24, 30, "deliveries held")
     wait_for(lambda: p.metrics().get("idemproxy_inflight") == unanswered, 30, "every entry claimed")
     if not redis_up:
         env.redis.stop()
@@ -55,6 +64,7 @@ def test_sigterm_drain_with_unanswered_deliveries(env, unanswered, redis_up):
     if redis_up:
         assert r.keys("lock:*") == [], "claims not released at shutdown"
         assert pending(r, "room", "g") == unanswered
+        assert len(held()) >= min(unanswered, 128 * nw) - 24
 
 
 # --- XACK in flight at exit (issue 15, 7) ---------------------------------------------
@@ -297,3 +307,38 @@ def test_persistent_redis_error_is_dead_lettered_and_the_stream_goes_on(env):
     assert not r.exists("idem:e1") and not r.exists("idem:e2")
     lines = [l for l in p.log_text().splitlines() if "WRONGTYPE" in l]
     assert 1 <= len(lines) <= 16, "\n".join(lines)
+
+
+# --- flow control: a slow, healthy worker loses nothing (issue 21, 1) -------------------
+
+def _slow_worker_run(env, n, handler_s, ack_timeout_ms):
+    r = env.r
+    ep = env.endpoint()
+    p = env.proxy([group_conf(dead_letter="dlq", retry_backoff_ms=50)], endpoint=ep,
+                  ack_timeout_ms=ack_timeout_ms, log_level="info")
+
+    def slow(d):
+        time.sleep(handler_s)
+        return (pb.Ack.ACK, "")
+
+    w = env.worker(ep, behave=slow)             # one handler at a time
+    publish(r, "room", [ev(i) for i in range(n)])
+    wait_for(lambda: finished(r), n * handler_s * 3 + 30, "every entry finished")
+    runs = len(w.keys())
+    assert not r.exists("dlq"), f"{r.xlen('dlq')} dead letters from a healthy worker"
+    assert all(r.get(f"idem:e{i}") == "D" for i in range(n))
+    assert runs <= n * 1.1, f"{runs} handler runs for {n} events"
+    assert p.metrics()['idemproxy_acks_total{stream="room",status="timeout"}'] == 0
+
+
+def test_slow_worker_20ms_with_a_2s_ack_timeout_loses_nothing(env):
+    """One worker, one handler at a time, 20 ms an event, ack_timeout_ms 2000,
+    the default max_inflight 256, 300 events: 874 handler runs and 203 dead
+    letters before (deliveries timed out queued in the worker's socket)."""
+    _slow_worker_run(env, 300, 0.02, 2000)
+
+
+def test_slow_worker_200ms_loses_nothing(env):
+    """The same at 200 ms an event (scaled: 40 events, ack_timeout_ms 3000,
+    as 150+ events would be with the default 30 s)."""
+    _slow_worker_run(env, 40, 0.2, 3000)

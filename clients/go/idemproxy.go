@@ -176,7 +176,7 @@ func Serve(ctx context.Context, endpoint string, h Handler, opts ...Option) erro
 		return fmt.Errorf("idemproxy: max recv size: %w", err)
 	}
 	// Asynchronous: keep dialing until idemproxy binds, and again after it goes.
-	if err := sock.DialOptions(endpoint, map[string]interface{}{mangos.OptionDialAsynch: true}); err != nil {
+	if err := sock.DialOptions(timedEndpoint(endpoint), map[string]interface{}{mangos.OptionDialAsynch: true}); err != nil {
 		return fmt.Errorf("idemproxy: dial %s: %w", endpoint, err)
 	}
 	ctx, stop := context.WithCancel(ctx) // a context that fails stops the others

@@ -361,3 +361,48 @@ def test_client_sigterm_mid_run_loses_no_ack(env, lang):
     done = {k for k in keys if r.get("idem:" + k) == "D"}
     assert answered - done == set(), f"{lang}: answered, but the ack never arrived: {sorted(answered - done)}"
     assert done - answered == set()
+
+
+def test_clients_hang_up_on_a_silent_peer(tmp_path):
+    """A peer that accepts the connection and never sends its SP header is hung
+    up on after one documented timeout (10 s, NNG's fixed value; the C client
+    is bound to nanomsg's fixed 1 s), so a wedged endpoint does not hold a
+    worker: every language at once, each against its own silent listener."""
+    import socket as socketlib
+    import threading
+    for lang in LANGS:
+        build(lang)
+    took, workers = {}, []
+
+    def listen(lang):
+        path = tmp_path / f"{lang}-silent.sock"
+        srv = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+        srv.bind(str(path))
+        srv.listen(4)
+        srv.settimeout(60)
+        workers.append(ExampleWorker(lang, f"ipc://{path}", tmp_path))
+        conn, _ = srv.accept()
+        t0 = time.monotonic()
+        conn.settimeout(20)
+        try:
+            while conn.recv(64):   # the worker's own header, then nothing until it hangs up
+                pass
+            took[lang] = time.monotonic() - t0
+        except OSError:            # socket.timeout: it never hung up
+            took[lang] = float("inf")
+        finally:
+            conn.close()
+            srv.close()
+
+    threads = [threading.Thread(target=listen, args=(lang,)) for lang in LANGS]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+    finally:
+        for w in workers:
+            w.stop()
+    assert set(took) == set(LANGS), took
+    slow = {lang: round(s, 1) for lang, s in took.items() if s > 13}
+    assert not slow, f"waited this long (s) on a peer that never sent its SP header: {slow}"

@@ -32,7 +32,7 @@ echo "== ASan + UBSan build"
 make -s B=build-asan SANITIZE=address,undefined build-asan/idemproxy >/dev/null || { echo "sanitized build failed"; echo "0 passed, 1 failed"; exit 1; }
 rm -rf build/asan-run
 IDEMPROXY_BIN=$PWD/build-asan/idemproxy UBSAN_OPTIONS=print_stacktrace=1 \
-    $py -m pytest -q -p no:cacheprovider tests/integration -k "not client_scenario" \
+    $py -m pytest -q -p no:cacheprovider tests/integration -k "not test_clients.py" \
     --basetemp=build/asan-run 2>&1 | tee build/asan-run.out | tail -3
 count build/asan-run.out
 scan "sanitizers" build/asan-run "ERROR: AddressSanitizer|runtime error:|ERROR: LeakSanitizer"

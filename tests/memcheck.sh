@@ -114,7 +114,7 @@ rm -rf build/asan-run build/asan-reports
 san_wrap "$PWD/build-asan/idemproxy" build-asan/idemproxy-wrapped "$PWD/build/asan-reports"
 ( sanitize_env build/asan-reports
   IDEMPROXY_BIN=$PWD/build-asan/idemproxy-wrapped \
-    $py -m pytest -q -rfEsxXp -p no:cacheprovider tests/integration -k "${MEMCHECK_K:-not client_scenario}" \
+    $py -m pytest -q -rfEsxXp -p no:cacheprovider tests/integration -k "${MEMCHECK_K:-not test_clients.py}" \
     --basetemp=build/asan-run ) > build/asan-run.out 2>&1
 grep -E "^(FAILED|ERROR) " build/asan-run.out | head -20; tail -1 build/asan-run.out
 count build/asan-run.out

@@ -15,7 +15,7 @@
  *   WORKER_NOACK_KEYS    k4: never answer (the next receive abandons it, so
  *                        idemproxy's ack timeout fires)
  *   WORKER_CRASH_KEYS    k5: exit(3) on receipt, unanswered, as a crash would
- *   WORKER_MAX_BYTES     NN_RCVMAXSIZE, if app.max_entry_bytes was raised (-1: none)
+ *   WORKER_MAX_BYTES     app.max_entry_bytes, if it was raised (-1: no limit)
  *   WORKER_VERBOSE=1     describe each delivery on stderr
  *   WORKER_SLOW_KEYS     k6: work WORKER_SLOW_MS (1000) on these before answering
  *   WORKER_REPORT        a file: one JSON object per handled delivery is appended
@@ -228,11 +228,8 @@ int main(int argc, char **argv)
         px_client_free(c);
         return 1;
     }
-    if (max_bytes != 0) {
-        int n = (int) max_bytes;
-        c->rcvmax = n;    /* kept for a redial */
-        nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &n, sizeof(n));
-    }
+    if (max_bytes != 0 && px_client_set_max_entry_bytes(c, (int) max_bytes) != PX_CLIENT_OK)
+        fprintf(stderr, "example_worker: WORKER_MAX_BYTES: %s\n", c->errstr);
     fprintf(stderr, "example_worker: waiting for deliveries on %s\n",
             endpoint ? endpoint : PX_CLIENT_DEFAULT_ENDPOINT);
 
@@ -240,8 +237,11 @@ int main(int argc, char **argv)
         px_delivery *d;
         int rc = px_client_recv(c, 1000, &d);
 
-        if (rc == PX_CLIENT_EAGAIN)
+        if (rc == PX_CLIENT_EAGAIN) {
+            if (c->err != 0)    /* a delivery past its deadline, answered RETRY */
+                fprintf(stderr, "example_worker: %s\n", c->errstr);
             continue;
+        }
         if (rc != PX_CLIENT_OK) {
             fprintf(stderr, "example_worker: %s\n", c->errstr);
             if (c->err == EBADF || c->err == ETERM)

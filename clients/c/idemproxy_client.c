@@ -11,9 +11,11 @@
 #include "idemproxy_client.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
@@ -50,8 +52,7 @@ static void dial(px_client *c)
         set_error(c, errno, "nn_socket: %s", nn_strerror(errno));
         return;
     }
-    if (c->rcvmax)
-        nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &c->rcvmax, sizeof(c->rcvmax));
+    nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &c->rcvmax, sizeof(c->rcvmax));
     if (nn_connect(c->sock, c->endpoint) < 0) {
         set_error(c, errno, "nn_connect %s: %s", c->endpoint, nn_strerror(errno));
         nn_close(c->sock);
@@ -94,8 +95,36 @@ px_client *px_client_connect(const char *endpoint)
         endpoint = PX_CLIENT_DEFAULT_ENDPOINT;
 
     snprintf(c->endpoint, sizeof(c->endpoint), "%s", endpoint);
+    c->rcvmax = PX_CLIENT_DEFAULT_MAX_ENTRY_BYTES + PX_CLIENT_SP_HEADER_BYTES;
     dial(c);
     return c;
+}
+
+int px_client_set_max_entry_bytes(px_client *c, int bytes)
+{
+    if (bytes < -1 || bytes == 0 || bytes > INT_MAX - PX_CLIENT_SP_HEADER_BYTES)
+        return set_error(c, EINVAL, "max entry bytes %d: must be positive, or -1 for no limit", bytes);
+    c->rcvmax = bytes < 0 ? -1 : bytes + PX_CLIENT_SP_HEADER_BYTES;
+    if (c->sock >= 0 &&
+        nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &c->rcvmax, sizeof(c->rcvmax)) < 0)
+        return set_error(c, errno, "NN_RCVMAXSIZE: %s", nn_strerror(errno));
+    return PX_CLIENT_OK;
+}
+
+static long long mono_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static long long unix_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 void px_client_free(px_client *c)
@@ -103,6 +132,14 @@ void px_client_free(px_client *c)
     if (c == NULL)
         return;
     if (c->sock >= 0) {
+        /* nn_send only queued the last answer for nanomsg's I/O thread, and
+         * nn_close drops what is queued (1.1.5 ignores NN_LINGER): give it
+         * the time it needs to leave, a few microseconds when all is well. */
+        long long left = c->last_send_ms ? c->last_send_ms + PX_CLIENT_LINGER_MS - mono_ms() : 0;
+        struct timespec ts = { left / 1000, (left % 1000) * 1000000L };
+
+        while (left > 0 && nanosleep(&ts, &ts) < 0 && errno == EINTR)
+            ;
         while (nn_close(c->sock) < 0 && errno == EINTR)
             ;
     }
@@ -137,7 +174,58 @@ static int send_ack(px_client *c, px_status status, const char *reason,
     if (rc < 0)
         return set_error(c, errno, "nn_send: %s", nn_strerror(errno));
     c->pending = 0;
+    c->last_send_ms = mono_ms();
     return PX_CLIENT_OK;
+}
+
+/* True when 's' is well-formed UTF-8 (no overlong forms, surrogates or code
+ * points over U+10FFFF), as proto3 requires of a string field. protobuf-c
+ * does not check it; the other clients' protobuf libraries refuse such input,
+ * and so do we, so the application never gets a key it cannot store. */
+static int utf8_valid(const char *str)
+{
+    const unsigned char *s = (const unsigned char *) str;
+
+    while (*s) {
+        unsigned cp;
+        int n, i;
+
+        if (*s < 0x80) {
+            s++;
+            continue;
+        }
+        if (*s >= 0xc2 && *s <= 0xdf)
+            n = 1, cp = *s & 0x1f;
+        else if (*s >= 0xe0 && *s <= 0xef)
+            n = 2, cp = *s & 0x0f;
+        else if (*s >= 0xf0 && *s <= 0xf4)
+            n = 3, cp = *s & 0x07;
+        else
+            return 0;
+        for (i = 1; i <= n; i++) {
+            if ((s[i] & 0xc0) != 0x80)
+                return 0;
+            cp = cp << 6 | (s[i] & 0x3f);
+        }
+        if ((n == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+            (n == 3 && (cp < 0x10000 || cp > 0x10ffff)))
+            return 0;
+        s += n + 1;
+    }
+    return 1;
+}
+
+static int strings_valid(const Idemproxy__V1__Delivery *msg)
+{
+    size_t i;
+
+    if (!utf8_valid(msg->stream) || !utf8_valid(msg->entry_id) || !utf8_valid(msg->key))
+        return 0;
+    for (i = 0; i < msg->n_fields; i++) {
+        if (!utf8_valid(msg->fields[i]->name))
+            return 0;
+    }
+    return 1;
 }
 
 /* Copies what the unpacked message holds into a px_delivery that points into
@@ -179,6 +267,8 @@ int px_client_recv(px_client *c, int timeout_ms, px_delivery **out)
     int n;
 
     *out = NULL;
+    c->err = 0;
+    c->errstr[0] = '\0';
     if (c->sock < 0)
         return set_error(c, EBADF, "not connected");
     if (nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RCVTIMEO, &timeout_ms,
@@ -204,16 +294,33 @@ int px_client_recv(px_client *c, int timeout_ms, px_delivery **out)
     /* protobuf-c returns NULL both for bad input and for a failed malloc. */
     msg = idemproxy__v1__delivery__unpack(NULL, (size_t) n, buf);
     nn_freemsg(buf);
+    if (msg != NULL && !strings_valid(msg)) {
+        idemproxy__v1__delivery__free_unpacked(msg, NULL);
+        send_ack(c, PX_STATUS_RETRY, "undecodable delivery: a string field is not UTF-8", NULL, NULL);
+        return set_error(c, EPROTO, "a Delivery of %d bytes has a string field that is "
+                         "not UTF-8; answered RETRY", n);
+    }
     if (msg != NULL && (*out = delivery_create(msg)) == NULL)
         idemproxy__v1__delivery__free_unpacked(msg, NULL);
     if (*out == NULL) {
         /* The application has nothing to answer, so answer for it: a RETRY
          * lets idemproxy count the attempt and dead-letter it in the end. */
-        send_ack(c, PX_STATUS_RETRY, "worker could not decode the Delivery", NULL, NULL);
-        return set_error(c, EPROTO, "cannot decode a Delivery of %d bytes "
-                         "(or out of memory); answered RETRY", n);
+        send_ack(c, PX_STATUS_RETRY, "undecodable delivery (or out of memory)", NULL, NULL);
+        return set_error(c, EPROTO, "cannot decode a Delivery of %d bytes (a wrong wire "
+                         "type, a truncated field) or out of memory; answered RETRY", n);
     }
     (*out)->seq = c->seq;
+    if ((*out)->deadline_unix_ms != 0 && unix_ms() > (long long) (*out)->deadline_unix_ms) {
+        /* idemproxy has stopped waiting for this answer and will deliver the
+         * entry again: running the handler now would be stale work. */
+        set_error(c, ETIMEDOUT, "%s %s key=%s: deadline passed before the handler ran; "
+                  "answered RETRY", (*out)->stream, (*out)->entry_id, (*out)->key);
+        send_ack(c, PX_STATUS_RETRY, "deadline passed before the handler ran",
+                 (*out)->stream, (*out)->entry_id);
+        px_delivery_free(*out);
+        *out = NULL;
+        return PX_CLIENT_EAGAIN;
+    }
     return PX_CLIENT_OK;
 }
 

@@ -24,14 +24,25 @@
  * with attempt + 1 (that is also the way to "not answer" on purpose). A reply
  * is routed back by nanomsg and dropped silently if idemproxy went away in the
  * meantime: PX_CLIENT_OK means "handed to nanomsg", and idemproxy's ack
- * timeout covers the rest. Check d->deadline_unix_ms: an answer after it is
- * too late, and d->fencing_token lets your database refuse stale work.
+ * timeout covers the rest. d->fencing_token lets your database refuse stale
+ * work.
+ *
+ * Deadline: d->deadline_unix_ms is the delivery's ack deadline. An answer after
+ * it is ignored and the entry is delivered again (attempt + 1), so a handler
+ * should finish well inside it. idemproxy paces deliveries per worker, so the
+ * ack timer measures the handler's own work, not a queue in front of it. A
+ * delivery that arrives already past its deadline is answered RETRY by
+ * px_client_recv() ("deadline passed before the handler ran") and never
+ * returned: no stale work runs.
  *
  * nanomsg re-dials by itself, so a worker may start before idemproxy and
- * survives its restarts. Messages larger than the socket's NN_RCVMAXSIZE
- * (nanomsg's default, 1 MiB, matches idemproxy's default app.max_entry_bytes)
- * make nanomsg drop the connection; if you raise max_entry_bytes, raise it on
- * c->sock too: nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &n, sizeof n).
+ * survives its restarts; a peer that sends no SP header within 1 s (nanomsg's
+ * fixed handshake timeout; the other clients wait 10 s) is hung up on.
+ * Receive limit: a Delivery of up to app.max_entry_bytes (1 MiB by default)
+ * is accepted, plus PX_CLIENT_SP_HEADER_BYTES of SP header (nanomsg's
+ * NN_RCVMAXSIZE counts those too); a bigger message makes nanomsg drop the
+ * connection. If you raise app.max_entry_bytes, call
+ * px_client_set_max_entry_bytes() with the same number.
  *
  * The library never prints or aborts: functions return PX_CLIENT_OK,
  * PX_CLIENT_ERR (with c->err and c->errstr filled, as hiredis does) or
@@ -48,6 +59,13 @@
 #define PX_CLIENT_EAGAIN -2   /* nothing arrived in time, or a signal interrupted the wait */
 
 #define PX_CLIENT_DEFAULT_ENDPOINT "ipc:///tmp/idemproxy.sock"
+/* idemproxy's default app.max_entry_bytes: the largest Delivery it sends. */
+#define PX_CLIENT_DEFAULT_MAX_ENTRY_BYTES 1048576
+/* Room for the SP header in front of a Delivery: up to 8 backtrace words of 4
+ * bytes (NNG's maximum hop count); idemproxy itself sends one. */
+#define PX_CLIENT_SP_HEADER_BYTES 32
+/* How long px_client_free() gives the last answer to leave. */
+#define PX_CLIENT_LINGER_MS 100
 
 /* The answers a worker can give; the values are idemproxy.v1.Ack.Status. */
 typedef enum px_status {
@@ -58,14 +76,15 @@ typedef enum px_status {
 
 /* A connection to idemproxy. Read the fields, never write them. */
 typedef struct px_client {
-    int      err;          /* 0, or the errno of the last failure */
+    int      err;          /* 0, or the errno of the last failure (reset by px_client_recv) */
     char     errstr[128];  /* what the last failure was, for people */
     int      sock;         /* the nanomsg NN_REP socket, -1 when none */
     int      pending;      /* 1 while a received delivery awaits its answer */
     uint64_t seq;          /* number of the last delivery received */
     char     endpoint[256];/* what the socket dials */
     int      unconnected_ms; /* receive timeouts in a row with no connection */
-    int      rcvmax;       /* NN_RCVMAXSIZE to set again after a redial (0: default) */
+    int      rcvmax;       /* NN_RCVMAXSIZE, set again after a redial (-1: no limit) */
+    long long last_send_ms; /* CLOCK_MONOTONIC ms of the last answer sent (0: none) */
 } px_client;
 
 /* One stream field: a UTF-8 name and a binary value (not NUL-terminated). */
@@ -97,13 +116,23 @@ typedef struct px_delivery {
  * check c->err (bad endpoint, no sockets left). Free with px_client_free(). */
 px_client *px_client_connect(const char *endpoint);
 
-/* Closes the socket and frees 'c'; NULL is fine. Deliveries stay valid. */
+/* Closes the socket and frees 'c'; NULL is fine. Deliveries stay valid.
+ * nanomsg 1.1.5 has no linger (nn_close drops what its I/O thread has not
+ * written yet), so when an answer was sent less than PX_CLIENT_LINGER_MS ago
+ * this first waits out the rest of that time: the last answer leaves. */
 void px_client_free(px_client *c);
+
+/* Accepts Deliveries of up to 'bytes' (app.max_entry_bytes), or any size when
+ * 'bytes' is -1. Returns PX_CLIENT_OK or PX_CLIENT_ERR (EINVAL). */
+int px_client_set_max_entry_bytes(px_client *c, int bytes);
 
 /* Waits up to 'timeout_ms' (-1: forever) for the next delivery and stores it in
  * '*out', which the caller frees with px_delivery_free(). Returns PX_CLIENT_OK,
  * PX_CLIENT_EAGAIN on timeout or EINTR, or PX_CLIENT_ERR. A delivery that does
- * not decode is answered RETRY here and reported as PX_CLIENT_ERR. */
+ * not decode (a wrong wire type, a string that is not UTF-8) is answered RETRY
+ * here and reported as PX_CLIENT_ERR with c->err EPROTO. A delivery already
+ * past its deadline is answered RETRY here and reported as PX_CLIENT_EAGAIN
+ * with c->err ETIMEDOUT and c->errstr saying which entry it was. */
 int px_client_recv(px_client *c, int timeout_ms, px_delivery **out);
 
 /* Answers 'd', which must be the last delivery received and not yet answered.

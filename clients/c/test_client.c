@@ -94,6 +94,17 @@ static Idemproxy__V1__Ack *req_recv(int s, uint32_t *id)
     return ack;
 }
 
+/* The deadline send_delivery() puts in each Delivery (0: none). */
+static uint64_t deadline;
+
+static uint64_t now_unix_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
+}
+
 /* Sends a Delivery for 'key' with a few fields, tagged with request 'id'. */
 static int send_delivery(int s, uint32_t id, const char *key, uint32_t attempt)
 {
@@ -118,7 +129,7 @@ static int send_delivery(int s, uint32_t id, const char *key, uint32_t attempt)
     d.payload.len = 8;
     d.attempt = attempt;
     d.fencing_token = 9000000000ULL;
-    d.deadline_unix_ms = 1700000030000ULL;
+    d.deadline_unix_ms = deadline;
     len = idemproxy__v1__delivery__pack(&d, buf);
     return req_send(s, id, buf, len);
 }
@@ -198,6 +209,7 @@ int main(void)
     test_cond("no worker: EAGAIN, not a silent drop",
               send_delivery(req, 1, "k0", 1) < 0 && errno == EAGAIN);
 
+    deadline = now_unix_ms() + 60000;
     c = px_client_connect(url);
     test_cond("connect", c != NULL && c->err == 0);
     test_cond("worker connected", wait_workers(req, 1));
@@ -216,7 +228,7 @@ int main(void)
                   memcmp(d->fields[1].value, "a\0b", 3) == 0);
         test_cond("payload", d->payload_len == 8 && memcmp(d->payload, "{\"id\":1}", 8) == 0);
         test_cond("numbers", d->attempt == 3 && d->fencing_token == 9000000000ULL &&
-                  d->deadline_unix_ms == 1700000030000ULL);
+                  d->deadline_unix_ms == deadline);
         test_cond("ack", px_client_ack(c, d) == PX_CLIENT_OK && c->pending == 0);
         ack = req_recv(req, &id);
         test_cond("ack id", ack != NULL && id == 0x80000001u);
@@ -253,6 +265,50 @@ int main(void)
     test_cond("junk answered RETRY", ack != NULL && id == 0x80000007u &&
               ack->status == IDEMPROXY__V1__ACK__STATUS__RETRY && ack->reason[0] != '\0');
     idemproxy__v1__ack__free_unpacked(ack, NULL);
+
+    /* A delivery already past its deadline is answered RETRY by the library
+     * and never handed to the application; no deadline (0) is no limit. */
+    deadline = now_unix_ms() - 1;
+    test_cond("send stale", send_delivery(req, 8, "stale", 1) > 0);
+    test_cond("stale not returned", px_client_recv(c, 2000, &d) == PX_CLIENT_EAGAIN &&
+              d == NULL && c->err == ETIMEDOUT && strstr(c->errstr, "stale") != NULL);
+    ack = req_recv(req, &id);
+    test_cond("stale answered RETRY", ack != NULL && id == 0x80000008u &&
+              ack->status == IDEMPROXY__V1__ACK__STATUS__RETRY &&
+              strcmp(ack->reason, "deadline passed before the handler ran") == 0 &&
+              strcmp(ack->entry_id, "1700000000000-7") == 0);
+    idemproxy__v1__ack__free_unpacked(ack, NULL);
+    deadline = 0;
+    test_cond("send no deadline", send_delivery(req, 9, "whenever", 1) > 0);
+    test_cond("no deadline returned", px_client_recv(c, 2000, &d) == PX_CLIENT_OK && c->err == 0);
+    test_cond("no deadline answered", d && px_client_ack(c, d) == PX_CLIENT_OK);
+    px_delivery_free(d);
+    ack = req_recv(req, &id);
+    test_cond("no deadline acked", ack != NULL && id == 0x80000009u);
+    idemproxy__v1__ack__free_unpacked(ack, NULL);
+    deadline = now_unix_ms() + 60000;
+
+    /* Malformed input the application never sees: attempt (a varint) sent
+     * length-delimited, and a key that is not UTF-8. */
+    test_cond("send mistyped attempt", req_send(req, 12, "\x1a\x01k\x32\x01x", 6) == 6);
+    test_cond("mistyped attempt refused", px_client_recv(c, 2000, &d) == PX_CLIENT_ERR &&
+              c->err == EPROTO && d == NULL);
+    ack = req_recv(req, &id);
+    test_cond("mistyped attempt answered RETRY", ack != NULL && id == 0x8000000cu &&
+              ack->status == IDEMPROXY__V1__ACK__STATUS__RETRY);
+    idemproxy__v1__ack__free_unpacked(ack, NULL);
+    test_cond("send non-UTF-8 key", req_send(req, 13, "\x1a\x02\xff\xfe", 4) == 4);
+    test_cond("non-UTF-8 key refused", px_client_recv(c, 2000, &d) == PX_CLIENT_ERR &&
+              c->err == EPROTO && d == NULL);
+    ack = req_recv(req, &id);
+    test_cond("non-UTF-8 key answered RETRY", ack != NULL && id == 0x8000000du &&
+              ack->status == IDEMPROXY__V1__ACK__STATUS__RETRY);
+    idemproxy__v1__ack__free_unpacked(ack, NULL);
+
+    test_cond("max entry bytes 0 refused", px_client_set_max_entry_bytes(c, 0) == PX_CLIENT_ERR &&
+              c->err == EINVAL);
+    test_cond("default receive limit", c->rcvmax == PX_CLIENT_DEFAULT_MAX_ENTRY_BYTES +
+              PX_CLIENT_SP_HEADER_BYTES);
 
     /* Two requests in flight to two workers, answered in reverse order: the
      * request id in the header tells which reply belongs to which. */

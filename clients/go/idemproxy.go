@@ -14,8 +14,15 @@
 //		}, idemproxy.Concurrency(8))
 //
 // A handler that panics is answered RETRY too, and so is a delivery that does
-// not decode (the handler never sees it). Every Ack echoes the delivery's
-// stream and entry id.
+// not decode (the handler never sees it): a string that is not UTF-8, a known
+// field sent with the wrong wire type. Every Ack echoes the delivery's stream
+// and entry id.
+//
+// A delivery's deadline (DeadlineUnixMs) is its ack deadline: an answer after
+// it is ignored and the entry is delivered again, attempt + 1. idemproxy paces
+// deliveries per worker, so the ack timer measures the handler's own work,
+// not a queue in front of it. A delivery that arrives already past its
+// deadline is answered RETRY without calling the handler: no stale work runs.
 //
 // Concurrency(n) opens n mangos contexts on one socket, each an independent
 // REP state machine served by its own goroutine, so up to n deliveries are
@@ -25,7 +32,10 @@
 // deliveries, lets the handlers in progress finish and answer, and returns nil.
 //
 // The socket keeps dialing in the background, so a worker may start before
-// idemproxy and survives its restarts. The library never prints: problems it
+// idemproxy and survives its restarts; a peer that sends no SP header within
+// HandshakeTimeout is hung up on. Deliveries of up to app.max_entry_bytes
+// (DefaultMaxEntryBytes unless raised: see MaxEntryBytes) are received. The
+// library never prints: problems it
 // handles itself (a delivery that does not decode, a panic, a failed send) go
 // to the OnError callback.
 package idemproxy
@@ -37,7 +47,9 @@ import (
 	"runtime/debug"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"go.nanomsg.org/mangos/v3"
 	"go.nanomsg.org/mangos/v3/protocol/rep"
@@ -48,6 +60,15 @@ import (
 
 // DefaultEndpoint is idemproxy's default app.endpoint.
 const DefaultEndpoint = "ipc:///tmp/idemproxy.sock"
+
+// DefaultMaxEntryBytes is idemproxy's default app.max_entry_bytes: the largest
+// Delivery it sends.
+const DefaultMaxEntryBytes = 1 << 20
+
+// spHeaderBytes is the room left for the SP header in front of a Delivery (up
+// to 8 backtrace words; idemproxy sends one): the socket's receive limit
+// counts it too.
+const spHeaderBytes = 32
 
 // Field is one stream field: a name and its raw value.
 type Field struct {
@@ -102,18 +123,19 @@ func Drop(reason string) error { return &DropError{Reason: reason} }
 type Option func(*options)
 
 type options struct {
-	concurrency int
-	maxRecvSize int
-	onError     func(error)
+	concurrency   int
+	maxEntryBytes int
+	onError       func(error)
 }
 
 // Concurrency sets how many deliveries are handled at the same time (default 1).
 func Concurrency(n int) Option { return func(o *options) { o.concurrency = max(n, 1) } }
 
-// MaxRecvSize sets the largest delivery accepted, in bytes (mangos' default is
-// 1 MiB, idemproxy's default app.max_entry_bytes; raise both together). A
-// bigger message drops the connection. 0 means no limit; negative keeps the default.
-func MaxRecvSize(n int) Option { return func(o *options) { o.maxRecvSize = n } }
+// MaxEntryBytes sets the largest Delivery accepted, in bytes: idemproxy's
+// app.max_entry_bytes (default DefaultMaxEntryBytes; raise both together).
+// The socket's receive limit is that plus room for the SP header; a bigger
+// message drops the connection. 0 or less means no limit.
+func MaxEntryBytes(n int) Option { return func(o *options) { o.maxEntryBytes = n } }
 
 // OnError sets a function told about problems Serve handles by itself. It may
 // be called from several goroutines at once.
@@ -137,7 +159,7 @@ const flushGrace = 100 * time.Millisecond
 // their answers and returns nil. It returns an error only when it cannot
 // serve at all (bad endpoint, unknown transport, socket failure).
 func Serve(ctx context.Context, endpoint string, h Handler, opts ...Option) error {
-	o := options{concurrency: 1, maxRecvSize: -1, onError: func(error) {}}
+	o := options{concurrency: 1, maxEntryBytes: DefaultMaxEntryBytes, onError: func(error) {}}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -146,13 +168,15 @@ func Serve(ctx context.Context, endpoint string, h Handler, opts ...Option) erro
 		return fmt.Errorf("idemproxy: %w", err)
 	}
 	defer sock.Close()
-	if o.maxRecvSize >= 0 {
-		if err := sock.SetOption(mangos.OptionMaxRecvSize, o.maxRecvSize); err != nil {
-			return fmt.Errorf("idemproxy: max recv size: %w", err)
-		}
+	limit := 0 // mangos: no limit
+	if o.maxEntryBytes > 0 {
+		limit = o.maxEntryBytes + spHeaderBytes
+	}
+	if err := sock.SetOption(mangos.OptionMaxRecvSize, limit); err != nil {
+		return fmt.Errorf("idemproxy: max recv size: %w", err)
 	}
 	// Asynchronous: keep dialing until idemproxy binds, and again after it goes.
-	if err := sock.DialOptions(endpoint, map[string]interface{}{mangos.OptionDialAsynch: true}); err != nil {
+	if err := sock.DialOptions(timedEndpoint(endpoint), map[string]interface{}{mangos.OptionDialAsynch: true}); err != nil {
 		return fmt.Errorf("idemproxy: dial %s: %w", endpoint, err)
 	}
 	ctx, stop := context.WithCancel(ctx) // a context that fails stops the others
@@ -204,10 +228,20 @@ func serveContext(ctx context.Context, c mangos.Context, h Handler, o *options) 
 // answer decodes msg, runs h on it and turns the outcome into an Ack.
 func answer(ctx context.Context, msg []byte, h Handler, o *options) *pb.Ack {
 	var m pb.Delivery
-	if err := proto.Unmarshal(msg, &m); err != nil {
+	err := proto.Unmarshal(msg, &m)
+	if err == nil {
+		err = misTyped(&m)
+	}
+	if err != nil {
 		err = fmt.Errorf("idemproxy: undecodable delivery: %w", err)
 		o.onError(err)
 		return &pb.Ack{Status: pb.Ack_RETRY, Reason: err.Error()}
+	}
+	if m.DeadlineUnixMs != 0 && time.Now().UnixMilli() > int64(m.DeadlineUnixMs) {
+		o.onError(fmt.Errorf("idemproxy: %s %s key=%s: deadline passed before the handler ran, answered RETRY",
+			m.Stream, m.EntryId, m.Key))
+		return &pb.Ack{Status: pb.Ack_RETRY, Reason: "deadline passed before the handler ran",
+			Stream: m.Stream, EntryId: m.EntryId}
 	}
 	d := &Delivery{
 		Stream: m.Stream, EntryID: m.EntryId, Key: m.Key, Payload: m.Payload,
@@ -225,6 +259,39 @@ func answer(ctx context.Context, msg []byte, h Handler, o *options) *pb.Ack {
 		}
 	}
 	return ack
+}
+
+// misTyped reports a known field that arrived with the wrong wire type:
+// protobuf-go keeps such a field among the unknown ones instead of failing,
+// which would hand the handler a zero attempt (the other clients refuse it).
+func misTyped(m proto.Message) error {
+	r := m.ProtoReflect()
+	known := r.Descriptor().Fields()
+	for b := r.GetUnknown(); len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		if f := known.ByNumber(num); f != nil {
+			return fmt.Errorf("field %s has wire type %d", f.Name(), typ)
+		}
+		b = b[n:]
+		n = protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+	}
+	var err error
+	r.Range(func(f protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if f.Message() != nil && f.IsList() {
+			for i := 0; i < v.List().Len() && err == nil; i++ {
+				err = misTyped(v.List().Get(i).Message().Interface())
+			}
+		}
+		return err == nil
+	})
+	return err
 }
 
 // call runs h with a context that has the delivery's deadline but outlives

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from pxtest import ROOT, pending, wait_for
+from pxtest import ROOT, pb, pending, wait_for
 
 LANGS = sorted(p.parent.name for p in (ROOT / "clients").glob("*/Makefile"))
 CONCURRENT = {"python", "go", "node", "java", "rust"}   # C's stub is one loop on one socket
@@ -115,3 +115,294 @@ def test_client_scenario(env, lang):
                 f"{lang}: slow deliveries were not handled at the same time: {a} {b}"
     finally:
         w.stop()
+
+
+# ---------------------------------------------------------------------------
+# The cases below drive each example worker from a REQ socket of the test's own
+# (pynng) instead of idemproxy, so they choose every byte of a Delivery:
+# deadline_unix_ms, the wire type of `attempt`, the bytes of `key`, the size.
+
+MAX_ENTRY_BYTES = 1048576   # idemproxy's default app.max_entry_bytes
+
+
+class FakeProxy:
+    """A REQ socket listening at 'endpoint', as idemproxy binds it; each ask()
+    is one request on its own NNG context, so any number can be in flight."""
+
+    def __init__(self, endpoint):
+        import pynng
+        self.pynng = pynng
+        self.sock = pynng.Req0(listen=endpoint)
+        self.sock.resend_time = 600000   # never resend on a timer (NNG still resends when a pipe dies)
+
+    def connected(self):
+        return len(self.sock.pipes) > 0
+
+    def send(self, body):
+        """Sends 'body' on a fresh context and returns the context."""
+        ctx = self.sock.new_context()
+        self.pynng.lib.nng_ctx_set_ms(ctx.context, b"send-timeout", 5000)
+        ctx.send(body)
+        return ctx
+
+    def reply(self, ctx, timeout):
+        """The Ack for the request sent on 'ctx', or None after 'timeout' seconds."""
+        self.pynng.lib.nng_ctx_set_ms(ctx.context, b"recv-timeout", int(timeout * 1000))
+        try:
+            return pb.Ack.FromString(ctx.recv())
+        except self.pynng.Timeout:
+            return None
+        finally:
+            ctx.close()
+
+    def ask(self, body, timeout=10.0):
+        return self.reply(self.send(body), timeout)
+
+    def close(self):
+        self.sock.close()
+
+
+def delivery(key="k", *, deadline_ms=None, payload=b"{}", attempt=1, entry_id="1700000000000-1"):
+    """An encoded Delivery; deadline_ms None means 30 s from now."""
+    if deadline_ms is None:
+        deadline_ms = int(time.time() * 1000) + 30000
+    return pb.Delivery(stream="room", entry_id=entry_id, key=key, payload=payload,
+                       attempt=attempt, fencing_token=7, deadline_unix_ms=deadline_ms).SerializeToString()
+
+
+def sized_delivery(key, size):
+    """A Delivery whose encoding is exactly 'size' bytes (padded in the payload)."""
+    pad = size - len(delivery(key, payload=b""))
+    while True:
+        body = delivery(key, payload=b"x" * pad)
+        if len(body) == size:
+            return body
+        pad -= len(body) - size
+
+
+def worker_pid(w):
+    """The example worker's own process: the child of `make example` that was
+    given --endpoint (make's $(shell ...) children come and go before it)."""
+    def child():
+        try:
+            kids = open(f"/proc/{w.proc.pid}/task/{w.proc.pid}/children").read().split()
+            for k in kids:
+                if b"--endpoint" in open(f"/proc/{k}/cmdline", "rb").read().split(b"\0"):
+                    return int(k)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+        return None
+    wait_for(lambda: child() is not None, timeout=60, what="the worker process")
+    return child()
+
+
+def reported(report):
+    if not report.exists():
+        return []
+    return [json.loads(l) for l in report.read_text().splitlines() if l.strip()]
+
+
+def raw_worker(lang, tmp, name="w", **env):
+    build(lang)
+    ep = f"ipc://{tmp}/{lang}-{name}.sock"
+    fake = FakeProxy(ep)
+    report = tmp / f"{lang}-{name}-report.jsonl"
+    w = ExampleWorker(lang, ep, tmp, WORKER_REPORT=report, **env)
+    wait_for(fake.connected, timeout=60, what=f"{lang} worker connected")
+    time.sleep(0.2)   # the handshake done, the connection in the round robin
+    return fake, w, report, ep
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_client_stale_deadline_is_retried_unhandled(tmp_path, lang):
+    """A delivery whose deadline has passed is answered RETRY and never reaches
+    the handler: idemproxy has given up on it and delivers it again anyway."""
+    fake, w, report, _ = raw_worker(lang, tmp_path)
+    try:
+        now = int(time.time() * 1000)
+        stale = fake.ask(delivery("stale", deadline_ms=now - 1000))
+        assert stale is not None, f"{lang}: no answer"
+        assert stale.status == pb.Ack.RETRY and "deadline" in stale.reason, (lang, stale)
+        fresh = fake.ask(delivery("fresh", deadline_ms=now + 30000))
+        unset = fake.ask(delivery("unset", deadline_ms=0))    # 0: no deadline
+        assert fresh is not None and fresh.status == pb.Ack.ACK, (lang, fresh)
+        assert unset is not None and unset.status == pb.Ack.ACK, (lang, unset)
+        assert [r["key"] for r in reported(report)] == ["fresh", "unset"]
+    finally:
+        w.stop()
+        fake.close()
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_client_receives_max_entry_bytes(tmp_path, lang):
+    """idemproxy sends a Delivery of up to app.max_entry_bytes (1 MiB by default)
+    plus its SP request id; every client receives that with its defaults, and
+    refuses (without running the handler) what is bigger than its limit."""
+    fake, w, report, _ = raw_worker(lang, tmp_path)
+    try:
+        big = fake.ask(sized_delivery("big", MAX_ENTRY_BYTES), timeout=20)
+        assert big is not None and big.status == pb.Ack.ACK, \
+            f"{lang}: a {MAX_ENTRY_BYTES}-byte Delivery was not answered: {big} " \
+            f"(stderr: {w.err.read_text(errors='replace')[-500:]})"
+        over = fake.send(sized_delivery("over", MAX_ENTRY_BYTES + 4096))
+        assert fake.reply(over, 3) is None, f"{lang}: a Delivery over the limit was answered"
+        assert [r["key"] for r in reported(report)] == ["big"]
+    finally:
+        w.stop()
+        fake.close()
+
+
+def _wrong_wire_type_attempt():
+    # field 6 (attempt, a varint) sent length-delimited: tag 0x32, length 1, one byte
+    return delivery("bad-attempt") + b"\x32\x01x"
+
+
+def _invalid_utf8_key():
+    # field 3 (key, a proto3 string, so UTF-8) holding bytes that are not UTF-8
+    return pb.Delivery(stream="room", entry_id="1700000000000-2").SerializeToString() + b"\x1a\x02\xff\xfe"
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_client_malformed_delivery_is_retried(tmp_path, lang):
+    """Malformed input gets one answer from every client: RETRY with a reason,
+    and the handler never sees it."""
+    fake, w, report, _ = raw_worker(lang, tmp_path)
+    try:
+        for what, body in [("wrong wire type for attempt", _wrong_wire_type_attempt()),
+                           ("invalid UTF-8 in key", _invalid_utf8_key())]:
+            ack = fake.ask(body)
+            assert ack is not None, f"{lang}: {what}: no answer"
+            assert ack.status == pb.Ack.RETRY and ack.reason, f"{lang}: {what}: {ack}"
+        ok = fake.ask(delivery("good"))
+        assert ok is not None and ok.status == pb.Ack.ACK
+        assert [r["key"] for r in reported(report)] == ["good"]
+    finally:
+        w.stop()
+        fake.close()
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_client_sigterm_answers_then_exits_0(tmp_path, lang):
+    """SIGTERM while a handler runs: the handler finishes, its answer reaches
+    idemproxy, and the worker exits 0 (anything else is an error to Kubernetes).
+    Three rounds: a lost last answer was a race."""
+    build(lang)
+    for i in range(3):
+        fake, w, report, _ = raw_worker(lang, tmp_path, name=f"term{i}",
+                                        WORKER_SLOW_KEYS="slow", WORKER_SLOW_MS=700)
+        try:
+            pid = worker_pid(w)
+            ctx = fake.send(delivery("slow"))
+            wait_for(lambda: w.proc.poll() is None, what="worker running")
+            time.sleep(0.3)
+            os.kill(pid, signal.SIGTERM)
+            ack = fake.reply(ctx, 10)
+            assert ack is not None and ack.status == pb.Ack.ACK, \
+                f"{lang} round {i}: the answer in hand at SIGTERM was lost: {ack}"
+            rc = w.proc.wait(20)
+            assert rc == 0, f"{lang} round {i}: exit {rc}: {w.err.read_text(errors='replace')[-800:]}"
+            assert [r["key"] for r in reported(report)] == ["slow"]
+        finally:
+            if w.proc.poll() is None:
+                w.stop()
+            fake.close()
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_client_skips_deliveries_of_a_lost_connection(tmp_path, lang):
+    """idemproxy restarts while deliveries wait in the worker's socket: their
+    answers could never be sent, so the worker must not run them, and must be
+    back on the new idemproxy at once."""
+    fake, w, report, ep = raw_worker(lang, tmp_path, WORKER_DELAY_MS=100, WORKER_CONCURRENCY=1)
+    try:
+        for i in range(40):
+            fake.send(delivery(f"old-{i}", entry_id=f"1700000000000-{i}"))
+        wait_for(lambda: len(reported(report)) >= 1, what="the first delivery handled")
+        fake.close()    # idemproxy goes away with 39 deliveries unanswered
+        fake = FakeProxy(ep)
+        t0 = time.monotonic()
+        ack = fake.ask(delivery("new"), timeout=15)
+        took = time.monotonic() - t0
+        assert ack is not None and ack.status == pb.Ack.ACK, f"{lang}: nothing from the new idemproxy"
+        old = [r["key"] for r in reported(report) if r["key"].startswith("old-")]
+        # the one in hand may finish (its answer is lost), one more may have been taken
+        assert len(old) <= 3, f"{lang}: ran {len(old)} handlers for a connection that was gone"
+        assert took < 3, f"{lang}: back on the new idemproxy only after {took:.1f} s"
+    finally:
+        w.stop()
+        fake.close()
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_client_sigterm_mid_run_loses_no_ack(env, lang):
+    """SIGTERM while idemproxy keeps the worker busy: every delivery the worker
+    answered reaches idemproxy (its key is marked done), none is left for
+    another worker to run again, and the worker exits 0."""
+    build(lang)
+    r = env.r
+    ep = env.endpoint()
+    w = ExampleWorker(lang, ep, env.tmp, WORKER_DELAY_MS=20)
+    try:
+        pid = worker_pid(w)
+        env.proxy([{"stream": "room", "group": "g", "consumer": "c1", "payload_field": "payload",
+                    "key": "#event.eventId"}], endpoint=ep, max_inflight=8)
+        keys = [f"e{i}" for i in range(300)]
+        for k in keys:
+            r.xadd("room", {"payload": json.dumps({"eventId": k})})
+        wait_for(lambda: len(w.lines()) >= 20, timeout=60, what=f"{lang} worker busy")
+        os.kill(pid, signal.SIGTERM)
+        rc = w.proc.wait(20)
+    finally:
+        if w.proc.poll() is None:
+            w.stop()
+    assert rc == 0, f"{lang}: exit {rc}: {w.err.read_text(errors='replace')[-800:]}"
+    answered = {LINE.match(l).group(1) for l in w.lines()}
+    time.sleep(1.0)   # idemproxy writes the done marks of the last acks
+    done = {k for k in keys if r.get("idem:" + k) == "D"}
+    assert answered - done == set(), f"{lang}: answered, but the ack never arrived: {sorted(answered - done)}"
+    assert done - answered == set()
+
+
+def test_clients_hang_up_on_a_silent_peer(tmp_path):
+    """A peer that accepts the connection and never sends its SP header is hung
+    up on after one documented timeout (10 s, NNG's fixed value; the C client
+    is bound to nanomsg's fixed 1 s), so a wedged endpoint does not hold a
+    worker: every language at once, each against its own silent listener."""
+    import socket as socketlib
+    import threading
+    for lang in LANGS:
+        build(lang)
+    took, workers = {}, []
+
+    def listen(lang):
+        path = tmp_path / f"{lang}-silent.sock"
+        srv = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+        srv.bind(str(path))
+        srv.listen(4)
+        srv.settimeout(60)
+        workers.append(ExampleWorker(lang, f"ipc://{path}", tmp_path))
+        conn, _ = srv.accept()
+        t0 = time.monotonic()
+        conn.settimeout(20)
+        try:
+            while conn.recv(64):   # the worker's own header, then nothing until it hangs up
+                pass
+            took[lang] = time.monotonic() - t0
+        except OSError:            # socket.timeout: it never hung up
+            took[lang] = float("inf")
+        finally:
+            conn.close()
+            srv.close()
+
+    threads = [threading.Thread(target=listen, args=(lang,)) for lang in LANGS]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+    finally:
+        for w in workers:
+            w.stop()
+    assert set(took) == set(LANGS), took
+    slow = {lang: round(s, 1) for lang, s in took.items() if s > 13}
+    assert not slow, f"waited this long (s) on a peer that never sent its SP header: {slow}"

@@ -4,7 +4,7 @@
  * It connects to idemproxy (which may start later: the worker keeps dialing), answers
  * every delivery and prints one line per delivery on stdout, "<key> attempt=<n>",
  * flushed. Everything else goes to stderr. SIGTERM or SIGINT: the deliveries in hand
- * are finished and answered, then it exits.
+ * are finished and answered, then it exits 0.
  *
  * The environment turns it into a test double (the same contract as
  * clients/c/example_worker.c; tests/integration/test_clients.py relies on it):
@@ -14,7 +14,7 @@
  *   WORKER_RETRY_KEYS    k1,k2: answer RETRY while attempt <= WORKER_RETRY_TIMES (1)
  *   WORKER_DROP_KEYS     k3: answer DROP, reason "dropped by worker"
  *   WORKER_CRASH_KEYS    k5: exit(3) on receipt, unanswered, as a crash would
- *   WORKER_MAX_BYTES     the receive limit, if app.max_entry_bytes was raised
+ *   WORKER_MAX_BYTES     app.max_entry_bytes, if it was raised
  *   WORKER_VERBOSE=1     describe each delivery on stderr
  *   WORKER_SLOW_KEYS     k6: work WORKER_SLOW_MS (1000) on these before answering
  *   WORKER_REPORT        a file: one JSON object per answered delivery is appended
@@ -52,9 +52,9 @@ public final class ExampleWorker {
             System.exit(args[0].equals("--help") ? 0 : 2);
         }
         long maxBytes = env("WORKER_MAX_BYTES", 0); // 0: the default, -1: no limit
-        Worker worker = new Worker(maxBytes == 0 ? Worker.DEFAULT_MAX_MESSAGE_BYTES
-                : (int) Math.min(maxBytes < 0 ? Integer.MAX_VALUE : maxBytes, Integer.MAX_VALUE));
-        Runtime.getRuntime().addShutdownHook(new Thread(worker::close));
+        Worker worker = new Worker(maxBytes == 0 ? Worker.DEFAULT_MAX_ENTRY_BYTES
+                : (int) Math.min(maxBytes < 0 ? Integer.MAX_VALUE : maxBytes, Integer.MAX_VALUE - 64));
+        worker.closeOnSignals(); // SIGTERM: the deliveries in hand are answered, then exit 0
         int concurrency = (int) Math.max(1, env("WORKER_CONCURRENCY", 1));
         System.err.println("ExampleWorker: waiting for deliveries on " + endpoint
                 + " (concurrency " + concurrency + ")");

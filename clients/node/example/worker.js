@@ -16,7 +16,7 @@
  *   WORKER_DROP_KEYS     k3: answer DROP, reason "dropped by worker"
  *   WORKER_NOACK_KEYS    k4: never answer (idemproxy's ack timeout fires)
  *   WORKER_CRASH_KEYS    k5: exit(3) on receipt, unanswered, as a crash would
- *   WORKER_MAX_BYTES     largest message accepted (1 MiB; -1: no limit)
+ *   WORKER_MAX_BYTES     app.max_entry_bytes, if it was raised (-1: no limit)
  *   WORKER_VERBOSE=1     describe each delivery and connection on stderr
  *   WORKER_SLOW_KEYS     k6: work WORKER_SLOW_MS (1000) on these before answering
  *   WORKER_REPORT        a file: one JSON object per answered delivery is appended
@@ -48,7 +48,7 @@ const retryKeys = keys('WORKER_RETRY_KEYS'), dropKeys = keys('WORKER_DROP_KEYS')
 const noackKeys = keys('WORKER_NOACK_KEYS'), crashKeys = keys('WORKER_CRASH_KEYS');
 const slowKeys = keys('WORKER_SLOW_KEYS');
 const retryTimes = int('WORKER_RETRY_TIMES', 1), delayMs = int('WORKER_DELAY_MS', 0);
-const slowMs = int('WORKER_SLOW_MS', 1000), maxBytes = int('WORKER_MAX_BYTES', 1 << 20);
+const slowMs = int('WORKER_SLOW_MS', 1000), maxBytes = int('WORKER_MAX_BYTES', 0);
 const verbose = int('WORKER_VERBOSE', 0) !== 0;
 
 /** Appends one JSON line about 'd' to WORKER_REPORT (one write: lines never interleave). */
@@ -64,7 +64,7 @@ function report(d, status, start, end) {
 }
 
 const worker = serve({ endpoint, concurrency: Math.max(1, int('WORKER_CONCURRENCY', 1)),
-                       maxMessageBytes: maxBytes < 0 ? Infinity : maxBytes }, async (d) => {
+                       ...(maxBytes !== 0 && { maxEntryBytes: maxBytes < 0 ? Infinity : maxBytes }) }, async (d) => {
   if (verbose) {
     console.error(`delivery ${d.stream} ${d.entryId} key=${d.key} attempt=${d.attempt} ` +
                   `fencing=${d.fencingToken} deadline=${d.deadlineUnixMs}`);

@@ -17,8 +17,14 @@
  * Up to 'concurrency' handlers run at once, like REP contexts on one NNG socket:
  * every request is answered on the connection it came from, whatever the order.
  * Every Ack echoes the delivery's stream and entry id. A delivery that does not
- * decode is answered RETRY without calling the handler. Throwing NoReply leaves
- * a delivery unanswered, so idemproxy redelivers it after its ack timeout.
+ * decode (a string that is not UTF-8, a known field with the wrong wire type)
+ * is answered RETRY without calling the handler. Throwing NoReply leaves a
+ * delivery unanswered, so idemproxy redelivers it after its ack timeout.
+ * d.deadlineUnixMs is the delivery's ack deadline: an answer after it is
+ * ignored and the entry is delivered again. idemproxy paces deliveries per
+ * worker, so the ack timer measures the handler's own work, not a queue in
+ * front of it; a delivery that arrives already past its deadline is answered
+ * RETRY without calling the handler.
  * The worker dials until idemproxy is there and again whenever it goes away;
  * deliveries received on a lost connection and not yet started are forgotten
  * (idemproxy redelivers them). The library never prints: listen to 'connect',
@@ -27,11 +33,17 @@
  * The SP wire protocol lives in sp.js; README.md says why it is not a binding.
  */
 import { EventEmitter } from 'node:events';
+import protobuf from 'protobufjs/minimal.js';
 import { idemproxy } from '../gen/idemproxy.js';
 import { RepDialer } from './sp.js';
 
 const { Delivery: DeliveryMsg, Ack } = idemproxy.v1;
 export const DEFAULT_ENDPOINT = 'ipc:///tmp/idemproxy.sock';
+/** idemproxy's default app.max_entry_bytes: the largest Delivery it sends. */
+export const DEFAULT_MAX_ENTRY_BYTES = 1 << 20;
+/** Room for the SP header in front of a Delivery (8 backtrace words; idemproxy sends one). */
+const SP_HEADER_BYTES = 32;
+const STALE = 'deadline passed before the handler ran';
 
 /** The answers a worker gives; the values are idemproxy.v1.Ack.Status. */
 export const Status = Object.freeze({ ACK: 1, RETRY: 2, DROP: 3 });
@@ -83,7 +95,32 @@ export class Delivery {
 
   /** Decodes an idemproxy.v1.Delivery; throws on malformed input. */
   static decode(bytes) {
+    checkWire(bytes, SHAPES.delivery);
     return new Delivery(DeliveryMsg.decode(bytes));
+  }
+}
+
+// protobufjs reads a known field whatever its wire type, and strings without
+// checking UTF-8; the other clients' protobuf libraries refuse both, so we do too.
+const utf8 = new TextDecoder('utf-8', { fatal: true });
+const SHAPES = {   // per field number: its wire type, and what a length-delimited one holds
+  delivery: { 1: [2, 'string'], 2: [2, 'string'], 3: [2, 'string'], 4: [2, 'field'], 5: [2], 6: [0], 7: [0], 8: [0] },
+  field: { 1: [2, 'string'], 2: [2] },
+};
+
+function checkWire(bytes, shape) {
+  const r = protobuf.Reader.create(bytes);
+  while (r.pos < r.len) {
+    const tag = r.uint32(), num = tag >>> 3, type = tag & 7;
+    const [want, holds] = shape[num] ?? [type];
+    if (type !== want) throw new Error(`field ${num} has wire type ${type}, not ${want}`);
+    if (type !== 2 || !holds) {
+      r.skipType(type);
+    } else if (holds === 'string') {
+      try { utf8.decode(r.bytes()); } catch { throw new Error(`field ${num} is not UTF-8`); }
+    } else {
+      checkWire(r.bytes(), SHAPES[holds]);
+    }
   }
 }
 
@@ -101,13 +138,13 @@ const reasonOf = (err) => (err instanceof Error ? err.message || err.name : Stri
 export class Worker extends EventEmitter {
   #handler; #concurrency; #dialer; #queue = []; #active = 0; #closing = null; #closed;
 
-  constructor({ endpoint = DEFAULT_ENDPOINT, concurrency = 1, maxMessageBytes = 1 << 20 } = {}, handler) {
+  constructor({ endpoint = DEFAULT_ENDPOINT, concurrency = 1, maxEntryBytes = DEFAULT_MAX_ENTRY_BYTES } = {}, handler) {
     super();
     if (typeof handler !== 'function') throw new TypeError('serve() needs a handler function');
     if (!(Number.isInteger(concurrency) && concurrency >= 1)) throw new RangeError('concurrency must be an integer >= 1');
     this.#handler = handler;
     this.#concurrency = concurrency;
-    this.#dialer = new RepDialer(endpoint, { maxMessageBytes });
+    this.#dialer = new RepDialer(endpoint, { maxMessageBytes: maxEntryBytes + SP_HEADER_BYTES });
     this.#dialer.on('connect', () => this.emit('connect'));
     this.#dialer.on('warn', (err) => this.emit('warn', err));
     this.#dialer.on('disconnect', (err) => {
@@ -169,6 +206,11 @@ export class Worker extends EventEmitter {
       req.reply(encodeAck({ status: Status.RETRY, reason: `undecodable delivery: ${err.message}` }));
       return;
     }
+    if (d.deadlineUnixMs !== 0 && Date.now() > d.deadlineUnixMs) {
+      this.emit('warn', new Error(`${d.stream} ${d.entryId} key=${d.key}: ${STALE}, answered RETRY`));
+      req.reply(encodeAck({ status: Status.RETRY, reason: STALE, stream: d.stream, entryId: d.entryId }));
+      return;
+    }
     let status = Status.ACK, reason = '';
     try {
       await this.#handler(d);
@@ -188,8 +230,9 @@ export class Worker extends EventEmitter {
  * calls 'handler(delivery)' for each delivery, up to 'concurrency' (default 1)
  * at once. The handler resolving answers ACK; throwing or rejecting answers
  * RETRY with the error's message as reason; throwing Drop answers DROP.
- * 'maxMessageBytes' (default 1 MiB, as nanomsg's) must be at least
- * idemproxy's app.max_entry_bytes plus a little; Infinity for no limit.
+ * 'maxEntryBytes' (default 1 MiB) is idemproxy's app.max_entry_bytes, to be
+ * raised together with it (Infinity: no limit); a bigger message closes the
+ * connection. A peer that sends no SP header within 10 s is hung up on.
  * Returns the Worker; call worker.close() to stop.
  */
 export function serve(options, handler) {

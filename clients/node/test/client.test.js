@@ -55,7 +55,7 @@ test('a delivery decodes into typed fields: ordered fields, Buffers, bigint fenc
     peer.deliver(7, {
       stream: 'orders', entryId: '1700000000000-3', key: 'o-1', payload: Buffer.from([0xff, 0, 1]),
       fields: [{ name: 'z', value: Buffer.from('1') }, { name: 'a', value: Buffer.from('2') }, { name: 'z', value: Buffer.from('3') }],
-      attempt: 4, fencingToken: '18446744073709551615', deadlineUnixMs: 1700000012345,
+      attempt: 4, fencingToken: '18446744073709551615', deadlineUnixMs: 4102444800000,
     });
     await peer.ack(7);
   });
@@ -70,7 +70,7 @@ test('a delivery decodes into typed fields: ordered fields, Buffers, bigint fenc
   assert.equal(got.field('missing'), undefined);
   assert.equal(got.attempt, 4);
   assert.equal(got.fencingToken, 18446744073709551615n);
-  assert.equal(got.deadlineUnixMs, 1700000012345);
+  assert.equal(got.deadlineUnixMs, 4102444800000);
 });
 
 test('an undecodable delivery is answered RETRY without calling the handler', async () => {
@@ -170,7 +170,7 @@ test('tcp:// uses frames without the type byte', async () => {
   }, { endpoint: 'tcp://127.0.0.1:0' });
 });
 
-test('a peer that is not REQ, or a message over maxMessageBytes, closes the connection', async () => {
+test('a peer that is not REQ, or a message over maxEntryBytes (+ the SP header), closes the connection', async () => {
   const other = await ReqPeer.bind(ipc(), { proto: 0x10 });   // PAIR
   const w1 = serve({ endpoint: other.endpoint }, async () => {});
   const warned = new Promise((resolve) => w1.once('warn', resolve));
@@ -181,12 +181,12 @@ test('a peer that is not REQ, or a message over maxMessageBytes, closes the conn
   await withPair(async () => {}, async (peer, worker) => {
     const warned2 = new Promise((resolve) => worker.once('warn', resolve));
     peer.deliver(1, { key: 'big', payload: Buffer.alloc(2000) });
-    assert.match((await warned2).message, /over maxMessageBytes 1000/);
+    assert.match((await warned2).message, /over maxMessageBytes 1032/);
     await peer.until(() => peer.conns[0].closed);
     await peer.until(() => peer.conns.length === 2 && peer.conns[1].header);   // and it dials again
     peer.deliver(2, { key: 'small' });
     assert.equal((await peer.ack(2)).status, Status.ACK);
-  }, { maxMessageBytes: 1000 });
+  }, { maxEntryBytes: 1000 });
 });
 
 test('close() lets handlers in progress finish and answer', async () => {

@@ -50,13 +50,13 @@ def test_ack_echoes_ids_and_delivery_is_typed(url, serve):
     serve(got.append)
     with pynng.Req0(listen=url, recv_timeout=5000) as req:
         ack = ask(req, delivery(
-            "k1", payload=b'{"eventId": "k1"}', fencing_token=2**64 - 1, deadline_unix_ms=1234,
+            "k1", payload=b'{"eventId": "k1"}', fencing_token=2**64 - 1, deadline_unix_ms=4102444800000,
             fields=[pb.Field(name="z", value=b"1"), pb.Field(name="a", value=b"\xff")]))
     assert (ack.status, ack.reason, ack.stream, ack.entry_id) == \
         (pb.Ack.ACK, "", "room", "1700000000000-0")
     assert got == [Delivery(stream="room", entry_id="1700000000000-0", key="k1",
                             fields={"z": b"1", "a": b"\xff"}, payload=b'{"eventId": "k1"}',
-                            attempt=1, fencing_token=2**64 - 1, deadline_unix_ms=1234)]
+                            attempt=1, fencing_token=2**64 - 1, deadline_unix_ms=4102444800000)]
     assert list(got[0].fields) == ["z", "a"]          # stream order
     assert got[0].json() == {"eventId": "k1"}
 

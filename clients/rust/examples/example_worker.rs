@@ -13,7 +13,7 @@
 //!   WORKER_DROP_KEYS     k3: answer DROP, reason "dropped by worker"
 //!   WORKER_SLOW_KEYS     k4: work WORKER_SLOW_MS (1000) on these before answering
 //!   WORKER_CRASH_KEYS    k5: exit(3) on receipt, unanswered, as a crash would
-//!   WORKER_MAX_BYTES     the socket's receive limit, if app.max_entry_bytes was raised
+//!   WORKER_MAX_BYTES     app.max_entry_bytes, if it was raised (-1: no limit)
 //!   WORKER_VERBOSE=1     describe each delivery on stderr
 //!   WORKER_REPORT        a file: one JSON object per answered delivery is appended
 //!                        (tests/integration/test_clients.py reads it)
@@ -27,7 +27,6 @@ use std::sync::atomic::Ordering;
 use std::thread::sleep;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idemproxy_worker::nng::options::{Options, RecvMaxSize};
 use idemproxy_worker::{DEFAULT_ENDPOINT, Delivery, Error, Worker};
 use serde_json::json;
 
@@ -165,8 +164,7 @@ fn main() {
     });
     let max_bytes: i64 = std::env::var("WORKER_MAX_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     if max_bytes != 0 {
-        let n = max_bytes.max(0) as usize; // -1 (nanomsg's "no limit") is NNG's 0
-        if let Err(e) = worker.socket().set_opt::<RecvMaxSize>(n) {
+        if let Err(e) = worker.set_max_entry_bytes(max_bytes.max(0) as usize) {
             eprintln!("example_worker: WORKER_MAX_BYTES: {e}");
         }
     }

@@ -27,17 +27,23 @@
 //!   answers RETRY. `Err(Error::Drop(reason))` answers DROP: idemproxy dead-letters
 //!   the entry with the reason and never delivers it again.
 //! - Every Ack echoes the delivery's stream and entry id. A message that does not
-//!   decode is answered RETRY without calling the handler.
+//!   decode (a string that is not UTF-8, a known field with the wrong wire type) is
+//!   answered RETRY without calling the handler.
 //! - Concurrency: one REP socket with one NNG context per handler thread, so up to
 //!   `concurrency` deliveries are handled at once. (A plain REP socket holds one
 //!   request at a time; contexts are NNG's independent REP state machines.)
 //! - The socket dials in the background and re-dials whenever the connection is
-//!   gone, so a worker may start before idemproxy and survives its restarts.
-//! - Answer before `deadline_unix_ms`: a later answer is too late. `fencing_token`
-//!   lets your database refuse the writes of a holder whose lease ran out.
-//! - Messages over the socket's receive limit (NNG's default 1 MiB, which matches
-//!   idemproxy's default `app.max_entry_bytes`) drop the connection; raise it with
-//!   `worker.socket().set_opt::<nng::options::RecvMaxSize>(n)`.
+//!   gone, so a worker may start before idemproxy and survives its restarts; a peer
+//!   that sends no SP header within 10 s (NNG's handshake timeout) is hung up on.
+//! - `deadline_unix_ms` is the delivery's ack deadline: an answer after it is
+//!   ignored and the entry is delivered again. idemproxy paces deliveries per
+//!   worker, so the ack timer measures the handler's own work, not a queue in front
+//!   of it. A delivery that arrives already past its deadline is answered RETRY
+//!   without calling the handler. `fencing_token` lets your database refuse the
+//!   writes of a holder whose lease ran out.
+//! - Deliveries of up to [`DEFAULT_MAX_ENTRY_BYTES`] (idemproxy's default
+//!   `app.max_entry_bytes`) are received; a bigger message drops the connection.
+//!   If you raise `app.max_entry_bytes`, call [`Worker::set_max_entry_bytes`] too.
 //! - To stop, set [`Worker::stop_flag`]: handlers in progress finish and answer,
 //!   then [`Worker::run`] returns. The library never prints and never exits.
 
@@ -47,6 +53,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
+use nng::options::{Options as _, RecvMaxSize};
 use nng::{Aio, AioResult, Context, Protocol, Socket};
 use prost::Message as _;
 
@@ -63,6 +70,14 @@ pub type SocketError = nng::Error;
 
 /// idemproxy's default `app.endpoint`.
 pub const DEFAULT_ENDPOINT: &str = "ipc:///tmp/idemproxy.sock";
+
+/// idemproxy's default `app.max_entry_bytes`: the largest Delivery it sends.
+pub const DEFAULT_MAX_ENTRY_BYTES: usize = 1 << 20;
+/// Room for the SP header in front of a Delivery (8 backtrace words; idemproxy
+/// sends one): NNG's receive limit counts it too.
+const SP_HEADER_BYTES: usize = 32;
+/// The reason sent with the RETRY of a delivery that arrived after its deadline.
+const STALE: &str = "deadline passed before the handler ran";
 
 /// How often an idle handler thread looks at the stop flag.
 const POLL: Duration = Duration::from_millis(200);
@@ -170,11 +185,19 @@ impl Worker {
     /// idemproxy is not an error (the dialer keeps trying).
     pub fn connect(endpoint: &str) -> Result<Worker, SocketError> {
         let socket = Socket::new(Protocol::Rep0)?;
+        socket.set_opt::<RecvMaxSize>(DEFAULT_MAX_ENTRY_BYTES + SP_HEADER_BYTES)?;
         socket.dial_async(endpoint)?;
         Ok(Worker { socket, stop: Arc::new(AtomicBool::new(false)) })
     }
 
-    /// The NNG socket, for options such as `RecvMaxSize`.
+    /// Accepts Deliveries of up to `bytes`: idemproxy's `app.max_entry_bytes`, to be
+    /// raised together with it (0: no limit). A bigger message drops the connection.
+    pub fn set_max_entry_bytes(&self, bytes: usize) -> Result<(), SocketError> {
+        let limit = if bytes == 0 { 0 } else { bytes.saturating_add(SP_HEADER_BYTES) };
+        self.socket.set_opt::<RecvMaxSize>(limit)
+    }
+
+    /// The NNG socket, for its other options.
     pub fn socket(&self) -> &Socket {
         &self.socket
     }
@@ -266,6 +289,12 @@ where
             reason: format!("cannot decode Delivery: {e}"),
             ..Default::default()
         },
+        Ok(pb) if pb.deadline_unix_ms != 0 && now_unix_ms() > pb.deadline_unix_ms => proto::Ack {
+            status: Status::Retry as i32,
+            reason: STALE.into(),
+            stream: pb.stream,
+            entry_id: pb.entry_id,
+        },
         Ok(pb) => {
             let d = Delivery::from(pb);
             let (status, reason) = match catch_unwind(AssertUnwindSafe(|| handler(&d))) {
@@ -278,6 +307,11 @@ where
         }
     };
     ack.encode_to_vec()
+}
+
+fn now_unix_ms() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.map_or(0, |d| d.as_millis() as u64)
 }
 
 fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> &str {

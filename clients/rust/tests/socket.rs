@@ -46,7 +46,7 @@ fn delivery(key: &str) -> Vec<u8> {
         payload: br#"{"eventId":"x"}"#.to_vec(),
         attempt: 2,
         fencing_token: 1 << 40,
-        deadline_unix_ms: 1_700_000_030_000,
+        deadline_unix_ms: 4_102_444_800_000,
     }
     .encode_to_vec()
 }
@@ -99,7 +99,7 @@ fn handler_results_map_to_ack_retry_drop() {
     assert_eq!(d.fields, vec![("source".into(), b"test".to_vec()), ("trace".into(), vec![0, 255])]);
     assert_eq!(d.field("trace"), Some(&[0u8, 255][..]));
     assert_eq!(d.payload, br#"{"eventId":"x"}"#);
-    assert_eq!((d.attempt, d.fencing_token, d.deadline_unix_ms), (2, 1 << 40, 1_700_000_030_000));
+    assert_eq!((d.attempt, d.fencing_token, d.deadline_unix_ms), (2, 1 << 40, 4_102_444_800_000));
 }
 
 #[test]

@@ -17,7 +17,7 @@
 //	WORKER_NOACK_KEYS    k4: never answer in time (the handler waits out the
 //	                     delivery's deadline, so idemproxy's ack timeout fires)
 //	WORKER_CRASH_KEYS    k5: exit(3) on receipt, unanswered, as a crash would
-//	WORKER_MAX_BYTES     largest delivery accepted, if app.max_entry_bytes was raised
+//	WORKER_MAX_BYTES     app.max_entry_bytes, if it was raised (-1: no limit)
 //	WORKER_VERBOSE=1     describe each delivery on stderr
 //	WORKER_SLOW_KEYS     k6: work WORKER_SLOW_MS (1000) on these before answering
 //	WORKER_REPORT        a file: one JSON object per answered delivery is appended
@@ -178,7 +178,7 @@ func main() {
 		idemproxy.OnError(func(err error) { log.Print(err) }),
 	}
 	if n := envInt("WORKER_MAX_BYTES", 0); n != 0 {
-		opts = append(opts, idemproxy.MaxRecvSize(max(n, 0))) // -1: no limit
+		opts = append(opts, idemproxy.MaxEntryBytes(n))
 	}
 	log.Printf("waiting for deliveries on %s", endpoint)
 	if err := idemproxy.Serve(ctx, endpoint, handle, opts...); err != nil {

@@ -13,6 +13,7 @@ The environment turns it into a test double, as clients/c/example_worker.c:
   WORKER_DROP_KEYS     k3: answer DROP, reason "dropped by worker"
   WORKER_SLOW_KEYS     k4: work WORKER_SLOW_MS (1000) on these before answering
   WORKER_CRASH_KEYS    k5: exit(3) on receipt, unanswered, as a crash would
+  WORKER_MAX_BYTES     app.max_entry_bytes, if it was raised (-1: no limit)
   WORKER_VERBOSE=1     describe each delivery on stderr
   WORKER_REPORT        a file: one JSON object per answered delivery is appended
                        (key, stream, entry_id, attempt, fencing_token,
@@ -73,7 +74,9 @@ def main() -> None:
         with out_lock, open(report_path, "a", encoding="utf-8") as f:
             f.write(line)
 
-    worker = Worker(args.endpoint, concurrency=env_int("WORKER_CONCURRENCY", 1))
+    max_bytes = env_int("WORKER_MAX_BYTES", 0)
+    worker = Worker(args.endpoint, concurrency=env_int("WORKER_CONCURRENCY", 1),
+                    **({"max_entry_bytes": max(max_bytes, 0)} if max_bytes else {}))
 
     @worker.handler
     def handle(d: Delivery) -> None:

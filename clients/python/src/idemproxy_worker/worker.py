@@ -25,12 +25,20 @@ once (a plain REP socket holds one request at a time). Handlers must therefore
 be thread-safe; threads suit I/O-bound work, the usual kind for a worker.
 
 Every delivery is answered exactly once and the Ack echoes its stream and entry
-id; a delivery that does not decode is answered RETRY without calling the
-handler. The socket keeps dialing in the background, so a worker may start
-before idemproxy and survives its restarts. An answer after
-``d.deadline_unix_ms`` is too late (idemproxy delivers again), and
-``d.fencing_token`` lets the application's database refuse stale work.
-The library never prints: it logs through the "idemproxy_worker" logger.
+id; a delivery that does not decode (a string that is not UTF-8, a known field
+with the wrong wire type) is answered RETRY without calling the handler. The
+socket keeps dialing in the background, so a worker may start before idemproxy
+and survives its restarts; a peer that sends no SP header within 10 s (NNG's
+handshake timeout) is hung up on. Deliveries of up to ``max_entry_bytes``
+(idemproxy's app.max_entry_bytes, 1 MiB by default) are received.
+
+``d.deadline_unix_ms`` is the delivery's ack deadline: an answer after it is
+ignored and the entry is delivered again. idemproxy paces deliveries per
+worker, so the ack timer measures the handler's own work, not a queue in front
+of it. A delivery that arrives already past its deadline is answered RETRY
+without calling the handler. ``d.fencing_token`` lets the application's
+database refuse stale work. The library never prints: it logs through the
+"idemproxy_worker" logger.
 """
 from __future__ import annotations
 
@@ -45,11 +53,16 @@ from typing import Any, Callable, Dict, List, Optional, TypeVar
 
 import pynng
 
+from google.protobuf.unknown_fields import UnknownFieldSet
+
 from . import idemproxy_pb2 as pb
 
 DEFAULT_ENDPOINT = "ipc:///tmp/idemproxy.sock"
 POLL_S = 0.2     # how often an idle handler thread looks whether stop() was called
 LINGER_S = 0.1   # time given to the last answer to leave before the socket closes
+DEFAULT_MAX_ENTRY_BYTES = 1 << 20   # idemproxy's default app.max_entry_bytes
+SP_HEADER_BYTES = 32  # room for the SP header in front of a Delivery (8 backtrace words)
+STALE = "deadline passed before the handler ran"
 
 log = logging.getLogger("idemproxy_worker")
 
@@ -88,6 +101,7 @@ class Delivery:
     def decode(cls, data: bytes) -> "Delivery":
         """Parses an encoded idemproxy.v1.Delivery; raises on malformed input."""
         m = pb.Delivery.FromString(data)
+        _check_wire_types(m)
         return cls(stream=m.stream, entry_id=m.entry_id, key=m.key,
                    fields={f.name: f.value for f in m.fields}, payload=m.payload,
                    attempt=m.attempt, fencing_token=m.fencing_token,
@@ -96,6 +110,19 @@ class Delivery:
     def json(self) -> Any:
         """The payload parsed as JSON (the usual case with ``payload_field``)."""
         return json.loads(self.payload)
+
+
+def _check_wire_types(m: Any) -> None:
+    """Refuses a known field that came with the wrong wire type: protobuf keeps it
+    among the unknown fields instead of failing, which would hand the handler a 0."""
+    for f in UnknownFieldSet(m):
+        if f.field_number in m.DESCRIPTOR.fields_by_number:
+            name = m.DESCRIPTOR.fields_by_number[f.field_number].name
+            raise ValueError(f"field {name} has wire type {f.wire_type}")
+    for fd, value in m.ListFields():
+        if fd.message_type is not None:
+            for sub in value if hasattr(value, "__len__") else [value]:
+                _check_wire_types(sub)
 
 
 Handler = Callable[[Delivery], Any]
@@ -110,13 +137,18 @@ def _reason(exc: BaseException) -> str:
 def answer(handler: Handler, data: bytes) -> bytes:
     """Decodes the Delivery in 'data', runs 'handler' on it and returns the
     encoded Ack: ACK when it returns, DROP on Drop, RETRY on any other
-    exception or when 'data' does not decode. The transport-free core of a
+    exception, when 'data' does not decode, or when its deadline has passed
+    (then without running the handler). The transport-free core of a
     worker, for tests or for serving deliveries some other way (asyncio)."""
     try:
         d = Delivery.decode(data)
     except Exception as exc:  # DecodeError, invalid UTF-8 in a string field
         log.warning("undecodable delivery (%d bytes), answered RETRY: %s", len(data), exc)
         return pb.Ack(status=pb.Ack.RETRY, reason=f"undecodable delivery: {exc}").SerializeToString()
+    if d.deadline_unix_ms and time.time() * 1000 > d.deadline_unix_ms:
+        log.info("%s %s key=%s: %s, answered RETRY", d.stream, d.entry_id, d.key, STALE)
+        return pb.Ack(status=pb.Ack.RETRY, reason=STALE, stream=d.stream,
+                      entry_id=d.entry_id).SerializeToString()
     status, reason = Status.ACK, ""
     try:
         handler(d)
@@ -137,14 +169,18 @@ def answer(handler: Handler, data: bytes) -> bytes:
 class Worker:
     """Serves deliveries from 'endpoint' to one handler with up to 'concurrency'
     handlers running at once. Set the handler here or with ``@worker.handler``,
-    then call run()."""
+    then call run(). 'max_entry_bytes' is idemproxy's app.max_entry_bytes (raise
+    both together; 0: no limit): a bigger message drops the connection."""
 
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, handler: Optional[Handler] = None,
-                 *, concurrency: int = 1) -> None:
+                 *, concurrency: int = 1, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if max_entry_bytes < 0:
+            raise ValueError("max_entry_bytes must be 0 (no limit) or more")
         self.endpoint = endpoint
         self.concurrency = concurrency
+        self.max_entry_bytes = max_entry_bytes
         self._handler = handler
         self._stop = threading.Event()
         self._last_send = 0.0
@@ -170,7 +206,8 @@ class Worker:
         if handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, lambda *_: self.stop())
-        sock = pynng.Rep0(recv_timeout=int(POLL_S * 1000))
+        limit = self.max_entry_bytes + SP_HEADER_BYTES if self.max_entry_bytes else 0
+        sock = pynng.Rep0(recv_timeout=int(POLL_S * 1000), recv_max_size=limit)
         threads: List[threading.Thread] = []
         try:
             try:  # non-blocking: NNG redials in the background until idemproxy binds

@@ -29,6 +29,9 @@ import java.util.Arrays;
 final class SpRep implements AutoCloseable {
     static final int PROTO_REQ = 48;
     static final int PROTO_REP = 49;
+    /** A peer that sends no SP header in this time is hung up on (NNG's value; see README). */
+    static final long HANDSHAKE_TIMEOUT_MS = 10_000;
+    private static final java.util.Timer TIMER = new java.util.Timer("idemproxy-handshake", true);
 
     /** A request as received: its backtrace, to echo in front of the reply, and its body. */
     record Request(byte[] backtrace, byte[] body) {}
@@ -37,6 +40,7 @@ final class SpRep implements AutoCloseable {
     private final SocketAddress address;
     private final boolean ipc;
     private final int maxBytes;
+    private volatile boolean lost;
 
     /** Opens an unconnected channel, so that {@link #close()} can abort a pending dial. */
     SpRep(String endpoint, int maxBytes) throws IOException {
@@ -74,7 +78,22 @@ final class SpRep implements AutoCloseable {
         if (!ipc)
             ch.setOption(StandardSocketOptions.TCP_NODELAY, true);
         writeAll(ByteBuffer.wrap(new byte[] {0, 'S', 'P', 0, 0, PROTO_REP, 0, 0}));
-        ByteBuffer peer = readFully(8);
+        java.util.TimerTask hangUp = new java.util.TimerTask() {
+            @Override
+            public void run() {
+                abort();
+            }
+        };
+        TIMER.schedule(hangUp, HANDSHAKE_TIMEOUT_MS);
+        ByteBuffer peer;
+        try {
+            peer = readFully(8);
+        } catch (IOException e) {
+            throw lost ? new ProtocolException("no SP header from the peer in "
+                    + HANDSHAKE_TIMEOUT_MS + " ms") : e;
+        } finally {
+            hangUp.cancel();
+        }
         if (peer.getInt(0) != 0x00535000 || peer.getShort(4) != PROTO_REQ)
             throw new ProtocolException("the peer is not an SP REQ socket: header "
                     + Arrays.toString(peer.array()));
@@ -119,6 +138,21 @@ final class SpRep implements AutoCloseable {
         }
     }
 
+    /** Whether the connection is gone: answers to what it brought can no longer be sent. */
+    boolean lost() {
+        return lost || !ch.isOpen();
+    }
+
+    /** Gives the connection up at once: a recv() in progress fails, nothing more is read. */
+    void abort() {
+        lost = true;
+        try {
+            ch.close();
+        } catch (IOException e) {
+            // gone anyway
+        }
+    }
+
     @Override
     public void close() throws IOException {
         ch.close();
@@ -127,8 +161,10 @@ final class SpRep implements AutoCloseable {
     private ByteBuffer readFully(int n) throws IOException {
         ByteBuffer b = ByteBuffer.allocate(n);
         while (b.hasRemaining()) {
-            if (ch.read(b) < 0)
+            if (ch.read(b) < 0) {
+                lost = true;
                 throw new EOFException("connection closed by idemproxy");
+            }
         }
         return b.flip();
     }

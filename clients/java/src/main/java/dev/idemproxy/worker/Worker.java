@@ -4,7 +4,9 @@ import static java.lang.System.Logger.Level.DEBUG;
 import static java.lang.System.Logger.Level.INFO;
 import static java.lang.System.Logger.Level.WARNING;
 
+import com.google.protobuf.Descriptors.FieldDescriptor;
 import com.google.protobuf.InvalidProtocolBufferException;
+import com.google.protobuf.Message;
 import idemproxy.v1.Idemproxy;
 import java.io.IOException;
 import java.net.ProtocolException;
@@ -26,7 +28,7 @@ import java.util.concurrent.atomic.AtomicInteger;
  *
  * <pre>{@code
  * Worker worker = new Worker();
- * Runtime.getRuntime().addShutdownHook(new Thread(worker::close)); // SIGTERM: finish, then exit
+ * worker.closeOnSignals();  // SIGTERM/SIGINT: finish what is in hand, serve() returns, exit 0
  * worker.serve("ipc:///tmp/idemproxy.sock", 4, d -> {
  *     if (d.payload().length == 0)
  *         throw new Drop("empty payload");                         // DROP: dead-lettered
@@ -41,21 +43,32 @@ import java.util.concurrent.atomic.AtomicInteger;
  * done, in any order (what NNG's REP contexts do); the (n+1)th waits on the socket until a
  * handler is free. The connection dials until idemproxy is there and again whenever it goes
  * away (backoff 0.1 s doubling to 1 s), so a worker may start first and survives idemproxy's
- * restarts. Every answer echoes the delivery's stream and entry id; a delivery that does not
- * decode is answered RETRY. An answer after {@link Delivery#deadlineUnixMs()} is too late:
- * idemproxy delivers again. The SP protocol itself is in {@code SpRep}; messages go to the
+ * restarts; a peer that sends no SP header within 10 s is hung up on. When a connection is
+ * lost, the deliveries it brought that have not started are skipped (their answers could
+ * not be sent; idemproxy delivers them again) and the worker dials again at once. Every
+ * answer echoes the delivery's stream and entry id; a delivery that does not decode (a
+ * string that is not UTF-8, a known field with the wrong wire type) is answered RETRY.
+ *
+ * <p>{@link Delivery#deadlineUnixMs()} is the delivery's ack deadline: an answer after it is
+ * ignored and the entry is delivered again. idemproxy paces deliveries per worker, so the
+ * ack timer measures the handler's own work, not a queue in front of it. A delivery that
+ * arrives already past its deadline is answered RETRY without calling the handler. The SP protocol itself is in {@code SpRep}; messages go to the
  * {@code System.Logger} "dev.idemproxy.worker", never to stdout.
  */
 public final class Worker implements AutoCloseable {
     public static final String DEFAULT_ENDPOINT = "ipc:///tmp/idemproxy.sock";
-    /** idemproxy's default app.max_entry_bytes, which is also nanomsg's receive limit. */
-    public static final int DEFAULT_MAX_MESSAGE_BYTES = 1 << 20;
+    /** idemproxy's default app.max_entry_bytes: the largest Delivery it sends. */
+    public static final int DEFAULT_MAX_ENTRY_BYTES = 1 << 20;
+    /** Room for the SP header in front of a Delivery (8 backtrace words; idemproxy sends one). */
+    static final int SP_HEADER_BYTES = 32;
+    /** A delivery that arrives after its deadline is answered RETRY with this reason. */
+    static final String STALE = "deadline passed before the handler ran";
 
     private static final System.Logger LOG = System.getLogger(Worker.class.getPackageName());
     private static final long BACKOFF_MIN_MS = 100;
     private static final long BACKOFF_MAX_MS = 1000;
 
-    private final int maxMessageBytes;
+    private final int maxEntryBytes;
     private final CountDownLatch closing = new CountDownLatch(1);
     private final CountDownLatch finished = new CountDownLatch(1);
     private final Set<Thread> handlerThreads = ConcurrentHashMap.newKeySet();
@@ -64,14 +77,28 @@ public final class Worker implements AutoCloseable {
     private String lastError; // the serving thread's last dial failure, logged once
 
     public Worker() {
-        this(DEFAULT_MAX_MESSAGE_BYTES);
+        this(DEFAULT_MAX_ENTRY_BYTES);
     }
 
-    /** A larger limit is needed only if idemproxy's {@code app.max_entry_bytes} was raised. */
-    public Worker(int maxMessageBytes) {
-        if (maxMessageBytes < 1)
-            throw new IllegalArgumentException("maxMessageBytes must be positive");
-        this.maxMessageBytes = maxMessageBytes;
+    /**
+     * Accepts Deliveries of up to {@code maxEntryBytes}: idemproxy's {@code app.max_entry_bytes},
+     * to be raised together with it. A bigger message drops the connection.
+     */
+    public Worker(int maxEntryBytes) {
+        if (maxEntryBytes < 1 || maxEntryBytes > Integer.MAX_VALUE - 8 - SP_HEADER_BYTES)
+            throw new IllegalArgumentException("maxEntryBytes must be positive and below 2 GiB");
+        this.maxEntryBytes = maxEntryBytes;
+    }
+
+    /**
+     * Makes SIGTERM and SIGINT call {@link #close()}: the deliveries in hand are finished and
+     * answered, {@code serve} returns, and a {@code main} that then returns exits 0 (a JVM
+     * stopped by the default SIGTERM handling exits 143, which Kubernetes reports as an error).
+     */
+    @SuppressWarnings("sunapi")
+    public void closeOnSignals() {
+        for (String name : new String[] {"TERM", "INT"})
+            sun.misc.Signal.handle(new sun.misc.Signal(name), sig -> new Thread(this::close, "idemproxy-close").start());
     }
 
     /**
@@ -154,7 +181,7 @@ public final class Worker implements AutoCloseable {
         boolean connected = false;
         SpRep conn = null;
         try {
-            conn = new SpRep(endpoint, (int) Math.min(maxMessageBytes + 256L, Integer.MAX_VALUE - 8)); // + backtrace
+            conn = new SpRep(endpoint, maxEntryBytes + SP_HEADER_BYTES);
             if (!attach(conn))
                 return false;
             conn.connect();
@@ -172,9 +199,12 @@ public final class Worker implements AutoCloseable {
                 SpRep c = conn;
                 pool.execute(() -> {
                     try {
+                        if (c.lost()) // its answer could not be sent: idemproxy delivers it again
+                            return;
                         c.send(req.backtrace(), answer(req.body(), handler).toByteArray());
                     } catch (IOException e) {
                         LOG.log(INFO, "an answer was lost with its connection: {0}", e.toString());
+                        c.abort(); // the deliveries still buffered in it are skipped, and we redial
                     } finally {
                         free.release();
                     }
@@ -208,6 +238,7 @@ public final class Worker implements AutoCloseable {
         Idemproxy.Delivery m;
         try {
             m = Idemproxy.Delivery.parseFrom(body);
+            misTyped(m);
         } catch (InvalidProtocolBufferException e) {
             LOG.log(WARNING, "a delivery that does not decode, answered RETRY: {0}", e.getMessage());
             return Idemproxy.Ack.newBuilder().setStatus(Idemproxy.Ack.Status.RETRY)
@@ -220,6 +251,10 @@ public final class Worker implements AutoCloseable {
                 m.getPayload().toByteArray(), m.getAttempt(), m.getFencingToken(), m.getDeadlineUnixMs());
         Idemproxy.Ack.Builder ack = Idemproxy.Ack.newBuilder()
                 .setStream(m.getStream()).setEntryId(m.getEntryId());
+        if (d.deadlineUnixMs() != 0 && Long.compareUnsigned(System.currentTimeMillis(), d.deadlineUnixMs()) > 0) {
+            LOG.log(INFO, "{0} {1} key={2}: " + STALE + ", answered RETRY", d.stream(), d.entryId(), d.key());
+            return ack.setStatus(Idemproxy.Ack.Status.RETRY).setReason(STALE).build();
+        }
         try {
             handler.handle(d);
             return ack.setStatus(Idemproxy.Ack.Status.ACK).build();
@@ -228,6 +263,21 @@ public final class Worker implements AutoCloseable {
         } catch (Throwable e) { // an Error too: the delivery is answered, the worker goes on
             String reason = e.getMessage() != null ? e.getMessage() : e.toString();
             return ack.setStatus(Idemproxy.Ack.Status.RETRY).setReason(reason).build();
+        }
+    }
+
+    /**
+     * Refuses a known field that arrived with the wrong wire type: protobuf-java keeps it
+     * among the unknown fields instead of failing, which would hand the handler a zero.
+     */
+    private static void misTyped(Message m) throws InvalidProtocolBufferException {
+        for (FieldDescriptor f : m.getDescriptorForType().getFields()) {
+            if (m.getUnknownFields().hasField(f.getNumber()))
+                throw new InvalidProtocolBufferException("field " + f.getName() + " has the wrong wire type");
+            if (f.isRepeated() && f.getJavaType() == FieldDescriptor.JavaType.MESSAGE) {
+                for (int i = 0; i < m.getRepeatedFieldCount(f); i++)
+                    misTyped((Message) m.getRepeatedField(f, i));
+            }
         }
     }
 }

@@ -61,7 +61,7 @@ class WorkerTest {
     static byte[] delivery(String key, int attempt) {
         return Idemproxy.Delivery.newBuilder().setStream("room").setEntryId("1700000000000-" + attempt)
                 .setKey(key).setPayload(ByteString.copyFromUtf8("{\"eventId\":\"" + key + "\"}"))
-                .setAttempt(attempt).setFencingToken(7).setDeadlineUnixMs(1_700_000_030_000L)
+                .setAttempt(attempt).setFencingToken(7).setDeadlineUnixMs(4_102_444_800_000L)
                 .build().toByteArray();
     }
 
@@ -112,7 +112,7 @@ class WorkerTest {
                 .addFields(Idemproxy.Field.newBuilder().setName("bin").setValue(ByteString.copyFrom(new byte[] {0, -1})))
                 .addFields(Idemproxy.Field.newBuilder().setName("a").setValue(ByteString.copyFromUtf8("2")))
                 .setPayload(ByteString.copyFromUtf8("héllo")).setAttempt(-1).setFencingToken(-1L)
-                .setDeadlineUnixMs(1_700_000_000_123L).build().toByteArray();
+                .setDeadlineUnixMs(4_102_444_800_123L).build().toByteArray();
         AtomicReference<Delivery> got = new AtomicReference<>();
         assertEquals(Status.ACK, Worker.answer(body, got::set).getStatus());
         Delivery d = got.get();
@@ -124,7 +124,7 @@ class WorkerTest {
         assertEquals("héllo", d.payloadText());
         assertEquals(4294967295L, Integer.toUnsignedLong(d.attempt()));         // uint32 max
         assertEquals("18446744073709551615", Long.toUnsignedString(d.fencingToken())); // uint64 max
-        assertEquals(1_700_000_000_123L, d.deadlineUnixMs());
+        assertEquals(4_102_444_800_123L, d.deadlineUnixMs());
     }
 
     @Test

@@ -168,6 +168,9 @@ static void wake_followers(px_entry *e)
 {
     if (!e->has_followers) return;
     e->has_followers = false;
+    /* Draining: the copies are released and freed too, not claimed again
+     * (waking one queued an entry the drain was about to free). */
+    if (e->st->px->stopping) return;
     for (px_entry *f = e->st->head; f; f = f->next)
         if (f != e && f->state == PX_E_PARKED && f->key && strcmp(f->key, e->key) == 0) {
             ev_timer_stop(e->st->px->loop, &f->timer);
@@ -668,6 +671,7 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
 void px_proxy_destroy(px_proxy *px)
 {
     if (px == NULL) return;
+    px->stopping = true;           /* finishing entries below wakes and queues nothing */
     for (size_t s = 0; s < px->nstreams; s++) {
         px_stream *st = &px->streams[s];
         if (st->link) px_reader_stop(st);

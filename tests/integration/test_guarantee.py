@@ -342,3 +342,29 @@ def test_slow_worker_200ms_loses_nothing(env):
     """The same at 200 ms an event (scaled: 40 events, ack_timeout_ms 3000,
     as 150+ events would be with the default 30 s)."""
     _slow_worker_run(env, 40, 0.2, 3000)
+
+
+def test_sigterm_with_a_copy_parked_behind_an_undelivered_holder(env):
+    """Found by make chaos (seed 139, ASan): at SIGTERM, finishing an
+    undelivered holder woke the copy parked behind it, queueing an entry the
+    drain then freed. Built step by step: copy A of key k is retried and backs
+    off; copy B of k claims it and waits for the (full) window; A wakes, finds
+    B holding k, parks behind it. Then SIGTERM."""
+    r = env.r
+    ep = env.endpoint()
+    p = env.proxy([group_conf(retry_backoff_ms=1500)], endpoint=ep, shutdown_grace_ms=300)
+
+    def behave(d):
+        return (pb.Ack.RETRY, "later") if d.key == "k" and d.attempt == 1 else None
+
+    w = env.worker(ep, behave=behave)
+    publish(r, "room", [{"eventId": "k", "n": 1}])                 # A
+    wait_for(lambda: w.keys() == ["k"], 5, "A delivered and retried")
+    window = int(p.metrics()["idemproxy_delivery_window"])
+    publish(r, "room", [ev(i) for i in range(window)])              # fill the window
+    wait_for(lambda: len(w.keys()) == 1 + window, 5, "the window full")
+    publish(r, "room", [{"eventId": "k", "n": 2}])                  # B: claims k, waits
+    wait_for(lambda: p.metrics().get("idemproxy_inflight") == window + 1, 5, "B claimed")
+    wait_for(lambda: "looking again" in p.log_text() or "busy:" in p.log_text(), 5, "A parked behind B")
+    assert p.stop(signal.SIGTERM, timeout=20) == 0, p.log_text()[-3000:]
+    assert r.keys("idem:*") == []

@@ -1280,7 +1280,8 @@ static const cfg_opt cfg_redis_opts[] = {
 
 static const cfg_opt cfg_app_opts[] = {
     CFG_STR(px_config, endpoint, CFG_EMPTY_ERR),
-    CFG_INT(px_config, max_inflight, 1),
+    { .name = "max_inflight", .set = cfg_set_int, .offset = offsetof(px_config, max_inflight),
+      .min = 1, .max = 1 << 20 },     /* a request id's slot bits (deliver.c) */
     { .name = "max_entry_bytes", .set = cfg_set_llong,
       .offset = offsetof(px_config, max_entry_bytes), .min = 1, .max = INT_MAX },
     CFG_MS(px_config, ack_timeout_ms, 1),

@@ -9,7 +9,12 @@
  * deliveries plus a generation, so a late reply to an earlier delivery of the
  * same slot is recognised and ignored:
  *
- *   bit 31 set (SP's "last hop" mark) | 11 bits generation | 20 bits slot
+ *   bit 31 set (SP's "last hop" mark) | generation | slot (just enough bits
+ *   for max_inflight, at most 20: config.c refuses more)
+ *
+ * Free slots are reused oldest first, so a slot comes round again only after
+ * every other; with max_inflight 256 a slot's id repeats after 2^23 of its
+ * own deliveries. A reply late enough to meet its id again is not a worry.
  *
  * NN_RCVFD and NN_SNDFD are eventfds that signal by becoming readable and are
  * level-triggered: both are watched for EV_READ and drained with NN_DONTWAIT
@@ -49,9 +54,6 @@
 #include "log.h"
 #include "proxy.h"
 
-#define PX_SLOT_BITS 20
-#define PX_SLOT_MASK ((1u << PX_SLOT_BITS) - 1)
-#define PX_GEN_MASK  0x7FFu
 #define PX_WORKER_WINDOW 128
 #define PX_WINDOW_START  4.0
 #define PX_LMIN_EVERY    30.0    /* seconds: lmin forgets older answers this often */
@@ -62,9 +64,11 @@ typedef struct px_deliver {
     int        sock;
     ev_io      rcv_w, snd_w;
     px_entry **slots;      /* entry per slot, NULL when free */
-    uint16_t  *gens;       /* generation per slot */
-    uint32_t  *free_slots; /* stack of free slot numbers */
-    size_t     nfree, nslots;
+    uint32_t  *gens;       /* generation per slot */
+    uint32_t  *free_slots; /* ring of free slot numbers, oldest first */
+    size_t     free_head, nfree, nslots;
+    unsigned   slot_bits;  /* of a request id (see above) */
+    uint32_t   slot_mask, gen_mask;
     px_buf     enc;        /* encoding buffer, reused */
     px_field  *fields;     /* scratch: the fields of one delivery */
     size_t     fields_cap;
@@ -107,24 +111,27 @@ static void window_timeout(px_proxy *px, px_deliver *d)
 
 static uint32_t slot_take(px_deliver *d, px_entry *e)
 {
-    uint32_t s = d->free_slots[--d->nfree];
+    uint32_t s = d->free_slots[d->free_head];
+    d->free_head = (d->free_head + 1) % d->nslots;
+    d->nfree--;
     d->slots[s] = e;
-    d->gens[s] = (uint16_t)((d->gens[s] + 1) & PX_GEN_MASK);
-    return 0x80000000u | ((uint32_t)d->gens[s] << PX_SLOT_BITS) | s;
+    d->gens[s] = (d->gens[s] + 1) & d->gen_mask;
+    return 0x80000000u | (d->gens[s] << d->slot_bits) | s;
 }
 
 static void slot_put(px_deliver *d, uint32_t req_id)
 {
-    uint32_t s = req_id & PX_SLOT_MASK;
+    uint32_t s = req_id & d->slot_mask;
     d->slots[s] = NULL;
-    d->free_slots[d->nfree++] = s;
+    d->free_slots[(d->free_head + d->nfree) % d->nslots] = s;
+    d->nfree++;
 }
 
 static px_entry *slot_find(px_deliver *d, uint32_t req_id)
 {
-    uint32_t s = req_id & PX_SLOT_MASK;
+    uint32_t s = req_id & d->slot_mask;
     if (s >= d->nslots || d->slots[s] == NULL) return NULL;
-    if (((req_id >> PX_SLOT_BITS) & PX_GEN_MASK) != d->gens[s]) return NULL;
+    if (((req_id >> d->slot_bits) & d->gen_mask) != d->gens[s]) return NULL;
     return d->slots[s];
 }
 
@@ -324,8 +331,11 @@ int px_deliver_init(px_proxy *px)
     d->slots = px_calloc(d->nslots, sizeof(*d->slots));
     d->gens = px_calloc(d->nslots, sizeof(*d->gens));
     d->free_slots = px_malloc(sizeof(uint32_t) * d->nslots);
-    for (size_t i = 0; i < d->nslots; i++) d->free_slots[i] = (uint32_t)(d->nslots - 1 - i);
+    for (size_t i = 0; i < d->nslots; i++) d->free_slots[i] = (uint32_t)i;
     d->nfree = d->nslots;
+    while ((1u << d->slot_bits) < d->nslots) d->slot_bits++;
+    d->slot_mask = (1u << d->slot_bits) - 1;
+    d->gen_mask = (1u << (31 - d->slot_bits)) - 1;
     d->w = PX_WINDOW_START;
     d->lmin = d->lmin_next = 1e9;
     d->lmin_since = ev_now(px->loop);

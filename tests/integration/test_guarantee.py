@@ -368,3 +368,32 @@ def test_sigterm_with_a_copy_parked_behind_an_undelivered_holder(env):
     wait_for(lambda: "looking again" in p.log_text() or "busy:" in p.log_text(), 5, "A parked behind B")
     assert p.stop(signal.SIGTERM, timeout=20) == 0, p.log_text()[-3000:]
     assert r.keys("idem:*") == []
+
+
+# --- a late reply never matches another delivery (issue 15, 8) --------------------------
+
+def test_request_ids_do_not_repeat_on_a_reused_slot(env):
+    """Request ids were a slot and 11 bits of generation, and free slots were
+    reused newest first: one slot in use cycled its 2,048 ids, so a reply that
+    came after its ack timeout matched whatever delivery held that id then
+    (with a bare 08 01 worker, an innocent entry marked done). 2,100
+    deliveries through one slot must carry 2,100 different ids."""
+    from pxtest import free_port
+    from sppeer import RawRep
+    r = env.r
+    port = free_port()
+    env.proxy([group_conf()], endpoint=f"tcp://127.0.0.1:{port}", max_inflight=1,
+              log_level="info")
+    peer = RawRep(port)
+    n = 2100
+    publish(r, "room", [ev(i) for i in range(n)])
+    ids = []
+    try:
+        for _ in range(n):
+            rid, body = peer.recv()
+            ids.append(rid)
+            peer.send(rid)
+    finally:
+        peer.close()
+    assert len(set(ids)) == n, f"{n - len(set(ids))} request ids repeated"
+    wait_for(lambda: finished(r), 10, "all acked")

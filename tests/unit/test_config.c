@@ -289,8 +289,8 @@ static void test_errors(void)
                  "t.yaml:2:17: ", "got a quoted string");
     expect_error("integer out of range", "app:\n  max_inflight: 99999999999999999999\n" S,
                  "t.yaml:2:17: ", "out of range");
-    expect_error("int over INT_MAX", "app:\n  max_inflight: 2147483648\n" S,
-                 "t.yaml:2:17: ", "must be at most 2147483647");
+    expect_error("int over INT_MAX", "streams:\n  - stream: room\n    max_deliveries: 2147483648\n",
+                 "t.yaml:3:21: ", "must be at most 2147483647");
 
     expect_error("negative shutdown_grace_ms", "shutdown_grace_ms: -5\n" S,
                  "t.yaml:1:20: ", "must not be negative (got -5)");
@@ -316,6 +316,8 @@ static void test_errors(void)
 
     expect_error("max_inflight 0", "app:\n  max_inflight: 0\n" S,
                  "t.yaml:2:17: ", "app.max_inflight: must be at least 1 (got 0)");
+    expect_error("max_inflight over the request id's slot bits", "app:\n  max_inflight: 1048577\n" S,
+                 "t.yaml:2:17: ", "app.max_inflight: must be at most 1048576 (got 1048577)");
     expect_error("max_deliveries 0", "streams:\n  - stream: room\n    max_deliveries: 0\n",
                  "t.yaml:3:21: ", "must be at least 1");
     expect_error("claim_idle_ms 0", "streams:\n  - stream: room\n    group: g\n    claim_idle_ms: 0\n",

@@ -7,7 +7,7 @@ OPT      ?= -O2 -g
 CFLAGS   += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -MMD -MP -Iproxy -I$(B)/gen
 LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lev -lm
 ifdef SANITIZE
-CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
+CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -DPX_DEBUG
 LDFLAGS  += -fsanitize=$(SANITIZE)
 endif
 

@@ -27,13 +27,15 @@
  * connected worker, 'w', paces them all. It adapts to what the answers say:
  * 'lmin', the quickest recent answer, is about one handler's time; an answer
  * that took L says how long the queue in front of a worker is. While one more
- * delivery queued behind the others would still come back within half of
- * ack_timeout_ms (L + lmin <= ack_timeout / 2), w grows: by one an answer at
- * first (doubling each round trip), by 1/w once it has had to shrink. An
- * answer later than half of ack_timeout_ms shrinks it by a quarter, a timeout
- * halves it, at most once per round trip, never below one. It starts at
- * PX_WINDOW_START. A worker running one handler at a time at 20 ms each and
- * ack_timeout_ms 2000 settles near 50: its last delivery waits about 1 s.
+ * delivery queued behind the others would still come back within a quarter
+ * of ack_timeout_ms (L + lmin <= ack_timeout / 4), w grows: by one an answer
+ * at first (doubling each round trip), by 1/w once it has had to shrink. An
+ * answer later than a third of ack_timeout_ms shrinks it by a quarter, a
+ * timeout halves it, at most once per round trip, never below one: three
+ * times the queue's wait is room for a stall of the worker or the machine.
+ * It starts at PX_WINDOW_START. A worker running one handler at a time at
+ * 20 ms each and ack_timeout_ms 2000 settles near 25: its last delivery
+ * waits about 0.5 s.
  *
  * The window is also bounded by PX_WORKER_WINDOW unanswered deliveries per connected worker:
  * libnanomsg's REP drops a reply silently when its pipe back to us is full
@@ -81,7 +83,7 @@ typedef struct px_deliver {
 /* An answer came back 'l' seconds after its delivery went out. */
 static void window_answer(px_proxy *px, px_deliver *d, double l)
 {
-    double now = ev_now(px->loop), half = (double)px->conf->ack_timeout_ms / 2000.0;
+    double now = ev_now(px->loop), ack = (double)px->conf->ack_timeout_ms / 1000.0;
     if (l < d->lmin_next) d->lmin_next = l;
     if (l < d->lmin) d->lmin = l;
     if (now - d->lmin_since > PX_LMIN_EVERY) {   /* handlers may have slowed down */
@@ -89,13 +91,13 @@ static void window_answer(px_proxy *px, px_deliver *d, double l)
         d->lmin_next = l;
         d->lmin_since = now;
     }
-    if (l > half) {
+    if (l > ack / 3) {
         if (now >= d->calm_until) {
             d->w = d->w * 0.75 > 1.0 ? d->w * 0.75 : 1.0;
             d->shrunk = true;
             d->calm_until = now + l;
         }
-    } else if (l + d->lmin <= half && d->w < PX_WORKER_WINDOW) {
+    } else if (l + d->lmin <= ack / 4 && d->w < PX_WORKER_WINDOW) {
         d->w += d->shrunk ? 1.0 / d->w : 1.0;
     }
 }
@@ -214,7 +216,7 @@ static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
     e->attempt++;
     px_reader_delivering(e);
     e->deadline_ms = v.deadline_unix_ms;
-    e->state = PX_E_SENT;
+    px_entry_to(e, PX_E_SENT);
     e->st->c.deliveries++;
     ev_timer_stop(px->loop, &e->timer);
     ev_init(&e->timer, ack_timeout_cb);

@@ -35,6 +35,67 @@ px_entry *px_queue_pop(px_queue *q)
     return e;
 }
 
+/* --- the entry's states -------------------------------------------------------
+ * Every change of an entry's state goes through px_entry_to, which checks it
+ * against this table in debug and sanitizer builds. A new entry starts in
+ * CLAIM (or goes straight to COMMIT, XACK or GONE as bad input).
+ *
+ *   from      to        event                                          who
+ *   CLAIM     CLAIM     queued again (a new entry, a re-look)           proxy.c
+ *   CLAIM     SEND      claimed: every lock held, not done              claim.c -> proxy.c
+ *   CLAIM     PARKED    busy (dedup lock, or lock_key past wait_ms with
+ *                       on_busy: retry), or the claim failed            proxy.c
+ *   CLAIM     LOCKWAIT  lock_key busy, within wait_ms                   proxy.c
+ *   CLAIM     COMMIT    refused (on_busy: dead_letter), max_deliveries
+ *                       reached at claim, a Redis error that stays,
+ *                       bad input                                       proxy.c
+ *   CLAIM     XACK      duplicate, skipped, dead-lettered already       proxy.c
+ *   CLAIM     GONE      the same, group-less; released while draining   proxy.c
+ *   PARKED    CLAIM     its timer, or its local holder let go           proxy.c
+ *   PARKED    GONE      released while draining                         proxy.c
+ *   LOCKWAIT  CLAIM     its timer: lock_key tried again                 proxy.c
+ *   LOCKWAIT  GONE      released while draining                         proxy.c
+ *   SEND      SENT      sent to a worker (its ack timer starts)         deliver.c
+ *   SEND      GONE      released while draining                         proxy.c
+ *   SENT      COMMIT    ACK; DROP; RETRY or timeout at max_deliveries   deliver.c -> proxy.c
+ *   SENT      BACKOFF   RETRY, invalid reply or timeout: locks released proxy.c
+ *   SENT      GONE      unanswered when the drain's grace ends          proxy.c
+ *   BACKOFF   CLAIM     its timer                                       proxy.c
+ *   BACKOFF   GONE      released while draining                         proxy.c
+ *   COMMIT    COMMIT    written again after an error                    proxy.c
+ *   COMMIT    XACK      written (group mode)                            proxy.c
+ *   COMMIT    GONE      written (group-less)                            proxy.c
+ *   XACK      XACK      XACK sent again after an error                  proxy.c
+ *   XACK      GONE      XACKed                                          claim.c -> proxy.c
+ */
+#define T(from, to) [PX_E_##from][PX_E_##to] = true
+static const bool legal[PX_E_GONE + 1][PX_E_GONE + 1] = {
+    T(CLAIM, CLAIM), T(CLAIM, SEND), T(CLAIM, PARKED), T(CLAIM, LOCKWAIT), T(CLAIM, COMMIT),
+    T(CLAIM, XACK), T(CLAIM, GONE),
+    T(PARKED, CLAIM), T(PARKED, GONE),
+    T(LOCKWAIT, CLAIM), T(LOCKWAIT, GONE),
+    T(SEND, SENT), T(SEND, GONE),
+    T(SENT, COMMIT), T(SENT, BACKOFF), T(SENT, GONE),
+    T(BACKOFF, CLAIM), T(BACKOFF, GONE),
+    T(COMMIT, COMMIT), T(COMMIT, XACK), T(COMMIT, GONE),
+    T(XACK, XACK), T(XACK, GONE),
+};
+#undef T
+
+void px_assert_fail(const char *cond, const char *file, int line)
+{
+    px_log_error("assertion failed: %s (%s:%d)", cond, file, line);
+    abort();
+}
+
+void px_entry_to(px_entry *e, px_entry_state next)
+{
+    PX_ASSERT(!e->gone);
+    PX_ASSERT(legal[e->state][next]);
+    (void)legal;
+    if (next != PX_E_GONE) e->state = next;
+}
+
 /* --- timers on an entry ---------------------------------------------------------- */
 
 static void entry_timer(px_entry *e, void (*cb)(struct ev_loop *, ev_timer *, int), double ms)
@@ -63,7 +124,7 @@ static void to_claim(px_entry *e)
 {
     wait_out_end(e);
     if (e->claim_since == 0) e->claim_since = ev_now(e->st->px->loop);
-    e->state = PX_E_CLAIM;
+    px_entry_to(e, PX_E_CLAIM);
     px_queue_push(&e->st->px->claim_q, e);
 }
 
@@ -77,7 +138,7 @@ static void lock_key_again_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop; (void)revents;
     px_entry *e = w->data;
-    e->state = PX_E_CLAIM;
+    px_entry_to(e, PX_E_CLAIM);
     px_claim_lock_key(e);
 }
 
@@ -181,6 +242,7 @@ static void wake_followers(px_entry *e)
 void px_entry_finish(px_entry *e, px_outcome outcome)
 {
     px_stream *st = e->st;
+    px_entry_to(e, PX_E_GONE);
     wake_followers(e);
     switch (outcome) {
     case PX_OUT_ACKED: st->c.acked++; break;
@@ -230,7 +292,7 @@ static void leave(px_entry *e, px_outcome outcome)
 {
     e->outcome = outcome;
     if (e->st->conf->group) {
-        e->state = PX_E_XACK;
+        px_entry_to(e, PX_E_XACK);
         e->st->px->leaving++;
         px_queue_push(&e->st->px->xack_q, e);
     } else {
@@ -243,7 +305,7 @@ static void commit(px_entry *e, px_outcome outcome, bool mark_done, const char *
     e->outcome = outcome;
     e->mark_done = mark_done;
     if (reason) { free(e->reason); e->reason = px_strdup(reason); }
-    e->state = PX_E_COMMIT;
+    px_entry_to(e, PX_E_COMMIT);
     px_queue_push(&e->st->px->commit_q, e);
 }
 
@@ -270,7 +332,7 @@ void px_proxy_claimed(px_entry *e)
         px_entry_finish(e, PX_OUT_NONE);
         return;
     }
-    e->state = PX_E_SEND;
+    px_entry_to(e, PX_E_SEND);
     px_queue_push(&e->st->px->send_q, e);
 }
 
@@ -296,7 +358,7 @@ void px_proxy_busy(px_entry *e, bool lock_key_busy)
     switch (px_decide_busy(now, e->wait_until_ms, lock_key_busy, sc->on_busy)) {
     case PX_BUSY_WAIT:
         /* Within wait_ms: look again in 10-50 ms, on the loop, never blocking. */
-        e->state = lock_key_busy ? PX_E_LOCKWAIT : PX_E_PARKED;
+        px_entry_to(e, lock_key_busy ? PX_E_LOCKWAIT : PX_E_PARKED);
         entry_timer(e, lock_key_busy ? lock_key_again_cb : back_to_claim_cb, jitter(10, 50));
         return;
     case PX_BUSY_REFUSE:
@@ -314,7 +376,7 @@ void px_proxy_busy(px_entry *e, bool lock_key_busy)
          * whole lease of waiting. */
         e->wait_until_ms = 0;
         px_claim_release(e);
-        e->state = PX_E_PARKED;
+        px_entry_to(e, PX_E_PARKED);
         px_entry *h = lock_key_busy ? NULL : local_holder(e);
         if (h) h->has_followers = true;   /* woken when h leaves; the timer is a fallback */
         double ms = (double)sc->lease_ms;
@@ -368,7 +430,7 @@ void px_proxy_claim_failed(px_entry *e)
         ms = error_pause_ms(e->redis_errors);
     }
     /* Redis is down or refused: try again shortly (the flush waits for the link). */
-    e->state = PX_E_PARKED;
+    px_entry_to(e, PX_E_PARKED);
     entry_timer(e, back_to_claim_cb, ms);
 }
 
@@ -426,7 +488,7 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
     wake_followers(e);
     if (st->px->stopping) { px_entry_finish(e, PX_OUT_NONE); return; }
     long long ms = px_decide_backoff_ms(sc->retry_backoff_ms, e->attempt);
-    e->state = PX_E_BACKOFF;
+    px_entry_to(e, PX_E_BACKOFF);
     px_log_debug("retry: stream %s entry %s key %s in %lld ms (%s)", sc->stream, e->id, e->key, ms,
                  reason);
     entry_timer(e, backoff_cb, (double)ms);
@@ -438,6 +500,7 @@ static void commit_again_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop; (void)revents;
     px_entry *e = w->data;
+    px_entry_to(e, PX_E_COMMIT);
     px_queue_push(&e->st->px->commit_q, e);
 }
 
@@ -465,6 +528,7 @@ static void xack_again_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop; (void)revents;
     px_entry *e = w->data;
+    px_entry_to(e, PX_E_XACK);
     px_queue_push(&e->st->px->xack_q, e);
 }
 
@@ -483,7 +547,7 @@ void px_proxy_bad_entry(px_entry *e, const char *why)
     if (sc->on_missing_key == PX_MISSING_SKIP) { leave(e, PX_OUT_SKIPPED); return; }
     e->outcome = PX_OUT_DEAD_LETTERED;
     e->mark_done = false;
-    e->state = PX_E_COMMIT;
+    px_entry_to(e, PX_E_COMMIT);
     if (sc->dead_letter == NULL) { e->st->c.dead_letters++; leave(e, PX_OUT_DEAD_LETTERED); return; }
     free(e->reason);
     e->reason = px_strdup(why);

@@ -43,7 +43,17 @@ typedef enum {
     PX_E_BACKOFF,    /* released after RETRY/timeout; its timer brings it back */
     PX_E_COMMIT,     /* answer known; done mark / dead letter being written */
     PX_E_XACK,       /* finished; XACK queued or in flight (group mode) */
+    PX_E_GONE,       /* finished (px_entry_finish): not a state it is in, where it goes */
 } px_entry_state;
+
+/* Debug and sanitizer builds (-DPX_DEBUG) check invariants, as twemproxy's
+ * ASSERT does; a failure names the place and aborts. */
+#ifdef PX_DEBUG
+#define PX_ASSERT(cond) ((cond) ? (void)0 : px_assert_fail(#cond, __FILE__, __LINE__))
+#else
+#define PX_ASSERT(cond) ((void)0)
+#endif
+void px_assert_fail(const char *cond, const char *file, int line) __attribute__((noreturn));
 
 typedef enum {        /* what the entry leaves as (SPEC 6 outcomes) */
     PX_OUT_NONE = 0, PX_OUT_ACKED, PX_OUT_DUPLICATE, PX_OUT_DEAD_LETTERED, PX_OUT_SKIPPED,
@@ -202,6 +212,7 @@ void px_proxy_destroy(px_proxy *px);
 px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields);
 void px_entry_finish(px_entry *e, px_outcome outcome);   /* after XACK (or none needed) */
 void px_entry_free(px_entry *e);                          /* only when e->io == 0 */
+void px_entry_to(px_entry *e, px_entry_state next);       /* every state change (proxy.c) */
 void px_proxy_claimed(px_entry *e);
 void px_proxy_busy(px_entry *e, bool lock_key_busy);
 void px_proxy_duplicate(px_entry *e, bool after_lock);

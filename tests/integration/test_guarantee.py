@@ -328,7 +328,10 @@ def _slow_worker_run(env, n, handler_s, ack_timeout_ms):
     assert not r.exists("dlq"), f"{r.xlen('dlq')} dead letters from a healthy worker"
     assert all(r.get(f"idem:e{i}") == "D" for i in range(n))
     assert runs <= n * 1.1, f"{runs} handler runs for {n} events"
-    assert p.metrics()['idemproxy_acks_total{stream="room",status="timeout"}'] == 0
+    # A stall of the machine (a sanitizer build, a loaded CI) may still cost
+    # a few; a queue that outgrew the ack timer cost a third of them.
+    timeouts = p.metrics()['idemproxy_acks_total{stream="room",status="timeout"}']
+    assert timeouts <= n * 0.03, f"{timeouts} ack timeouts"
 
 
 def test_slow_worker_20ms_with_a_2s_ack_timeout_loses_nothing(env):

@@ -318,15 +318,19 @@ def test_client_skips_deliveries_of_a_lost_connection(tmp_path, lang):
         for i in range(40):
             fake.send(delivery(f"old-{i}", entry_id=f"1700000000000-{i}"))
         wait_for(lambda: len(reported(report)) >= 1, what="the first delivery handled")
+        closed_ms = time.time() * 1000
         fake.close()    # idemproxy goes away with 39 deliveries unanswered
         fake = FakeProxy(ep)
         t0 = time.monotonic()
         ack = fake.ask(delivery("new"), timeout=15)
         took = time.monotonic() - t0
         assert ack is not None and ack.status == pb.Ack.ACK, f"{lang}: nothing from the new idemproxy"
-        old = [r["key"] for r in reported(report) if r["key"].startswith("old-")]
-        # the one in hand may finish (its answer is lost), one more may have been taken
-        assert len(old) <= 3, f"{lang}: ran {len(old)} handlers for a connection that was gone"
+        # Handlers started after the close: one taken just before the worker
+        # noticed may run (its answer is lost), one more may be in the pipe. (Counting every old
+        # one raced with a loaded machine, which ran more while still connected.)
+        old = [r["key"] for r in reported(report)
+               if r["key"].startswith("old-") and r["start_ms"] > closed_ms + 50]
+        assert len(old) <= 2, f"{lang}: ran {len(old)} handlers for a connection that was gone"
         assert took < 3, f"{lang}: back on the new idemproxy only after {took:.1f} s"
     finally:
         w.stop()

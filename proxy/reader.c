@@ -397,6 +397,7 @@ void px_reader_start(px_stream *st)
         .name = name, .host = c->redis_host, .port = c->redis_port, .unix_path = c->redis_unix,
         .user = c->redis_user, .password = st->px->password, .db = c->redis_db,
         .timeout_ms = c->timeout_ms, .seeds = (const char *const *)c->cluster, .nseeds = c->ncluster,
+        .max_array_bytes = (size_t)c->max_entry_bytes,
     };
     st->rstate = R_DOWN;
     ev_timer_init(&st->pause, pause_cb, 0.5, 0.);

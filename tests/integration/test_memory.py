@@ -5,11 +5,13 @@ Three 40 MB entries took the daemon from 5 MB to a 169 MB peak and kept 87 MB
 (the manifests' limit is 128 Mi), and a restart read the same page again: a
 crash loop in a pod. The proxy's own memory is read from /proc (VmHWM is the
 kernel's high-water mark of its resident set, VmRSS what it holds now)."""
+import json
 import time
 
+import pytest
 import redis
 
-from pxtest import BIN, ROOT, pending, publish, wait_for
+from pxtest import BIN, ROOT, Proxy, pb, pending, publish, wait_for
 
 MIB = 1024 * 1024
 HUGE = 40 * 1000 * 1000          # bytes of padding in each huge entry
@@ -110,3 +112,52 @@ def test_huge_entries_are_dead_lettered_by_reference_and_memory_comes_back(env):
     assert mem(p2.proc.pid)[1] < PEAK_LIMIT or not MEASURED
     assert r.xlen("dlq") == len(huge)
     assert len(w.keys()) == len(good)
+
+
+def group_conf(**kw):
+    s = {"stream": "room", "group": "g", "consumer": "c1", "payload_field": "payload",
+         "key": "#event.eventId"}
+    s.update(kw)
+    return s
+
+
+@pytest.mark.parametrize("group", [True, False], ids=["group", "groupless"])
+@pytest.mark.parametrize("why", ["bad-input", "drop"])
+def test_dead_letter_written_once_when_its_reply_is_lost(env, tmp_path, group, why):
+    """The dead-letter write reaches Redis and is applied, but its reply is
+    lost with the connection: the commit is retried after the reconnect, and
+    must not add a second dead letter (three 40 MB dead-letter writes that
+    overran timeout_ms were retried and one entry was dead-lettered three
+    times)."""
+    from slowlink import SlowLink
+    r = env.r
+    link = SlowLink(env.redis.port, 0, cut_on=b"dlq-lost")
+    try:
+        ep = env.endpoint()
+        conf = group_conf(dead_letter="dlq-lost")
+        if not group:
+            conf = {k: v for k, v in conf.items() if k not in ("group", "consumer")}
+        p = Proxy(tmp_path, "cut", link.url, ep, [conf], timeout_ms=1000)
+        env.proxies.append(p)
+        p.start()
+        w = env.worker(ep, behave=lambda d: (pb.Ack.DROP if d.key == "drop-me" else pb.Ack.ACK,
+                                             "no thanks"))
+        publish(r, "room", [{"eventId": "before"}])
+        if why == "drop":
+            publish(r, "room", [{"eventId": "drop-me"}])
+        else:
+            r.xadd("room", {"payload": json.dumps({"other": 1})})
+        publish(r, "room", [{"eventId": "after"}])
+        wait_for(lambda: link.cut == 1, 10, "the dead letter's connection cut")
+        wait_for(lambda: r.xlen("dlq-lost") >= 1, 10, "the dead letter")
+        if group:
+            wait_for(lambda: pending(r, "room", "g") == 0, 10, "everything acked")
+        wait_for(lambda: "redis commands: link lost" in p.log_text(), 5, "the link lost")
+        time.sleep(1.5)                     # the retried commit is long done
+        assert r.xlen("dlq-lost") == 1, dead_letters(env.redis.port, "dlq-lost")
+        assert sorted(set(w.keys()) - {"drop-me"}) == ["after", "before"]
+        if why == "drop":
+            assert r.get("idem:drop-me") == "D"
+        assert p.proc.poll() is None
+    finally:
+        link.close()

@@ -83,11 +83,12 @@ static void lock_key_again_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
 /* --- entries ----------------------------------------------------------------------- */
 
-px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields)
+px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, size_t *page_bytes)
 {
     px_stream_conf *sc = st->conf;
     size_t nf = fields->elements / 2, bytes = 0, idlen = strlen(id);
     for (size_t i = 0; i < nf * 2; i++) bytes += fields->element[i]->len + 1;
+    *page_bytes += bytes;
     /* Over max_entry_bytes: bad input whose dead letter is a reference, so
      * its bytes are never copied (the link may not even hold them: reply.c
      * elides the strings of an entry past max_entry_bytes). */

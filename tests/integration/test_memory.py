@@ -161,3 +161,51 @@ def test_dead_letter_written_once_when_its_reply_is_lost(env, tmp_path, group, w
         assert p.proc.poll() is None
     finally:
         link.close()
+
+
+def test_read_page_adapts_to_the_bytes_it_returns(env):
+    """COUNT of the reads, as Redis sees them (MONITOR): a page of large
+    entries (600 KB each, under max_entry_bytes) makes the next pages hold at
+    most about 4 MiB; pages of small entries let COUNT grow again."""
+    import threading
+    r = env.r
+    raw = redis.Redis(port=env.redis.port)
+    big = [f"big-{i}" for i in range(24)]
+    for k in big:
+        raw.xadd("room", {"payload": json.dumps({"eventId": k, "pad": "p" * 600_000})})
+    counts = []
+    mon = redis.Redis(port=env.redis.port, decode_responses=True).monitor()
+    conn = mon.__enter__()
+
+    def watch():
+        try:
+            for cmd in conn.listen():
+                c = cmd["command"].split()
+                if c and c[0] == "XREADGROUP" and "COUNT" in c:
+                    counts.append(int(c[c.index("COUNT") + 1]))
+        except Exception:
+            pass
+    threading.Thread(target=watch, daemon=True).start()
+    time.sleep(0.2)
+    ep = env.endpoint()
+    p = env.proxy([group_conf()], endpoint=ep, log_level="info")
+    w = env.worker(ep)
+    wait_for(lambda: sorted(w.keys()) == sorted(big), 30, "the large entries")
+    small = [f"small-{i}" for i in range(2000)]
+    pipe = r.pipeline(transaction=False)
+    for k in small:
+        pipe.xadd("room", {"payload": json.dumps({"eventId": k})})
+    pipe.execute()
+    wait_for(lambda: len(w.keys()) == len(big) + len(small), 60, "the small entries")
+    wait_for(lambda: pending(r, "room", "g") == 0, 10, "everything acked")
+    assert p.proc.poll() is None
+    try:
+        conn.connection.disconnect()
+    except Exception:
+        pass
+    assert counts and max(counts[:2]) == 16, counts[:10]
+    # A page of 16 large entries (9.6 MB), then at most 4 MiB a page ...
+    drop = next(i for i, c in enumerate(counts) if c < 16)
+    assert counts[drop] * 600_000 <= 4 * MIB, counts[:10]
+    # ... until pages are small again.
+    assert max(counts[drop:]) >= 64, counts

@@ -39,6 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "decide.h"
 #include "log.h"
 #include "proxy.h"
@@ -166,11 +167,18 @@ static void ctx_unsent(entry_cmd_ctx *ctx)
     ctx_put(ctx);
 }
 
-static void entry_cmd(px_entry *e, reply_fn *on, int argc, const char **argv, const size_t *lens)
+/* A step's command about 'key' (routed by it in a cluster). */
+static void entry_cmd_at(px_entry *e, const char *key, reply_fn *on, int argc, const char **argv,
+                         const size_t *lens)
 {
     entry_cmd_ctx *ctx = ctx_new(e, on, true);
-    if (px_redis_argv(e->st->px->redis, argv[1], 0, entry_reply_cb, ctx, argc, argv, lens) != PX_OK)
+    if (px_redis_argv(e->st->px->redis, key, 0, entry_reply_cb, ctx, argc, argv, lens) != PX_OK)
         ctx_unsent(ctx);
+}
+
+static void entry_cmd(px_entry *e, reply_fn *on, int argc, const char **argv, const size_t *lens)
+{
+    entry_cmd_at(e, argv[1], on, argc, argv, lens);
 }
 
 static void entry_script(px_entry *e, px_script *s, reply_fn *on, bool step, const char *key,
@@ -645,23 +653,77 @@ static void commit_decided(px_entry *e)
     px_proxy_committed(e, !e->step_failed);
 }
 
-/* XADD the entry to the dead-letter stream with the idemproxy-* fields. */
+/* --- the dead letter, written once ------------------------------------------
+ * A dead letter whose reply is lost (the link dropped, or the write overran
+ * timeout_ms) may or may not have been applied, and the commit is retried.
+ * The XADD therefore runs in a script with a written-mark:
+ *
+ *   idemproxy:dlw:{<slot tag>}:<stream>:<group or ->:<entry id>
+ *
+ * checked and set in the same atomic step as the XADD (it holds the dead
+ * letter's id, for done_ttl_ms), so a retry finds it and writes nothing.
+ * Not an XADD with an id derived from the entry's: dead-letter ids must grow,
+ * and entries of several streams (or replayed ones) arrive out of order. The
+ * script's two keys must share a cluster slot: the mark's {tag} is the
+ * dead-letter stream's own hash tag, or its whole name when it has none (and
+ * no '}'), or failing both a number found to hash to the same slot. The mark
+ * is checked first and set last, so a script that fails (a dead-letter key of
+ * the wrong type) writes nothing and a retry tries again.
+ *
+ * Lua calls take fewer than 8,000 arguments: an entry with more fields than
+ * PX_DL_MAX_FIELDS gets a dead letter by reference, as an oversized one. */
+#define PX_DL_MAX_FIELDS 3900
+
+static const char dead_letter_lua[] =
+    "if redis.call('exists', KEYS[2]) == 1 then return false end "
+    "local id = redis.call('xadd', KEYS[1], '*', unpack(ARGV, 2)) "
+    "redis.call('set', KEYS[2], id, 'px', ARGV[1]) return id";
+
+static void mark_tag(const char *dl, px_buf *b)
+{
+    const char *open = strchr(dl, '{'), *close = open ? strchr(open + 1, '}') : NULL;
+    if (close && close > open + 1) {                 /* its own hash tag */
+        px_buf_append(b, open + 1, (size_t)(close - open - 1));
+        return;
+    }
+    if (dl[0] && strchr(dl, '}') == NULL) {          /* no tag: the whole name hashes */
+        px_buf_appends(b, dl);
+        return;
+    }
+    unsigned slot = px_cluster_slot(dl, strlen(dl));
+    char num[16];
+    for (unsigned i = 0;; i++) {                     /* every slot is reached within 2^17 */
+        int n = snprintf(num, sizeof(num), "%u", i);
+        if (px_cluster_slot(num, (size_t)n) == slot) break;
+    }
+    px_buf_appends(b, num);
+}
+
+/* XADD the entry to the dead-letter stream with the idemproxy-* fields, once. */
 static void dead_letter_add(px_entry *e, const char *reason)
 {
     px_stream_conf *sc = e->st->conf;
     if (sc->dead_letter == NULL || e->dl_written) return;
-    size_t argc = 3 + 2 * e->nfields + 8;
+    /* An oversized entry is not copied: its reason and id are the reference. */
+    size_t nf = e->oversized || e->nfields > PX_DL_MAX_FIELDS ? 0 : e->nfields;
+    size_t argc = 6 + 2 * nf + 8;
     const char **argv = px_malloc(sizeof(char *) * argc);
     size_t *lens = px_malloc(sizeof(size_t) * argc);
     char attempts[16];
     snprintf(attempts, sizeof(attempts), "%u", e->attempt);
+    px_buf mark = {0};
+    px_buf_appends(&mark, "idemproxy:dlw:{");
+    mark_tag(sc->dead_letter, &mark);
+    px_buf_printf(&mark, "}:%s:%s:%s", sc->stream, sc->group ? sc->group : "-", e->id);
     size_t n = 0;
 #define ARG(p, l) do { argv[n] = (p); lens[n] = (l); n++; } while (0)
-    ARG("XADD", 4);
+    ARG("EVAL", 4);
+    ARG(dead_letter_lua, sizeof(dead_letter_lua) - 1);
+    ARG("2", 1);
     ARG(sc->dead_letter, strlen(sc->dead_letter));
-    ARG("*", 1);
-    /* An oversized entry is not copied: its reason and id are the reference. */
-    for (size_t i = 0; i < (e->oversized ? 0 : e->nfields); i++) {
+    ARG(mark.data, mark.len);
+    ARG(e->st->ttl_s, strlen(e->st->ttl_s));
+    for (size_t i = 0; i < nf; i++) {
         ARG(e->fields[i].name, e->fields[i].name_len);
         ARG(e->fields[i].value, e->fields[i].value_len);
     }
@@ -670,7 +732,8 @@ static void dead_letter_add(px_entry *e, const char *reason)
     ARG("idemproxy-entry-id", 18);      ARG(e->id, strlen(e->id));
     ARG("idemproxy-attempts", 18);      ARG(attempts, strlen(attempts));
 #undef ARG
-    entry_cmd(e, on_dl_added, (int)n, argv, lens);
+    entry_cmd_at(e, sc->dead_letter, on_dl_added, (int)n, argv, lens);
+    px_buf_deinit(&mark);
     free(argv);
     free(lens);
 }

@@ -59,6 +59,7 @@
 #define PX_WORKER_WINDOW 128
 #define PX_WINDOW_START  4.0
 #define PX_LMIN_EVERY    30.0    /* seconds: lmin forgets older answers this often */
+#define PX_ENC_KEEP      (256 * 1024)   /* bytes of encoding buffer kept between sends */
 
 unsigned long long px_protocol_errors;
 
@@ -71,7 +72,7 @@ typedef struct px_deliver {
     size_t     free_head, nfree, nslots;
     unsigned   slot_bits;  /* of a request id (see above) */
     uint32_t   slot_mask, gen_mask;
-    px_buf     enc;        /* encoding buffer, reused */
+    px_buf     enc;        /* encoding buffer, reused up to PX_ENC_KEEP */
     px_field  *fields;     /* scratch: the fields of one delivery */
     size_t     fields_cap;
     double     w;          /* flow control: deliveries per worker (see above) */
@@ -205,7 +206,11 @@ static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
 
     struct nn_iovec iov = { d->enc.data, d->enc.len };
     struct nn_msghdr hdr = { &iov, 1, ctrl, sizeof(ctrl) };
-    if (nn_sendmsg(d->sock, &hdr, NN_DONTWAIT) < 0) {
+    int sent = nn_sendmsg(d->sock, &hdr, NN_DONTWAIT);
+    /* nanomsg copied it: a large buffer (a Delivery near max_entry_bytes) is
+     * not kept for ever (SPEC 5.6). */
+    if (d->enc.cap > PX_ENC_KEEP) px_buf_deinit(&d->enc);
+    if (sent < 0) {
         slot_put(d, id);
         if (nn_errno() == EAGAIN) return PX_EAGAIN;
         px_log_error("app socket: send failed: %s", nn_strerror(nn_errno()));

@@ -144,11 +144,18 @@ static void lock_key_again_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
 /* --- entries ----------------------------------------------------------------------- */
 
-px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields)
+px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, size_t *page_bytes)
 {
     px_stream_conf *sc = st->conf;
     size_t nf = fields->elements / 2, bytes = 0, idlen = strlen(id);
     for (size_t i = 0; i < nf * 2; i++) bytes += fields->element[i]->len + 1;
+    *page_bytes += bytes;
+    /* Over max_entry_bytes: bad input whose dead letter is a reference, so
+     * its bytes are never copied (the link may not even hold them: reply.c
+     * elides the strings of an entry past max_entry_bytes). */
+    size_t fbytes = bytes - nf * 2;
+    bool oversized = (long long)fbytes > st->px->conf->max_entry_bytes;
+    if (oversized) nf = bytes = 0;
     /* One block: the entry, then its fields, then the bytes they point to. */
     px_entry *e = px_malloc(sizeof(*e) + nf * sizeof(px_field) + idlen + 1 + bytes);
     memset(e, 0, sizeof(*e));
@@ -177,6 +184,7 @@ px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields)
         if (sc->payload_field && e->payload_idx < 0 && strcmp(e->fields[i].name, sc->payload_field) == 0)
             e->payload_idx = (int)i;
     }
+    if (oversized) e->bytes = fbytes;
     /* Track it: the stream's list and the global count (backpressure). */
     e->next = st->head;
     if (st->head) st->head->prev = e;
@@ -186,6 +194,13 @@ px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields)
     st->c.entries_read++;
 
     char why[512];
+    if (oversized) {
+        snprintf(why, sizeof(why), "entry is %zu bytes, over max_entry_bytes %lld", fbytes,
+                 st->px->conf->max_entry_bytes);
+        e->oversized = true;
+        px_proxy_bad_entry(e, why);
+        return e;
+    }
     if (px_event_prepare(e, why, sizeof(why)) != PX_OK) {
         e->oversized = (long long)e->bytes > st->px->conf->max_entry_bytes;
         px_proxy_bad_entry(e, why);
@@ -689,6 +704,7 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
         .unix_path = conf->redis_unix, .user = conf->redis_user, .password = px->password,
         .db = conf->redis_db, .timeout_ms = conf->timeout_ms,
         .seeds = (const char *const *)conf->cluster, .nseeds = conf->ncluster,
+        .max_array_bytes = (size_t)conf->max_entry_bytes,   /* XAUTOCLAIM's entries */
     };
     px->redis = px_redis_create(loop, &o, command_link_cb, px);
 

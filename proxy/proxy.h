@@ -167,6 +167,7 @@ struct px_stream {
     bool            want_fields;   /* a template names #fields: build it per entry */
     px_redis       *link;          /* the stream's own link for blocking reads */
     int             rstate;        /* reader state (reader.c) */
+    size_t          page_count;    /* COUNT of the next read, adapted to the bytes of the last */
     bool            reading;       /* a read is in flight */
     char            last_id[64];   /* group-less: last id read; group: history cursor */
     ev_timer        autoclaim;     /* group mode: periodic XAUTOCLAIM */
@@ -209,7 +210,9 @@ struct px_proxy {
 /* proxy.c */
 px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *password);
 void px_proxy_destroy(px_proxy *px);
-px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields);
+/* Adds the entry's field bytes to *page_bytes. Group-less, the entry returned
+ * may be gone already (bad input skipped or without a dead-letter stream). */
+px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, size_t *page_bytes);
 void px_entry_finish(px_entry *e, px_outcome outcome);   /* after XACK (or none needed) */
 void px_entry_free(px_entry *e);                          /* only when e->io == 0 */
 void px_entry_to(px_entry *e, px_entry_state next);       /* every state change (proxy.c) */

@@ -25,6 +25,15 @@
 
 #define PX_READER_BLOCK_MS   2000
 #define PX_READER_BATCH      256
+/* A read page adapts to the bytes it returns (SPEC 5.6): COUNT starts at
+ * PX_PAGE_FIRST, doubles after each full page of under half PX_PAGE_BYTES up
+ * to PX_READER_BATCH, and after a page over PX_PAGE_BYTES drops to what would
+ * have fit (at most half, at least 1). A page's entries are in the reply and
+ * then copied once each, so a page of entries near max_entry_bytes (1 MiB)
+ * costs a few pages' bytes, not 256 of them; an entry over max_entry_bytes is
+ * elided as it is read (reply.h) but counts at its size. */
+#define PX_PAGE_FIRST        16
+#define PX_PAGE_BYTES        (4u << 20)
 #define PX_JANITOR_S         300.0
 #define PX_IDLE_CONSUMER_MS  3600000LL
 
@@ -39,7 +48,24 @@ static void read_next(px_stream *st);
 static size_t batch_size(px_stream *st)
 {
     size_t room = px_proxy_room(st->px);
-    return room < PX_READER_BATCH ? room : PX_READER_BATCH;
+    return room < st->page_count ? room : st->page_count;
+}
+
+/* A page of 'n' entries with 'bytes' of fields came back: the next COUNT. */
+static void page_seen(px_stream *st, size_t n, size_t bytes)
+{
+    size_t c = st->page_count;
+    if (bytes > PX_PAGE_BYTES) {
+        size_t fit = (size_t)((double)n * PX_PAGE_BYTES / (double)bytes);
+        c = fit < c / 2 ? fit : c / 2;
+        if (c == 0) c = 1;
+        if (c < st->page_count)
+            px_log_debug("stream %s: a page of %zu entries held %zu bytes; reading %zu at a time",
+                         st->conf->stream, n, bytes, c);
+    } else if (n >= c && bytes <= PX_PAGE_BYTES / 2 && c < PX_READER_BATCH) {
+        c = 2 * c < PX_READER_BATCH ? 2 * c : PX_READER_BATCH;
+    }
+    st->page_count = c;
 }
 
 /* XPENDING's answer for a replayed or reclaimed batch: each entry's delivery
@@ -129,8 +155,8 @@ static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
 }
 
 /* Take the entries of one stream out of an XREAD/XREADGROUP/XAUTOCLAIM reply.
- * Returns how many there were. */
-static size_t take_entries(px_stream *st, redisReply *entries, bool fresh)
+ * Returns how many there were; adds their field bytes to *bytes. */
+static size_t take_entries(px_stream *st, redisReply *entries, bool fresh, size_t *bytes)
 {
     if (entries == NULL || entries->type != REDIS_REPLY_ARRAY) return 0;
     if (!fresh && st->conf->group && entries->elements > 0 &&
@@ -158,8 +184,8 @@ static size_t take_entries(px_stream *st, redisReply *entries, bool fresh)
             px_proxy_trimmed(st, id, true);   /* pending, but deleted from the stream */
             continue;
         }
-        px_entry *e = px_entry_create(st, id, en->element[1]);
-        if (fresh) e->redis_count = 1;
+        px_entry *e = px_entry_create(st, id, en->element[1], bytes);
+        if (fresh && st->conf->group) e->redis_count = 1;   /* group-less: 'e' may be gone */
     }
     return entries->elements;
 }
@@ -181,13 +207,14 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
         ev_timer_start(st->px->loop, &st->pause);  /* a brief pause, then again */
         return;
     }
-    size_t got = 0;
+    size_t got = 0, bytes = 0;
     if (reply->type == REDIS_REPLY_ARRAY) {
         for (size_t i = 0; i < reply->elements; i++) {
             redisReply *sr = reply->element[i];
             if (sr->type == REDIS_REPLY_ARRAY && sr->elements == 2)
-                got += take_entries(st, sr->element[1], st->rstate == R_LIVE);
+                got += take_entries(st, sr->element[1], st->rstate == R_LIVE, &bytes);
         }
+        page_seen(st, got, bytes);
     }
     if (st->rstate == R_HISTORY && got == 0) {
         st->rstate = R_LIVE;
@@ -250,8 +277,8 @@ static void read_next(px_stream *st)
     /* Wait for a useful batch of room (a quarter of one), so a full pipeline
      * is not read a few entries at a time; px_reader_kick resumes us. */
     size_t n = batch_size(st);
-    size_t full = (size_t)st->px->conf->max_inflight < PX_READER_BATCH
-                  ? (size_t)st->px->conf->max_inflight : PX_READER_BATCH;
+    size_t full = (size_t)st->px->conf->max_inflight < st->page_count
+                  ? (size_t)st->px->conf->max_inflight : st->page_count;
     if (n == 0 || (n < (full + 3) / 4 && st->px->tracked > 0)) return;
     char count[24], block[24];
     snprintf(count, sizeof(count), "%zu", n);
@@ -289,7 +316,8 @@ static void autoclaim_reply_cb(px_redis *r, redisReply *reply, void *priv)
     if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements < 2) return;
     if (reply->element[0]->type == REDIS_REPLY_STRING)
         snprintf(st->autoclaim_cursor, sizeof(st->autoclaim_cursor), "%s", reply->element[0]->str);
-    take_entries(st, reply->element[1], false);
+    size_t bytes = 0, got = take_entries(st, reply->element[1], false, &bytes);
+    page_seen(st, got, bytes);
     if (reply->elements >= 3 && reply->element[2]->type == REDIS_REPLY_ARRAY) {
         /* Redis 7: ids that were pending but deleted; XAUTOCLAIM removed them. */
         redisReply *del = reply->element[2];
@@ -397,8 +425,10 @@ void px_reader_start(px_stream *st)
         .name = name, .host = c->redis_host, .port = c->redis_port, .unix_path = c->redis_unix,
         .user = c->redis_user, .password = st->px->password, .db = c->redis_db,
         .timeout_ms = c->timeout_ms, .seeds = (const char *const *)c->cluster, .nseeds = c->ncluster,
+        .max_array_bytes = (size_t)c->max_entry_bytes,
     };
     st->rstate = R_DOWN;
+    st->page_count = PX_PAGE_FIRST;
     ev_timer_init(&st->pause, pause_cb, 0.5, 0.);
     st->pause.data = st;
     st->link = px_redis_create(st->px->loop, &o, link_state_cb, st);

@@ -12,8 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <malloc.h>
+
 #include <hiredis/async.h>
 #include <hiredis/adapters/libev.h>
+#include <hiredis/sds.h>
 
 #include "cluster.h"
 #include "log.h"
@@ -22,6 +25,12 @@
 #define PX_REDIS_BACKOFF_MIN_MS 100
 #define PX_REDIS_BACKOFF_MAX_MS 5000
 #define PX_SCRIPT_ARGC_MAX      8    /* EVALSHA sha numkeys + keys and arguments */
+/* Buffers kept between commands and replies; larger ones (a huge entry read,
+ * a large dead letter written) are given back once used (SPEC 5.6). A page of
+ * 256 ordinary entries needs far less: hiredis' read buffer holds what is not
+ * parsed yet, at most one string and a 16 KiB read. */
+#define PX_BUF_KEEP             (256 * 1024)
+#define PX_TRIM_AFTER           (4 * 1024 * 1024)   /* and then the heap's free pages */
 
 unsigned long long px_redis_errors;
 
@@ -164,15 +173,35 @@ static int send_rcmd(px_redis *r, px_rcmd *c, int argc, const char **argv, const
 {
     static px_buf cmd;
     resp_format(&cmd, argc, argv, lens);
-    if (redisAsyncFormattedCommand(r->ac, reply_cb, c, cmd.data, cmd.len) != REDIS_OK) return PX_ERR;
+    int rc = redisAsyncFormattedCommand(r->ac, reply_cb, c, cmd.data, cmd.len);
+    if (cmd.cap > PX_BUF_KEEP) px_buf_deinit(&cmd);     /* hiredis has its own copy */
+    if (rc != REDIS_OK) return PX_ERR;
     fifo_push(r, c);
     if (!ev_is_active(&r->deadline)) deadline_rearm(r);
     return PX_OK;
 }
 
+/* After a reply that needed a large read buffer (hiredis keeps it at its
+ * largest: maxbuf is 0, see connect_start), give it back once nothing is left
+ * in it, and the heap's free pages with it. Between two replies the reader
+ * holds only its buffer, its position and its length, so a fresh empty buffer
+ * is a consistent state. */
+static void readbuf_shrink(redisAsyncContext *ac)
+{
+    redisReader *rd = ac->c.reader;
+    if (rd == NULL || rd->pos != rd->len) return;
+    size_t had = sdsalloc(rd->buf);
+    if (had <= PX_BUF_KEEP) return;
+    sds empty = sdsempty();
+    if (empty == NULL) return;
+    sdsfree(rd->buf);
+    rd->buf = empty;
+    rd->pos = rd->len = 0;
+    if (had > PX_TRIM_AFTER) malloc_trim(0);
+}
+
 static void reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 {
-    (void)ac;
     px_rcmd *c = privdata;
     px_redis *r = c->r;
     redisReply *rep = reply;
@@ -198,6 +227,7 @@ static void reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
     }
     if (c->cb) c->cb(r, rep, c->priv);
     rcmd_free(c);
+    if (reply) readbuf_shrink(ac);
 }
 
 static void deadline_cb(struct ev_loop *loop, ev_timer *w, int revents)
@@ -292,6 +322,11 @@ static void connect_start(px_redis *r)
      * as large as the largest batch of replies, one per link. */
     ac->c.reader->maxbuf = 0;
     px_reply_attach(ac->c.reader, r->arena);
+    /* At least 64 KiB: no reply the daemon reads besides stream entries has
+     * arrays of strings that large, and a small max_entry_bytes must not
+     * elide a node id or a consumer name. */
+    size_t limit = r->opts.max_array_bytes;
+    px_reply_arena_limit(r->arena, limit && limit < 65536 ? 65536 : limit);
     redisLibevAttach(r->loop, ac);
     redisAsyncSetConnectCallback(ac, connect_cb);
     redisAsyncSetDisconnectCallback(ac, disconnect_cb);

@@ -37,6 +37,8 @@ typedef struct px_redis_opts {
     const char *const *seeds;  /* (ref) Redis Cluster seed nodes "host:port"; host/port unused */
     size_t      nseeds;
     bool        cluster_node;  /* a cluster's link to one node: errors are the router's to report */
+    size_t      max_array_bytes; /* strings of a reply's array past this many bytes are
+                                    elided (reply.h): max_entry_bytes; 0 keeps all */
 } px_redis_opts;
 
 /* Called when the link becomes usable (after AUTH/SELECT) and when it is lost. */

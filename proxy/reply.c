@@ -53,6 +53,9 @@ struct px_reply_arena {
     px_chunk *spare;        /* rewound, each PX_CHUNK */
     size_t    spare_bytes;
     size_t    live;         /* roots made and not yet freed */
+    size_t    limit;        /* string bytes kept per array; 0: no limit */
+    const void *run_parent; /* the array whose strings are being summed */
+    size_t    run_bytes;    /* ... and their bytes so far */
     bool      released;     /* its link is gone: free it once 'live' is 0 */
 };
 
@@ -87,6 +90,7 @@ static void *arena_alloc(px_reply_arena *a, size_t n)
 static void arena_rewind(px_reply_arena *a)
 {
     px_chunk *c = a->chunks, *next;
+    a->run_parent = NULL;          /* the next reply's arrays may reuse its addresses */
     for (; c; c = next) {
         next = c->next;
         POISON(c->data, c->cap);
@@ -112,12 +116,16 @@ static void arena_free(px_reply_arena *a)
     free(a);
 }
 
-/* An object of 'type' with 'extra' bytes after it, linked into its parent. */
-static redisReply *new_object(const redisReadTask *task, int type, size_t extra)
+static px_reply_arena *task_arena(const redisReadTask *task)
 {
     const redisReadTask *t = task;
     while (t->parent) t = t->parent;        /* the root task carries the arena */
-    px_reply_arena *a = t->privdata;
+    return t->privdata;
+}
+
+/* An object of 'type' in 'a' with 'extra' bytes after it, linked into its parent. */
+static redisReply *new_object(px_reply_arena *a, const redisReadTask *task, int type, size_t extra)
+{
     bool root = task->parent == NULL;
     unsigned char *p = arena_alloc(a, (root ? sizeof(root_head) : 0) + sizeof(redisReply) + extra);
     if (root) {
@@ -134,7 +142,22 @@ static redisReply *new_object(const redisReadTask *task, int type, size_t extra)
 
 static void *create_string(const redisReadTask *task, char *str, size_t len)
 {
-    redisReply *r = new_object(task, task->type, len + 1);
+    px_reply_arena *a = task_arena(task);
+    if (a->limit && task->parent && task->type == REDIS_REPLY_STRING) {
+        /* An array's elements are read in order, one array at a time. */
+        if (a->run_parent != task->parent->obj) {
+            a->run_parent = task->parent->obj;
+            a->run_bytes = 0;
+        }
+        a->run_bytes += len;
+        if (a->run_bytes > a->limit) {
+            redisReply *r = new_object(a, task, PX_REPLY_ELIDED, 0);
+            r->str = (char *)"";
+            r->len = len;
+            return r;
+        }
+    }
+    redisReply *r = new_object(a, task, task->type, len + 1);
     r->str = (char *)(r + 1);
     memcpy(r->str, str, len);
     r->str[len] = '\0';
@@ -145,7 +168,7 @@ static void *create_string(const redisReadTask *task, char *str, size_t len)
 static void *create_array(const redisReadTask *task, int elements)
 {
     size_t n = elements > 0 ? (size_t)elements : 0;
-    redisReply *r = new_object(task, REDIS_REPLY_ARRAY, n * sizeof(redisReply *));
+    redisReply *r = new_object(task_arena(task), task, REDIS_REPLY_ARRAY, n * sizeof(redisReply *));
     if (n) {
         r->element = (redisReply **)(r + 1);
         memset(r->element, 0, n * sizeof(redisReply *));
@@ -156,14 +179,14 @@ static void *create_array(const redisReadTask *task, int elements)
 
 static void *create_integer(const redisReadTask *task, long long value)
 {
-    redisReply *r = new_object(task, REDIS_REPLY_INTEGER, 0);
+    redisReply *r = new_object(task_arena(task), task, REDIS_REPLY_INTEGER, 0);
     r->integer = value;
     return r;
 }
 
 static void *create_nil(const redisReadTask *task)
 {
-    return new_object(task, REDIS_REPLY_NIL, 0);
+    return new_object(task_arena(task), task, REDIS_REPLY_NIL, 0);
 }
 
 static void free_object(void *obj)
@@ -195,6 +218,11 @@ void px_reply_attach(redisReader *reader, px_reply_arena *a)
 {
     reader->fn = &reply_functions;
     reader->privdata = a;
+}
+
+void px_reply_arena_limit(px_reply_arena *a, size_t limit)
+{
+    a->limit = limit;
 }
 
 size_t px_reply_arena_in_use(const px_reply_arena *a)

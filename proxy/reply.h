@@ -21,6 +21,16 @@ void px_reply_arena_release(px_reply_arena *a);
 /* Build this reader's replies in 'a' (before it reads anything). */
 void px_reply_attach(redisReader *reader, px_reply_arena *a);
 
+/*
+ * Strings of one array past 'limit' bytes (their lengths summed, in order) are
+ * not kept: such an element has type PX_REPLY_ELIDED, its real 'len' and an
+ * empty 'str'. An entry over max_entry_bytes is then never copied out of the
+ * reader (its fields are one array), so a 40 MB entry costs the arena nothing.
+ * 0 (the default) keeps everything. Status and error replies are always kept.
+ */
+#define PX_REPLY_ELIDED 64
+void px_reply_arena_limit(px_reply_arena *a, size_t limit);
+
 /* For tests: bytes of replies now alive, and bytes kept for the next ones. */
 size_t px_reply_arena_in_use(const px_reply_arena *a);
 size_t px_reply_arena_kept(const px_reply_arena *a);

@@ -1,15 +1,25 @@
 """A TCP forwarder on 127.0.0.1 that delays every chunk by a fixed time in
 each direction: a slow link to Redis without root or netem. Used where a test
-needs commands to be in flight at a chosen moment (SIGTERM, a timer)."""
+needs commands to be in flight at a chosen moment (SIGTERM, a timer).
+
+With 'cut_on', it also loses a reply: the first 'cuts' times a chunk from the
+client holds those bytes, the chunk goes to the server, which applies it, but
+nothing more comes back on that connection, and after 'cut_wait' seconds the
+connection is closed (a write that may have been applied, its reply lost)."""
 import socket
 import threading
 import time
 
 
 class SlowLink:
-    def __init__(self, target_port, delay_s):
+    def __init__(self, target_port, delay_s, cut_on=None, cuts=1, cut_wait=0.3):
         self.target = ("127.0.0.1", target_port)
         self.delay = delay_s
+        self.cut_on = cut_on
+        self.cuts_left = cuts if cut_on else 0
+        self.cut_wait = cut_wait
+        self.cut = 0                      # connections cut so far
+        self.cut_lock = threading.Lock()
         self.lsock = socket.socket()
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.lsock.bind(("127.0.0.1", 0))
@@ -35,10 +45,20 @@ class SlowLink:
                 c.close()
                 continue
             self.conns += [c, u]
-            for a, b in ((c, u), (u, c)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            state = {"cut": False}
+            for a, b, up in ((c, u, True), (u, c, False)):
+                threading.Thread(target=self._pump, args=(a, b, state, up), daemon=True).start()
 
-    def _pump(self, src, dst):
+    def _cut_now(self, data):
+        if not self.cut_on or self.cut_on not in data:
+            return False
+        with self.cut_lock:
+            if self.cuts_left == 0:
+                return False
+            self.cuts_left -= 1
+            return True
+
+    def _pump(self, src, dst, state, up):
         # Read chunks as they come; a sender thread writes each one 'delay'
         # after it arrived, in order (the link is slow, not reordering).
         q, cv = [], threading.Condition()
@@ -54,6 +74,8 @@ class SlowLink:
                 d = t + self.delay - time.monotonic()
                 if d > 0:
                     time.sleep(d)
+                if state["cut"] and not up:
+                    continue                  # the reply is lost
                 try:
                     dst.sendall(data)
                 except OSError:
@@ -69,9 +91,25 @@ class SlowLink:
                 data = src.recv(65536)
             except OSError:
                 data = b""
+            cut = up and data and self._cut_now(data)
+            if cut:
+                state["cut"] = True           # before the server can answer
             with cv:
                 q.append((time.monotonic(), data or None))
                 cv.notify()
+            if cut:
+                time.sleep(self.delay + self.cut_wait)
+                for s in (src, dst):
+                    try:
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                    s.close()
+                with cv:
+                    q.append((time.monotonic(), None))
+                    cv.notify()
+                self.cut += 1
+                return
             if not data:
                 return
 

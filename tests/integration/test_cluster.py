@@ -243,3 +243,20 @@ def test_master_killed(cenv):
     assert set(got) == keys | more | later   # nothing lost
     assert all(got[k] == 1 for k in held_keys), "a held ack was lost and its key delivered again"
     assert px.log_text().count("commands: cluster ready") >= 2
+
+
+@pytest.mark.parametrize("dl", ["dlq:a", "x{orders}dlq", "d}lq", "{}dlq"])
+def test_dead_letter_and_its_written_mark_share_a_slot(cenv, dl):
+    """A dead letter is written by a script with its written-mark (written
+    once, issue 15, 4): both keys must hash to the dead-letter stream's slot,
+    whether its name has a hash tag, none, or a '}' that is not one."""
+    r = cenv.r
+    px = cenv.proxy([stream_conf(STREAMS[0], dead_letter=dl)])
+    cenv.worker(px.endpoint)
+    eid = r.xadd(STREAMS[0], {"payload": "{not json"})
+    wait_for(lambda: r.xlen(dl) == 1, 20, "the dead letter")
+    assert r.xrange(dl)[0][1]["idemproxy-entry-id"] == eid
+    marks = [k for port in cenv.cluster.masters()
+             for k in cenv.cluster.node(port).keys("idemproxy:dlw:*")]
+    assert len(marks) == 1 and r.keyslot(marks[0]) == r.keyslot(dl), (marks, dl)
+    assert px.metrics()["idemproxy_redis_errors_total"] == 0

@@ -163,9 +163,54 @@ static void test_cut_short(void)
     redisReaderFree(r);
 }
 
+/* A limit on the strings of one array (an entry's fields past
+ * max_entry_bytes): the strings past it are elided with their lengths, the
+ * arena holds none of their bytes; other arrays and root strings are kept. */
+static void test_limit(void)
+{
+    px_reply_arena *a = px_reply_arena_new();
+    px_reply_arena_limit(a, 1000);
+    redisReader *r = reader(a);
+    size_t big = 3u << 20;
+    char *resp = malloc(big + 256);
+    int h = snprintf(resp, 256, "*2\r\n*2\r\n$3\r\n1-0\r\n*4\r\n$1\r\na\r\n$%zu\r\n", big);
+    memset(resp + h, 'x', big);
+    size_t n = (size_t)h + big;
+    n += (size_t)snprintf(resp + n, 64, "\r\n$1\r\nb\r\n$2\r\nok\r\n");
+    n += (size_t)snprintf(resp + n, 64, "*2\r\n$3\r\n2-0\r\n*2\r\n$1\r\nc\r\n$1\r\nd\r\n");
+    redisReply *x = parse(r, resp, n, 1 << 16);
+    redisReply *f = x && x->elements == 2 ? x->element[0]->element[1] : NULL;
+    test_cond("limit: the strings before it are kept",
+              f && f->elements == 4 && is_str(f->element[0], "a"));
+    test_cond("limit: a string past it is elided with its length",
+              f && f->element[1]->type == PX_REPLY_ELIDED && f->element[1]->len == big &&
+              f->element[1]->str && f->element[1]->str[0] == '\0');
+    test_cond("limit: and so is every later string of that array",
+              f && f->element[2]->type == PX_REPLY_ELIDED && f->element[3]->type == PX_REPLY_ELIDED &&
+              f->element[3]->len == 2);
+    test_cond("limit: the arena never held the big string", px_reply_arena_in_use(a) < 4096);
+    redisReply *g = x && x->elements == 2 ? x->element[1] : NULL;
+    test_cond("limit: another array is counted afresh",
+              g && is_str(g->element[0], "2-0") && is_str(g->element[1]->element[1], "d"));
+    r->fn->freeObject(x);
+    redisReaderFree(r);
+    r = reader(a);
+    int hb = snprintf(resp, 32, "$%zu\r\n", big);
+    memset(resp + hb, 'y', big);
+    memcpy(resp + hb + big, "\r\n", 2);
+    x = parse(r, resp, (size_t)hb + big + 2, 1 << 16);
+    test_cond("limit: a string reply of its own is kept", x && x->type == REDIS_REPLY_STRING &&
+              x->len == big && x->str[big - 1] == 'y');
+    r->fn->freeObject(x);
+    redisReaderFree(r);
+    px_reply_arena_release(a);
+    free(resp);
+}
+
 int main(void)
 {
     test_trees();
     test_cut_short();
+    test_limit();
     return test_report();
 }

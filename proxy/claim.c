@@ -253,23 +253,20 @@ static void set_nx_get(px_entry *e, reply_fn *on, const char *key, const char *v
 
 static void incr_fence(px_entry *e);
 
-/* --- the entry-level dead-letter mark --------------------------------------
+/* --- the refusal that is final ---------------------------------------------
  * Group-less, every replica reads every entry, and reads it again after a
- * restart. An entry dead-lettered without a done mark (bad input, a busy
- * refusal, a Redis error) gets `idemproxy:dl:<stream>:<id>`, set NX with the
- * writer's token before its dead letter, so one replica writes it once, a
- * retry of the same writer still does, and (for streams that refuse) a later
- * reader sees the refusal was final and never delivers the entry. */
+ * restart. On a stream that refuses (lock_key with on_busy: dead_letter) the
+ * claim also asks whether the entry's dead letter was written (its mark, see
+ * "the dead letter, written once" below): then the refusal was final, and
+ * the entry is never delivered, whoever reads it. */
 
-static void mark_name(px_entry *e, px_buf *b)
-{
-    px_buf_printf(b, "idemproxy:dl:%s:%s", e->st->conf->stream, e->id);
-}
+static void dl_mark_name(px_entry *e, px_buf *b);
 
 static bool refusals_final(px_entry *e)
 {
     px_stream_conf *sc = e->st->conf;
-    return sc->group == NULL && sc->lock_key && sc->on_busy == PX_BUSY_DEAD_LETTER;
+    return sc->group == NULL && sc->dead_letter && sc->lock_key &&
+           sc->on_busy == PX_BUSY_DEAD_LETTER;
 }
 
 static void on_mark_exists(px_entry *e, redisReply *r)
@@ -280,29 +277,10 @@ static void on_mark_exists(px_entry *e, redisReply *r)
 static void exists_mark(px_entry *e)
 {
     px_buf b = {0};
-    mark_name(e, &b);
+    dl_mark_name(e, &b);
     const char *argv[2] = { "EXISTS", b.data };
     size_t lens[2] = { 6, b.len };
     entry_cmd(e, on_mark_exists, 2, argv, lens);
-    px_buf_deinit(&b);
-}
-
-static void on_mark_set(px_entry *e, redisReply *r)
-{
-    /* nil: ours now; our own token: ours from an earlier try; else another's */
-    if (r->type == REDIS_REPLY_STRING && strcmp(r->str, e->token) != 0)
-        e->dl_written = e->dl_other = true;
-}
-
-static void set_mark(px_entry *e)
-{
-    px_buf b = {0};
-    mark_name(e, &b);
-    if (e->token[0] == '\0') new_token(e);
-    const char *ttl = e->st->ttl_s;
-    const char *argv[] = { "SET", b.data, e->token, "NX", "PX", ttl, "GET" };
-    size_t lens[] = { 3, b.len, strlen(e->token), 2, 2, strlen(ttl), 3 };
-    entry_cmd(e, on_mark_set, 7, argv, lens);
     px_buf_deinit(&b);
 }
 
@@ -644,8 +622,10 @@ static void on_split_release(px_entry *e, redisReply *r)
 
 static void on_dl_added(px_entry *e, redisReply *r)
 {
-    (void)r;
+    /* nil: the mark was there, written by another replica or an earlier try
+     * of ours whose reply was lost; not counted again */
     e->dl_written = true;
+    e->dl_other = r->type != REDIS_REPLY_STRING;
 }
 
 static void commit_decided(px_entry *e)
@@ -699,6 +679,16 @@ static void mark_tag(const char *dl, px_buf *b)
     px_buf_appends(b, num);
 }
 
+/* The written-mark of e's dead letter: one per entry and group (group-less:
+ * one across every replica). */
+static void dl_mark_name(px_entry *e, px_buf *b)
+{
+    px_stream_conf *sc = e->st->conf;
+    px_buf_appends(b, "idemproxy:dlw:{");
+    mark_tag(sc->dead_letter, b);
+    px_buf_printf(b, "}:%s:%s:%s", sc->stream, sc->group ? sc->group : "-", e->id);
+}
+
 /* XADD the entry to the dead-letter stream with the idemproxy-* fields, once. */
 static void dead_letter_add(px_entry *e, const char *reason)
 {
@@ -712,9 +702,7 @@ static void dead_letter_add(px_entry *e, const char *reason)
     char attempts[16];
     snprintf(attempts, sizeof(attempts), "%u", e->attempt);
     px_buf mark = {0};
-    px_buf_appends(&mark, "idemproxy:dlw:{");
-    mark_tag(sc->dead_letter, &mark);
-    px_buf_printf(&mark, "}:%s:%s:%s", sc->stream, sc->group ? sc->group : "-", e->id);
+    dl_mark_name(e, &mark);
     size_t n = 0;
 #define ARG(p, l) do { argv[n] = (p); lens[n] = (l); n++; } while (0)
     ARG("EVAL", 4);
@@ -761,28 +749,7 @@ static void commit_release_after(px_entry *e)
     step_end(e);
 }
 
-static void commit_body(px_entry *e);
-
-static void commit_marked(px_entry *e)
-{
-    if (e->step_failed) { commit_decided(e); return; }
-    commit_body(e);
-}
-
 static void commit_one(px_entry *e)
-{
-    px_stream_conf *sc = e->st->conf;
-    if (sc->group == NULL && sc->dead_letter && e->outcome == PX_OUT_DEAD_LETTERED &&
-        !e->mark_done && !e->dl_written) {
-        step_begin(e, commit_marked);
-        set_mark(e);
-        step_end(e);
-        return;
-    }
-    commit_body(e);
-}
-
-static void commit_body(px_entry *e)
 {
     px_stream_conf *sc = e->st->conf;
     if (e->bad) {

@@ -242,8 +242,8 @@ def test_lock_key_serialises_one_resource_across_replicas(env):
 
 
 def test_on_busy_dead_letter_refuses_at_once(env):
-    env.r.set("lock:seat:7", "someone-else", px=60000)
-    p = env.proxy([stream_conf("group", "split", lock_key="lock:seat:#{event.seatId}",
+    env.r.set("seat-lock:7", "someone-else", px=60000)
+    p = env.proxy([stream_conf("group", "split", lock_key="seat-lock:#{event.seatId}",
                                on_busy="dead_letter", dead_letter="dlq")])
     w = env.worker(p.endpoint)
     publish(env.r, "room", [{"eventId": "book1", "seatId": 7}, {"eventId": "book2", "seatId": 8}])
@@ -252,7 +252,7 @@ def test_on_busy_dead_letter_refuses_at_once(env):
     wait_for(lambda: w.keys() == ["book2"], what="the free seat delivered")
     assert not env.r.exists("done:book1")         # refused, not done
     assert not env.r.exists("lock:book1")         # the dedup lock was released
-    assert env.r.get("lock:seat:7") == "someone-else"
+    assert env.r.get("seat-lock:7") == "someone-else"
     wait_for(lambda: pending(env.r, "room", "game-server") == 0, what="acked")
 
 

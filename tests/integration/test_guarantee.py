@@ -112,8 +112,8 @@ def test_lock_key_wait_longer_than_the_lease_delivers_once(env, layout):
     taken: the key is delivered once (it was delivered twice, after its ack)."""
     r = env.r
     ep = env.endpoint()
-    r.set("lock:room:1", "someone-else", px=2600)       # the room is busy for 2.6 s
-    env.proxy([group_conf(layout=layout, lock_key="lock:room:#{event.roomId}", wait_ms=6000,
+    r.set("room-lock:1", "someone-else", px=2600)       # the room is busy for 2.6 s
+    env.proxy([group_conf(layout=layout, lock_key="room-lock:#{event.roomId}", wait_ms=6000,
                           lease_ms=2000)], endpoint=ep)
     w = env.worker(ep)
     publish(r, "room", [ev(1, roomId=1)])
@@ -122,7 +122,7 @@ def test_lock_key_wait_longer_than_the_lease_delivers_once(env, layout):
     wait_for(lambda: finished(r), 15, "both copies finished")
     time.sleep(0.5)
     assert w.keys() == ["e1"], w.keys()
-    assert r.keys("lock:room:*") == []
+    assert r.keys("room-lock:*") == []
 
 
 @pytest.mark.parametrize("layout", ["single", "split"])
@@ -134,8 +134,8 @@ def test_lock_key_taken_after_the_dedup_lock_was_lost_looks_again(env, layout):
     r = env.r
     ep = env.endpoint()
     dedup = "idem:e1" if layout == "single" else "lock:e1"
-    r.set("lock:room:1", "someone-else", px=2500)
-    env.proxy([group_conf(layout=layout, lock_key="lock:room:#{event.roomId}", wait_ms=6000)],
+    r.set("room-lock:1", "someone-else", px=2500)
+    env.proxy([group_conf(layout=layout, lock_key="room-lock:#{event.roomId}", wait_ms=6000)],
               endpoint=ep)
     w = env.worker(ep)
     publish(r, "room", [ev(1, roomId=1)])
@@ -146,7 +146,7 @@ def test_lock_key_taken_after_the_dedup_lock_was_lost_looks_again(env, layout):
     wait_for(lambda: finished(r), 20, "both copies finished")
     time.sleep(0.5)
     assert w.keys() == ["e1"], w.keys()
-    assert r.keys("lock:room:*") == []
+    assert r.keys("room-lock:*") == []
 
 
 # --- the delivery counter counts deliveries (issue 15, 2) ------------------------------
@@ -264,9 +264,9 @@ def test_groupless_busy_refusal_is_final_across_replicas_and_restarts(env):
     not deliver it. The key itself stays not done (SPEC 5.3)."""
     r = env.r
     conf = {"stream": "room", "payload_field": "payload", "key": "#event.eventId",
-            "lock_key": "lock:room:#{event.roomId}", "on_busy": "dead_letter",
+            "lock_key": "room-lock:#{event.roomId}", "on_busy": "dead_letter",
             "dead_letter": "dlq", "start": "0"}
-    r.set("lock:room:1", "someone-else", px=1500)
+    r.set("room-lock:1", "someone-else", px=1500)
     eps = [env.endpoint(), env.endpoint()]
     ps = [env.proxy([conf], endpoint=ep) for ep in eps]
     ws = [env.worker(ep) for ep in eps]
@@ -294,8 +294,8 @@ def test_persistent_redis_error_is_dead_lettered_and_the_stream_goes_on(env):
     is rate-limited."""
     r = env.r
     ep = env.endpoint()
-    r.hset("lock:room:bad", "a", "1")
-    p = env.proxy([group_conf(lock_key="lock:room:#{event.roomId}", dead_letter="dlq")],
+    r.hset("room-lock:bad", "a", "1")
+    p = env.proxy([group_conf(lock_key="room-lock:#{event.roomId}", dead_letter="dlq")],
                   endpoint=ep, max_inflight=2, log_level="info")
     w = env.worker(ep)
     publish(r, "room", [ev(1, roomId="bad"), ev(2, roomId="bad")] +

@@ -342,3 +342,35 @@ def test_slow_worker_200ms_loses_nothing(env):
     """The same at 200 ms an event (scaled: 40 events, ack_timeout_ms 3000,
     as 150+ events would be with the default 30 s)."""
     _slow_worker_run(env, 40, 0.2, 3000)
+
+
+# --- a retried single-layout commit (issue 15, smaller items) -------------------------
+
+def test_retried_commit_reading_back_its_own_done_mark_is_no_lease_loss(env, tmp_path):
+    """The done mark `SET idem:k D PX ttl GET` takes effect but its reply is
+    lost (the link is cut once Redis shows the D). The commit is retried and
+    its GET reads back the D it wrote itself: not a lost lease (it was counted
+    as one)."""
+    from pxtest import Proxy
+    from slowlink import SlowLink
+    r = env.r
+    link = SlowLink(env.redis.port, 0)
+    try:
+        ep = env.endpoint()
+        p = Proxy(tmp_path, "cut", link.url, ep, [group_conf()], timeout_ms=1000)
+        env.proxies.append(p)
+        p.start()
+        w = env.worker(ep)
+        wait_for(lambda: p.get("/readyz")[0] == 200, what="ready")
+        link.cut_reply_to(b"$6\r\nidem:a\r\n$1\r\nD\r\n", applied=lambda: r.get("idem:a") == "D")
+        publish(r, "room", [ev("x", eventId="a")])
+        wait_for(lambda: finished(r), 15, "the entry acked")
+        m = p.metrics()
+        assert link.cuts == 1, "the done mark's reply was not cut"
+        assert m['idemproxy_outcomes_total{stream="room",outcome="acked"}'] == 1
+        assert m['idemproxy_lease_lost_total{stream="room"}'] == 0
+        assert "late ack after the lease was lost" not in p.log_text()
+        assert r.get("idem:a") == "D"
+        assert w.keys() == ["a"]
+    finally:
+        link.close()

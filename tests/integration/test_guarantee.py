@@ -119,8 +119,7 @@ def test_lock_key_wait_longer_than_the_lease_delivers_once(env, layout):
     publish(r, "room", [ev(1, roomId=1)])
     time.sleep(0.5)
     publish(r, "room", [ev(1, roomId=1)])                # copy 2, another entry
-    wait_for(lambda: finished(r), 15, "both copies finished")
-    time.sleep(0.5)
+    wait_for(lambda: finished(r), 15, "both copies finished")    # acked: nothing more to deliver
     assert w.keys() == ["e1"], w.keys()
     assert r.keys("room-lock:*") == []
 
@@ -143,8 +142,7 @@ def test_lock_key_taken_after_the_dedup_lock_was_lost_looks_again(env, layout):
     time.sleep(0.3)
     r.delete(dedup)
     publish(r, "room", [ev(1, roomId=1)])
-    wait_for(lambda: finished(r), 20, "both copies finished")
-    time.sleep(0.5)
+    wait_for(lambda: finished(r), 20, "both copies finished")    # acked: nothing more to deliver
     assert w.keys() == ["e1"], w.keys()
     assert r.keys("room-lock:*") == []
 

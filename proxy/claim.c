@@ -607,6 +607,10 @@ static void on_done_set(px_entry *e, redisReply *r)
     char mine[32];
     if (e->st->conf->layout != PX_LAYOUT_SINGLE || e->outcome != PX_OUT_ACKED) return;
     lock_value(e, mine, sizeof(mine));
+    /* A retry after a lost reply reads back the D its first try may have
+     * written: that is ours, not a lost lease. (Were the lease lost and the
+     * key done by another holder in that same window, this cannot tell.) */
+    if (e->done_sets > 1 && r->type == REDIS_REPLY_STRING && strcmp(r->str, "D") == 0) return;
     if (!(r->type == REDIS_REPLY_STRING && strcmp(r->str, mine) == 0) && !e->lease_lost) {
         e->lease_lost = true;
         e->st->c.lease_lost++;
@@ -767,6 +771,7 @@ static void commit_one(px_entry *e)
         const char *val = sc->layout == PX_LAYOUT_SINGLE ? "D" : "1";
         const char *argv[] = { "SET", e->done_name, val, "PX", ttl, "GET" };
         size_t lens[] = { 3, e->done_name_len, 1, 2, strlen(ttl), 3 };
+        if (sc->layout == PX_LAYOUT_SINGLE && e->done_sets < 255) e->done_sets++;
         entry_cmd(e, on_done_set, sc->layout == PX_LAYOUT_SINGLE ? 6 : 5, argv, lens);
         if (sc->layout == PX_LAYOUT_SINGLE) e->has_dedup = false;  /* the done mark replaced it */
     }

@@ -135,6 +135,7 @@ typedef struct cfg_stream_aux {
     yaml_node_t *lock_prefix;  /* (ref) or NULL */
     yaml_node_t *done_prefix;  /* (ref) or NULL */
     yaml_node_t *dead_letter;  /* (ref) or NULL */
+    yaml_node_t *lock_key;     /* (ref) or NULL */
     char         name[32];     /* "streams[N]", for messages */
 } cfg_stream_aux;
 
@@ -1429,6 +1430,7 @@ static void cfg_set_streams(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, voi
         aux->lock_prefix = cfg_seen_val(cfg_stream_opts, seen, "lock_prefix");
         aux->done_prefix = cfg_seen_val(cfg_stream_opts, seen, "done_prefix");
         aux->dead_letter = cfg_seen_val(cfg_stream_opts, seen, "dead_letter");
+        aux->lock_key = cfg_seen_val(cfg_stream_opts, seen, "lock_key");
     }
 }
 
@@ -1469,6 +1471,90 @@ static void cfg_check_app(cfg_parser *p)
     if (ep != NULL && p->c->endpoint != NULL &&
         !cfg_endpoint_ok(p->c->endpoint, p->c->allow_remote, why, sizeof why))
         cfg_error(p, ep, "app.endpoint: %s", why);
+}
+
+/*
+ * Names (issue 15, 12). A lock_key renders to the Redis key as it stands, so it
+ * must never be able to name a dedup key: `lock:` + the eventId "game:room:42"
+ * would otherwise be room 42's lock. The dedup names of a stream are
+ * prefix + key (single layout), lock_prefix + key and done_prefix + key
+ * (split), with "{" + key + "}" under hash_tag; they all start with the name
+ * prefix, the "{" and the key template's literal prefix (template.h). Every
+ * rendering of a lock_key starts with its own literal prefix P. A lock_key name
+ * can equal a dedup name of a stream with dedup names starting with D exactly
+ * when P starts with D or D starts with P (the rest of both is event text,
+ * anything): that is refused, against every stream block, its own included.
+ * An empty P (an expression such as #event.roomId) is the beginning of every
+ * D, so it is always refused. idemproxy's own keys (idemproxy:fence,
+ * idemproxy:dl:...) count as one more D. Dedup names of different streams may
+ * be equal on purpose (the default prefix is shared: done keys are global, as
+ * the seeds' are), and so may lock_keys of different streams (one room lock).
+ */
+#define CFG_OWN_PREFIX "idemproxy:"
+
+static bool cfg_prefix_overlap(const char *a, size_t alen, const char *b, size_t blen)
+{
+    size_t n = alen < blen ? alen : blen;
+    return memcmp(a, b, n) == 0;
+}
+
+static void cfg_check_names(cfg_parser *p)
+{
+    px_config *c = p->c;
+    px_buf lp = {0}, kp = {0}, d = {0};
+    for (size_t i = 0; i < c->nstreams; i++) {
+        px_stream_conf *s = &c->streams[i];
+        cfg_stream_aux *a = &p->aux[i];
+        if (s->lock_tpl == NULL || a->lock_key == NULL) continue;
+        px_template_literal_prefix(s->lock_tpl, &lp);
+        bool refused = false;
+        for (size_t j = 0; j < c->nstreams && !refused; j++) {
+            px_stream_conf *t = &c->streams[j];
+            const char *names[2], *what[2];
+            int nn = 0;
+            if (t->layout == PX_LAYOUT_SINGLE) {
+                names[nn] = t->prefix; what[nn++] = "dedup keys (prefix";
+            } else {
+                names[nn] = t->lock_prefix; what[nn++] = "dedup locks (lock_prefix";
+                names[nn] = t->done_prefix; what[nn++] = "done marks (done_prefix";
+            }
+            if (t->key_tpl) px_template_literal_prefix(t->key_tpl, &kp);
+            else px_buf_reset(&kp);
+            for (int k = 0; k < nn && !refused; k++) {
+                if (names[k] == NULL) continue;
+                px_buf_reset(&d);
+                px_buf_printf(&d, "%s%s%s", names[k], t->hash_tag ? "{" : "",
+                              kp.data ? kp.data : "");
+                if (!cfg_prefix_overlap(lp.data, lp.len, d.data, d.len)) continue;
+                refused = true;
+                char who[96];
+                snprintf(who, sizeof who, "%s%s %s + %skey%s)",
+                         j == i ? "its own" : p->aux[j].name, j == i ? "" : "'s", what[k],
+                         t->hash_tag ? "'{' + " : "", t->hash_tag ? " + '}'" : "");
+                if (lp.len == 0)
+                    cfg_error(p, a->lock_key, "%s.lock_key: it starts with no literal text, so "
+                              "a name it renders can equal one of %s, which start with '%.*s'; "
+                              "begin it with text that neither begins with a dedup name's "
+                              "prefix nor is the beginning of one (such as room-lock:#{...})",
+                              a->name, who, cfg_echo_len(d.data), d.data);
+                else
+                    cfg_error(p, a->lock_key, "%s.lock_key: its names start with '%.*s' and "
+                              "%s start with '%.*s', so one name can be both; a lock_key's "
+                              "literal prefix must neither begin with a dedup name's prefix nor "
+                              "be the beginning of one",
+                              a->name, cfg_echo_len(lp.data), lp.data, who,
+                              cfg_echo_len(d.data), d.data);
+            }
+        }
+        if (!refused && cfg_prefix_overlap(lp.data, lp.len, CFG_OWN_PREFIX,
+                                           sizeof CFG_OWN_PREFIX - 1))
+            cfg_error(p, a->lock_key, "%s.lock_key: its names start with '%.*s' and can equal "
+                      "idemproxy's own keys, which start with '" CFG_OWN_PREFIX "'",
+                      a->name, cfg_echo_len(lp.data), lp.data);
+    }
+    px_buf_deinit(&lp);
+    px_buf_deinit(&kp);
+    px_buf_deinit(&d);
 }
 
 /* Every stream block against redis.timeout_ms, itself and the blocks before it. */
@@ -1671,6 +1757,7 @@ px_config *px_config_parse(const char *path, const char *text, size_t len, px_di
         cfg_check_redis(&p);
         cfg_check_app(&p);
         cfg_check_streams(&p, root);
+        cfg_check_names(&p);
     }
     cfg_apply_env(&p);
 

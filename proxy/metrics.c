@@ -19,6 +19,18 @@
 #include "log.h"
 #include "proxy.h"
 
+/*
+ * The metrics server shares the process's file descriptors with Redis and the
+ * workers, so what it may hold is bounded: at most PX_METRICS_MAX_CONNECTIONS
+ * connections at once, at most PX_METRICS_MAX_PER_IP of them from one address
+ * (so one client that opens connections and sends nothing cannot crowd out the
+ * kubelet's probes or Prometheus; MHD closes the ones over a limit at once), and
+ * each closed after PX_METRICS_IDLE_TIMEOUT_S seconds without traffic.
+ */
+#define PX_METRICS_MAX_CONNECTIONS 64
+#define PX_METRICS_MAX_PER_IP      16
+#define PX_METRICS_IDLE_TIMEOUT_S  10
+
 /* Upper bounds, in seconds. */
 const double px_ack_latency_bounds[PX_HIST_BUCKETS] = {
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 30 };
@@ -269,7 +281,10 @@ int px_metrics_start(px_proxy *px)
     px_metrics *m = px_calloc(1, sizeof(*m));
     m->mhd = MHD_start_daemon(MHD_USE_EPOLL | (res->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0), 0,
                               NULL, NULL, handler, px, MHD_OPTION_SOCK_ADDR, res->ai_addr,
-                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)PX_METRICS_IDLE_TIMEOUT_S,
+                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)PX_METRICS_MAX_CONNECTIONS,
+                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)PX_METRICS_MAX_PER_IP,
+                              MHD_OPTION_END);
     freeaddrinfo(res);
     const union MHD_DaemonInfo *info = m->mhd ? MHD_get_daemon_info(m->mhd, MHD_DAEMON_INFO_EPOLL_FD) : NULL;
     if (info == NULL) {

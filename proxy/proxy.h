@@ -88,6 +88,7 @@ struct px_entry {
     bool            lease_lost;    /* an extension found our token gone */
     bool            in_claim_io;   /* a claim or XACK round trip is in flight */
     bool            mark_done;     /* the commit writes the done mark */
+    unsigned char   done_sets;     /* single layout: done marks sent (a retry reads back its own D) */
     bool            dl_written;    /* the dead letter is written (not again on a retry) */
     bool            dl_other;      /* ... by another replica (group-less mark) */
     bool            gone;          /* finished; freed when 'io' reaches 0 */

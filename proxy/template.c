@@ -697,6 +697,73 @@ const char *px_template_source(const px_template *t)
     return t->src;
 }
 
+/*
+ * The literal prefix (config.c's name-collision check): what every rendering
+ * of a node is sure to start with. 'complete' when the node's whole text is
+ * known (a literal), 'str' when its value is sure to be a string (then '+'
+ * after it concatenates). Variables, properties and indexes are unknown.
+ */
+typedef struct lit_info { bool complete, str; } lit_info;
+
+static lit_info lit_prefix(const tnode *n, px_buf *out)
+{
+    lit_info r = { false, false };
+    size_t len0 = out->len;
+    switch (n->kind) {
+    case N_TEXT:
+        px_buf_append(out, n->str, n->len);
+        r.complete = r.str = true;
+        return r;
+    case N_INT:
+        px_buf_printf(out, "%" PRIu64, n->mag);
+        r.complete = true;
+        return r;
+    case N_DEC:
+        px_buf_append(out, n->str, n->len);
+        r.complete = true;
+        return r;
+    case N_PLUS: {
+        lit_info a = lit_prefix(n->a, out);
+        if (!a.str) {               /* a number or unknown: '+' may add */
+            out->len = len0;
+            out->data[len0] = '\0';
+            return r;
+        }
+        r.str = true;               /* a string on the left: a concatenation */
+        if (!a.complete) return r;
+        lit_info b = lit_prefix(n->b, out);
+        r.complete = b.complete;
+        return r;
+    }
+    case N_ELVIS: {
+        /* the left side unless it is null or "", else the right side */
+        px_buf pb = {0};
+        lit_info a = lit_prefix(n->a, out);
+        if (a.complete && (!a.str || out->len > len0)) return a;   /* never null or "" */
+        if (a.complete && a.str) return lit_prefix(n->b, out);
+        px_buf_reserve(&pb, 0);
+        lit_info b = lit_prefix(n->b, &pb);
+        size_t k = 0;
+        while (len0 + k < out->len && k < pb.len && out->data[len0 + k] == pb.data[k]) k++;
+        out->len = len0 + k;
+        out->data[out->len] = '\0';
+        r.str = a.str && b.str;
+        px_buf_deinit(&pb);
+        return r;
+    }
+    default:
+        return r;
+    }
+}
+
+void px_template_literal_prefix(const px_template *t, px_buf *out)
+{
+    px_buf_reserve(out, 0);
+    px_buf_reset(out);
+    for (size_t i = 0; i < t->nparts; i++)
+        if (!lit_prefix(t->parts[i], out).complete) break;
+}
+
 void px_template_destroy(px_template *t)
 {
     if (t == NULL) return;

@@ -44,6 +44,16 @@ int px_template_render(const px_template *t, const px_tvars *vars, px_buf *out,
 /* The source text the template was compiled from (ref, lives as long as 't'). */
 const char *px_template_source(const px_template *t);
 
+/*
+ * The literal prefix of 't' into 'out' (reset first, NUL-terminated): the text
+ * every rendering starts with, whatever the event holds. That is the literal
+ * text up to the first part that reads a variable (#event, #fields, #stream,
+ * #id), with constant #{...} parts ('x', 1, 'a' + 'b') and a string literal
+ * left of '+' counted in. An expression source (one that starts with '#')
+ * begins with a variable, so its literal prefix is "".
+ */
+void px_template_literal_prefix(const px_template *t, px_buf *out);
+
 void px_template_destroy(px_template *t);
 
 #endif

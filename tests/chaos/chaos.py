@@ -51,7 +51,7 @@ FIXED_BUDGET_S = 120
 
 STREAM, GROUP, DEAD = "room", "g", "dead"
 KEY_T = "#event.eventId"
-LOCK_T = "lock:room:#{event.room}"
+LOCK_T = "room-lock:#{event.room}"
 WRONGTYPE_ROOM = "wrongtype"
 AOF = ["--appendonly", "yes", "--appendfsync", "always"]
 
@@ -461,7 +461,7 @@ class Run:
         self.start_redis()
         r = self.r()
         if any(ev["kind"] == "wrongtype" for ev in c["events"]):
-            r.rpush(f"lock:room:{WRONGTYPE_ROOM}", "not a lock")
+            r.rpush(f"room-lock:{WRONGTYPE_ROOM}", "not a lock")
         self.start_proxies()
         sampler = threading.Thread(target=self.sample_rss, daemon=True)
         sampler.start()

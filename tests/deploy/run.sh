@@ -14,7 +14,8 @@
 #   - `idemproxy check` on the config of the ConfigMaps;
 #   - every query of the Grafana dashboard and the alert rules names a metric
 #     /metrics exports (a fixture scrape; IDEMPROXY_METRICS=FILE for another);
-#   - negative checks: each checker is shown to fail on a broken copy.
+#   - negative checks: each checker is shown to fail on a broken copy, with the
+#     error that breakage should give (a failure for another reason fails).
 #
 # Tools go to $IDEMPROXY_TOOLS (default ~/.cache/idemproxy/tools), outside the
 # work tree, so a fresh clone on the same machine (CI) reuses them. The first
@@ -39,20 +40,28 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 started=$(date +%s)
 
-# check NAME CMD...: CMD must succeed. expect_fail NAME CMD...: CMD must fail.
+# check NAME CMD...: CMD must succeed.
+# expect_fail NAME PATTERN CMD...: CMD must fail, and with the intended error:
+# its output must match the extended regex PATTERN. A negative check that
+# fails for another reason (a missing tool, a broken copy that breaks
+# something else, a usage error) is a failed check, not a pass.
 # The output of a check that goes the wrong way is shown, indented.
 run_check() {
-    local want=$1 name=$2; shift 2
-    local out="$tmp/out" rc t0=$SECONDS took=""
+    local want=$1 name=$2 pattern=""; shift 2
+    if [ "$want" = fail ]; then pattern=$1; shift; fi
+    local out="$tmp/out" rc t0=$SECONDS took="" why=""
     "$@" >"$out" 2>&1
     rc=$?
     [ $((SECONDS - t0)) -ge 2 ] && took=" ($((SECONDS - t0))s)"
-    if { [ "$want" = ok ] && [ $rc -eq 0 ]; } || { [ "$want" = fail ] && [ $rc -ne 0 ]; }; then
+    if [ "$want" = fail ] && [ $rc -ne 0 ] && ! grep -Eq -- "$pattern" "$out"; then
+        why=", but not with the intended error /$pattern/"
+    fi
+    if [ -z "$why" ] && { { [ "$want" = ok ] && [ $rc -eq 0 ]; } || { [ "$want" = fail ] && [ $rc -ne 0 ]; }; }; then
         passed=$((passed + 1))
         echo "ok   $name$took"
     else
         failed=$((failed + 1))
-        echo "FAIL $name (exit $rc)$took"
+        echo "FAIL $name (exit $rc$why)$took"
         sed 's/^/     /' "$out" | tail -40
     fi
 }
@@ -261,7 +270,7 @@ if [ "$(id -u)" = 0 ] && command -v chroot >/dev/null; then
     check "idemproxy --version in a root of glibc + the staged tree" chroot "$tmp/root-px" /usr/local/bin/idemproxy --version
     check "example_worker --help in a root of glibc + the staged tree" chroot "$tmp/root-w" /usr/local/bin/example_worker --help
     rm -f "$tmp/root-px/usr/lib/$multiarch/libyaml-0.so.2"
-    expect_fail "negative: idemproxy fails in that root without one staged library" \
+    expect_fail "negative: idemproxy fails in that root without one staged library" 'libyaml-0\.so\.2: cannot open shared object file' \
         chroot "$tmp/root-px" /usr/local/bin/idemproxy --version
     chroot_ok=1
 else
@@ -274,26 +283,26 @@ check "Dockerfile.worker: build stage runs build.sh, non-root runtime, staged en
     "$PY" tests/deploy/check_dockerfiles.py deploy/docker/Dockerfile.worker worker "$stage/worker"
 sed 's/^USER .*/USER root/' deploy/docker/Dockerfile >"$tmp/Dockerfile"
 cp deploy/docker/Dockerfile.dockerignore "$tmp/Dockerfile.dockerignore"
-expect_fail "negative: a Dockerfile whose runtime runs as root is refused" \
+expect_fail "negative: a Dockerfile whose runtime runs as root is refused" 'USER root: want a numeric non-root uid' \
     broken "^USER root" "$tmp/Dockerfile" "$PY" tests/deploy/check_dockerfiles.py "$tmp/Dockerfile" idemproxy "$stage/idemproxy"
 
 # --- Kubernetes manifests ---------------------------------------------------
 
 check "deploy/k8s validates against the Kubernetes $K8S_MIN_VERSION and $K8S_VERSION schemas" validate deploy/k8s/
-expect_fail "negative: kubectl-validate rejects the native sidecar against the 1.27 schemas" \
+expect_fail "negative: kubectl-validate rejects the native sidecar against the 1.27 schemas" 'initContainers\[0\]\.restartPolicy: Invalid value: value provided for unknown field' \
     validate_at 1.27 deploy/k8s/deployment.yaml
 check "deploy/k8s: sidecar, ports, probes, mounts, grace period and PDB fit together" \
     "$PY" tests/deploy/manifests.py consistency deploy/k8s
 mkdir -p "$tmp/bad1" "$tmp/bad2" "$tmp/bad3"
 sed 's/^\( *\)restartPolicy: Always.*/&\n\1restartPolicyy: Always/' deploy/k8s/deployment.yaml >"$tmp/bad1/deployment.yaml"
-expect_fail "negative: kubectl-validate rejects an unknown field" \
+expect_fail "negative: kubectl-validate rejects an unknown field" 'initContainers\[0\]\.restartPolicyy: Invalid value: value provided for unknown field' \
     broken restartPolicyy "$tmp/bad1/deployment.yaml" validate "$tmp/bad1/"
 sed 's/^  replicas: 2$/  replicas: two/' deploy/k8s/deployment.yaml >"$tmp/bad2/deployment.yaml"
-expect_fail "negative: kubectl-validate rejects a wrong type" \
+expect_fail "negative: kubectl-validate rejects a wrong type" 'spec\.replicas in body must be of type integer' \
     broken "replicas: two" "$tmp/bad2/deployment.yaml" validate "$tmp/bad2/"
 cp deploy/k8s/*.yaml "$tmp/bad3/"
 sed -i 's/terminationGracePeriodSeconds: 30/terminationGracePeriodSeconds: 10/' "$tmp/bad3/deployment.yaml"
-expect_fail "negative: a grace period not above shutdown_grace_ms is caught" \
+expect_fail "negative: a grace period not above shutdown_grace_ms is caught" 'terminationGracePeriodSeconds 10 does not exceed shutdown_grace_ms 10000' \
     broken "terminationGracePeriodSeconds: 10" "$tmp/bad3/deployment.yaml" "$PY" tests/deploy/manifests.py consistency "$tmp/bad3"
 
 # --- the chart --------------------------------------------------------------
@@ -312,19 +321,22 @@ check "the chart's defaults render the same Deployment, ConfigMap, Secret and PD
 check "the rendered chart (non-default values) fits together" \
     "$PY" tests/deploy/manifests.py consistency "$tmp/custom.yaml"
 render --set replicaCount=3 >"$tmp/three.yaml" 2>&1
-expect_fail "negative: the comparison sees a changed value" \
+expect_fail "negative: the comparison sees a changed value" '^ *\+  replicas: 3$' \
     broken "replicas: 3" "$tmp/three.yaml" "$PY" tests/deploy/manifests.py compare deploy/k8s "$tmp/three.yaml"
 render --set podSecurityContext.runAsNonRot=true >"$tmp/typo.yaml" 2>&1
-expect_fail "negative: kubectl-validate rejects a rendered chart with an unknown field" \
+expect_fail "negative: kubectl-validate rejects a rendered chart with an unknown field" 'securityContext\.runAsNonRot: Invalid value: value provided for unknown field' \
     broken "runAsNonRot: true" "$tmp/typo.yaml" validate "$tmp/typo.yaml"
-expect_fail "negative: the chart refuses terminationGracePeriodSeconds <= shutdown_grace_ms" \
+expect_fail "negative: the chart refuses terminationGracePeriodSeconds <= shutdown_grace_ms" 'terminationGracePeriodSeconds \(10\) must exceed config\.shutdown_grace_ms \(10000 ms\)' \
     render --set terminationGracePeriodSeconds=10
-expect_fail "negative: the chart refuses an empty stream list" render --set streams=null
-expect_fail "negative: the values schema refuses a stream rule without a stream" \
+expect_fail "negative: the values schema refuses values without streams" "missing property 'streams'" render --set streams=null
+printf 'streams: []\n' >"$tmp/no-streams.yaml"
+expect_fail "negative: the values schema refuses an empty stream list" "at '/streams': minItems: got 0, want 1" \
+    render -f "$tmp/no-streams.yaml"
+expect_fail "negative: the values schema refuses a stream rule without a stream" "at '/streams/0': missing property 'stream'" \
     render --set 'streams[0].stream=' --set 'streams[0].key=#event.id'
 cp -r "$chart" "$tmp/badchart"
 printf '{{ .Values.replicaCount \n' >>"$tmp/badchart/templates/deployment.yaml"
-expect_fail "negative: helm lint fails on a broken template" helm_ lint --strict --kube-version "$K8S_VERSION.0" "$tmp/badchart"
+expect_fail "negative: helm lint fails on a broken template" 'parse error at \(idemproxy/templates/deployment\.yaml:[0-9]+\): unclosed action' helm_ lint --strict --kube-version "$K8S_VERSION.0" "$tmp/badchart"
 
 # --- the idemproxy config ---------------------------------------------------
 
@@ -347,10 +359,10 @@ render --set 'redis.cluster={redis-0.redis:6379,redis-1.redis:6379}' >"$tmp/clus
 check "idemproxy check: the config the chart renders with redis.cluster seeds" check_config "$tmp/cluster-config.yaml"
 check "the chart renders redis.cluster instead of redis.url when seeds are given" \
     bash -c "grep -q 'redis-1.redis:6379' '$tmp/cluster-config.yaml' && ! grep -q 'url:' '$tmp/cluster-config.yaml'"
-expect_fail "negative: the values schema refuses a cluster seed without a port" \
+expect_fail "negative: the values schema refuses a cluster seed without a port" "'redis-0\.redis' does not match pattern" \
     render --set 'redis.cluster={redis-0.redis}'
 sed 's/lease_ms: 5000/lease_ms: 1000/' "$tmp/k8s-config.yaml" >"$tmp/bad-config.yaml"
-expect_fail "negative: idemproxy check refuses a broken copy (lease_ms < 2 x timeout_ms)" \
+expect_fail "negative: idemproxy check refuses a broken copy (lease_ms < 2 x timeout_ms)" 'streams\[0\]\.lease_ms: 1000 is less than twice redis\.timeout_ms \(1000\)' \
     broken "lease_ms: 1000" "$tmp/bad-config.yaml" check_config "$tmp/bad-config.yaml"
 
 # --- the two images as the pod runs them ------------------------------------
@@ -371,7 +383,7 @@ check "every query of the dashboard and the alert rules names a metric of $METRI
     deploy/grafana/idemproxy.json deploy/prometheus/alerts.yaml
 check "check_dashboard.py: its own good and bad cases" "$PY" tests/deploy/test_check_dashboard.py
 sed 's/idemproxy_inflight/idemproxy_in_flight/' deploy/grafana/idemproxy.json >"$tmp/dash.json"
-expect_fail "negative: a dashboard naming a metric /metrics lacks is refused" \
+expect_fail "negative: a dashboard naming a metric /metrics lacks is refused" 'idemproxy_in_flight: not exported by /metrics' \
     broken idemproxy_in_flight "$tmp/dash.json" "$PY" tests/deploy/check_dashboard.py -q --metrics "$METRICS" "$tmp/dash.json"
 
 echo "deploy checks took $(( $(date +%s) - started ))s"

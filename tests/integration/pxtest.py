@@ -525,6 +525,28 @@ def publish(r, stream, events, field="payload"):
     return ids
 
 
+def settled(proxies, stream, n):
+    """The proxies have read n entries of 'stream' between them (a group-less
+    replica reads every entry: pass n times the replicas) and none is left
+    pending in any: each entry has its outcome, so nothing more of them can be
+    delivered. A "not delivered twice" check waits for this, then looks (a
+    sleep could look too early and pass)."""
+    if not isinstance(proxies, (list, tuple)):
+        proxies = [proxies]
+    read = left = 0
+    for p in proxies:
+        m = p.metrics()
+        read += m.get(f'idemproxy_entries_read_total{{stream="{stream}"}}', -1)
+        left += m.get(f'idemproxy_entries_pending{{stream="{stream}"}}', -1)
+    return read == n and left == 0
+
+
+def outcomes(p, stream):
+    """{outcome: count} of p's idemproxy_outcomes_total for 'stream'."""
+    pre = f'idemproxy_outcomes_total{{stream="{stream}",outcome="'
+    return {k[len(pre):-2]: v for k, v in p.metrics().items() if k.startswith(pre)}
+
+
 def pending(r, stream, group):
     """How many entries of 'group' are pending (XPENDING). Every error
     propagates: a missing stream or group, a key of the wrong type and an

@@ -4,8 +4,9 @@ needs commands to be in flight at a chosen moment (SIGTERM, a timer).
 
 With 'cut_on', it also loses a reply: the first 'cuts' times a chunk from the
 client holds those bytes, the chunk goes to the server, which applies it, but
-nothing more comes back on that connection, and after 'cut_wait' seconds the
-connection is closed (a write that may have been applied, its reply lost)."""
+nothing more comes back on that connection, and after 'cut_wait' seconds (or,
+armed with cut_reply_to, once the test's applied() sees the write in Redis) the
+connection is closed: a write that took effect, its reply lost."""
 import socket
 import threading
 import time
@@ -19,6 +20,7 @@ class SlowLink:
         self.cuts_left = cuts if cut_on else 0
         self.cut_wait = cut_wait
         self.cut = 0                      # connections cut so far
+        self.cut_applied = None
         self.cut_lock = threading.Lock()
         self.lsock = socket.socket()
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -48,6 +50,16 @@ class SlowLink:
             state = {"cut": False}
             for a, b, up in ((c, u, True), (u, c, False)):
                 threading.Thread(target=self._pump, args=(a, b, state, up), daemon=True).start()
+
+    @property
+    def cuts(self):
+        return self.cut
+
+    def cut_reply_to(self, pattern: bytes, applied):
+        """Arm one lost reply for the next command containing 'pattern'; the
+        connection is shut once applied() is true (at most 10 s)."""
+        with self.cut_lock:
+            self.cut_on, self.cuts_left, self.cut_applied = pattern, 1, applied
 
     def _cut_now(self, data):
         if not self.cut_on or self.cut_on not in data:
@@ -98,7 +110,12 @@ class SlowLink:
                 q.append((time.monotonic(), data or None))
                 cv.notify()
             if cut:
-                time.sleep(self.delay + self.cut_wait)
+                if self.cut_applied:
+                    deadline = time.monotonic() + 10
+                    while not self.cut_applied() and time.monotonic() < deadline:
+                        time.sleep(0.005)
+                else:
+                    time.sleep(self.delay + self.cut_wait)
                 for s in (src, dst):
                     try:
                         s.shutdown(socket.SHUT_RDWR)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from pxtest import pb, publish, pending, wait_for
+from pxtest import pb, outcomes, publish, pending, settled, wait_for
 
 LAYOUTS = ["single", "split"]
 MODES = ["group", "groupless"]
@@ -37,9 +37,9 @@ def test_copies_skipped(env, mode, layout):
     publish(r, "room", events)
     p = env.proxy([stream_conf(mode, layout, done_ttl_ms=600000)])
     w = env.worker(p.endpoint)
-    wait_for(lambda: len(w.keys()) >= 10, what="10 deliveries")
-    time.sleep(0.5)
+    wait_for(lambda: settled(p, "room", len(events)), what="every entry's outcome")
     assert sorted(w.keys()) == sorted(f"spin-{i}" for i in range(10))
+    assert outcomes(p, "room")["duplicate"] == len(events) - 10
     for i in range(10):
         k = done_key(layout, f"spin-{i}")
         assert r.exists(k)
@@ -61,8 +61,7 @@ def test_fields_as_event_and_dotted_names(env):
     r.xadd("minigame", {"eventId": "m-1", "winner.name": "kim", "score": "10"})
     p = env.proxy([{"stream": "minigame", "group": "g", "key": "game:#{event.winner.name}:#{event.eventId}"}])
     w = env.worker(p.endpoint)
-    wait_for(lambda: w.keys(), what="delivery")
-    time.sleep(0.5)
+    wait_for(lambda: settled(p, "minigame", 2), what="both entries' outcomes")
     assert w.keys() == ["game:kim:m-1"]
     d = w.got[0]
     assert [(f.name, f.value) for f in d.fields] == [("eventId", b"m-1"), ("winner.name", b"kim"), ("score", b"10")]
@@ -80,9 +79,9 @@ def test_restart_rereads_from_zero_without_redelivery(env, layout):
     wait_for(lambda: len(w.keys()) == 20, what="20 deliveries")
     assert p.stop() == 0
     p2 = env.proxy(conf, endpoint=ep)
-    p2.wait_log("duplicate (before_lock)")
-    time.sleep(1.0)
+    wait_for(lambda: settled(p2, "room", 20), what="every entry re-read and left")
     assert len(w.keys()) == 20          # nothing delivered twice
+    assert outcomes(p2, "room")["duplicate"] == 20
     assert p2.log_text().count("duplicate (before_lock)") == 20
 
 
@@ -95,8 +94,9 @@ def test_two_replicas_never_deliver_a_key_twice(env, mode):
     p2 = env.proxy([stream_conf(mode, "single", consumer="c2")])
     w1 = env.worker(p1.endpoint)
     w2 = env.worker(p2.endpoint)
-    wait_for(lambda: len(w1.keys()) + len(w2.keys()) >= 60, what="60 deliveries")
-    time.sleep(1.0)
+    # group: the replicas share the 120 entries; group-less: each reads all
+    wait_for(lambda: settled([p1, p2], "room", 120 if mode == "group" else 240),
+             what="every entry's outcome")
     keys = w1.keys() + w2.keys()
     assert sorted(keys) == sorted(f"k{i}" for i in range(60))
 
@@ -185,8 +185,9 @@ def test_worker_connects_late_c_worker(env):
     p = env.proxy([stream_conf("group", "single")])
     time.sleep(1.0)
     w = env.cworker(p.endpoint)
-    wait_for(lambda: len(w.lines()) >= 5, what="C worker deliveries")
-    time.sleep(0.5)
+    wait_for(lambda: settled(p, "room", 10), what="every entry's outcome")
+    assert p.metrics()['idemproxy_deliveries_total{stream="room"}'] == 5
+    wait_for(lambda: len(w.lines()) >= 5, what="C worker lines")
     assert sorted(w.lines()) == sorted(f"late{i} attempt=1" for i in range(5))
     wait_for(lambda: pending(env.r, "room", "game-server") == 0, what="acked")
 
@@ -242,8 +243,8 @@ def test_lock_key_serialises_one_resource_across_replicas(env):
 
 
 def test_on_busy_dead_letter_refuses_at_once(env):
-    env.r.set("lock:seat:7", "someone-else", px=60000)
-    p = env.proxy([stream_conf("group", "split", lock_key="lock:seat:#{event.seatId}",
+    env.r.set("seat-lock:7", "someone-else", px=60000)
+    p = env.proxy([stream_conf("group", "split", lock_key="seat-lock:#{event.seatId}",
                                on_busy="dead_letter", dead_letter="dlq")])
     w = env.worker(p.endpoint)
     publish(env.r, "room", [{"eventId": "book1", "seatId": 7}, {"eventId": "book2", "seatId": 8}])
@@ -252,7 +253,7 @@ def test_on_busy_dead_letter_refuses_at_once(env):
     wait_for(lambda: w.keys() == ["book2"], what="the free seat delivered")
     assert not env.r.exists("done:book1")         # refused, not done
     assert not env.r.exists("lock:book1")         # the dedup lock was released
-    assert env.r.get("lock:seat:7") == "someone-else"
+    assert env.r.get("seat-lock:7") == "someone-else"
     wait_for(lambda: pending(env.r, "room", "game-server") == 0, what="acked")
 
 
@@ -469,10 +470,8 @@ def test_six_replicas_started_together_never_share_a_lock_token(env):
     conf = [stream_conf("groupless", "single")]
     eps = [env.endpoint() for _ in range(6)]
     workers = [env.worker(ep) for ep in eps]
-    for ep in eps:
-        env.proxy(conf, endpoint=ep, log_level="info")
-    wait_for(lambda: sum(len(w.keys()) for w in workers) >= 40, what="40 deliveries")
-    time.sleep(1.0)
+    proxies = [env.proxy(conf, endpoint=ep, log_level="info") for ep in eps]
+    wait_for(lambda: settled(proxies, "room", 40 * 6), timeout=20, what="every entry's outcome")
     keys = [k for w in workers for k in w.keys()]
     assert sorted(keys) == sorted(f"t{i}" for i in range(40))
 
@@ -486,6 +485,5 @@ def test_fields_variable_in_a_payload_stream(env):
     r.xadd("room", {"source": "web", "payload": '{"eventId": "f1"}'})
     r.xadd("room", {"source": "web", "payload": '{"eventId": "f1"}'})
     r.xadd("room", {"source": "app", "payload": '{"eventId": "f1"}'})
-    wait_for(lambda: sorted(w.keys()) == ["app:f1", "web:f1"], what="two keys")
-    time.sleep(0.3)
+    wait_for(lambda: settled(p, "room", 3), what="every entry's outcome")
     assert sorted(w.keys()) == ["app:f1", "web:f1"]

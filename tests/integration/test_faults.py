@@ -10,7 +10,7 @@ import time
 import pytest
 import redis
 
-from pxtest import pb, publish, pending, wait_for
+from pxtest import pb, outcomes, publish, pending, settled, wait_for
 
 BAD = [
     ("not json", {"payload": "{not json"}, "payload is not JSON"),
@@ -76,8 +76,7 @@ def test_groupless_bad_input_dead_lettered_once_across_restarts_and_replicas(env
     wait_for(lambda: "bad entry" in p1.log_text() and "bad entry" in p2.log_text(), what="both saw it")
     p1.stop()
     p3 = env.proxy(conf)
-    p3.wait_log("bad entry")
-    time.sleep(0.5)
+    wait_for(lambda: settled([p2, p3], "room", 2), what="both replicas done with it")
     assert r.xlen("dlq") == 1
 
 
@@ -165,8 +164,8 @@ def test_race_holder_finishes_between_our_check_and_our_lock(env):
     assert r.set("lock:abc-123", "holder-A", nx=True, px=5000)   # A locks
     r.set("done:abc-123", "1", px=600000)                         # A is done
     r.delete("lock:abc-123")                                      # A releases
-    p.wait_log("duplicate (after_lock)")
-    time.sleep(0.3)
+    wait_for(lambda: settled(p, "room", 1), what="the entry's outcome")
+    assert outcomes(p, "room")["duplicate"] == 1
     assert w.keys() == []
     assert not r.exists("lock:abc-123")          # our lock, taken and released
     assert r.exists("done:abc-123")
@@ -185,7 +184,8 @@ def test_race_claim_between_done_write_and_release(env):
     p.wait_log("duplicate (after_lock)")
     assert r.get("lock:abc-124") == "holder-A"   # A's lock untouched
     r.delete("lock:abc-124")
-    time.sleep(0.3)
+    wait_for(lambda: settled(p, "room", 1), what="the entry's outcome")
+    assert outcomes(p, "room")["duplicate"] == 1
     assert w.keys() == []
 
 
@@ -223,6 +223,7 @@ def test_lease_expires_mid_handling(env):
     os.kill(p1.proc.pid, signal.SIGCONT)
     w1.answer(pb.Ack.ACK)
     p1.wait_log("lease lost")
-    time.sleep(0.3)
+    wait_for(lambda: settled([p1, p2], "room", 2), what="both replicas done with it")
+    assert outcomes(p1, "room")["acked"] == 1
     assert r.get("idem:seat-9") == "D"
     assert w2.keys() == ["seat-9"]               # replica 2 saw it once

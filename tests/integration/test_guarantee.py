@@ -112,17 +112,16 @@ def test_lock_key_wait_longer_than_the_lease_delivers_once(env, layout):
     taken: the key is delivered once (it was delivered twice, after its ack)."""
     r = env.r
     ep = env.endpoint()
-    r.set("lock:room:1", "someone-else", px=2600)       # the room is busy for 2.6 s
-    env.proxy([group_conf(layout=layout, lock_key="lock:room:#{event.roomId}", wait_ms=6000,
+    r.set("room-lock:1", "someone-else", px=2600)       # the room is busy for 2.6 s
+    env.proxy([group_conf(layout=layout, lock_key="room-lock:#{event.roomId}", wait_ms=6000,
                           lease_ms=2000)], endpoint=ep)
     w = env.worker(ep)
     publish(r, "room", [ev(1, roomId=1)])
     time.sleep(0.5)
     publish(r, "room", [ev(1, roomId=1)])                # copy 2, another entry
-    wait_for(lambda: finished(r), 15, "both copies finished")
-    time.sleep(0.5)
+    wait_for(lambda: finished(r), 15, "both copies finished")    # acked: nothing more to deliver
     assert w.keys() == ["e1"], w.keys()
-    assert r.keys("lock:room:*") == []
+    assert r.keys("room-lock:*") == []
 
 
 @pytest.mark.parametrize("layout", ["single", "split"])
@@ -134,8 +133,8 @@ def test_lock_key_taken_after_the_dedup_lock_was_lost_looks_again(env, layout):
     r = env.r
     ep = env.endpoint()
     dedup = "idem:e1" if layout == "single" else "lock:e1"
-    r.set("lock:room:1", "someone-else", px=2500)
-    env.proxy([group_conf(layout=layout, lock_key="lock:room:#{event.roomId}", wait_ms=6000)],
+    r.set("room-lock:1", "someone-else", px=2500)
+    env.proxy([group_conf(layout=layout, lock_key="room-lock:#{event.roomId}", wait_ms=6000)],
               endpoint=ep)
     w = env.worker(ep)
     publish(r, "room", [ev(1, roomId=1)])
@@ -143,10 +142,9 @@ def test_lock_key_taken_after_the_dedup_lock_was_lost_looks_again(env, layout):
     time.sleep(0.3)
     r.delete(dedup)
     publish(r, "room", [ev(1, roomId=1)])
-    wait_for(lambda: finished(r), 20, "both copies finished")
-    time.sleep(0.5)
+    wait_for(lambda: finished(r), 20, "both copies finished")    # acked: nothing more to deliver
     assert w.keys() == ["e1"], w.keys()
-    assert r.keys("lock:room:*") == []
+    assert r.keys("room-lock:*") == []
 
 
 # --- the delivery counter counts deliveries (issue 15, 2) ------------------------------
@@ -264,9 +262,9 @@ def test_groupless_busy_refusal_is_final_across_replicas_and_restarts(env):
     not deliver it. The key itself stays not done (SPEC 5.3)."""
     r = env.r
     conf = {"stream": "room", "payload_field": "payload", "key": "#event.eventId",
-            "lock_key": "lock:room:#{event.roomId}", "on_busy": "dead_letter",
+            "lock_key": "room-lock:#{event.roomId}", "on_busy": "dead_letter",
             "dead_letter": "dlq", "start": "0"}
-    r.set("lock:room:1", "someone-else", px=1500)
+    r.set("room-lock:1", "someone-else", px=1500)
     eps = [env.endpoint(), env.endpoint()]
     ps = [env.proxy([conf], endpoint=ep) for ep in eps]
     ws = [env.worker(ep) for ep in eps]
@@ -294,8 +292,8 @@ def test_persistent_redis_error_is_dead_lettered_and_the_stream_goes_on(env):
     is rate-limited."""
     r = env.r
     ep = env.endpoint()
-    r.hset("lock:room:bad", "a", "1")
-    p = env.proxy([group_conf(lock_key="lock:room:#{event.roomId}", dead_letter="dlq")],
+    r.hset("room-lock:bad", "a", "1")
+    p = env.proxy([group_conf(lock_key="room-lock:#{event.roomId}", dead_letter="dlq")],
                   endpoint=ep, max_inflight=2, log_level="info")
     w = env.worker(ep)
     publish(r, "room", [ev(1, roomId="bad"), ev(2, roomId="bad")] +
@@ -400,3 +398,35 @@ def test_request_ids_do_not_repeat_on_a_reused_slot(env):
         peer.close()
     assert len(set(ids)) == n, f"{n - len(set(ids))} request ids repeated"
     wait_for(lambda: finished(r), 10, "all acked")
+
+
+# --- a retried single-layout commit (issue 15, smaller items) -------------------------
+
+def test_retried_commit_reading_back_its_own_done_mark_is_no_lease_loss(env, tmp_path):
+    """The done mark `SET idem:k D PX ttl GET` takes effect but its reply is
+    lost (the link is cut once Redis shows the D). The commit is retried and
+    its GET reads back the D it wrote itself: not a lost lease (it was counted
+    as one)."""
+    from pxtest import Proxy
+    from slowlink import SlowLink
+    r = env.r
+    link = SlowLink(env.redis.port, 0)
+    try:
+        ep = env.endpoint()
+        p = Proxy(tmp_path, "cut", link.url, ep, [group_conf()], timeout_ms=1000)
+        env.proxies.append(p)
+        p.start()
+        w = env.worker(ep)
+        wait_for(lambda: p.get("/readyz")[0] == 200, what="ready")
+        link.cut_reply_to(b"$6\r\nidem:a\r\n$1\r\nD\r\n", applied=lambda: r.get("idem:a") == "D")
+        publish(r, "room", [ev("x", eventId="a")])
+        wait_for(lambda: finished(r), 15, "the entry acked")
+        m = p.metrics()
+        assert link.cuts == 1, "the done mark's reply was not cut"
+        assert m['idemproxy_outcomes_total{stream="room",outcome="acked"}'] == 1
+        assert m['idemproxy_lease_lost_total{stream="room"}'] == 0
+        assert "late ack after the lease was lost" not in p.log_text()
+        assert r.get("idem:a") == "D"
+        assert w.keys() == ["a"]
+    finally:
+        link.close()

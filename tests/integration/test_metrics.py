@@ -1,5 +1,6 @@
 """SPEC 6: /metrics, /healthz, /readyz and `idemproxy health`."""
 import json
+import os
 import subprocess
 import time
 
@@ -116,3 +117,92 @@ def test_json_logs_one_line_per_decision_and_never_the_password(env, tmp_path):
     p.stop()
     res = subprocess.run([str(BIN), "check", "-c", str(p.config)], capture_output=True, text=True)
     assert secret not in res.stderr + res.stdout
+
+
+# --- the metrics server's connection limits (issue 15) --------------------------------
+
+def _connect_idle(port, source):
+    """A TCP connection to the metrics server from 'source' that sends nothing."""
+    import socket
+    s = socket.socket()
+    s.settimeout(5)
+    s.bind((source, 0))
+    s.connect(("127.0.0.1", port))
+    s.setblocking(False)
+    return s
+
+
+def _closed_by_server(s):
+    import socket
+    try:
+        return s.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def _healthz_from(port, source, timeout=2.0):
+    """GET /healthz over a new connection from 'source': (status line, seconds)."""
+    import socket
+    t0 = time.monotonic()
+    s = socket.socket()
+    s.settimeout(timeout)
+    try:
+        s.bind((source, 0))
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data = b""
+        while b"\r\n" not in data:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        return data.split(b"\r\n", 1)[0].decode(errors="replace"), time.monotonic() - t0
+    except OSError as e:
+        return f"error: {e}", time.monotonic() - t0
+    finally:
+        s.close()
+
+
+def test_idle_connections_are_bounded_and_do_not_stop_healthz(env):
+    """The metrics server shares the daemon's file descriptors: at most 16
+    connections per address and 64 in all are kept, the rest are closed at
+    once, idle ones are closed after 10 s, and /healthz keeps answering."""
+    p = env.proxy([conf("room")])
+    wait_for(lambda: p.get("/healthz")[0] == 200, what="metrics server")
+    fds = lambda: len(os.listdir(f"/proc/{p.proc.pid}/fd"))
+    base = fds()
+    held = []
+    try:
+        # Within the limit: 14 idle connections, and /healthz from the same address answers.
+        held += [_connect_idle(p.metrics_port, "127.0.0.1") for _ in range(14)]
+        line, took = _healthz_from(p.metrics_port, "127.0.0.1")
+        assert line == "HTTP/1.1 200 OK" and took < 1.0, (line, took)
+
+        # 200 more from that address: MHD takes each and closes every one over 16.
+        held += [_connect_idle(p.metrics_port, "127.0.0.1") for _ in range(200)]
+        wait_for(lambda: sum(_closed_by_server(s) for s in held) == len(held) - 16,
+                 timeout=10, what="every connection over 16 from one address closed")
+        assert fds() <= base + 16, (fds(), base)
+        # ... and /healthz from another address answers at once.
+        line, took = _healthz_from(p.metrics_port, "127.0.0.2")
+        assert line == "HTTP/1.1 200 OK" and took < 1.0, (line, took)
+
+        # Many addresses: 64 connections in all at most; MHD leaves the rest in
+        # the listen backlog (not accepted, no descriptor) until a slot frees.
+        held += [_connect_idle(p.metrics_port, f"127.0.0.{a}") for a in range(3, 11) for _ in range(10)]
+        wait_for(lambda: fds() == base + 64, timeout=10, what="64 connections taken in all")
+        line, took = _healthz_from(p.metrics_port, "127.0.0.11", timeout=1.0)
+        assert line.startswith("error"), "a 65th connection was served"
+        assert fds() == base + 64, (fds(), base)
+
+        # Idle ones are closed after 10 s; then the same address is served again.
+        wait_for(lambda: all(_closed_by_server(s) for s in held), timeout=30,
+                 what="idle connections closed by the server (two rounds of 10 s)")
+        line, took = _healthz_from(p.metrics_port, "127.0.0.1")
+        assert line == "HTTP/1.1 200 OK" and took < 1.0, (line, took)
+        wait_for(lambda: fds() == base, timeout=5, what="the descriptors given back")
+    finally:
+        for s in held:
+            s.close()

@@ -769,6 +769,103 @@ static void test_urls(void)
     }
 }
 
+/*
+ * Names (issue 15, 12): a lock_key that can render a dedup name of any stream
+ * (its own included) is refused, at the lock_key's value. Messages and
+ * columns are written out: the value starts at column 15 of "    lock_key: ".
+ */
+static void test_names(void)
+{
+    /* README's old example: lock: + the eventId "game:room:42" is room 42's lock */
+    expect_error("lock_key under another stream's lock_prefix",
+                 "streams:\n"
+                 "  - stream: room\n"
+                 "    layout: split\n"
+                 "  - stream: room:leave\n"
+                 "    lock_key: \"lock:game:room:#{event.roomId}\"\n",
+                 "t.yaml:5:15: ",
+                 "streams[1].lock_key: its names start with 'lock:game:room:' and streams[0]'s "
+                 "dedup locks (lock_prefix + key) start with 'lock:', so one name can be both; "
+                 "a lock_key's literal prefix must neither begin with a dedup name's prefix nor "
+                 "be the beginning of one");
+    expect_error("lock_key under its own prefix (single)",
+                 "streams:\n  - stream: room\n    lock_key: idem:room:#{event.roomId}\n",
+                 "t.yaml:3:15: ",
+                 "streams[0].lock_key: its names start with 'idem:room:' and its own dedup keys "
+                 "(prefix + key) start with 'idem:', so one name can be both");
+    expect_error("lock_key that is the beginning of a prefix",
+                 "streams:\n  - stream: room\n    lock_key: \"id#{event.roomId}\"\n",
+                 "t.yaml:3:15: ",
+                 "streams[0].lock_key: its names start with 'id' and its own dedup keys "
+                 "(prefix + key) start with 'idem:', so one name can be both");
+    expect_error("lock_key under a done_prefix",
+                 "streams:\n  - stream: room\n    layout: split\n    lock_prefix: \"L:\"\n"
+                 "    lock_key: \"done:x:#{event.roomId}\"\n",
+                 "t.yaml:5:15: ",
+                 "streams[0].lock_key: its names start with 'done:x:' and its own done marks "
+                 "(done_prefix + key) start with 'done:', so one name can be both");
+    expect_error("an expression lock_key has no literal prefix",
+                 "streams:\n  - stream: room\n    lock_key: \"#event.roomId\"\n",
+                 "t.yaml:3:15: ",
+                 "streams[0].lock_key: it starts with no literal text, so a name it renders "
+                 "can equal one of its own dedup keys (prefix + key), which start with 'idem:'; "
+                 "begin it with text that neither begins with a dedup name's prefix nor is the "
+                 "beginning of one (such as room-lock:#{...})");
+    expect_error("a template that starts with #{} has no literal prefix",
+                 "streams:\n  - stream: room\n    lock_key: \"#{event.a ?: 'r:'}:x\"\n",
+                 "t.yaml:3:15: ", "streams[0].lock_key: it starts with no literal text");
+    expect_error("constant #{} parts count as literal text",
+                 "streams:\n  - stream: room\n    layout: split\n"
+                 "    lock_key: \"#{'lo' + 'ck:'}#{1}#{event.r}\"\n",
+                 "t.yaml:4:15: ",
+                 "streams[0].lock_key: its names start with 'lock:1' and its own dedup locks "
+                 "(lock_prefix + key) start with 'lock:'");
+    expect_error("an empty prefix is the beginning of every lock_key",
+                 "streams:\n  - stream: room\n    prefix: \"\"\n  - stream: seat\n"
+                 "    lock_key: \"seat:#{event.s}\"\n",
+                 "t.yaml:5:15: ",
+                 "streams[1].lock_key: its names start with 'seat:' and streams[0]'s dedup keys "
+                 "(prefix + key) start with '', so one name can be both");
+    expect_error("hash_tag: the brace is part of the dedup names",
+                 "streams:\n  - stream: room\n    hash_tag: true\n"
+                 "    lock_key: \"idem:{#{event.r}}\"\n",
+                 "t.yaml:4:15: ",
+                 "streams[0].lock_key: its names start with 'idem:{' and its own dedup keys "
+                 "(prefix + '{' + key + '}') start with 'idem:{'");
+    expect_error("idemproxy's own keys",
+                 "streams:\n  - stream: room\n    lock_key: \"idemproxy:f#{event.r}\"\n",
+                 "t.yaml:3:15: ",
+                 "streams[0].lock_key: its names start with 'idemproxy:f' and can equal "
+                 "idemproxy's own keys, which start with 'idemproxy:'");
+    expect_error("every colliding lock_key is reported",
+                 "streams:\n  - stream: a\n    lock_key: \"idem:#{event.r}\"\n"
+                 "  - stream: b\n    lock_key: \"#event.r\"\n",
+                 "t.yaml:5:15: ", "streams[1].lock_key: it starts with no literal text");
+
+    px_config *c;
+    /* the key template's literal text is part of the dedup names */
+    c = expect_ok("lock: lock_key beside lock:evt: dedup locks",
+                  "streams:\n  - stream: room\n    layout: split\n    key: \"evt:#{event.id}\"\n"
+                  "    lock_key: \"lock:room:#{event.roomId}\"\n");
+    px_config_destroy(c);
+    c = expect_ok("hash_tag: idem:room: cannot be idem:{...}",
+                  "streams:\n  - stream: room\n    hash_tag: true\n"
+                  "    lock_key: \"idem:room:#{event.roomId}\"\n");
+    px_config_destroy(c);
+    /* shared on purpose: dedup names of two streams (done keys are global) and
+     * one lock_key of two streams (one room, one lock) */
+    c = expect_ok("shared dedup prefix and shared lock_key",
+                  "streams:\n  - stream: room\n    lock_key: \"game:room:#{event.roomId}\"\n"
+                  "  - stream: room:leave\n    lock_key: \"game:room:#{event.roomId}\"\n"
+                  "  - stream: seat\n    layout: split\n"
+                  "    lock_key: \"room-lock:#{event.roomId}\"\n");
+    px_config_destroy(c);
+    c = expect_ok("case matters: L: is not lock:",
+                  "streams:\n  - stream: room\n    layout: split\n    lock_prefix: \"L:\"\n"
+                  "    done_prefix: \"D:\"\n    lock_key: \"lock:#{event.roomId}\"\n");
+    px_config_destroy(c);
+}
+
 int main(void)
 {
     clear_env();
@@ -777,6 +874,7 @@ int main(void)
     test_errors();
     test_many_errors();
     test_template_columns();
+    test_names();
     test_expansion();
     test_env_overrides();
     test_urls();

@@ -430,3 +430,45 @@ def test_retried_commit_reading_back_its_own_done_mark_is_no_lease_loss(env, tmp
         assert w.keys() == ["a"]
     finally:
         link.close()
+
+
+# --- a claim whose reply was lost keeps a full lease (issue 15, 9) ---------------------
+
+def test_claim_found_already_ours_is_extended_at_once(env, tmp_path):
+    """The claim `SET idem:k L:<token> NX PX lease GET` takes effect and its
+    reply is lost (the link is cut once Redis holds the lock). The claim is
+    sent again, finds our own token and is ours: SET NX leaves the TTL as it
+    was, partly spent. An entry whose claim failed may hold the lock, so it is
+    extended like every lock it holds (and once more when the claim finds it
+    ours): the lease is whole again at once. Before, only delivered entries
+    were extended, so it was left to the first extension after delivery (red
+    on c9708bb: 1,962 ms left of 3,000)."""
+    from pxtest import Proxy
+    from slowlink import SlowLink
+    r = env.r
+    link = SlowLink(env.redis.port, 0)
+    try:
+        ep = env.endpoint()
+        p = Proxy(tmp_path, "cut", link.url, ep, [group_conf(lease_ms=3000)], timeout_ms=1000)
+        env.proxies.append(p)
+        p.start()
+        w = env.worker(ep, manual=True)
+        wait_for(lambda: p.get("/readyz")[0] == 200, 10, "ready")
+        t0 = []
+
+        def held_a_while():           # the lock is in Redis, and 0.8 s of it spent
+            if not t0 and r.exists("idem:k"):
+                t0.append(time.monotonic())
+            return bool(t0) and time.monotonic() - t0[0] > 0.8
+
+        link.cut_reply_to(b"$6\r\nidem:k\r\n", applied=held_a_while)
+        publish(r, "room", [{"eventId": "k"}])
+        wait_for(lambda: w.inbox, 10, "delivered after the re-claim")
+        assert link.cuts == 1, "the claim's reply was not cut"
+        # Within a moment of the delivery the lease is whole again.
+        best = max(r.pttl("idem:k") for _ in range(20) if time.sleep(0.01) is None)
+        assert best >= 2800, f"lease left {best} ms after a re-claim that found it ours"
+        w.answer(pb.Ack.ACK)
+        wait_for(lambda: r.get("idem:k") == "D", 5, "done")
+    finally:
+        link.close()

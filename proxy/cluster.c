@@ -323,10 +323,23 @@ static void dispatch(px_cluster *cl, ccmd *c)
     if (rc != PX_OK) wait_push(cl, c);
 }
 
+bool px_cluster_key_up(const px_cluster *cl, const char *key, size_t len)
+{
+    if (key == NULL) {
+        for (cl_node *n = cl->nodes; n; n = n->next)
+            if (n->master && px_redis_is_up(n->link)) return true;
+        return false;
+    }
+    const cl_node *n = cl->slots[px_cluster_slot(key, len)];
+    return n && px_redis_is_up(n->link);
+}
+
 int px_cluster_send(px_cluster *cl, px_script *s, int nkeys, const char *key, size_t keylen,
                     long long extra_ms, px_redis_cb *cb, void *priv, int argc, const char **argv, const size_t *lens)
 {
-    if (!cl->up) return PX_ERR;
+    /* A master down (a failover in progress) stops only the commands for its
+     * slots: the other masters' keys are served, their leases extended. */
+    if (!cl->up && !px_cluster_key_up(cl, key, keylen)) return PX_ERR;
     size_t bytes = 0;
     for (int i = 0; i < argc; i++) bytes += lens[i] + 1;
     ccmd *c = px_malloc(sizeof(*c) + (size_t)argc * (sizeof(char *) + sizeof(size_t)) + bytes);

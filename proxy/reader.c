@@ -109,7 +109,9 @@ static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop; (void)revents;
     px_stream *st = w->data;
     px_stream_conf *sc = st->conf;
-    if (!px_redis_is_up(st->px->redis) || st->head == NULL) return;
+    /* On a cluster, the stream's master being up is enough: a failover of
+     * another master must not let another replica take over what we hold. */
+    if (st->head == NULL || !px_redis_key_up(st->px->redis, sc->stream, strlen(sc->stream))) return;
     const char *argv[5 + PX_REFRESH_BATCH + 1];
     size_t lens[5 + PX_REFRESH_BATCH + 1];
     argv[0] = "XCLAIM"; argv[1] = sc->stream; argv[2] = sc->group; argv[3] = sc->consumer;

@@ -377,6 +377,11 @@ void px_redis_cluster_state(px_redis *outer, bool up)
     set_up(outer, up);
 }
 
+bool px_redis_key_up(const px_redis *r, const char *key, size_t len)
+{
+    return r->cl ? px_cluster_key_up(r->cl, key, len) : r->up;
+}
+
 bool px_redis_clustered(const px_redis *r)
 {
     return r->cl != NULL;

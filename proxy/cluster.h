@@ -63,6 +63,12 @@ int px_cluster_send(px_cluster *cl, px_script *s, int nkeys, const char *key, si
                     long long extra_ms, px_redis_cb *cb, void *priv, int argc, const char **argv,
                     const size_t *lens);
 
+/* Checks for tests: the router of a cluster client (NULL for a single
+ * server), and how many slots point at a node that is not in its node list
+ * (freed): always 0. */
+px_cluster *px_redis_router(const px_redis *r);
+size_t px_cluster_stale_slots(const px_cluster *cl);
+
 /* redis.c: the cluster's readiness changed (every slot mapped, every master linked). */
 void px_redis_cluster_state(px_redis *outer, bool up);
 

@@ -382,6 +382,11 @@ bool px_redis_key_up(const px_redis *r, const char *key, size_t len)
     return r->cl ? px_cluster_key_up(r->cl, key, len) : r->up;
 }
 
+px_cluster *px_redis_router(const px_redis *r)
+{
+    return r->cl;
+}
+
 bool px_redis_clustered(const px_redis *r)
 {
     return r->cl != NULL;

@@ -91,6 +91,14 @@ int px_redis_strv(px_redis *r, px_redis_cb *cb, void *priv, int argc, const char
 int px_redis_script(px_redis *r, px_script *s, px_redis_cb *cb, void *priv, int nkeys,
                     int argc, const char **argv, const size_t *lens);
 
+/* What `HELLO 2`, sent at every connect of every link, says about the server
+ * (SPEC 3): Redis 7.0 or newer, or any Valkey, is needed (SET NX GET). An
+ * error "unknown command" is a server older than 6.0. Another error (an ACL
+ * without HELLO) or a reply without a version cannot tell. 'ver' gets the
+ * version text. Pure, for tests. */
+typedef enum { PX_SERVER_OK, PX_SERVER_OLD, PX_SERVER_UNKNOWN } px_server_check;
+px_server_check px_redis_server_check(const redisReply *hello, char *ver, size_t versize);
+
 /* Count of commands that failed (error replies, timeouts, lost links). */
 extern unsigned long long px_redis_errors;
 

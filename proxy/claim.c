@@ -221,20 +221,18 @@ static bool entry_up(px_entry *e)
     return true;
 }
 
-/* Take every entry of 'q' whose servers are up and run 'fn' on it; the others
- * stay queued, in order. */
-static void flush_up(px_proxy *px, px_queue *q, void (*fn)(px_entry *))
+/* Take every entry of 'q' whose servers are up (and, for claims, whose
+ * delivery counts are in: reader.c's counts_wait) and run 'fn' on it; the
+ * others stay queued, in order. */
+static void flush_up(px_proxy *px, px_queue *q, void (*fn)(px_entry *), bool counts)
 {
-    px_entry *e;
-    if (px_redis_is_up(px->redis)) {
-        while ((e = px_queue_pop(q)) != NULL) fn(e);
-        return;
-    }
-    if (!px_redis_clustered(px->redis) || q->n == 0) return;
+    bool all = px_redis_is_up(px->redis);
+    if (q->n == 0 || (!all && !px_redis_clustered(px->redis))) return;
     px_queue keep = {0};
+    px_entry *e;
     while ((e = px_queue_pop(q)) != NULL) {
-        if (entry_up(e)) fn(e);
-        else px_queue_push(&keep, e);
+        if ((counts && e->counts_wait) || (!all && !entry_up(e))) px_queue_push(&keep, e);
+        else fn(e);
     }
     while ((e = px_queue_pop(&keep)) != NULL) px_queue_push(q, e);
 }
@@ -507,7 +505,7 @@ static void claim_one(px_entry *e)
 
 void px_claim_flush(px_proxy *px)
 {
-    flush_up(px, &px->claim_q, claim_one);
+    flush_up(px, &px->claim_q, claim_one, true);
 }
 
 static void incr_fence(px_entry *e)
@@ -797,7 +795,7 @@ static void commit_body(px_entry *e)
 
 void px_commit_flush(px_proxy *px)
 {
-    flush_up(px, &px->commit_q, commit_one);
+    flush_up(px, &px->commit_q, commit_one, false);
 }
 
 /* --- XACK ------------------------------------------------------------------ */

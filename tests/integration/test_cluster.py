@@ -340,3 +340,40 @@ def test_one_master_down_keeps_healthy_leases(tmp_path):
     finally:
         e.close()
         c.stop()
+
+
+def test_attempt_survives_a_restart_when_the_streams_node_is_slow(cenv):
+    """Issue 15: in cluster mode the attempt could restart at 1. A restart
+    replays this consumer's pending entries; their delivery counts (XPENDING,
+    on the stream's master) become their attempts. On one server that reply
+    comes before any claim's, on one connection; on a cluster the claim goes
+    to another master and could be answered, and the entry delivered, first:
+    attempt 1 again, and Redis' count set back to 1, so max_deliveries never
+    ends a poison entry that crashes its consumer. The test hook holds the
+    XPENDING back 1 s (a stream master slower than the lock's)."""
+    r = cenv.r
+    s = STREAMS[0]
+    env = {"HOSTNAME": "px-attempt", "IDEMPROXY_DEBUG_COUNTS_DELAY_MS": 1000}
+    px = cenv.proxy([stream_conf(s, max_deliveries=3, lease_ms=2000)], ack_timeout_ms=60000,
+                    proc_env=env)
+    w = cenv.worker(px.endpoint, behave=lambda d: None)       # never answers
+    r.xadd(s, {"payload": json.dumps({"eventId": "poison"})})
+    wait_for(lambda: len(w.got) == 1, timeout=15, what="the first delivery")
+    attempts = [w.got[0].attempt]
+    for _ in range(2):                    # the consumer's process crashes with it, twice
+        px.kill9()
+        # the restart comes after the dead process's lease ran out, so the
+        # claim succeeds at once
+        wait_for(lambda: r.get("idem:poison") is None, timeout=10, what="the old lease gone")
+        px.start(**env)
+        wait_for(lambda: len(w.got) == len(attempts) + 1, timeout=20, what="the delivery after a restart")
+        attempts.append(w.got[-1].attempt)
+    assert attempts == [1, 2, 3], attempts
+    assert r.xpending_range(s, "g", "-", "+", 10)[0]["times_delivered"] == 3
+    # the third restart: max_deliveries (3) reached, dead-lettered, not delivered again
+    px.kill9()
+    wait_for(lambda: r.get("idem:poison") is None, timeout=10, what="the old lease gone")
+    px.start(**env)
+    wait_for(lambda: pending_total(r, [s]) == 0, timeout=20, what="the poison entry ended")
+    time.sleep(0.3)
+    assert len(w.got) == 3

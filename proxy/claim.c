@@ -203,6 +203,48 @@ static bool split_ordered(px_entry *e)
     return same;
 }
 
+/* Where the entry's commands go is reachable. One server: it is up. A
+ * cluster: the masters of every key the entry's claim or commit may touch are
+ * up, whatever the other masters do; a failover in progress on one master
+ * holds only the entries with a key there (issue 15, item 11). */
+static bool key_up(px_redis *r, const char *key)
+{
+    return key == NULL || px_redis_key_up(r, key, strlen(key));
+}
+
+static bool entry_up(px_entry *e)
+{
+    px_redis *r = e->st->px->redis;
+    if (px_redis_is_up(r)) return true;
+    if (!px_redis_clustered(r)) return false;
+    px_stream_conf *sc = e->st->conf;
+    if (!key_up(r, e->lock_name) || !key_up(r, e->done_name) || !key_up(r, e->lock_key) ||
+        !key_up(r, sc->dead_letter) || (sc->fencing && !key_up(r, PX_FENCE_KEY)))
+        return false;
+    if (sc->group == NULL && sc->dead_letter) {   /* the entry-level mark */
+        char mark[600];
+        snprintf(mark, sizeof(mark), "idemproxy:dl:%s:%s", sc->stream, e->id);
+        if (!key_up(r, mark)) return false;
+    }
+    return true;
+}
+
+/* Take every entry of 'q' whose servers are up (and, for claims, whose
+ * delivery counts are in: reader.c's counts_wait) and run 'fn' on it; the
+ * others stay queued, in order. */
+static void flush_up(px_proxy *px, px_queue *q, void (*fn)(px_entry *), bool counts)
+{
+    bool all = px_redis_is_up(px->redis);
+    if (q->n == 0 || (!all && !px_redis_clustered(px->redis))) return;
+    px_queue keep = {0};
+    px_entry *e;
+    while ((e = px_queue_pop(q)) != NULL) {
+        if ((counts && e->counts_wait) || (!all && !entry_up(e))) px_queue_push(&keep, e);
+        else fn(e);
+    }
+    while ((e = px_queue_pop(&keep)) != NULL) px_queue_push(q, e);
+}
+
 /* The value our dedup lock holds. */
 static const char *lock_value(px_entry *e, char *buf, size_t size)
 {
@@ -449,9 +491,7 @@ static void claim_one(px_entry *e)
 
 void px_claim_flush(px_proxy *px)
 {
-    if (!px_redis_is_up(px->redis)) return;
-    px_entry *e;
-    while ((e = px_queue_pop(&px->claim_q)) != NULL) claim_one(e);
+    flush_up(px, &px->claim_q, claim_one, true);
 }
 
 static void incr_fence(px_entry *e)
@@ -538,7 +578,7 @@ static void on_lock_key_set(px_entry *e, redisReply *r)
 
 void px_claim_lock_key(px_entry *e)
 {
-    if (!px_redis_is_up(e->st->px->redis)) { px_proxy_claim_failed(e); return; }
+    if (!entry_up(e)) { px_proxy_claim_failed(e); return; }
     e->claim_set = PX_LOCK_NONE;
     e->claim_own = false;
     e->in_claim_io = true;
@@ -588,15 +628,24 @@ static void on_extended(px_entry *e, redisReply *r)
  * every lease_every, paced (see px_proxy_create). */
 void px_claim_extend(px_stream *st)
 {
-    if (!px_redis_is_up(st->px->redis)) return;
+    px_redis *r = st->px->redis;
+    bool all = px_redis_is_up(r);
+    if (!all && !px_redis_clustered(r)) return;
     double now = ev_now(st->px->loop);
     size_t budget = st->lease_budget;
     for (px_entry *e = st->head; e && budget; e = e->next) {
         if (!(e->has_dedup || e->has_lock) || e->lease_next > now) continue;
-        e->lease_next = now + st->lease_every;
+        /* A cluster with a master down: extend each lock whose master is up
+         * (issue 15, item 11); one whose master is down stays due, and is
+         * extended soon after its master (or the replica promoted) is back. */
+        bool dedup = e->has_dedup && (all || key_up(r, e->lock_name));
+        bool lock = e->has_lock && (all || key_up(r, e->lock_key));
+        if (!dedup && !lock) continue;
+        bool skipped = dedup != e->has_dedup || lock != e->has_lock;
+        e->lease_next = now + (skipped ? st->lease_every / 4 : st->lease_every);
         budget--;
-        if (e->has_dedup) extend_now(e, e->lock_name, true);
-        if (e->has_lock) extend_now(e, e->lock_key, false);
+        if (dedup) extend_now(e, e->lock_name, true);
+        if (lock) extend_now(e, e->lock_key, false);
     }
 }
 
@@ -781,9 +830,7 @@ static void commit_one(px_entry *e)
 
 void px_commit_flush(px_proxy *px)
 {
-    if (!px_redis_is_up(px->redis)) return;
-    px_entry *e;
-    while ((e = px_queue_pop(&px->commit_q)) != NULL) commit_one(e);
+    flush_up(px, &px->commit_q, commit_one, false);
 }
 
 /* --- XACK ------------------------------------------------------------------ */
@@ -812,10 +859,14 @@ static void xack_reply_cb(px_redis *r, redisReply *reply, void *priv)
 
 void px_xack_flush(px_proxy *px)
 {
-    if (!px_redis_is_up(px->redis) || px->xack_q.n == 0) return;
-    /* One XACK per stream, naming every id that stream finished. */
+    if (px->xack_q.n == 0) return;
+    bool all = px_redis_is_up(px->redis);
+    if (!all && !px_redis_clustered(px->redis)) return;
+    /* One XACK per stream, naming every id that stream finished; on a
+     * cluster with a master down, for the streams whose master is up. */
     for (size_t s = 0; s < px->nstreams; s++) {
         px_stream *st = &px->streams[s];
+        if (!all && !key_up(px->redis, st->conf->stream)) continue;
         xack_batch *b = px_calloc(1, sizeof(*b));
         b->v = px_malloc(sizeof(px_entry *) * px->xack_q.n);
         px_queue keep = {0};

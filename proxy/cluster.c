@@ -121,6 +121,7 @@ typedef struct cl_node {
     char        host[256];
     px_redis   *link;
     bool        master;        /* in the current map */
+    bool        pointed;       /* gc_cb: a slot points at it */
     struct cl_node *next;
 } cl_node;
 
@@ -323,10 +324,23 @@ static void dispatch(px_cluster *cl, ccmd *c)
     if (rc != PX_OK) wait_push(cl, c);
 }
 
+bool px_cluster_key_up(const px_cluster *cl, const char *key, size_t len)
+{
+    if (key == NULL) {
+        for (cl_node *n = cl->nodes; n; n = n->next)
+            if (n->master && px_redis_is_up(n->link)) return true;
+        return false;
+    }
+    const cl_node *n = cl->slots[px_cluster_slot(key, len)];
+    return n && px_redis_is_up(n->link);
+}
+
 int px_cluster_send(px_cluster *cl, px_script *s, int nkeys, const char *key, size_t keylen,
                     long long extra_ms, px_redis_cb *cb, void *priv, int argc, const char **argv, const size_t *lens)
 {
-    if (!cl->up) return PX_ERR;
+    /* A master down (a failover in progress) stops only the commands for its
+     * slots: the other masters' keys are served, their leases extended. */
+    if (!cl->up && !px_cluster_key_up(cl, key, keylen)) return PX_ERR;
     size_t bytes = 0;
     for (int i = 0; i < argc; i++) bytes += lens[i] + 1;
     ccmd *c = px_malloc(sizeof(*c) + (size_t)argc * (sizeof(char *) + sizeof(size_t)) + bytes);
@@ -361,9 +375,15 @@ static void gc_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop; (void)revents;
     px_cluster *cl = w->data;
+    /* A MOVED may have pointed a slot at a node the map does not list, after
+     * the map that made this cleanup due (issue 15, item 10): such a node
+     * stays until a map says where that slot lives. */
+    for (cl_node *n = cl->nodes; n; n = n->next) n->pointed = false;
+    for (unsigned s = 0; s < PX_CLUSTER_SLOTS; s++)
+        if (cl->slots[s]) cl->slots[s]->pointed = true;
     for (cl_node **pp = &cl->nodes; *pp;) {
         cl_node *n = *pp;
-        if (!n->master && px_redis_pending(n->link) == 0 && cl->have_map) {
+        if (!n->master && !n->pointed && px_redis_pending(n->link) == 0 && cl->have_map) {
             *pp = n->next;
             node_free(n);
         } else {
@@ -402,8 +422,10 @@ static void slots_reply(px_redis *r, redisReply *reply, void *priv)
     if (unmapped && (cl->have_map || !cl->last_refresh))
         px_log_warn("redis %s: %zu slots have no master", cl->opts.name, unmapped);
     cl->have_map = unmapped == 0;
-    ev_timer_set(&cl->gc, 0., 0.);
-    ev_timer_start(cl->loop, &cl->gc);
+    if (!ev_is_active(&cl->gc)) {     /* two maps in one loop turn: one cleanup */
+        ev_timer_set(&cl->gc, 0., 0.);
+        ev_timer_start(cl->loop, &cl->gc);
+    }
     update_up(cl);
     if (cl->wait_head) retry_waiting(cl);
 }
@@ -481,6 +503,18 @@ void px_cluster_destroy(px_cluster *cl)
         free(c);
     }
     free(cl);
+}
+
+size_t px_cluster_stale_slots(const px_cluster *cl)
+{
+    size_t n = 0;
+    for (unsigned s = 0; s < PX_CLUSTER_SLOTS; s++) {
+        if (cl->slots[s] == NULL) continue;
+        const cl_node *m = cl->nodes;
+        while (m && m != cl->slots[s]) m = m->next;
+        n += m == NULL;
+    }
+    return n;
 }
 
 size_t px_cluster_pending(const px_cluster *cl)

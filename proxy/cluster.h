@@ -55,10 +55,19 @@ px_cluster *px_cluster_create(struct ev_loop *loop, const px_redis_opts *opts, p
 void px_cluster_destroy(px_cluster *cl);
 size_t px_cluster_pending(const px_cluster *cl);
 
+/* The master that owns key's slot (NULL: any master) has a live link. */
+bool px_cluster_key_up(const px_cluster *cl, const char *key, size_t len);
+
 /* Route one command (a script when 's' is set) by 'key' (NULL: any master). */
 int px_cluster_send(px_cluster *cl, px_script *s, int nkeys, const char *key, size_t keylen,
                     long long extra_ms, px_redis_cb *cb, void *priv, int argc, const char **argv,
                     const size_t *lens);
+
+/* Checks for tests: the router of a cluster client (NULL for a single
+ * server), and how many slots point at a node that is not in its node list
+ * (freed): always 0. */
+px_cluster *px_redis_router(const px_redis *r);
+size_t px_cluster_stale_slots(const px_cluster *cl);
 
 /* redis.c: the cluster's readiness changed (every slot mapped, every master linked). */
 void px_redis_cluster_state(px_redis *outer, bool up);

@@ -106,6 +106,7 @@ struct px_entry {
     bool            claim_done;    /* claim: the done key exists */
     bool            claim_own;     /* claim: the lock already held our token (a lost reply) */
     bool            lock_waited;   /* lock_key was busy once: look at the dedup key again */
+    uint32_t        counts_wait;   /* cluster: claimed only once this batch's delivery counts are in (reader.c) */
     bool            recheck_mine;  /* that look found our dedup lock */
     uint64_t        wait_until_ms; /* LOCKWAIT: give up on lock_key after this */
     double          claim_since;   /* loop time of the first claim attempt (lock_wait) */

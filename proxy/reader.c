@@ -71,13 +71,29 @@ static void page_seen(px_stream *st, size_t n, size_t bytes)
 /* XPENDING's answer for a replayed or reclaimed batch: each entry's delivery
  * count becomes its attempt number (SPEC 2), so max_deliveries holds across
  * restarts and consumers. It is asked on the command link before the batch's
- * claims, so it is in before any of them is delivered. */
+ * claims: on one server it is in before any of them. On a cluster the
+ * claims go to other masters and may be answered, and the entry delivered,
+ * first (attempt 1 again, and Redis' count set back to 1): there the batch's
+ * claims wait for this reply ('counts_wait', px_claim_flush).
+ *
+ * Test hook: IDEMPROXY_DEBUG_COUNTS_DELAY_MS sends the XPENDING that much
+ * later, as a stream master slower than the lock's would answer it. */
+static long debug_counts_delay_ms = -1;
+
+typedef struct counts_ask {
+    px_stream *st;
+    uint32_t   seq;               /* the batch: its entries' counts_wait */
+    size_t     n;
+    ev_timer   delay;             /* the test hook */
+    char       first[64], last[64];
+} counts_ask;
+
 static void counts_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
-    px_stream *st = priv;
-    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY) return;
-    for (size_t i = 0; i < reply->elements; i++) {
+    counts_ask *a = priv;
+    px_stream *st = a->st;
+    for (size_t i = 0; reply && reply->type == REDIS_REPLY_ARRAY && i < reply->elements; i++) {
         redisReply *p = reply->element[i];
         if (p->type != REDIS_REPLY_ARRAY || p->elements < 4 || p->element[0]->type != REDIS_REPLY_STRING ||
             p->element[3]->type != REDIS_REPLY_INTEGER) continue;
@@ -88,17 +104,60 @@ static void counts_reply_cb(px_redis *r, redisReply *reply, void *priv)
         e->redis_count = (uint32_t)p->element[3]->integer;
         e->attempt = e->redis_count - 1;
     }
+    /* Answered or lost, the batch's claims go ahead now. */
+    for (px_entry *e = st->head; e; e = e->next)
+        if (e->counts_wait == a->seq) e->counts_wait = 0;
+    free(a);
 }
 
-static void ask_counts(px_stream *st, const char *first, const char *last, size_t n)
+static void counts_send(counts_ask *a)
 {
+    px_stream *st = a->st;
     char count[24];
-    snprintf(count, sizeof(count), "%zu", n);
-    const char *argv[] = { "XPENDING", st->conf->stream, st->conf->group, first, last, count,
+    snprintf(count, sizeof(count), "%zu", a->n);
+    const char *argv[] = { "XPENDING", st->conf->stream, st->conf->group, a->first, a->last, count,
                            st->conf->consumer };
     size_t lens[7];
     for (int i = 0; i < 7; i++) lens[i] = strlen(argv[i]);
-    px_redis_argv(st->px->redis, st->conf->stream, 0, counts_reply_cb, st, 7, argv, lens);
+    if (px_redis_argv(st->px->redis, st->conf->stream, 0, counts_reply_cb, a, 7, argv, lens) != PX_OK)
+        counts_reply_cb(st->px->redis, NULL, a);
+}
+
+static void counts_delay_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    counts_send(w->data);
+}
+
+/* The counts of the batch first..last (n entries): its number is set as
+ * the entries' counts_wait (0 on one server: nothing waits) before
+ * counts_go sends it, after the entries exist and before their claims. */
+static counts_ask *counts_new(px_stream *st, const char *first, const char *last, size_t n)
+{
+    static uint32_t seq;
+    counts_ask *a = px_calloc(1, sizeof(*a));
+    a->st = st;
+    a->n = n;
+    if (++seq == 0) seq = 1;
+    a->seq = px_redis_clustered(st->px->redis) ? seq : 0;
+    snprintf(a->first, sizeof(a->first), "%s", first);
+    snprintf(a->last, sizeof(a->last), "%s", last);
+    return a;
+}
+
+static void counts_go(counts_ask *a)
+{
+    if (debug_counts_delay_ms < 0) {
+        const char *dbg = getenv("IDEMPROXY_DEBUG_COUNTS_DELAY_MS");
+        debug_counts_delay_ms = dbg ? atol(dbg) : 0;
+    }
+    if (debug_counts_delay_ms > 0) {
+        ev_timer_init(&a->delay, counts_delay_cb, (double)debug_counts_delay_ms / 1000.0, 0.);
+        a->delay.data = a;
+        ev_timer_start(a->st->px->loop, &a->delay);
+    } else {
+        counts_send(a);      /* a link down answers at once: then nothing waits */
+    }
 }
 
 /* Group mode: Redis' delivery count of an entry is idemproxy's deliveries of
@@ -135,7 +194,9 @@ static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop; (void)revents;
     px_stream *st = w->data;
     px_stream_conf *sc = st->conf;
-    if (!px_redis_is_up(st->px->redis) || st->head == NULL) return;
+    /* On a cluster, the stream's master being up is enough: a failover of
+     * another master must not let another replica take over what we hold. */
+    if (st->head == NULL || !px_redis_key_up(st->px->redis, sc->stream, strlen(sc->stream))) return;
     const char *argv[5 + PX_REFRESH_BATCH + 1];
     size_t lens[5 + PX_REFRESH_BATCH + 1];
     argv[0] = "XCLAIM"; argv[1] = sc->stream; argv[2] = sc->group; argv[3] = sc->consumer;
@@ -159,12 +220,13 @@ static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
 static size_t take_entries(px_stream *st, redisReply *entries, bool fresh, size_t *bytes)
 {
     if (entries == NULL || entries->type != REDIS_REPLY_ARRAY) return 0;
+    counts_ask *counts = NULL;
     if (!fresh && st->conf->group && entries->elements > 0 &&
         entries->element[0]->type == REDIS_REPLY_ARRAY && entries->element[0]->elements > 0) {
         redisReply *last = entries->element[entries->elements - 1];
         if (last->type == REDIS_REPLY_ARRAY && last->elements > 0)
-            ask_counts(st, entries->element[0]->element[0]->str, last->element[0]->str,
-                       entries->elements);
+            counts = counts_new(st, entries->element[0]->element[0]->str, last->element[0]->str,
+                                entries->elements);
     }
     for (size_t i = 0; i < entries->elements; i++) {
         redisReply *en = entries->element[i];
@@ -186,7 +248,9 @@ static size_t take_entries(px_stream *st, redisReply *entries, bool fresh, size_
         }
         px_entry *e = px_entry_create(st, id, en->element[1], bytes);
         if (fresh && st->conf->group) e->redis_count = 1;   /* group-less: 'e' may be gone */
+        else if (counts) e->counts_wait = counts->seq;      /* group mode: still here */
     }
+    if (counts) counts_go(counts);
     return entries->elements;
 }
 

@@ -9,8 +9,10 @@
 #include "redis.h"
 
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <malloc.h>
 
@@ -260,6 +262,64 @@ static void script_loaded_cb(px_redis *r, redisReply *reply, void *priv)
         memcpy(s->sha, reply->str, 41);
 }
 
+px_server_check px_redis_server_check(const redisReply *hello, char *ver, size_t versize)
+{
+    snprintf(ver, versize, "?");
+    if (hello == NULL) return PX_SERVER_UNKNOWN;
+    if (hello->type == REDIS_REPLY_ERROR) {
+        if (strncmp(hello->str, "ERR unknown command", 19) != 0) return PX_SERVER_UNKNOWN;
+        snprintf(ver, versize, "older than 6.0 (no HELLO)");
+        return PX_SERVER_OLD;
+    }
+    if (hello->type != REDIS_REPLY_ARRAY) return PX_SERVER_UNKNOWN;
+    const char *server = NULL, *version = NULL;
+    for (size_t i = 0; i + 1 < hello->elements; i += 2) {
+        const redisReply *k = hello->element[i], *v = hello->element[i + 1];
+        if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING) continue;
+        if (strcmp(k->str, "server") == 0) server = v->str;
+        else if (strcmp(k->str, "version") == 0) version = v->str;
+    }
+    if (version == NULL) return PX_SERVER_UNKNOWN;
+    snprintf(ver, versize, "%s %s", server ? server : "redis", version);
+    if (server && strcasecmp(server, "valkey") == 0) return PX_SERVER_OK;   /* forked from 7.2 */
+    char *end;
+    long major = strtol(version, &end, 10);
+    if (end == version) return PX_SERVER_UNKNOWN;
+    return major >= 7 ? PX_SERVER_OK : PX_SERVER_OLD;
+}
+
+/* The server's version, at every connect: an old one is refused (not ready,
+ * reconnecting with backoff) with one line that says why: one for the
+ * process, not one per link and reconnect (again if the version changes, or
+ * after a good server). */
+static char refused_ver[80];
+
+static void version_cb(px_redis *r, redisReply *reply, void *priv)
+{
+    (void)priv;
+    if (reply == NULL || r->ac == NULL) return;
+    char ver[80];
+    switch (px_redis_server_check(reply, ver, sizeof(ver))) {
+    case PX_SERVER_OK:
+        refused_ver[0] = '\0';
+        return;
+    case PX_SERVER_UNKNOWN:
+        px_log_debug("redis %s: server version unknown (%s); going on", r->opts.name,
+                     reply->type == REDIS_REPLY_ERROR ? reply->str : ver);
+        return;
+    case PX_SERVER_OLD:
+        break;
+    }
+    if (strcmp(refused_ver, ver) != 0)
+        px_log_error("redis %s: the server is %s: idemproxy needs Redis 7.0 or newer, or Valkey "
+                     "(SET NX GET); not ready, connecting again with backoff",
+                     r->opts.name, ver);
+    snprintf(refused_ver, sizeof(refused_ver), "%s", ver);
+    redisAsyncContext *ac = r->ac;
+    link_lost(r, "server too old");
+    redisAsyncDisconnect(ac);
+}
+
 static void hello_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)priv;
@@ -340,6 +400,7 @@ static void connect_start(px_redis *r)
             px_redis_cmd(r, hello_cb, NULL, "AUTH %s", r->opts.password);
     }
     if (r->opts.db) px_redis_cmd(r, hello_cb, NULL, "SELECT %d", r->opts.db);
+    px_redis_cmd(r, version_cb, NULL, "HELLO 2");
     for (size_t i = 0; i < nscripts; i++)
         px_redis_cmd(r, script_loaded_cb, scripts[i], "SCRIPT LOAD %s", scripts[i]->body);
     px_redis_cmd(r, hello_cb, NULL, "PING");
@@ -410,6 +471,16 @@ void px_redis_cluster_state(px_redis *outer, bool up)
 {
     if (up) px_log_info("redis %s: cluster ready", outer->opts.name);
     set_up(outer, up);
+}
+
+bool px_redis_key_up(const px_redis *r, const char *key, size_t len)
+{
+    return r->cl ? px_cluster_key_up(r->cl, key, len) : r->up;
+}
+
+px_cluster *px_redis_router(const px_redis *r)
+{
+    return r->cl;
 }
 
 bool px_redis_clustered(const px_redis *r)

@@ -59,6 +59,12 @@ void px_redis_destroy(px_redis *r);
  * master and every master's link is up. */
 bool px_redis_is_up(const px_redis *r);
 
+/* True when the server that holds 'key' ('len' bytes) is reachable: on a
+ * single server px_redis_is_up; on a cluster, the master that owns the key's
+ * slot has a live link, whatever the other masters do (one failing over stops
+ * only what lives on it). A NULL key: any master. */
+bool px_redis_key_up(const px_redis *r, const char *key, size_t len);
+
 /* True for a Redis Cluster client. */
 bool px_redis_clustered(const px_redis *r);
 
@@ -73,7 +79,8 @@ size_t px_redis_pending(const px_redis *r);
 /*
  * Send one command. 'key' names the key the command routes by (may be NULL).
  * 'extra_ms' is added to the deadline (a blocking read's BLOCK time).
- * Returns PX_OK, or PX_ERR when the link is down (then 'cb' is never called).
+ * Returns PX_OK, or PX_ERR when the link is down (then 'cb' is never called);
+ * on a cluster that is not wholly up, when the key's node is not reachable.
  */
 int px_redis_argv(px_redis *r, const char *key, long long extra_ms, px_redis_cb *cb,
                   void *priv, int argc, const char **argv, const size_t *lens);
@@ -85,6 +92,14 @@ int px_redis_strv(px_redis *r, px_redis_cb *cb, void *priv, int argc, const char
  * At most 5 keys and args together (PX_ERR otherwise). */
 int px_redis_script(px_redis *r, px_script *s, px_redis_cb *cb, void *priv, int nkeys,
                     int argc, const char **argv, const size_t *lens);
+
+/* What `HELLO 2`, sent at every connect of every link, says about the server
+ * (SPEC 3): Redis 7.0 or newer, or any Valkey, is needed (SET NX GET). An
+ * error "unknown command" is a server older than 6.0. Another error (an ACL
+ * without HELLO) or a reply without a version cannot tell. 'ver' gets the
+ * version text. Pure, for tests. */
+typedef enum { PX_SERVER_OK, PX_SERVER_OLD, PX_SERVER_UNKNOWN } px_server_check;
+px_server_check px_redis_server_check(const redisReply *hello, char *ver, size_t versize);
 
 /* Count of commands that failed (error replies, timeouts, lost links). */
 extern unsigned long long px_redis_errors;

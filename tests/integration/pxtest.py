@@ -104,9 +104,10 @@ class RedisCluster:
     by `redis-cli --cluster create`. A short node timeout makes failovers
     take about a second."""
 
-    def __init__(self, tmp: Path, masters=3, replicas=1, node_timeout=1000):
+    def __init__(self, tmp: Path, masters=3, replicas=1, node_timeout=1000, extra=()):
         self.tmp = tmp
         self.node_timeout = node_timeout
+        self.extra = list(extra)              # more redis-server options for every node
         n = masters * (1 + replicas)
         # A port taken by something else between free_port() and the bind leaves
         # `--cluster create` waiting forever for a node to join: try afresh.
@@ -140,7 +141,8 @@ class RedisCluster:
              "--cluster-enabled", "yes", "--cluster-port", str(bus),
              "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", str(self.node_timeout),
              "--logfile", str(d / "redis.log"), "--save", "", "--appendonly", "no",
-             "--repl-diskless-sync-delay", "0"],   # replicas in sync at once, so they can fail over
+             "--repl-diskless-sync-delay", "0",    # replicas in sync at once, so they can fail over
+             *self.extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(lambda: self._ping(port), what=f"redis-server {port}")
 

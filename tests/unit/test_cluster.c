@@ -1,13 +1,21 @@
 /*
  * test_cluster.c - the pure part of proxy/cluster.c: hash slots (checked
  * against CLUSTER KEYSLOT of Redis 7.0), MOVED/ASK parsing and CLUSTER SLOTS
- * parsing, with replies built by hiredis' own protocol reader.
+ * parsing, with replies built by hiredis' own protocol reader. And the router
+ * itself on a libev loop, against fake cluster nodes on real sockets in this
+ * process, where a test decides what each node answers and when.
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <ev.h>
 #include <hiredis/hiredis.h>
 
 #include "cluster.h"
+#include "log.h"
 #include "test.h"
 
 static void test_slots(void)
@@ -121,11 +129,233 @@ static void test_split_addr(void)
     test_cond("host too long", !px_cluster_split_addr("abcdefghij:1", host, 8, &port));
 }
 
+
+/* --- fake cluster nodes ------------------------------------------------------
+ * A listening socket on the test's loop; each connection's commands (RESP
+ * arrays of bulk strings) go to the node's handler, which writes replies. */
+
+typedef struct fake_node fake_node;
+typedef struct fake_conn {
+    fake_node *node;
+    int        fd;
+    ev_io      w;
+    char       buf[8192];
+    size_t     len;
+    struct fake_conn *next;
+} fake_conn;
+
+struct fake_node {
+    int        port, lfd;
+    ev_io      accept_w;
+    fake_conn *conns;
+    void     (*on_cmd)(fake_node *n, fake_conn *c, int argc, char **argv);
+    void      *data;
+};
+
+static void fake_send(fake_conn *c, const char *s)
+{
+    size_t n = strlen(s);
+    while (n) {
+        ssize_t w = write(c->fd, s, n);
+        if (w <= 0) return;
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+/* One complete command at the start of buf: its arguments (NUL-terminated in
+ * place) and the bytes it took; 0 while incomplete. */
+static size_t fake_parse(char *buf, size_t len, int *argc, char **argv, int max)
+{
+    char *p = buf, *end = buf + len;
+    char *nl = memchr(p, '\n', (size_t)(end - p));
+    if (len == 0 || *p != '*' || nl == NULL) return 0;
+    int n = atoi(p + 1);
+    p = nl + 1;
+    for (int i = 0; i < n; i++) {
+        nl = memchr(p, '\n', (size_t)(end - p));
+        if (nl == NULL || *p != '$') return 0;
+        long l = atol(p + 1);
+        p = nl + 1;
+        if (end - p < l + 2) return 0;
+        if (i < max) argv[i] = p;
+        p[l] = '\0';
+        p += l + 2;
+    }
+    *argc = n < max ? n : max;
+    return (size_t)(p - buf);
+}
+
+static void fake_read_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)revents;
+    fake_conn *c = w->data;
+    ssize_t r = read(c->fd, c->buf + c->len, sizeof(c->buf) - c->len - 1);
+    if (r <= 0) { ev_io_stop(loop, w); close(c->fd); c->fd = -1; return; }
+    c->len += (size_t)r;
+    for (;;) {
+        char *argv[16];
+        int argc = 0;
+        size_t used = fake_parse(c->buf, c->len, &argc, argv, 16);
+        if (used == 0) break;
+        if (c->node->on_cmd) c->node->on_cmd(c->node, c, argc, argv);
+        memmove(c->buf, c->buf + used, c->len - used);
+        c->len -= used;
+    }
+}
+
+static void fake_accept_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)revents;
+    fake_node *n = w->data;
+    int fd = accept(n->lfd, NULL, NULL);
+    if (fd < 0) return;
+    fake_conn *c = calloc(1, sizeof(*c));
+    c->node = n;
+    c->fd = fd;
+    c->next = n->conns;
+    n->conns = c;
+    ev_io_init(&c->w, fake_read_cb, fd, EV_READ);
+    c->w.data = c;
+    ev_io_start(loop, &c->w);
+}
+
+static void fake_listen(struct ev_loop *loop, fake_node *n)
+{
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t al = sizeof(a);
+    n->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    bind(n->lfd, (struct sockaddr *)&a, sizeof(a));
+    listen(n->lfd, 16);
+    getsockname(n->lfd, (struct sockaddr *)&a, &al);
+    n->port = ntohs(a.sin_port);
+    ev_io_init(&n->accept_w, fake_accept_cb, n->lfd, EV_READ);
+    n->accept_w.data = n;
+    ev_io_start(loop, &n->accept_w);
+}
+
+/* Close every connection and stop listening: connects are refused from now on. */
+static void fake_close(struct ev_loop *loop, fake_node *n)
+{
+    while (n->conns) {
+        fake_conn *c = n->conns;
+        n->conns = c->next;
+        if (c->fd >= 0) { ev_io_stop(loop, &c->w); close(c->fd); }
+        free(c);
+    }
+    if (n->lfd >= 0) { ev_io_stop(loop, &n->accept_w); close(n->lfd); n->lfd = -1; }
+}
+
+/* Run the loop until *flag or 'secs' pass; every turn, the largest number of
+ * slots seen pointing at a freed node goes into *stale (when given). */
+static void run_until(struct ev_loop *loop, const bool *flag, double secs, px_redis *r, size_t *stale)
+{
+    ev_tstamp end = ev_time() + secs;
+    while ((flag == NULL || !*flag) && ev_time() < end) {
+        ev_run(loop, EVRUN_ONCE | EVRUN_NOWAIT);
+        if (r && stale) {
+            size_t s = px_cluster_stale_slots(px_redis_router(r));
+            if (s > *stale) *stale = s;
+        }
+        usleep(1000);
+    }
+}
+
+/* Issue 15, item 10: a MOVED naming a node that the slot map does not list
+ * (a known node whose link is down, here a seed that is not a master) lands
+ * right after a map reply, in the same read: the map's cleanup, due on the
+ * next loop turn, must not free the node the slot table now points at. */
+typedef struct moved_case {
+    int  port, other;            /* this node's and the MOVED target's ports */
+    bool hold_slots;             /* keep the next CLUSTER SLOTS reply */
+    char held[256];
+    int  moved_j;
+} moved_case;
+
+static void node_p(fake_node *n, fake_conn *c, int argc, char **argv)
+{
+    moved_case *m = n->data;
+    char out[512];
+    if (argc >= 1 && strcasecmp(argv[0], "PING") == 0) {
+        fake_send(c, "+PONG\r\n");
+    } else if (argc >= 2 && strcasecmp(argv[0], "CLUSTER") == 0) {
+        char map[200];
+        snprintf(map, sizeof(map), "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:%d\r\n", m->port);
+        if (m->hold_slots) { snprintf(m->held, sizeof(m->held), "%s", map); m->hold_slots = false; }
+        else fake_send(c, map);
+    } else if (argc >= 2 && strcmp(argv[1], "j") == 0 && m->moved_j++ == 0) {
+        snprintf(out, sizeof(out), "-MOVED %u 127.0.0.1:%d\r\n", px_cluster_slot("j", 1), m->port);
+        fake_send(c, out);              /* to itself: only to make the router ask for the map */
+    } else if (argc >= 2 && strcmp(argv[1], "k") == 0 && m->held[0]) {
+        /* The held map and a MOVED to the other node, in one write. */
+        snprintf(out, sizeof(out), "%s-MOVED %u 127.0.0.1:%d\r\n", m->held, px_cluster_slot("k", 1),
+                 m->other);
+        m->held[0] = '\0';
+        fake_send(c, out);
+    } else {
+        fake_send(c, "$-1\r\n");
+    }
+}
+
+typedef struct got { bool done; bool nil; } got;
+
+static void got_cb(px_redis *r, redisReply *reply, void *priv)
+{
+    (void)r;
+    got *g = priv;
+    g->done = true;
+    g->nil = reply && reply->type == REDIS_REPLY_NIL;
+}
+
+static void test_moved_to_unmapped_node(void)
+{
+    struct ev_loop *loop = EV_DEFAULT;
+    moved_case m = {0};
+    fake_node p = { .on_cmd = node_p, .data = &m }, q = { .on_cmd = NULL };   /* q never answers */
+    fake_listen(loop, &p);
+    fake_listen(loop, &q);
+    m.port = p.port;
+    m.other = q.port;
+    char sp[32], sq[32];
+    snprintf(sp, sizeof(sp), "127.0.0.1:%d", p.port);
+    snprintf(sq, sizeof(sq), "127.0.0.1:%d", q.port);
+    const char *seeds[] = { sp, sq };
+    px_redis_opts o = { .name = "test", .timeout_ms = 5000, .seeds = seeds, .nseeds = 2 };
+    px_redis *r = px_redis_create(loop, &o, NULL, NULL);
+    for (int i = 0; i < 5000 && !px_redis_is_up(r); i++) run_until(loop, NULL, 0.001, NULL, NULL);
+    test_cond("cluster up on the fake node", px_redis_is_up(r));
+    /* q's PING is still unanswered, so the first map's cleanup kept it. Now q
+     * goes away: its link is down and idle between reconnects (0.1, 0.3, 0.7,
+     * 1.5, 3.1 s), a known node that is no master. */
+    fake_close(loop, &q);
+    run_until(loop, NULL, 2.0, NULL, NULL);
+
+    got gj = {0}, gk = {0};
+    size_t stale = 0;
+    m.hold_slots = true;               /* the refresh that MOVED j causes: held */
+    const char *j[] = { "GET", "j" }, *k[] = { "GET", "k" };
+    test_cond("GET j sent", px_redis_strv(r, got_cb, &gj, 2, j) == PX_OK);
+    run_until(loop, &gj.done, 3.0, r, &stale);
+    for (int i = 0; i < 3000 && !m.held[0]; i++) run_until(loop, NULL, 0.001, NULL, NULL);
+    test_cond("GET j answered after its MOVED", gj.done && gj.nil);
+    test_cond("a map reply held back", m.held[0] != '\0');
+    test_cond("GET k sent", px_redis_strv(r, got_cb, &gk, 2, k) == PX_OK);
+    run_until(loop, &gk.done, 3.0, r, &stale);
+    test_cond("GET k answered once the map is asked again", gk.done && gk.nil);
+    test_cond("no slot ever pointed at a freed node", stale == 0);
+    if (stale) fprintf(stderr, "  %zu slots pointed at a freed node\n", stale);
+    px_redis_destroy(r);
+    fake_close(loop, &p);
+    run_until(loop, NULL, 0.05, NULL, NULL);
+}
+
 int main(void)
 {
+    px_log_setup(PX_LOG_WARN, PX_LOG_TEXT);
     test_slots();
     test_redirect();
     test_parse_slots();
     test_split_addr();
+    test_moved_to_unmapped_node();
     return test_report();
 }

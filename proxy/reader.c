@@ -88,11 +88,22 @@ typedef struct counts_ask {
     char       first[64], last[64];
 } counts_ask;
 
+static void counts_delay_cb(struct ev_loop *loop, ev_timer *w, int revents);
+
 static void counts_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
     counts_ask *a = priv;
     px_stream *st = a->st;
+    if (reply == NULL && !st->px->stopping) {
+        /* Not sent (the command link is not up yet: a restart's history
+         * read can come first) or lost: asked again shortly, and the batch's
+         * claims wait, or they would go out as first deliveries. */
+        ev_timer_init(&a->delay, counts_delay_cb, 0.1, 0.);
+        a->delay.data = a;
+        ev_timer_start(st->px->loop, &a->delay);
+        return;
+    }
     for (size_t i = 0; reply && reply->type == REDIS_REPLY_ARRAY && i < reply->elements; i++) {
         redisReply *p = reply->element[i];
         if (p->type != REDIS_REPLY_ARRAY || p->elements < 4 || p->element[0]->type != REDIS_REPLY_STRING ||
@@ -126,11 +137,13 @@ static void counts_send(counts_ask *a)
 static void counts_delay_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop; (void)revents;
-    counts_send(w->data);
+    counts_ask *a = w->data;
+    if (a->st->px->stopping) { counts_reply_cb(a->st->px->redis, NULL, a); return; }
+    counts_send(a);
 }
 
 /* The counts of the batch first..last (n entries): its number is set as
- * the entries' counts_wait (0 on one server: nothing waits) before
+ * the entries' counts_wait before
  * counts_go sends it, after the entries exist and before their claims. */
 static counts_ask *counts_new(px_stream *st, const char *first, const char *last, size_t n)
 {
@@ -139,7 +152,7 @@ static counts_ask *counts_new(px_stream *st, const char *first, const char *last
     a->st = st;
     a->n = n;
     if (++seq == 0) seq = 1;
-    a->seq = px_redis_clustered(st->px->redis) ? seq : 0;
+    a->seq = seq;   /* claims wait for the counts, on one server too (see counts_reply_cb) */
     snprintf(a->first, sizeof(a->first), "%s", first);
     snprintf(a->last, sizeof(a->last), "%s", last);
     return a;
@@ -156,7 +169,7 @@ static void counts_go(counts_ask *a)
         a->delay.data = a;
         ev_timer_start(a->st->px->loop, &a->delay);
     } else {
-        counts_send(a);      /* a link down answers at once: then nothing waits */
+        counts_send(a);      /* a link down: asked again shortly (counts_reply_cb) */
     }
 }
 

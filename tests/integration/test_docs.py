@@ -143,6 +143,12 @@ def anchors(path):
 
 
 def tracked(path):
+    """Whether git tracks 'path', so an ignored or stray file cannot satisfy a link
+    (outside a git checkout, such as an unpacked archive, every file present counts)."""
+    inside = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--is-inside-work-tree"],
+                            capture_output=True, text=True)
+    if inside.returncode != 0:
+        return True
     rel = path.resolve().relative_to(ROOT.resolve())
     res = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--error-unmatch", str(rel)],
                          capture_output=True, text=True)

@@ -1,5 +1,6 @@
 """The documentation inside the repository: docs/configuration.md against the config
 parser's option tables, and every link of the Markdown docs staying inside the repository."""
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -94,6 +95,28 @@ def test_config_reference_complete_example_is_valid(tmp_path):
     cfg.write_text(example)
     res = subprocess.run([str(BIN), "check", "-c", str(cfg)], capture_output=True, text=True, timeout=10)
     assert res.returncode == 0, res.stderr
+
+
+def test_config_reference_each_example_is_valid(tmp_path):
+    """Each option's own example, in a minimal config around it, passes idemproxy check."""
+    text = CONFIG_MD.read_text().split("## A complete example", 1)[0]
+    examples = re.findall(r"^### `([^`]+)`\s*$(.*?)```yaml\n(.*?)```", text, re.S | re.M)
+    assert {name for name, _, _ in examples} == doc_headings(), "every option needs an example"
+    for name, between, yaml_text in examples:
+        assert "### " not in between, f"{name}: its example belongs to another heading"
+        if name.startswith("streams[]."):
+            cfg = "streams:\n" + (yaml_text if yaml_text.startswith("  - ") else "  - stream: s\n" + yaml_text)
+        elif name == "streams":
+            cfg = yaml_text
+        else:
+            cfg = yaml_text + "streams:\n  - stream: s\n"
+        path = tmp_path / "one.yaml"
+        path.write_text(cfg)
+        res = subprocess.run([str(BIN), "check", "-c", str(path)], capture_output=True, text=True,
+                             timeout=10, env={**os.environ, "HOSTNAME": "pod-0"})
+        assert res.returncode == 0, (name, cfg, res.stderr)
+        key = name.rsplit(".", 1)[-1]
+        assert re.search(r"^\s*(- )?" + re.escape(key) + r":", yaml_text, re.M), f"{name}: example does not set it"
 
 
 def test_config_reference_check_sees_a_drift():

@@ -3,7 +3,6 @@ parser's option tables, and every link of the Markdown docs staying inside the r
 import os
 import re
 import subprocess
-from pathlib import Path
 
 from pxtest import BIN, ROOT
 

@@ -1,0 +1,234 @@
+"""The documentation inside the repository: docs/configuration.md against the config
+parser's option tables, and every link of the Markdown docs staying inside the repository."""
+import os
+import re
+import subprocess
+
+from pxtest import BIN, ROOT
+
+CONFIG_C = ROOT / "proxy" / "config.c"
+CONFIG_MD = ROOT / "docs" / "configuration.md"
+
+# The parser's tables and the name each option has in the reference.
+TABLES = {
+    "cfg_top_opts": "",
+    "cfg_redis_opts": "redis.",
+    "cfg_app_opts": "app.",
+    "cfg_metrics_opts": "metrics.",
+    "cfg_log_opts": "log.",
+    "cfg_stream_opts": "streams[].",
+}
+SECTIONS = {"redis", "app", "metrics", "log"}   # top-level keys that are mappings of options
+
+
+def parser_options(source=None):
+    """Every option name of proxy/config.c's cfg_*_opts tables, as the reference names it."""
+    src = CONFIG_C.read_text() if source is None else source
+    found = set()
+    for table, prefix in TABLES.items():
+        m = re.search(r"static const cfg_opt " + table + r"\[\] = \{\n(.*?)\n\};", src, re.S)
+        assert m, f"{table} not found in proxy/config.c"
+        body = m.group(1)
+        # One entry per line that opens one: "{ .name = ..." or a CFG_*( macro.
+        entries = [ln for ln in body.splitlines() if re.match(r"\s*(\{|CFG_[A-Z]+\()", ln)]
+        names = []
+        for ln in entries:
+            e = (re.match(r'\s*\{ \.name = "(\w+)"', ln)
+                 or re.match(r'\s*CFG_ENUM\("(\w+)"', ln)
+                 or re.match(r"\s*CFG_(?:STR|MS|INT|BOOL)\(\w+, (\w+)", ln))
+            if re.match(r"\s*\{ \.name = NULL", ln):
+                continue
+            assert e, f"{table}: cannot read the option's name from: {ln.strip()}"
+            names.append(e.group(1))
+        assert names, f"{table}: no options read"
+        for n in names:
+            if table == "cfg_top_opts" and n in SECTIONS:
+                continue
+            found.add(prefix + n)
+    return found
+
+
+def doc_headings(text=None):
+    text = CONFIG_MD.read_text() if text is None else text
+    return set(re.findall(r"^### `([^`]+)`\s*$", text, re.M))
+
+
+def full_example(text=None):
+    text = CONFIG_MD.read_text() if text is None else text
+    tail = text.split("## A complete example", 1)[1]
+    m = re.search(r"```yaml\n(.*?)```", tail, re.S)
+    assert m, "docs/configuration.md: the complete example has no yaml block"
+    return m.group(1)
+
+
+def example_options(yaml_text):
+    """The option names a block-style config sets (enough YAML for the example)."""
+    names, section = set(), None
+    for ln in yaml_text.splitlines():
+        m = re.match(r"^( *)(- )?(\w+):", ln)
+        if not m:
+            continue
+        indent, key = len(m.group(1)) + (2 if m.group(2) else 0), m.group(3)
+        if indent == 0:
+            section = key
+            if key not in SECTIONS:
+                names.add(key)
+        elif section == "streams":
+            names.add("streams[]." + key)
+        else:
+            names.add(f"{section}.{key}")
+    return names
+
+
+def test_config_reference_matches_parser():
+    options, documented = parser_options(), doc_headings()
+    assert len(options) >= 30, sorted(options)
+    assert options - documented == set(), "options missing from docs/configuration.md"
+    assert documented - options == set(), "docs/configuration.md documents options the parser does not have"
+
+
+def test_config_reference_complete_example_is_valid(tmp_path):
+    example = full_example()
+    assert example_options(example) == parser_options(), "the complete example must set every option once"
+    cfg = tmp_path / "full.yaml"
+    cfg.write_text(example)
+    res = subprocess.run([str(BIN), "check", "-c", str(cfg)], capture_output=True, text=True, timeout=10)
+    assert res.returncode == 0, res.stderr
+
+
+def test_config_reference_each_example_is_valid(tmp_path):
+    """Each option's own example, in a minimal config around it, passes idemproxy check."""
+    text = CONFIG_MD.read_text().split("## A complete example", 1)[0]
+    examples = re.findall(r"^### `([^`]+)`\s*$(.*?)```yaml\n(.*?)```", text, re.S | re.M)
+    assert {name for name, _, _ in examples} == doc_headings(), "every option needs an example"
+    for name, between, yaml_text in examples:
+        assert "### " not in between, f"{name}: its example belongs to another heading"
+        if name.startswith("streams[]."):
+            cfg = "streams:\n" + (yaml_text if yaml_text.startswith("  - ") else "  - stream: s\n" + yaml_text)
+        elif name == "streams":
+            cfg = yaml_text
+        else:
+            cfg = yaml_text + "streams:\n  - stream: s\n"
+        path = tmp_path / "one.yaml"
+        path.write_text(cfg)
+        res = subprocess.run([str(BIN), "check", "-c", str(path)], capture_output=True, text=True,
+                             timeout=10, env={**os.environ, "HOSTNAME": "pod-0"})
+        assert res.returncode == 0, (name, cfg, res.stderr)
+        key = name.rsplit(".", 1)[-1]
+        assert re.search(r"^\s*(- )?" + re.escape(key) + r":", yaml_text, re.M), f"{name}: example does not set it"
+
+
+def test_config_reference_check_sees_a_drift():
+    """The comparison itself: an option dropped from the doc, or added to a table, is seen."""
+    text = CONFIG_MD.read_text()
+    dropped = re.sub(r"^### `streams\[\]\.fencing`\s*$", "", text, flags=re.M)
+    assert parser_options() - doc_headings(dropped) == {"streams[].fencing"}
+    src = CONFIG_C.read_text().replace("    CFG_BOOL(px_stream_conf, hash_tag),\n",
+                                        "    CFG_BOOL(px_stream_conf, hash_tag),\n"
+                                        "    CFG_BOOL(px_stream_conf, frobnicate),\n", 1)
+    assert parser_options(src) - doc_headings() == {"streams[].frobnicate"}
+
+
+# ------------------------------------------------------------------ links
+
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+IMAGE = re.compile(r"!\[[^\]]*\]\(\s*<?([^)\s>]+)>?")
+REFDEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", re.M)
+AUTOLINK = re.compile(r"<((?:https?|ftp|file|mailto):[^>\s]+)>")
+BARE_URL = re.compile(r"\b(?:https?|ftp|file)://[^\s)>`\"]+")
+
+
+def doc_files():
+    files = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+    files += [p for p in (ROOT / "SECURITY.md", ROOT / "CHANGELOG.md") if p.exists()]
+    return files
+
+
+def slug(heading):
+    s = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return s.replace(" ", "-")
+
+
+def anchors(path):
+    found, seen = set(), {}
+    in_code = False
+    for ln in path.read_text().splitlines():
+        if ln.startswith("```"):
+            in_code = not in_code
+        m = None if in_code else re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", ln)
+        if m:
+            s = slug(m.group(1))
+            n = seen.get(s, 0)
+            seen[s] = n + 1
+            found.add(s if n == 0 else f"{s}-{n}")
+    return found
+
+
+def tracked(path):
+    """Whether git tracks 'path', so an ignored or stray file cannot satisfy a link
+    (outside a git checkout, such as an unpacked archive, every file present counts)."""
+    inside = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--is-inside-work-tree"],
+                            capture_output=True, text=True)
+    if inside.returncode != 0:
+        return True
+    rel = path.resolve().relative_to(ROOT.resolve())
+    res = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--error-unmatch", str(rel)],
+                         capture_output=True, text=True)
+    return res.returncode == 0
+
+
+def link_problems(path, text=None):
+    """What is wrong with the links of one Markdown file: a list of messages."""
+    text = path.read_text() if text is None else text
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)     # code blocks are not links
+    problems = []
+    targets = LINK.findall(prose) + IMAGE.findall(prose) + REFDEF.findall(prose)
+    for url in AUTOLINK.findall(prose) + BARE_URL.findall(prose):
+        problems.append(f"{path.name}: a link out of the repository: {url}")
+    for t in targets:
+        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", t):
+            problems.append(f"{path.name}: a link out of the repository: {t}")
+            continue
+        file_part, _, frag = t.partition("#")
+        if file_part.startswith("/"):
+            problems.append(f"{path.name}: an absolute path: {t}")
+            continue
+        target = (path.parent / file_part).resolve() if file_part else path.resolve()
+        if ROOT.resolve() not in target.parents and target != ROOT.resolve():
+            problems.append(f"{path.name}: a link that leaves the repository: {t}")
+            continue
+        if not target.exists():
+            problems.append(f"{path.name}: a link to a missing file: {t}")
+            continue
+        if target.is_file() and not tracked(target):
+            problems.append(f"{path.name}: a link to a file git does not track: {t}")
+            continue
+        if frag and target.suffix == ".md" and frag not in anchors(target):
+            problems.append(f"{path.name}: a link to a missing heading: {t}")
+    # Paths out of the checkout, even when not written as links.
+    for m in re.finditer(r"\.\./shared|/work/|\.\./SPEC\.md", text):
+        problems.append(f"{path.name}: refers outside the repository: {m.group(0)}")
+    return problems
+
+
+def test_docs_links_stay_inside_the_repository():
+    files = doc_files()
+    assert len(files) >= 2
+    problems = [p for f in files for p in link_problems(f)]
+    assert problems == []
+
+
+def test_link_checker_sees_broken_and_outside_links():
+    readme = ROOT / "README.md"
+    cases = {
+        "[x](docs/nonexistent.md)": "missing file",
+        "[x](../shared/SPEC.md)": "leaves the repository",
+        "[x](/etc/passwd)": "absolute path",
+        "[x](https://example.com/)": "out of the repository",
+        "see https://example.com/ for more": "out of the repository",
+        "[x](README.md#no-such-heading)": "missing heading",
+    }
+    for snippet, what in cases.items():
+        found = link_problems(readme, "# t\n\n" + snippet + "\n")
+        assert found and what in found[0], (snippet, found)
+    assert link_problems(readme, "# t\n\n[x](README.md#the-guarantee)\n") == []

@@ -472,3 +472,44 @@ def test_claim_found_already_ours_is_extended_at_once(env, tmp_path):
         wait_for(lambda: r.get("idem:k") == "D", 5, "done")
     finally:
         link.close()
+
+
+# --- smaller items of issue 15 ----------------------------------------------------------
+
+def test_refused_xack_is_sent_again_after_a_pause_not_every_loop_turn(env, tmp_path):
+    """An XACK that Redis refuses (here: an ACL user without XACK) was queued
+    again at once and resent every loop iteration, thousands a second. It is
+    sent again after a pause; the key is done all the same (done before XACK)."""
+    from pxtest import Proxy
+    r = env.r
+    r.execute_command("ACL", "SETUSER", "px", "on", ">pw", "~*", "&*", "+@all", "-xack")
+    ep = env.endpoint()
+    url = f"redis://px:pw@127.0.0.1:{env.redis.port}"
+    p = Proxy(tmp_path, "noack", url, ep, [group_conf()], log_level="info")
+    env.proxies.append(p)
+    p.start()
+    env.worker(ep)
+    publish(r, "room", [ev(1)])
+    wait_for(lambda: r.get("idem:e1") == "D", 10, "done")
+    r.config_resetstat()
+    time.sleep(2.0)
+    st = r.info("commandstats").get("cmdstat_xack", {})
+    calls = int(st.get("calls", 0)) + int(st.get("rejected_calls", 0))   # NOPERM: rejected
+    assert 2 <= calls <= 20, f"{calls} XACKs in 2 s"
+    assert pending(r, "room", "g") == 1            # never acked without permission
+    lines = [l for l in p.log_text().splitlines() if "NOPERM" in l]
+    assert len(lines) <= 6, "\n".join(lines)       # rate-limited
+
+
+def test_a_key_with_a_newline_cannot_forge_a_log_line(env):
+    """A key holding a newline was written into the text log as is, so an
+    event could print a line of its own ('... level=error ...')."""
+    r = env.r
+    ep = env.endpoint()
+    p = env.proxy([group_conf()], endpoint=ep)       # debug: every delivery is logged
+    w = env.worker(ep)
+    forged = "2026-01-01T00:00:00.000Z error forged line"
+    publish(r, "room", [{"eventId": "k\n" + forged}])
+    wait_for(lambda: len(w.keys()) == 1, 10, "delivered")
+    wait_for(lambda: "k\\n" + forged in p.log_text(), 5, "the key logged, escaped")
+    assert not any(l.startswith(forged) for l in p.log_text().splitlines())

@@ -244,28 +244,11 @@ static bool j_value(jscan *s, int depth)
     }
 }
 
-/* The member a template of the form "#event.NAME" (or #root) reads, or NULL. */
-static const char *simple_member(const px_template *t, size_t *len)
-{
-    const char *src = px_template_source(t), *name;
-    if (strncmp(src, "#event.", 7) == 0) name = src + 7;
-    else if (strncmp(src, "#root.", 6) == 0) name = src + 6;
-    else return NULL;
-    const char *p = name;
-    if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || *p == '_')) return NULL;
-    while ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
-           *p == '_')
-        p++;
-    if (*p != '\0') return NULL;
-    *len = (size_t)(p - name);
-    return name;
-}
-
 /* Set the key of a payload for a "#event.NAME" template, or false: use json-c. */
 static bool fast_key(px_entry *e, const px_template *t, const px_field *payload)
 {
     size_t nlen, vn = 0;
-    const char *name = simple_member(t, &nlen);
+    const char *name = px_template_simple_member(t, &nlen);
     if (name == NULL) return false;
     jscan s = { (const unsigned char *)payload->value,
                 (const unsigned char *)payload->value + payload->value_len };
@@ -283,8 +266,10 @@ static bool fast_key(px_entry *e, const px_template *t, const px_field *payload)
 int px_event_prepare(px_entry *e, char *why, size_t whylen)
 {
     px_stream_conf *sc = e->st->conf;
-    /* #fields is built only for streams whose templates name it (proxy.c). */
-    json_object *fields = e->st->want_fields ? json_object_new_object() : NULL;
+    /* #fields is built only for templates that read it. */
+    bool want_fields = px_template_uses(sc->key_tpl, PX_TVAR_FIELDS) ||
+                       (sc->lock_tpl && px_template_uses(sc->lock_tpl, PX_TVAR_FIELDS));
+    json_object *fields = want_fields ? json_object_new_object() : NULL;
     json_object *event = NULL;
     int rc = PX_ERR;
 

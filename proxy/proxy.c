@@ -717,8 +717,6 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
         st->index = s;
         snprintf(st->lease_s, sizeof(st->lease_s), "%lld", st->conf->lease_ms);
         snprintf(st->ttl_s, sizeof(st->ttl_s), "%lld", st->conf->done_ttl_ms);
-        st->want_fields = strstr(px_template_source(st->conf->key_tpl), "fields") ||
-                          (st->conf->lock_tpl && strstr(px_template_source(st->conf->lock_tpl), "fields"));
         /* Leases are extended every lease_ms / 3 each, not all at once: a
          * timer ticks PX_LEASE_TICKS times in that time and extends the due
          * ones, at most lease_budget a tick. The budget is 4 x the average

@@ -165,7 +165,6 @@ struct px_stream {
     size_t          index;
     char            lease_s[24];   /* lease_ms as text, for commands */
     char            ttl_s[24];     /* done_ttl_ms as text */
-    bool            want_fields;   /* a template names #fields: build it per entry */
     px_redis       *link;          /* the stream's own link for blocking reads */
     int             rstate;        /* reader state (reader.c) */
     size_t          page_count;    /* COUNT of the next read, adapted to the bytes of the last */

@@ -55,9 +55,8 @@ static char *put_name(char *p, const char *prefix, const char *key, size_t n, bo
  * entry: prefix + key, or prefix + "{" + key + "}" with hash_tag (one cluster
  * slot for a key's lock and done mark, whatever the prefixes). Layout single
  * has one name for both; split has lock_prefix + key and done_prefix + key. */
-static void set_key(px_entry *e, const char *key, size_t n)
+static void set_key(px_entry *e, const px_stream_conf *sc, const char *key, size_t n)
 {
-    px_stream_conf *sc = e->st->conf;
     bool split = sc->layout == PX_LAYOUT_SPLIT, tag = sc->hash_tag;
     const char *lp = split ? sc->lock_prefix : sc->prefix;
     size_t ll = strlen(lp) + n + (tag ? 2 : 0);
@@ -79,11 +78,12 @@ static void set_key(px_entry *e, const char *key, size_t n)
 }
 
 /* Render 'tpl' for 'e' into 'out', or false with 'why' filled. */
-static bool render(px_entry *e, const px_template *tpl, json_object *event, json_object *fields,
-                   const char *what, px_buf *out, char *why, size_t whylen)
+static bool render(const px_entry *e, const px_stream_conf *sc, const px_template *tpl,
+                   json_object *event, json_object *fields, const char *what, px_buf *out,
+                   char *why, size_t whylen)
 {
     char err[256];
-    px_tvars vars = { event, fields, e->st->conf->stream, e->id };
+    px_tvars vars = { event, fields, sc->stream, e->id };
     if (px_template_render(tpl, &vars, out, err, sizeof(err)) != PX_OK) {
         snprintf(why, whylen, "%s '%s': %s", what, px_template_source(tpl), err);
         return false;
@@ -114,19 +114,19 @@ static bool render(px_entry *e, const px_template *tpl, json_object *event, json
  * unsure; the entry then takes the json-c path, which decides. */
 
 /* Set the key of a payload for a "#event.NAME" template, or false: use json-c. */
-static bool fast_key(px_entry *e, const px_template *t, const px_field *payload)
+static bool fast_key(px_entry *e, const px_stream_conf *sc, const px_field *payload)
 {
     size_t nlen, vn;
-    const char *v, *name = px_template_simple_member(t, &nlen);
+    const char *v, *name = px_template_simple_member(sc->key_tpl, &nlen);
     if (name == NULL || !px_jscan_member(payload->value, payload->value_len, name, nlen, &v, &vn))
         return false;
-    set_key(e, v, vn);
+    set_key(e, sc, v, vn);
     return true;
 }
 
-int px_event_prepare(px_entry *e, char *why, size_t whylen)
+int px_event_prepare(px_entry *e, const px_stream_conf *sc, long long max_entry_bytes, char *why,
+                     size_t whylen)
 {
-    px_stream_conf *sc = e->st->conf;
     /* #fields is built only for templates that read it. */
     bool want_fields = px_template_uses(sc->key_tpl, PX_TVAR_FIELDS) ||
                        (sc->lock_tpl && px_template_uses(sc->lock_tpl, PX_TVAR_FIELDS));
@@ -134,9 +134,9 @@ int px_event_prepare(px_entry *e, char *why, size_t whylen)
     json_object *event = NULL;
     int rc = PX_ERR;
 
-    if ((long long)e->bytes > e->st->px->conf->max_entry_bytes) {
+    if ((long long)e->bytes > max_entry_bytes) {
         snprintf(why, whylen, "entry is %zu bytes, over max_entry_bytes %lld", e->bytes,
-                 e->st->px->conf->max_entry_bytes);
+                 max_entry_bytes);
         goto done;
     }
     for (size_t i = 0; i < e->nfields; i++) {
@@ -160,7 +160,7 @@ int px_event_prepare(px_entry *e, char *why, size_t whylen)
             goto done;
         }
         px_field *p = &e->fields[e->payload_idx];
-        if (sc->lock_tpl == NULL && fast_key(e, sc->key_tpl, p)) {
+        if (sc->lock_tpl == NULL && fast_key(e, sc, p)) {
             rc = PX_OK;
             goto done;
         }
@@ -197,10 +197,10 @@ int px_event_prepare(px_entry *e, char *why, size_t whylen)
     }
 
     static px_buf out;
-    if (!render(e, sc->key_tpl, event, fields, "key", &out, why, whylen)) goto done;
-    set_key(e, out.data, out.len);
+    if (!render(e, sc, sc->key_tpl, event, fields, "key", &out, why, whylen)) goto done;
+    set_key(e, sc, out.data, out.len);
     if (sc->lock_tpl) {
-        if (!render(e, sc->lock_tpl, event, fields, "lock_key", &out, why, whylen)) goto done;
+        if (!render(e, sc, sc->lock_tpl, event, fields, "lock_key", &out, why, whylen)) goto done;
         e->lock_key = px_strndup(out.data, out.len);
     }
     rc = PX_OK;

@@ -201,7 +201,7 @@ px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, siz
         px_proxy_bad_entry(e, why);
         return e;
     }
-    if (px_event_prepare(e, why, sizeof(why)) != PX_OK) {
+    if (px_event_prepare(e, sc, st->px->conf->max_entry_bytes, why, sizeof(why)) != PX_OK) {
         e->oversized = (long long)e->bytes > st->px->conf->max_entry_bytes;
         px_proxy_bad_entry(e, why);
         return e;

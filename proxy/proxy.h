@@ -245,8 +245,12 @@ void px_reader_stop(px_stream *st);
 bool px_reader_live(px_stream *st);           /* connected and reading */
 void px_reader_delivering(px_entry *e);       /* a delivery goes out: Redis counts it */
 
-/* event.c: parse the entry and render its keys; PX_ERR with 'why' for bad input. */
-int px_event_prepare(px_entry *e, char *why, size_t whylen);
+/* event.c: parse the entry and render its keys; PX_ERR with 'why' for bad input.
+ * Reads the entry's id, fields, nfields, payload_idx and bytes, and 'sc' (the
+ * templates, payload_field, stream name and key layout), never e->st; sets
+ * e->key, lock_name, done_name (and their lengths) and lock_key. */
+int px_event_prepare(px_entry *e, const px_stream_conf *sc, long long max_entry_bytes, char *why,
+                     size_t whylen);
 
 /* claim.c */
 void px_claim_init(void);

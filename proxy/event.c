@@ -9,6 +9,7 @@
  */
 #include <string.h>
 
+#include "jscan.h"
 #include "proxy.h"
 
 /* Put 'value' at the dotted path 'name' inside 'obj', creating objects on the way.
@@ -54,9 +55,8 @@ static char *put_name(char *p, const char *prefix, const char *key, size_t n, bo
  * entry: prefix + key, or prefix + "{" + key + "}" with hash_tag (one cluster
  * slot for a key's lock and done mark, whatever the prefixes). Layout single
  * has one name for both; split has lock_prefix + key and done_prefix + key. */
-static void set_key(px_entry *e, const char *key, size_t n)
+static void set_key(px_entry *e, const px_stream_conf *sc, const char *key, size_t n)
 {
-    px_stream_conf *sc = e->st->conf;
     bool split = sc->layout == PX_LAYOUT_SPLIT, tag = sc->hash_tag;
     const char *lp = split ? sc->lock_prefix : sc->prefix;
     size_t ll = strlen(lp) + n + (tag ? 2 : 0);
@@ -78,11 +78,12 @@ static void set_key(px_entry *e, const char *key, size_t n)
 }
 
 /* Render 'tpl' for 'e' into 'out', or false with 'why' filled. */
-static bool render(px_entry *e, const px_template *tpl, json_object *event, json_object *fields,
-                   const char *what, px_buf *out, char *why, size_t whylen)
+static bool render(const px_entry *e, const px_stream_conf *sc, const px_template *tpl,
+                   json_object *event, json_object *fields, const char *what, px_buf *out,
+                   char *why, size_t whylen)
 {
     char err[256];
-    px_tvars vars = { event, fields, e->st->conf->stream, e->id };
+    px_tvars vars = { event, fields, sc->stream, e->id };
     if (px_template_render(tpl, &vars, out, err, sizeof(err)) != PX_OK) {
         snprintf(why, whylen, "%s '%s': %s", what, px_template_source(tpl), err);
         return false;
@@ -109,188 +110,33 @@ static bool render(px_entry *e, const px_template *tpl, json_object *event, json
  * Most keys are one property of the payload object, "#event.eventId", whose
  * value is a plain string. For those, json-c's parse (a tree of allocations
  * and a locale switch per entry: over a third of the daemon's instructions
- * under load) is replaced by one pass that checks the payload is strict JSON
- * and finds that member. The pass is a strict subset of json-c's strict mode:
- * whenever it is unsure (escapes in top-level names or in the value, a
- * surrogate escape, leading zeros, long numbers, deep nesting, a repeated
- * name, a value that is not a plain non-empty UTF-8 string, ...) it gives up
- * and the entry takes the json-c path, which decides. It never rejects an
- * entry itself. tests/fuzz/fuzz_event.c checks its keys against json-c's. */
-
-typedef struct jscan { const unsigned char *p, *end; } jscan;
-
-static void j_ws(jscan *s)
-{
-    while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r'))
-        s->p++;
-}
-
-static bool j_hex(unsigned char c)
-{
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-}
-
-/* A string at s->p ('"'); '*plain' says it has no escapes. */
-static bool j_string(jscan *s, bool *plain)
-{
-    const unsigned char *p = s->p + 1;
-    *plain = true;
-    for (; p < s->end; p++) {
-        if (*p == '"') { s->p = p + 1; return true; }
-        if (*p < 0x20) return false;
-        if (*p != '\\') continue;
-        *plain = false;
-        if (++p >= s->end) return false;
-        if (*p == 'u') {
-            if (s->end - p < 5 || !j_hex(p[1]) || !j_hex(p[2]) || !j_hex(p[3]) || !j_hex(p[4]))
-                return false;
-            if ((p[1] == 'd' || p[1] == 'D') && strchr("89abcdefABCDEF", p[2])) return false;
-            p += 4;
-        } else if (*p == '\0' || !strchr("\"\\/bfnrt", *p)) {
-            return false;
-        }
-    }
-    return false;
-}
-
-static bool j_digits(jscan *s)
-{
-    const unsigned char *p = s->p;
-    while (s->p < s->end && *s->p >= '0' && *s->p <= '9') s->p++;
-    return s->p > p;
-}
-
-static bool j_value(jscan *s, int depth);
-
-/* An object at s->p ('{'). At depth 0, finds the member 'name' (once): its
- * value's span goes to *v, *vn, and whether it is a plain string to *vplain. */
-static bool j_object(jscan *s, int depth, const char *name, size_t nlen, const unsigned char **v,
-                     size_t *vn, bool *vplain)
-{
-    s->p++;
-    j_ws(s);
-    if (s->p < s->end && *s->p == '}') { s->p++; return true; }
-    for (;;) {
-        bool plain;
-        if (s->p >= s->end || *s->p != '"') return false;
-        const unsigned char *k = s->p + 1;
-        if (!j_string(s, &plain)) return false;
-        size_t klen = (size_t)(s->p - 1 - k);
-        j_ws(s);
-        if (s->p >= s->end || *s->p != ':') return false;
-        s->p++;
-        j_ws(s);
-        const unsigned char *start = s->p;
-        if (!j_value(s, depth + 1)) return false;
-        if (depth == 0) {
-            if (!plain) return false;            /* a top-level name with escapes */
-            if (klen == nlen && memcmp(k, name, nlen) == 0) {
-                if (*v) return false;            /* twice: json-c keeps the last */
-                *v = start;
-                *vn = (size_t)(s->p - start);
-                *vplain = *start == '"' && j_string(&(jscan){ start, s->p }, &plain) && plain;
-            }
-        }
-        j_ws(s);
-        if (s->p < s->end && *s->p == ',') { s->p++; j_ws(s); continue; }
-        if (s->p < s->end && *s->p == '}') { s->p++; return true; }
-        return false;
-    }
-}
-
-static bool j_value(jscan *s, int depth)
-{
-    if (s->p >= s->end || depth > 16) return false;
-    bool plain;
-    const unsigned char *v = NULL;
-    size_t vn;
-    switch (*s->p) {
-    case '{':
-        return j_object(s, depth, NULL, 0, &v, &vn, &plain);
-    case '[':
-        s->p++;
-        j_ws(s);
-        if (s->p < s->end && *s->p == ']') { s->p++; return true; }
-        for (;;) {
-            if (!j_value(s, depth + 1)) return false;
-            j_ws(s);
-            if (s->p < s->end && *s->p == ',') { s->p++; j_ws(s); continue; }
-            if (s->p < s->end && *s->p == ']') { s->p++; return true; }
-            return false;
-        }
-    case '"':
-        return j_string(s, &plain);
-    case 't': case 'f': case 'n': {
-        const char *lit = *s->p == 't' ? "true" : *s->p == 'f' ? "false" : "null";
-        size_t n = strlen(lit);
-        if ((size_t)(s->end - s->p) < n || memcmp(s->p, lit, n) != 0) return false;
-        s->p += n;
-        return true;
-    }
-    default: {                                   /* a number, as RFC 8259 writes it */
-        const unsigned char *start = s->p;
-        if (*s->p == '-') s->p++;
-        if (s->p < s->end && *s->p == '0') s->p++;
-        else if (!j_digits(s)) return false;
-        if (s->p < s->end && *s->p == '.') { s->p++; if (!j_digits(s)) return false; }
-        if (s->p < s->end && (*s->p == 'e' || *s->p == 'E')) {
-            s->p++;
-            if (s->p < s->end && (*s->p == '+' || *s->p == '-')) s->p++;
-            const unsigned char *exp = s->p;
-            if (!j_digits(s) || s->p - exp > 2) return false;   /* no overflow to inf */
-        }
-        return s->p - start <= 18;               /* fits int64: json-c reads it as we do */
-    }
-    }
-}
-
-/* The member a template of the form "#event.NAME" (or #root) reads, or NULL. */
-static const char *simple_member(const px_template *t, size_t *len)
-{
-    const char *src = px_template_source(t), *name;
-    if (strncmp(src, "#event.", 7) == 0) name = src + 7;
-    else if (strncmp(src, "#root.", 6) == 0) name = src + 6;
-    else return NULL;
-    const char *p = name;
-    if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || *p == '_')) return NULL;
-    while ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
-           *p == '_')
-        p++;
-    if (*p != '\0') return NULL;
-    *len = (size_t)(p - name);
-    return name;
-}
+ * under load) is replaced by jscan.c's one pass, which gives up whenever it is
+ * unsure; the entry then takes the json-c path, which decides. */
 
 /* Set the key of a payload for a "#event.NAME" template, or false: use json-c. */
-static bool fast_key(px_entry *e, const px_template *t, const px_field *payload)
+static bool fast_key(px_entry *e, const px_stream_conf *sc, const px_field *payload)
 {
-    size_t nlen, vn = 0;
-    const char *name = simple_member(t, &nlen);
-    if (name == NULL) return false;
-    jscan s = { (const unsigned char *)payload->value,
-                (const unsigned char *)payload->value + payload->value_len };
-    const unsigned char *v = NULL;
-    bool plain = false;
-    j_ws(&s);
-    if (s.p >= s.end || *s.p != '{' || !j_object(&s, 0, name, nlen, &v, &vn, &plain)) return false;
-    j_ws(&s);
-    if (s.p != s.end || v == NULL || !plain || vn <= 2) return false;
-    if (!px_utf8_valid((const char *)v + 1, vn - 2)) return false;
-    set_key(e, (const char *)v + 1, vn - 2);
+    size_t nlen, vn;
+    const char *v, *name = px_template_simple_member(sc->key_tpl, &nlen);
+    if (name == NULL || !px_jscan_member(payload->value, payload->value_len, name, nlen, &v, &vn))
+        return false;
+    set_key(e, sc, v, vn);
     return true;
 }
 
-int px_event_prepare(px_entry *e, char *why, size_t whylen)
+int px_event_prepare(px_entry *e, const px_stream_conf *sc, long long max_entry_bytes, char *why,
+                     size_t whylen)
 {
-    px_stream_conf *sc = e->st->conf;
-    /* #fields is built only for streams whose templates name it (proxy.c). */
-    json_object *fields = e->st->want_fields ? json_object_new_object() : NULL;
+    /* #fields is built only for templates that read it. */
+    bool want_fields = px_template_uses(sc->key_tpl, PX_TVAR_FIELDS) ||
+                       (sc->lock_tpl && px_template_uses(sc->lock_tpl, PX_TVAR_FIELDS));
+    json_object *fields = want_fields ? json_object_new_object() : NULL;
     json_object *event = NULL;
     int rc = PX_ERR;
 
-    if ((long long)e->bytes > e->st->px->conf->max_entry_bytes) {
+    if ((long long)e->bytes > max_entry_bytes) {
         snprintf(why, whylen, "entry is %zu bytes, over max_entry_bytes %lld", e->bytes,
-                 e->st->px->conf->max_entry_bytes);
+                 max_entry_bytes);
         goto done;
     }
     for (size_t i = 0; i < e->nfields; i++) {
@@ -314,7 +160,7 @@ int px_event_prepare(px_entry *e, char *why, size_t whylen)
             goto done;
         }
         px_field *p = &e->fields[e->payload_idx];
-        if (sc->lock_tpl == NULL && fast_key(e, sc->key_tpl, p)) {
+        if (sc->lock_tpl == NULL && fast_key(e, sc, p)) {
             rc = PX_OK;
             goto done;
         }
@@ -351,10 +197,10 @@ int px_event_prepare(px_entry *e, char *why, size_t whylen)
     }
 
     static px_buf out;
-    if (!render(e, sc->key_tpl, event, fields, "key", &out, why, whylen)) goto done;
-    set_key(e, out.data, out.len);
+    if (!render(e, sc, sc->key_tpl, event, fields, "key", &out, why, whylen)) goto done;
+    set_key(e, sc, out.data, out.len);
     if (sc->lock_tpl) {
-        if (!render(e, sc->lock_tpl, event, fields, "lock_key", &out, why, whylen)) goto done;
+        if (!render(e, sc, sc->lock_tpl, event, fields, "lock_key", &out, why, whylen)) goto done;
         e->lock_key = px_strndup(out.data, out.len);
     }
     rc = PX_OK;

@@ -201,7 +201,7 @@ px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, siz
         px_proxy_bad_entry(e, why);
         return e;
     }
-    if (px_event_prepare(e, why, sizeof(why)) != PX_OK) {
+    if (px_event_prepare(e, sc, st->px->conf->max_entry_bytes, why, sizeof(why)) != PX_OK) {
         e->oversized = (long long)e->bytes > st->px->conf->max_entry_bytes;
         px_proxy_bad_entry(e, why);
         return e;
@@ -717,8 +717,6 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
         st->index = s;
         snprintf(st->lease_s, sizeof(st->lease_s), "%lld", st->conf->lease_ms);
         snprintf(st->ttl_s, sizeof(st->ttl_s), "%lld", st->conf->done_ttl_ms);
-        st->want_fields = strstr(px_template_source(st->conf->key_tpl), "fields") ||
-                          (st->conf->lock_tpl && strstr(px_template_source(st->conf->lock_tpl), "fields"));
         /* Leases are extended every lease_ms / 3 each, not all at once: a
          * timer ticks PX_LEASE_TICKS times in that time and extends the due
          * ones, at most lease_budget a tick. The budget is 4 x the average

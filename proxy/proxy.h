@@ -166,7 +166,6 @@ struct px_stream {
     size_t          index;
     char            lease_s[24];   /* lease_ms as text, for commands */
     char            ttl_s[24];     /* done_ttl_ms as text */
-    bool            want_fields;   /* a template names #fields: build it per entry */
     px_redis       *link;          /* the stream's own link for blocking reads */
     int             rstate;        /* reader state (reader.c) */
     size_t          page_count;    /* COUNT of the next read, adapted to the bytes of the last */
@@ -247,8 +246,12 @@ void px_reader_stop(px_stream *st);
 bool px_reader_live(px_stream *st);           /* connected and reading */
 void px_reader_delivering(px_entry *e);       /* a delivery goes out: Redis counts it */
 
-/* event.c: parse the entry and render its keys; PX_ERR with 'why' for bad input. */
-int px_event_prepare(px_entry *e, char *why, size_t whylen);
+/* event.c: parse the entry and render its keys; PX_ERR with 'why' for bad input.
+ * Reads the entry's id, fields, nfields, payload_idx and bytes, and 'sc' (the
+ * templates, payload_field, stream name and key layout), never e->st; sets
+ * e->key, lock_name, done_name (and their lengths) and lock_key. */
+int px_event_prepare(px_entry *e, const px_stream_conf *sc, long long max_entry_bytes, char *why,
+                     size_t whylen);
 
 /* claim.c */
 void px_claim_init(void);

@@ -73,9 +73,11 @@
 /* The compiled form                                                         */
 /* ------------------------------------------------------------------------ */
 
-typedef enum {
-    TV_EVENT, TV_FIELDS, TV_STREAM, TV_ID
-} tvar;
+typedef px_tvar tvar;
+#define TV_EVENT  PX_TVAR_EVENT
+#define TV_FIELDS PX_TVAR_FIELDS
+#define TV_STREAM PX_TVAR_STREAM
+#define TV_ID     PX_TVAR_ID
 
 typedef enum {
     N_TEXT,     /* literal text or a string literal: 'str', 'len' */
@@ -105,6 +107,9 @@ struct px_template {
     char    *src;           /* owned copy of the source */
     size_t   nparts;        /* parts rendered one after another */
     tnode  **parts;         /* owned; N_TEXT for literal text, else #{...} */
+    unsigned uses;          /* 1 << px_tvar for each variable a part reads */
+    const char *member;     /* (ref into 'parts') see px_template_simple_member */
+    size_t   member_len;
 };
 
 static void node_free(tnode *n)
@@ -646,6 +651,14 @@ static int compile_part(parser *ps, px_template *t, size_t open, size_t *end)
     return PX_OK;
 }
 
+/* The variables 'n' reads, as 1 << px_tvar each. */
+static unsigned vars_used(const tnode *n)
+{
+    if (n == NULL) return 0;
+    if (n->kind == N_VAR) return 1u << n->var;
+    return vars_used(n->a) | vars_used(n->b);
+}
+
 px_template *px_template_compile(const char *src, char *err, size_t errlen, int *errcol)
 {
     px_template *t = px_calloc(1, sizeof(*t));
@@ -689,12 +702,33 @@ px_template *px_template_compile(const char *src, char *err, size_t errlen, int 
         px_template_destroy(t);
         return NULL;
     }
+    for (size_t i = 0; i < t->nparts; i++) t->uses |= vars_used(t->parts[i]);
+    /* One part that is a property of #event: #event.NAME, #root.NAME(),
+     * #{event.NAME}, #event?.NAME. It renders as that member of the event
+     * object, read by json-c; '?.' changes nothing as the event is never null
+     * where the caller looks at this (a payload is an object or bad input). */
+    if (t->nparts == 1 && t->parts[0]->kind == N_PROP && t->parts[0]->a->kind == N_VAR &&
+        t->parts[0]->a->var == TV_EVENT) {
+        t->member = t->parts[0]->str;
+        t->member_len = t->parts[0]->len;
+    }
     return t;
 }
 
 const char *px_template_source(const px_template *t)
 {
     return t->src;
+}
+
+bool px_template_uses(const px_template *t, px_tvar v)
+{
+    return t->uses & (1u << v);
+}
+
+const char *px_template_simple_member(const px_template *t, size_t *len)
+{
+    if (t->member) *len = t->member_len;
+    return t->member;
 }
 
 /*

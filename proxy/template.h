@@ -17,6 +17,11 @@
 
 typedef struct px_template px_template;
 
+/* The variables of the language (#root is #event). */
+typedef enum {
+    PX_TVAR_EVENT, PX_TVAR_FIELDS, PX_TVAR_STREAM, PX_TVAR_ID
+} px_tvar;
+
 /* What a template may refer to; all borrowed (ref) for one render. */
 typedef struct px_tvars {
     struct json_object *event;   /* (ref) #event and #root; may be NULL (then it is null) */
@@ -53,6 +58,24 @@ const char *px_template_source(const px_template *t);
  * begins with a variable, so its literal prefix is "".
  */
 void px_template_literal_prefix(const px_template *t, px_buf *out);
+
+/*
+ * Whether 't' reads the variable 'v' anywhere (a #fields that is never
+ * reached, as in 'x' ?: #fields.a, still counts). What the variables' names
+ * are is the compiler's business: callers ask this instead of reading the
+ * source (the text "fields" in '#event.fieldsX' or in a literal is no use of
+ * #fields). Used to skip building #fields for templates that never read it.
+ */
+bool px_template_uses(const px_template *t, px_tvar v);
+
+/*
+ * When 't' is exactly one property of the event (#event.NAME, #root.NAME,
+ * #event.NAME(), #event?.NAME, #{event.NAME}), the name (ref, lives as long
+ * as 't') with its length in '*len'; else NULL. Then rendering 't' over an event object gives that
+ * member's value, so a caller may find it in the JSON text by itself (the
+ * fast key path of event.c). Computed at compile time: O(1).
+ */
+const char *px_template_simple_member(const px_template *t, size_t *len);
 
 void px_template_destroy(px_template *t);
 

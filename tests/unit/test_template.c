@@ -438,6 +438,61 @@ static void test_fuzz(struct json_object *event)
     px_buf_deinit(&out);
 }
 
+/* What callers learn of a template from its compiled form, never its text. */
+static void test_facts(void)
+{
+    static const struct { const char *src; unsigned uses; const char *member; } cases[] = {
+        /* uses: 1 event, 2 fields, 4 stream, 8 id */
+        { "#event.eventId",                 1, "eventId" },
+        { "#root.eventId",                  1, "eventId" },
+        { "#event.eventId()",               1, "eventId" },
+        { "#event?.eventId",                1, "eventId" },
+        { "#{event.eventId}",               1, "eventId" },
+        { "#{#event.eventId}",              1, "eventId" },
+        { "#event.$x_1",                    1, "$x_1" },
+        { "#event.fieldsX",                 1, "fieldsX" },   /* not #fields */
+        { "#event.a.b",                     1, NULL },
+        { "#event['eventId']",              1, NULL },
+        { "k:#{event.eventId}",             1, NULL },
+        { "#{event.eventId}:",              1, NULL },
+        { "#event.eventId ?: 'x'",          1, NULL },
+        { "#event.eventId + ''",            1, NULL },
+        { "#fields.eventId",                2, NULL },
+        { "#stream",                        4, NULL },
+        { "#id",                            8, NULL },
+        { "fields:#{'fields'}",             0, NULL },        /* literals only */
+        { "#{fields.a}-#{stream}-#{id}",   14, NULL },
+        { "#{'x' ?: #fields.a}",            2, NULL },        /* unreached, still used */
+        { "#event[#fields['k']]",           3, NULL },
+        { "#{(#id)}",                       8, NULL },
+        { "no parts at all",                0, NULL },
+        { "",                               0, NULL },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char err[ERRLEN], label[160];
+        px_template *t = px_template_compile(cases[i].src, err, sizeof(err), NULL);
+        snprintf(label, sizeof(label), "facts: '%s' compiles", cases[i].src);
+        test_cond(label, t != NULL);
+        if (t == NULL) continue;
+        unsigned uses = 0;
+        for (px_tvar v = PX_TVAR_EVENT; v <= PX_TVAR_ID; v++)
+            if (px_template_uses(t, v)) uses |= 1u << v;
+        snprintf(label, sizeof(label), "facts: '%s' uses %u, wanted %u", cases[i].src, uses,
+                 cases[i].uses);
+        test_cond(label, uses == cases[i].uses);
+        size_t len = 12345;
+        const char *m = px_template_simple_member(t, &len);
+        snprintf(label, sizeof(label), "facts: '%s' simple member", cases[i].src);
+        if (cases[i].member) {
+            test_cond(label, m != NULL && len == strlen(cases[i].member) &&
+                             memcmp(m, cases[i].member, len) == 0);
+        } else {
+            test_cond(label, m == NULL && len == 12345);
+        }
+        px_template_destroy(t);
+    }
+}
+
 int main(int argc, char **argv)
 {
     test_table(find_table(argc, argv));
@@ -449,6 +504,7 @@ int main(int argc, char **argv)
     test_sugar(event);
     test_numbers();
     test_vars(event);
+    test_facts();
     test_errors(event);
     test_fuzz(event);
     json_object_put(event);

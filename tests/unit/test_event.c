@@ -1,0 +1,244 @@
+/*
+ * test_event.c - unit tests of event.c (SPEC 5.1, 5.6): an entry's fields
+ * become the event, its key and lock key are rendered, and the Redis key
+ * names are laid out. px_event_prepare takes the stream's config and
+ * max_entry_bytes, so no proxy or stream is built here: only entries.
+ *
+ * The fast key path (one property of the payload, jscan.c) and the json-c
+ * path must give the same keys; both are driven here on the same payloads.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "proxy.h"
+#include "test.h"
+
+#define MAX_BYTES 1048576
+
+static char s_stream[] = "orders", s_payload[] = "payload", s_prefix[] = "idem:",
+            s_lock[] = "lock:", s_done[] = "done:";
+
+static px_template *compile(const char *src)
+{
+    char err[256];
+    px_template *t = px_template_compile(src, err, sizeof(err), NULL);
+    if (t == NULL) {
+        fprintf(stderr, "'%s' does not compile: %s\n", src, err);
+        exit(2);
+    }
+    return t;
+}
+
+/* A stream config with 'key' and 'lock' (or NULL); payload mode when 'payload'. */
+static px_stream_conf conf(const char *key, const char *lock, bool payload)
+{
+    px_stream_conf sc;
+    memset(&sc, 0, sizeof(sc));
+    sc.stream = s_stream;
+    sc.payload_field = payload ? s_payload : NULL;
+    sc.prefix = s_prefix;
+    sc.lock_prefix = s_lock;
+    sc.done_prefix = s_done;
+    sc.key_tpl = compile(key);
+    sc.lock_tpl = lock ? compile(lock) : NULL;
+    return sc;
+}
+
+static void conf_free(px_stream_conf *sc)
+{
+    px_template_destroy(sc->key_tpl);
+    px_template_destroy(sc->lock_tpl);
+}
+
+/* An entry "1-0" with the fields name, value, ... ('n' strings), as
+ * px_entry_create lays it out (the payload is the first field so named). */
+static px_entry *entry(const px_stream_conf *sc, const char *const *kv, size_t n)
+{
+    static char id[] = "1-0";
+    px_entry *e = calloc(1, sizeof(*e));
+    e->id = id;
+    e->payload_idx = -1;
+    e->nfields = n / 2;
+    e->fields = calloc(e->nfields ? e->nfields : 1, sizeof(px_field));
+    for (size_t i = 0; i < e->nfields; i++) {
+        e->fields[i].name = (char *)kv[2 * i];
+        e->fields[i].name_len = strlen(kv[2 * i]);
+        e->fields[i].value = (char *)kv[2 * i + 1];
+        e->fields[i].value_len = strlen(kv[2 * i + 1]);
+        e->bytes += e->fields[i].name_len + e->fields[i].value_len;
+        if (sc->payload_field && e->payload_idx < 0 &&
+            strcmp(e->fields[i].name, sc->payload_field) == 0)
+            e->payload_idx = (int)i;
+    }
+    return e;
+}
+
+static void entry_free(px_entry *e)
+{
+    free(e->key);
+    free(e->lock_key);
+    free(e->fields);
+    free(e);
+}
+
+/* Prepare an entry of the fields 'kv' under 'sc'; the key (or NULL) in
+ * 'key', the reason (or "") in 'why'. Returns the entry (free it). */
+static px_entry *prepare(const px_stream_conf *sc, const char *const *kv, size_t n, int *rc,
+                         char *why, size_t whylen)
+{
+    px_entry *e = entry(sc, kv, n);
+    why[0] = '\0';
+    *rc = px_event_prepare(e, sc, MAX_BYTES, why, whylen);
+    return e;
+}
+
+#define KV(...) (const char *const[]){ __VA_ARGS__ }, sizeof((const char *const[]){ __VA_ARGS__ }) / sizeof(char *)
+
+/* The key of a payload, by the fast path (no lock_key) and by json-c (a
+ * lock_key makes event.c parse), which must agree. */
+static void check_payload_key(const char *tpl, const char *payload, const char *want)
+{
+    char why[512], label[512];
+    int rc;
+    px_stream_conf fast = conf(tpl, NULL, true), slow = conf(tpl, "#id", true);
+    px_entry *a = prepare(&fast, KV("payload", payload, "other", "x"), &rc, why, sizeof(why));
+    snprintf(label, sizeof(label), "'%s' over %s (fast path): %s", tpl, payload, why);
+    test_cond(label, rc == PX_OK && a->key && strcmp(a->key, want) == 0);
+    px_entry *b = prepare(&slow, KV("payload", payload, "other", "x"), &rc, why, sizeof(why));
+    snprintf(label, sizeof(label), "'%s' over %s (json-c): %s", tpl, payload, why);
+    test_cond(label, rc == PX_OK && b->key && strcmp(b->key, want) == 0 && b->lock_key &&
+                     strcmp(b->lock_key, "1-0") == 0);
+    entry_free(a);
+    entry_free(b);
+    conf_free(&fast);
+    conf_free(&slow);
+}
+
+static void test_payload_keys(void)
+{
+    const char *simple[] = { "#event.eventId", "#root.eventId", "#event.eventId()",
+                             "#{event.eventId}", "#event?.eventId" };
+    for (size_t i = 0; i < sizeof(simple) / sizeof(simple[0]); i++) {
+        check_payload_key(simple[i], "{\"eventId\":\"e-1\"}", "e-1");
+        check_payload_key(simple[i], " {\"a\":[1,{\"b\":null}], \"eventId\" : \"e-1\"}\n", "e-1");
+        /* where the fast path is unsure, json-c decides */
+        check_payload_key(simple[i], "{\"eventId\":\"caf\\u00e9\"}", "caf\xc3\xa9");
+        check_payload_key(simple[i], "{\"eventId\":\"a\",\"eventId\":\"b\"}", "b");
+        check_payload_key(simple[i], "{\"eventId\":42}", "42");
+        check_payload_key(simple[i], "{\"eventId\":1.50}", "1.50");
+        check_payload_key(simple[i], "{\"event\\u0049d\":\"esc\"}", "esc");
+    }
+    check_payload_key("k:#{event.eventId}", "{\"eventId\":\"e-1\"}", "k:e-1");
+    check_payload_key("#event.fieldsX", "{\"fieldsX\":\"v\"}", "v");
+}
+
+/* Payloads that give no key are bad input, with a reason, on both paths. */
+static void check_bad_payload(const char *payload, const char *reason)
+{
+    char why[512], label[512];
+    int rc;
+    for (int slow = 0; slow < 2; slow++) {
+        px_stream_conf sc = conf("#event.eventId", slow ? "#id" : NULL, true);
+        px_entry *e = prepare(&sc, KV("payload", payload), &rc, why, sizeof(why));
+        snprintf(label, sizeof(label), "%s is bad input (%s): got '%s'", payload,
+                 slow ? "json-c" : "fast path", why);
+        test_cond(label, rc == PX_ERR && strstr(why, reason) != NULL && e->key == NULL);
+        entry_free(e);
+        conf_free(&sc);
+    }
+}
+
+static void test_bad_payloads(void)
+{
+    check_bad_payload("{\"eventId\":\"\"}", "renders an empty string");
+    check_bad_payload("{\"other\":\"x\"}", "key '#event.eventId'");
+    check_bad_payload("{\"eventId\":null}", "key '#event.eventId'");
+    check_bad_payload("{\"eventId\":\"x\"", "payload is not JSON");
+    check_bad_payload("{\"eventId\":\"x\"} y", "payload is not JSON");
+    check_bad_payload("[\"x\"]", "not an object");
+    check_bad_payload("{\"eventId\":\"a\\u0000b\"}", "NUL character");
+    check_bad_payload("{\"eventId\":\"\xff\"}", "not UTF-8");
+
+    char why[512];
+    int rc;
+    px_stream_conf sc = conf("#event.eventId", NULL, true);
+    px_entry *e = prepare(&sc, KV("other", "{\"eventId\":\"x\"}"), &rc, why, sizeof(why));
+    test_streq("no payload field", why, "no payload field 'payload'");
+    test_cond("no payload field: bad input", rc == PX_ERR && e->key == NULL);
+    entry_free(e);
+
+    e = entry(&sc, KV("payload", "{\"eventId\":\"x\"}"));
+    rc = px_event_prepare(e, &sc, 10, why, sizeof(why));
+    test_cond("over max_entry_bytes", rc == PX_ERR && strstr(why, "over max_entry_bytes 10"));
+    entry_free(e);
+
+    e = prepare(&sc, KV("\xff", "v", "payload", "{\"eventId\":\"x\"}"), &rc, why, sizeof(why));
+    test_cond("a field name that is not UTF-8", rc == PX_ERR && strstr(why, "not UTF-8"));
+    entry_free(e);
+    conf_free(&sc);
+}
+
+/* Without payload_field the fields are the event, dotted names nested. */
+static void test_fields_mode(void)
+{
+    static const struct { const char *tpl, *want; } cases[] = {
+        { "#event.eventId",                             "f-1" },
+        { "#event.winner.name",                         "ann" },
+        { "#event['winner.name'] ?: 'flat'",            "flat" },
+        { "#{fields['winner.name']}-#{stream}-#{id}",  "ann-orders-1-0" },
+        { "#fields.eventId",                            "f-1" },
+        { "#event.fieldsX",                             "fx" },   /* #event, not #fields */
+        { "#fields.fieldsX",                            "fx" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char why[512];
+        int rc;
+        px_stream_conf sc = conf(cases[i].tpl, NULL, false);
+        px_entry *e = prepare(&sc, KV("eventId", "f-1", "winner.name", "ann", "fieldsX", "fx"),
+                              &rc, why, sizeof(why));
+        test_cond(cases[i].tpl, rc == PX_OK);
+        test_streq(cases[i].tpl, e->key, cases[i].want);
+        entry_free(e);
+        conf_free(&sc);
+    }
+}
+
+/* The Redis key names: prefix + key, or split prefixes, '{key}' with hash_tag. */
+static void test_names(void)
+{
+    static const struct { px_layout layout; bool tag; const char *lock, *done; } cases[] = {
+        { PX_LAYOUT_SINGLE, false, "idem:e-1",   "idem:e-1" },
+        { PX_LAYOUT_SINGLE, true,  "idem:{e-1}", "idem:{e-1}" },
+        { PX_LAYOUT_SPLIT,  false, "lock:e-1",   "done:e-1" },
+        { PX_LAYOUT_SPLIT,  true,  "lock:{e-1}", "done:{e-1}" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        for (int slow = 0; slow < 2; slow++) {
+            char why[512];
+            int rc;
+            px_stream_conf sc = conf("#event.eventId", slow ? "#id" : NULL, true);
+            sc.layout = cases[i].layout;
+            sc.hash_tag = cases[i].tag;
+            px_entry *e = prepare(&sc, KV("payload", "{\"eventId\":\"e-1\"}"), &rc, why, sizeof(why));
+            test_cond("names: prepared", rc == PX_OK);
+            test_streq("names: key", e->key, "e-1");
+            test_streq("names: lock name", e->lock_name, cases[i].lock);
+            test_streq("names: done name", e->done_name, cases[i].done);
+            test_cond("names: lengths", e->lock_name_len == strlen(cases[i].lock) &&
+                                        e->done_name_len == strlen(cases[i].done));
+            test_cond("names: single layout shares one name",
+                      (cases[i].layout == PX_LAYOUT_SINGLE) == (e->lock_name == e->done_name));
+            entry_free(e);
+            conf_free(&sc);
+        }
+    }
+}
+
+int main(void)
+{
+    test_payload_keys();
+    test_bad_payloads();
+    test_fields_mode();
+    test_names();
+    return test_report();
+}

@@ -367,6 +367,45 @@ def test_client_sigterm_mid_run_loses_no_ack(env, lang):
     assert done - answered == set()
 
 
+@pytest.mark.parametrize("lang", LANGS)
+def test_client_last_answer_reaches_idemproxy_before_exit(env, lang):
+    """The answer a worker sends just before it exits must reach idemproxy.
+    nanomsg 1.1.5 drops a reply it has read but not yet handed to idemproxy
+    when the connection then closes (at once if deliveries are still unread in
+    the worker's socket: the close resets the connection). A worker that
+    answers and closes in the same instant loses that answer every time, and
+    the handler runs again elsewhere; so every client waits a moment after its
+    last answer before it closes. Three SIGTERMs, each during a slow handler
+    with deliveries waiting behind it: every answered key is done."""
+    build(lang)
+    r = env.r
+    for i in range(3):   # a daemon each: the deliveries the last worker left wait out their ack timeout
+        ep = env.endpoint()
+        p = env.proxy([{"stream": f"room{i}", "group": "g", "consumer": "c1", "payload_field": "payload",
+                        "key": "#event.eventId"}], endpoint=ep, max_inflight=8)
+        w = ExampleWorker(lang, ep, env.tmp, WORKER_SLOW_KEYS=f"slow-{i}", WORKER_SLOW_MS=800)
+        try:
+            pid = worker_pid(w)
+            wait_for(lambda: p.metrics().get("idemproxy_workers_connected") == 1, timeout=60,
+                     what=f"{lang} worker {i} connected")
+            r.xadd(f"room{i}", {"payload": json.dumps({"eventId": f"slow-{i}"})})
+            for k in range(6):
+                r.xadd(f"room{i}", {"payload": json.dumps({"eventId": f"after-{i}-{k}"})})
+            time.sleep(0.4)              # slow-i in the handler, the others in the socket
+            os.kill(pid, signal.SIGTERM)
+            rc = w.proc.wait(20)
+        finally:
+            if w.proc.poll() is None:
+                w.stop()
+        assert rc == 0, f"{lang}: exit {rc}: {w.err.read_text(errors='replace')[-800:]}"
+        answered = {LINE.match(l).group(1) for l in w.lines()}
+        assert f"slow-{i}" in answered, f"{lang} round {i}: the slow key was not handled: {answered}"
+        time.sleep(1.0)   # idemproxy writes the done marks of the last acks
+        lost = sorted(k for k in answered if r.get("idem:" + k) != "D")
+        assert not lost, f"{lang} round {i}: answered, but the answer never reached idemproxy: {lost}"
+        w.out.unlink()
+
+
 def test_clients_hang_up_on_a_silent_peer(tmp_path):
     """A peer that accepts the connection and never sends its SP header is hung
     up on after one documented timeout (10 s, NNG's fixed value; the C client

@@ -165,44 +165,81 @@ def _healthz_from(port, source, timeout=2.0):
         s.close()
 
 
+def _metrics_conns(pid, port):
+    """How many accepted connections on 'port' the process holds a descriptor of."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    n = 0
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = open(f"/proc/{pid}/net/{table}").read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if int(f[1].split(":")[1], 16) == port and f[3] != "0A" and f[9] in inodes:  # 0A: LISTEN
+                n += 1
+    return n
+
+
 def test_idle_connections_are_bounded_and_do_not_stop_healthz(env):
     """The metrics server shares the daemon's file descriptors: at most 16
     connections per address and 64 in all are kept, the rest are closed at
-    once, idle ones are closed after 10 s, and /healthz keeps answering."""
+    once, idle ones are closed after 10 s, and /healthz keeps answering.
+    Each phase starts from no connection, so a slow machine cannot let the
+    10 s idle timeout of one phase free the slots the next one counts."""
     p = env.proxy([conf("room")])
     wait_for(lambda: p.get("/healthz")[0] == 200, what="metrics server")
-    fds = lambda: len(os.listdir(f"/proc/{p.proc.pid}/fd"))
-    base = fds()
+    conns = lambda: _metrics_conns(p.proc.pid, p.metrics_port)
     held = []
+
+    def close_all():
+        for s in held:
+            s.close()
+        held.clear()
+        wait_for(lambda: conns() == 0, timeout=5, what="the server's side of closed connections gone")
+
     try:
         # Within the limit: 14 idle connections, and /healthz from the same address answers.
         held += [_connect_idle(p.metrics_port, "127.0.0.1") for _ in range(14)]
         line, took = _healthz_from(p.metrics_port, "127.0.0.1")
-        assert line == "HTTP/1.1 200 OK" and took < 1.0, (line, took)
+        assert line == "HTTP/1.1 200 OK" and took < 2.0, (line, took)
 
         # 200 more from that address: MHD takes each and closes every one over 16.
         held += [_connect_idle(p.metrics_port, "127.0.0.1") for _ in range(200)]
-        wait_for(lambda: sum(_closed_by_server(s) for s in held) == len(held) - 16,
-                 timeout=10, what="every connection over 16 from one address closed")
-        assert fds() <= base + 16, (fds(), base)
+        wait_for(lambda: sum(_closed_by_server(s) for s in held) >= len(held) - 16, timeout=10,
+                 what="every connection over 16 from one address closed")
+        assert conns() <= 16, conns()
         # ... and /healthz from another address answers at once.
         line, took = _healthz_from(p.metrics_port, "127.0.0.2")
-        assert line == "HTTP/1.1 200 OK" and took < 1.0, (line, took)
+        assert line == "HTTP/1.1 200 OK" and took < 2.0, (line, took)
+        close_all()
 
         # Many addresses: 64 connections in all at most; MHD leaves the rest in
         # the listen backlog (not accepted, no descriptor) until a slot frees.
         held += [_connect_idle(p.metrics_port, f"127.0.0.{a}") for a in range(3, 11) for _ in range(10)]
-        wait_for(lambda: fds() == base + 64, timeout=10, what="64 connections taken in all")
+        wait_for(lambda: conns() == 64, timeout=10, what="64 connections taken in all")
         line, took = _healthz_from(p.metrics_port, "127.0.0.11", timeout=1.0)
         assert line.startswith("error"), "a 65th connection was served"
-        assert fds() == base + 64, (fds(), base)
+        assert conns() == 64, conns()
+        close_all()
 
         # Idle ones are closed after 10 s; then the same address is served again.
+        held += [_connect_idle(p.metrics_port, "127.0.0.1") for _ in range(16)]
+        wait_for(lambda: conns() == 16, timeout=5, what="16 idle connections taken")
+        time.sleep(5)
+        assert conns() == 16, "an idle connection closed before its 10 s"
         wait_for(lambda: all(_closed_by_server(s) for s in held), timeout=30,
-                 what="idle connections closed by the server (two rounds of 10 s)")
+                 what="idle connections closed by the server after 10 s")
         line, took = _healthz_from(p.metrics_port, "127.0.0.1")
-        assert line == "HTTP/1.1 200 OK" and took < 1.0, (line, took)
-        wait_for(lambda: fds() == base, timeout=5, what="the descriptors given back")
+        assert line == "HTTP/1.1 200 OK" and took < 2.0, (line, took)
+        wait_for(lambda: conns() == 0, timeout=5, what="the descriptors given back")
     finally:
         for s in held:
             s.close()

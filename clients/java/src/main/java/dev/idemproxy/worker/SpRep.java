@@ -41,6 +41,15 @@ final class SpRep implements AutoCloseable {
     private final boolean ipc;
     private final int maxBytes;
     private volatile boolean lost;
+    private volatile long lastSend = Long.MIN_VALUE; // System.nanoTime() after the last reply went out
+
+    /**
+     * How long the last reply is given before the connection closes. idemproxy's nanomsg
+     * 1.1.5 drops a reply it has read but not yet handed to idemproxy when the connection
+     * then closes, which a close right after the reply (with deliveries still unread here,
+     * a reset) makes near certain; the other clients wait the same 100 ms.
+     */
+    static final long LINGER_MS = 100;
 
     /** Opens an unconnected channel, so that {@link #close()} can abort a pending dial. */
     SpRep(String endpoint, int maxBytes) throws IOException {
@@ -124,6 +133,7 @@ final class SpRep implements AutoCloseable {
             hdr.put((byte) 1);
         hdr.putLong((long) backtrace.length + body.length).flip();
         writeAll(hdr, ByteBuffer.wrap(backtrace), ByteBuffer.wrap(body));
+        lastSend = System.nanoTime();
     }
 
     /** Makes a recv() in progress read end-of-stream, while replies still go out; aborts a dial. */
@@ -153,8 +163,18 @@ final class SpRep implements AutoCloseable {
         }
     }
 
+    /** Closes the connection, once the last reply has had {@link #LINGER_MS} to be taken. */
     @Override
     public void close() throws IOException {
+        long sent = lastSend;
+        long left = sent == Long.MIN_VALUE || lost() ? 0 : sent + LINGER_MS * 1_000_000 - System.nanoTime();
+        if (left > 0) {
+            try {
+                Thread.sleep(left / 1_000_000, (int) (left % 1_000_000));
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+        }
         ch.close();
     }
 

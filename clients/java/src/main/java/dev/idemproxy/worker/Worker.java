@@ -73,6 +73,7 @@ public final class Worker implements AutoCloseable {
     private final CountDownLatch finished = new CountDownLatch(1);
     private final Set<Thread> handlerThreads = ConcurrentHashMap.newKeySet();
     private boolean serving; // guarded by this
+    private int inHand;      // guarded by this: deliveries taken whose answers are not sent yet
     private SpRep current;   // guarded by this
     private String lastError; // the serving thread's last dial failure, logged once
 
@@ -149,21 +150,52 @@ public final class Worker implements AutoCloseable {
     @Override
     public void close() {
         closing.countDown();
+        if (handlerThreads.contains(Thread.currentThread())) { // it would wait for itself
+            new Thread(this::close, "idemproxy-close").start();
+            return;
+        }
         SpRep conn;
         boolean wait;
+        boolean interrupted = false;
         synchronized (this) {
+            // The answers in hand go out before reading stops: shutting our input down makes
+            // idemproxy's next send on this connection fail, and it drops the connection with
+            // whatever answer it has not read yet.
+            while (inHand > 0) {
+                try {
+                    wait();
+                } catch (InterruptedException e) {
+                    interrupted = true;
+                    break;
+                }
+            }
             conn = current;
             wait = serving;
         }
         if (conn != null)
             conn.stopReading();
-        if (wait && !handlerThreads.contains(Thread.currentThread())) {
+        if (wait && !interrupted) {
             try {
                 finished.await();
             } catch (InterruptedException e) {
-                Thread.currentThread().interrupt();
+                interrupted = true;
             }
         }
+        if (interrupted)
+            Thread.currentThread().interrupt();
+    }
+
+    /** Takes a delivery off the connection to handle, unless closing (then idemproxy delivers it again). */
+    private synchronized boolean take() {
+        if (closed())
+            return false;
+        inHand++;
+        return true;
+    }
+
+    private synchronized void answered() {
+        if (--inHand == 0)
+            notifyAll();
     }
 
     private boolean closed() {
@@ -196,6 +228,10 @@ public final class Worker implements AutoCloseable {
                     free.release();
                     throw e;
                 }
+                if (!take()) {
+                    free.release();
+                    continue;
+                }
                 SpRep c = conn;
                 pool.execute(() -> {
                     try {
@@ -207,6 +243,7 @@ public final class Worker implements AutoCloseable {
                         c.abort(); // the deliveries still buffered in it are skipped, and we redial
                     } finally {
                         free.release();
+                        answered();
                     }
                 });
             }

@@ -41,13 +41,17 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 import pxtest  # noqa: E402
-from pxtest import RedisServer, Proxy, pb, wait_for  # noqa: E402
+from pxtest import RedisServer, RedisCluster, Proxy, pb, wait_for  # noqa: E402
 import redis as redis_lib  # noqa: E402
+from redis.crc import key_slot  # noqa: E402
 
 # The seeds `make test` runs (tests/run, suite "chaos"): chosen because each
 # reaches one of issue 15's defects on the code before its fix (README.md).
 FIXED_SEEDS = [0, 2, 4, 8, 14, 1003]
+# ... and against a Redis Cluster, with failovers, a master killed and slots migrated.
+FIXED_CLUSTER_SEEDS = []
 FIXED_BUDGET_S = 120
+SETTLE_CAP_S = 180
 
 STREAM, GROUP, DEAD = "room", "g", "dead"
 KEY_T = "#event.eventId"
@@ -139,6 +143,28 @@ def generate(seed):
         faults.append(f)
     c["faults"] = sorted(faults, key=lambda f: f["t"])
     c["behaviour_seed"] = rnd.getrandbits(32)
+    c["cluster"] = False
+    return c
+
+
+def clusterize(c, seed):
+    """The same seed against a Redis Cluster (3 masters, a replica each): its own
+    Random, so the configuration, workload and answers stay those of the seed.
+    A Redis restart becomes a topology change (a coordinated failover, a master
+    killed so that its replica takes over, or the slots of the stream and of
+    the workload's keys migrated to another master while in use), and one more
+    topology change is added to the timeline."""
+    rnd = random.Random(f"{seed}/cluster")
+    c["cluster"] = True
+    topo = ["failover", "master_kill", "migrate"]
+    for f in c["faults"]:
+        if f["kind"] == "redis_restart":
+            f["kind"] = rnd.choice(topo)
+        f["node"] = rnd.choice(["stream", "other"])     # which master a pause or kill hits
+    c["faults"].append({"t": round(rnd.uniform(0.2, c["duration"]), 2), "kind": rnd.choice(topo),
+                        "replica": rnd.randrange(c["replicas"]), "down": round(rnd.uniform(0.2, 1.5), 2),
+                        "pause_ms": rnd.choice([150, 400, 900]), "node": rnd.choice(["stream", "other"])})
+    c["faults"].sort(key=lambda f: f["t"])
     return c
 
 
@@ -272,12 +298,77 @@ class Worker(threading.Thread):
                 row["send_failed"] = True
 
 
+# --- a Redis Cluster for cluster seeds ----------------------------------------------
+
+class ChaosCluster(RedisCluster):
+    """Three masters with a replica each, and the faults chaos does to them."""
+
+    def __init__(self, tmp):
+        super().__init__(tmp, masters=3, replicas=1, node_timeout=1000)
+
+    def connect(self):
+        from redis.cluster import ClusterNode
+        return redis_lib.RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in self.live_ports()],
+                                      socket_timeout=10)
+
+    def ready(self):
+        """Settled, and every master that serves slots has a replica in sync (an old
+        master started again is a master with no slots for a moment, then a replica)."""
+        if not self.settled():
+            return False
+        try:
+            for m in self.masters():
+                if self.slots_of(m):
+                    self.replica_of(m)
+        except (AssertionError, redis_lib.exceptions.RedisError):
+            return False
+        return True
+
+    def live_ports(self):
+        return [p for p, proc in self.procs.items() if proc.poll() is None]
+
+    def slots_of(self, port):
+        out = set()
+        for p, _, role, ranges in self.nodes():
+            if p == port:
+                for x in ranges:
+                    if x.startswith("["):          # a slot being migrated or imported
+                        continue
+                    a, _, b = x.partition("-")
+                    out.update(range(int(a), int(b or a) + 1))
+        return out
+
+    def owner(self, key):
+        slot = key_slot(key.encode())
+        return next(p for p in self.masters() if slot in self.slots_of(p))
+
+    def migrate_slots(self, slots, src, dst):
+        """Moves 'slots' from master 'src' to master 'dst' the way redis-cli does, with a
+        moment in the middle when they are half moved (new keys go to dst by ASK)."""
+        sid, did = self.node_id(src), self.node_id(dst)
+        s, d = self.node(src), self.node(dst)
+        for slot in sorted(slots):
+            d.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", sid)
+            s.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", did)
+        time.sleep(0.2)
+        for slot in sorted(slots):
+            while True:
+                keys = s.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+                if not keys:
+                    break
+                s.execute_command("MIGRATE", "127.0.0.1", dst, "", 0, 5000, "KEYS", *keys)
+            for port in [dst, src] + [m for m in self.masters() if m not in (src, dst)]:
+                self.node(port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", did)
+
+
 # --- one run ------------------------------------------------------------------------
 
 class Run:
-    def __init__(self, seed, binary, tmp, verbose=False):
+    def __init__(self, seed, binary, tmp, verbose=False, cluster=False):
         self.seed = seed
         self.c = generate(seed)
+        if cluster:
+            clusterize(self.c, seed)
         self.binary = binary
         self.tmp = tmp
         self.verbose = verbose
@@ -299,12 +390,20 @@ class Run:
     def start_redis(self):
         d = self.tmp / "redis"
         d.mkdir()
+        if self.c["cluster"]:
+            self.redis = ChaosCluster(d)
+            return
         self.redis = RedisServer(d)
         self.redis.stop()
         self.redis.start(extra=AOF)       # a restart keeps what was acknowledged
 
     def r(self):
+        if self.c["cluster"]:
+            return self.redis.connect()
         return redis_lib.Redis(port=self.redis.port, socket_timeout=10)
+
+    def redis_address(self):
+        return self.redis.seeds[:2] if self.c["cluster"] else self.redis.url
 
     def stream_conf(self, i):
         c = self.c
@@ -325,7 +424,7 @@ class Run:
         c = self.c
         for i in range(c["replicas"]):
             ep = f"ipc://{self.tmp}/app{i}.sock"
-            p = Proxy(self.tmp, f"replica{i}", self.redis.url, ep, [self.stream_conf(i)],
+            p = Proxy(self.tmp, f"replica{i}", self.redis_address(), ep, [self.stream_conf(i)],
                       timeout_ms=300, ack_timeout_ms=c["ack_timeout_ms"],
                       max_inflight=c["max_inflight"], max_entry_bytes=c["max_entry_bytes"],
                       log_level="info", shutdown_grace_ms=c["shutdown_grace_ms"])
@@ -364,7 +463,8 @@ class Run:
                 eid = r.xadd(STREAM, fields)
                 return eid.decode() if isinstance(eid, bytes) else eid
             except (redis_lib.exceptions.ConnectionError, redis_lib.exceptions.TimeoutError,
-                    redis_lib.exceptions.BusyLoadingError):
+                    redis_lib.exceptions.BusyLoadingError, redis_lib.exceptions.ClusterError,
+                    redis_lib.exceptions.TryAgainError):
                 time.sleep(0.05)
         raise RuntimeError("could not publish")
 
@@ -400,7 +500,76 @@ class Run:
     def control(self):
         return redis_lib.Redis(port=self.redis.port, socket_timeout=5)
 
+    def nodes_hit(self, f):
+        """The cluster nodes a client kill or pause hits: every node, or one master."""
+        cl = self.redis
+        if f["kind"] == "client_kill":
+            return cl.live_ports()
+        if f["kind"] == "pause_term" or f.get("node") is None:
+            return cl.masters()
+        stream_master = cl.owner(STREAM)
+        others = [m for m in cl.masters() if m != stream_master]
+        return [stream_master] if f["node"] == "stream" or not others else others[:1]
+
+    def cluster_fault(self, f):
+        """A fault of the cluster's topology (the fault's 'node' picks the master)."""
+        cl, kind = self.redis, f["kind"]
+        stream_master = cl.owner(STREAM)
+        others = [m for m in cl.masters() if m != stream_master]
+        victim = stream_master if f["node"] == "stream" or not others else others[0]
+        wait_for(cl.ready, timeout=30, what="every replica in sync before a topology change")
+        if kind == "failover":
+            self.log(f"failed over {victim} to {cl.failover(victim)}")
+        elif kind == "master_kill":
+            cl.kill(victim)
+            wait_for(cl.served, timeout=30, what="a replica promoted")
+            time.sleep(f["down"])
+            cl.start_node(victim)          # it comes back as a replica of the promoted one
+            self.log(f"killed master {victim}; masters now {cl.masters()}")
+        elif kind == "migrate":
+            dst = next(m for m in cl.masters() if m != victim)
+            keys = [STREAM, DEAD] + [f"{pre}{ev['key']}" for ev in self.c["events"] if "key" in ev
+                                     for pre in ("idem:", "done:", "lock:")]
+            keys += [f"room-lock:{ev['room']}" for ev in self.c["events"] if "room" in ev]
+            slots = {key_slot(k.encode()) for k in keys} & cl.slots_of(victim)
+            cl.migrate_slots(slots, victim, dst)
+            self.log(f"migrated {len(slots)} slots from {victim} to {dst}")
+
     def do_fault(self, f):
+        if self.c["cluster"]:
+            return self.do_cluster_fault(f)
+        return self.do_single_fault(f)
+
+    def do_cluster_fault(self, f):
+        kind, i = f["kind"], f["replica"]
+        if kind not in ("failover", "master_kill", "migrate", "client_kill", "pause"):
+            return self.do_single_fault(f)
+        t0 = time.time()
+        self.log(f"fault {kind} replica{i} node {f['node']} down {f['down']} pause {f['pause_ms']}")
+        cl = self.redis
+        if kind in ("failover", "master_kill", "migrate"):
+            self.cluster_fault(f)
+            i = None
+        elif kind in ("client_kill", "pause"):
+            for port in self.nodes_hit(f):
+                try:
+                    if kind == "client_kill":
+                        cl.node(port).execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+                    else:
+                        cl.node(port).execute_command("CLIENT", "PAUSE", f["pause_ms"], "ALL")
+                except redis_lib.exceptions.RedisError:
+                    pass
+            if kind == "pause":
+                time.sleep(f["pause_ms"] / 1000.0)
+            i = None
+        self.hist.fault(kind, i, t0, time.time())
+
+    def pause_all(self, ms):
+        ports = self.nodes_hit({"kind": "pause_term"}) if self.c["cluster"] else [self.redis.port]
+        for port in ports:
+            redis_lib.Redis(port=port, socket_timeout=5).execute_command("CLIENT", "PAUSE", ms, "ALL")
+
+    def do_single_fault(self, f):
         kind, i = f["kind"], f["replica"]
         t0 = time.time()
         self.log(f"fault {kind} replica{i} down {f['down']} pause {f['pause_ms']}")
@@ -428,7 +597,7 @@ class Run:
             time.sleep(random.Random(f"{self.seed}/{f['t']}").uniform(0.02, 0.12))
             t0 = time.time()
             ms = self.c["shutdown_grace_ms"] + 700
-            self.control().execute_command("CLIENT", "PAUSE", ms, "ALL")
+            self.pause_all(ms)
             time.sleep(0.05)
             self.stop_replica(i, signal.SIGTERM)
             time.sleep(max(0.0, ms / 1000.0 - (time.time() - t0)))
@@ -484,13 +653,15 @@ class Run:
         for i in range(len(self.proxies)):
             self.restart_replica(i)
         # Settle: every entry has its outcome and nothing is pending, or time is
-        # up. A slow workload that is still finishing entries (slow handlers
-        # behind one room's lock_key) gets more time, 10 s from its last
-        # progress, up to twice settle_timeout: a stall is a stall, slowness not.
+        # up. A workload that is still making progress (an entry got its outcome,
+        # or a delivery was made) gets 10 s more from its last progress, up to
+        # SETTLE_CAP_S: a stall is a stall, slowness not. (Seed 108: one entry at
+        # a time behind a room's lock_key, each worker crash or silence costing
+        # an ack timeout, needs well over a minute; the daemon was never idle.)
         start_settle = time.time()
         deadline = start_settle + settle_timeout
-        settled, left = False, None
-        while time.time() < min(deadline, start_settle + 2 * settle_timeout):
+        settled, left, rows = False, None, len(self.hist.rows)
+        while time.time() < min(deadline, start_settle + SETTLE_CAP_S):
             self.check_alive()
             try:
                 st = self.read_state()
@@ -498,10 +669,10 @@ class Run:
                 if not n:
                     settled = True
                     break
-                if left is not None and n < left:
+                if (left is not None and n < left) or len(self.hist.rows) > rows:
                     deadline = max(deadline, time.time() + 10.0)
-                left = n
-            except redis_lib.exceptions.RedisError:
+                left, rows = n, len(self.hist.rows)
+            except (redis_lib.exceptions.RedisError, redis_lib.exceptions.ClusterError):
                 pass
             time.sleep(0.2)
         time.sleep(0.3)             # let late answers land in the history
@@ -526,7 +697,7 @@ class Run:
         c = self.c
         keys = sorted({ev["key"] for _, ev, _ in self.entries if "key" in ev})
         done = {}
-        pipe = r.pipeline(transaction=False)
+        pipe = r.pipeline(transaction=False) if not c["cluster"] else r.pipeline()
         for k in keys:
             if c["layout"] == "single":
                 pipe.get(f"idem:{k}")
@@ -564,6 +735,9 @@ def _is_asan(binary):
 # --- the checker ------------------------------------------------------------------
 
 BAD_KINDS = {"over", "bigkey", "badjson", "nokey", "wrongtype", "huge"}
+# Faults of Redis itself: any lease or ack around one may be lost.
+REDIS_FAULTS = ("client_kill", "pause", "redis_restart", "pause_term", "failover", "master_kill",
+                "migrate")
 SLACK = 0.05
 
 
@@ -616,7 +790,7 @@ def check(run):
         if x["answer"] != "ack" or x["end"] is None or x["end"] > x["deadline"] - SLACK or x.get("send_failed"):
             return False
         for f in faults:
-            if f["kind"] in ("client_kill", "pause", "redis_restart", "pause_term") and \
+            if f["kind"] in REDIS_FAULTS and \
                     f["t0"] <= x["end"] + 1.0 and f["t1"] >= x["sent"] - lease:
                 return False
             if f["replica"] == x["replica"] and f["kind"] in ("kill9", "sigterm", "pause_term",
@@ -628,7 +802,7 @@ def check(run):
     def lease_safe(x):
         """Held without any fault that could cost the lease, answered or not."""
         for f in faults:
-            if f["kind"] in ("client_kill", "pause", "redis_restart", "pause_term") and \
+            if f["kind"] in REDIS_FAULTS and \
                     f["t0"] <= end_eff(x) + 0.5 and f["t1"] >= x["sent"] - lease:
                 return False
             if f["replica"] == x["replica"] and f["kind"] in ("kill9", "sigterm", "pause_term") and \
@@ -684,7 +858,7 @@ def check(run):
     # 5. Every entry has exactly one legitimate outcome.
     lost_allowance = sum(1 for f in faults if f["kind"] in (
         "kill9", "sigterm", "pause_term", "worker_reconnect", "worker_crash", "client_kill",
-        "redis_restart"))
+        "redis_restart", "failover", "master_kill", "migrate"))
     for eid, ev in entry_ev.items():
         dl = st["dls"].get(eid, [])
         xs = by_entry.get(eid, [])
@@ -762,7 +936,7 @@ def check(run):
 # --- driving seeds ------------------------------------------------------------------
 
 def describe(c):
-    parts = [c["layout"], "group" if c["group"] else "group-less",
+    parts = ["CLUSTER" if c["cluster"] else "", c["layout"], "group" if c["group"] else "group-less",
              f"lock_key/{c['on_busy']}" if c["lock_key"] else "no-lock_key",
              f"lease={c['lease_ms']}", f"wait={c['wait_ms']}", f"ack_to={c['ack_timeout_ms']}",
              f"inflight={c['max_inflight']}", f"replicas={c['replicas']}", f"mix={c['mix']}",
@@ -774,19 +948,20 @@ def describe(c):
     return " ".join(p for p in parts if p)
 
 
-def replay_cmd(seed, binary):
+def replay_cmd(seed, binary, cluster=False):
     b = Path(binary).resolve()
     default = (ROOT / "build" / "idemproxy").resolve()
+    cmd = f"make chaos SEED={seed}" + (" CLUSTER=1" if cluster else "")
     if b == default:
-        return f"make chaos SEED={seed}"
+        return cmd
     rel = os.path.relpath(b.parent, ROOT)
-    return f"make chaos SEED={seed} B={rel}" + (" SANITIZE=address" if _is_asan(b) else "")
+    return f"{cmd} B={rel}" + (" SANITIZE=address" if _is_asan(b) else "")
 
 
-def run_seed(seed, binary, verbose=False, keep=False):
-    tmp = Path(tempfile.mkdtemp(prefix=f"chaos-{seed}-"))
+def run_seed(seed, binary, verbose=False, keep=False, cluster=False):
+    tmp = Path(tempfile.mkdtemp(prefix=f"chaos-{'c' if cluster else ''}{seed}-"))
     t = time.time()
-    run = Run(seed, binary, tmp, verbose)
+    run = Run(seed, binary, tmp, verbose, cluster)
     try:
         run.execute()
         v = check(run)
@@ -809,7 +984,7 @@ def run_seed(seed, binary, verbose=False, keep=False):
                  "violations": v}, indent=1, default=str))
         except Exception:
             pass
-        print(f"seed {seed}: FAIL in {dt:.1f}s  [{describe(run.c)}]")
+        print(f"seed {seed}{'c' if cluster else ''}: FAIL in {dt:.1f}s  [{describe(run.c)}]")
         seen = Counter()
         for line in v:
             tag = line.split(":")[0]
@@ -820,10 +995,11 @@ def run_seed(seed, binary, verbose=False, keep=False):
             if n > 3:
                 print(f"    ... {n - 3} more {tag}")
         print(f"    logs: {tmp}")
-        print(f"    replay: {replay_cmd(seed, binary)}")
+        print(f"    replay: {replay_cmd(seed, binary, cluster)}")
     else:
-        print(f"seed {seed}: ok in {dt:.1f}s  [{describe(run.c)}]" if verbose else
-              f"seed {seed}: ok in {dt:.1f}s")
+        tag = f"{seed}{'c' if cluster else ''}"
+        print(f"seed {tag}: ok in {dt:.1f}s  [{describe(run.c)}]" if verbose else
+              f"seed {tag}: ok in {dt:.1f}s")
         if not keep:
             shutil.rmtree(tmp, ignore_errors=True)
     sys.stdout.flush()
@@ -839,35 +1015,42 @@ def main():
     ap.add_argument("--bin", default=str(pxtest.BIN), help="the idemproxy binary")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir of passing seeds")
     ap.add_argument("--show", action="store_true", help="print what the seed generates and exit")
+    ap.add_argument("--budget", type=float, default=FIXED_BUDGET_S,
+                    help=f"seconds the fixed set may take (default {FIXED_BUDGET_S})")
+    ap.add_argument("--cluster", action="store_true",
+                    help="run the seeds against a Redis Cluster, with topology faults")
     a = ap.parse_args()
     pxtest.BIN = Path(a.bin).resolve()
     if a.show:
-        print(describe(generate(a.seed if a.seed is not None else a.first)))
+        seed = a.seed if a.seed is not None else a.first
+        c = generate(seed)
+        print(describe(clusterize(c, seed) if a.cluster else c))
         return 0
     if a.seed is not None:
-        seeds, verbose = [a.seed], True
+        seeds, verbose = [(a.seed, a.cluster)], True
     elif a.fixed:
-        seeds, verbose = FIXED_SEEDS, False
+        seeds, verbose = [(s, False) for s in FIXED_SEEDS] + [(s, True) for s in FIXED_CLUSTER_SEEDS], False
     else:
-        seeds, verbose = list(range(a.first, a.first + a.seeds)), False
+        seeds, verbose = [(s, a.cluster) for s in range(a.first, a.first + a.seeds)], False
     passed = failed = 0
     failures = []
     t0 = time.time()
-    for s in seeds:
-        if a.fixed and time.time() - t0 > FIXED_BUDGET_S:
-            print(f"seed {s}: not run, the {FIXED_BUDGET_S} s budget is spent: counted failed")
+    for s, cluster in seeds:
+        name = f"{s}{' (cluster)' if cluster else ''}"
+        if a.fixed and time.time() - t0 > a.budget:
+            print(f"seed {name}: not run, the {a.budget:.0f} s budget is spent: counted failed")
             failed += 1
             continue
-        ok, v = run_seed(s, pxtest.BIN, verbose, a.keep)
+        ok, v = run_seed(s, pxtest.BIN, verbose, a.keep, cluster)
         if ok:
             passed += 1
         else:
             failed += 1
-            failures.append(s)
+            failures.append((s, cluster))
     print(f"\nchaos: {len(seeds)} seeds in {time.time() - t0:.0f}s")
     if failures:
-        print("failed seeds: " + " ".join(map(str, failures)))
-        print(f"replay one:   {replay_cmd(failures[0], pxtest.BIN)}")
+        print("failed seeds: " + " ".join(f"{s}{'c' if c else ''}" for s, c in failures))
+        print(f"replay one:   {replay_cmd(failures[0][0], pxtest.BIN, failures[0][1])}")
     print(f"{passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
 

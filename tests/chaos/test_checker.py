@@ -1,0 +1,227 @@
+"""The chaos checker on made-up histories: every rule goes red on a history
+that breaks it, and a legal history (or one whose break a fault excuses)
+stays green. The checker is a pure function of the run's record, so these
+runs are records only: no Redis, no daemon."""
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import chaos  # noqa: E402
+
+ACK_S = 2.0
+
+
+class Log:
+    def __init__(self, name, text=""):
+        self.name, self.text = name, text
+
+    def log_text(self):
+        return self.text
+
+
+def record(**over):
+    c = dict(layout="single", group=True, lock_key=True, on_busy="retry", fencing=True,
+             lease_ms=1000, ack_timeout_ms=int(ACK_S * 1000), max_entry_bytes=65536,
+             max_deliveries=3, cluster=False)
+    c.update(over)
+    hist = chaos.History()
+    hist.t0 = 0.0
+    return SimpleNamespace(c=c, hist=hist, state={"done": {}, "dls": {}, "pending": 0}, state_error=None,
+                           unexpected=[], exits=[], proxies=[Log("replica0")], entries=[],
+                           rss={0: [(0.0, 10 * 1024)]}, final_rss={0: 10 * 1024}, asan=False)
+
+
+def entry(run, eid, key, kind="good", room="r0"):
+    run.entries.append((eid, {"kind": kind, "key": key, "room": room}, 100))
+
+
+def deliver(run, key, eid, start, end, answer="ack", worker="w0.0", replica=0, attempt=1, token=None,
+            room="r0", size=100):
+    token = token if token is not None else int(start * 100) + 1
+    run.hist.rows.append({"replica": replica, "worker": worker, "key": key, "entry": eid, "attempt": attempt,
+                          "token": token, "start": start, "end": end, "answer": answer,
+                          "deadline": start + ACK_S, "size": size, "room": room})
+
+
+def done(run, *keys):
+    for k in keys:
+        run.state["done"][k] = True
+
+
+def dead(run, eid, reason, t=5.0):
+    run.state["dls"].setdefault(eid, []).append({"id": f"{int(t * 1000)}-0", "t": t, "reason": reason,
+                                                 "attempts": "1"})
+
+
+def tags(run):
+    return sorted({v.split(":")[0] for v in chaos.check(run)})
+
+
+def legal():
+    """Two keys of one room, one after the other, each acked once and done."""
+    run = record()
+    entry(run, "1-0", "k1")
+    entry(run, "2-0", "k2")
+    deliver(run, "k1", "1-0", 1.0, 1.2)
+    deliver(run, "k2", "2-0", 1.3, 1.5)
+    done(run, "k1", "k2")
+    return run
+
+
+def test_a_legal_history_passes():
+    assert chaos.check(legal()) == []
+
+
+def test_twice_after_ack():
+    run = legal()
+    entry(run, "3-0", "k1")                       # a copy of k1, sent again after its ack
+    deliver(run, "k1", "3-0", 2.0, 2.1)
+    assert tags(run) == ["twice-after-ack"]
+
+
+def test_twice_after_ack_is_excused_by_a_redis_fault_around_the_ack():
+    run = legal()
+    entry(run, "3-0", "k1")
+    deliver(run, "k1", "3-0", 2.0, 2.1)
+    run.hist.faults.append({"kind": "redis_restart", "replica": None, "t0": 1.25, "t1": 1.4})
+    assert tags(run) == []
+
+
+def test_held_twice():
+    run = record(lock_key=False)
+    entry(run, "1-0", "k1")
+    deliver(run, "k1", "1-0", 1.0, 1.5)
+    deliver(run, "k1", "1-0", 1.2, 1.3, worker="w1.0", replica=1, attempt=2)
+    done(run, "k1")
+    assert "held-twice" in tags(run)
+
+
+def test_fencing_token_not_increasing_and_token_zero():
+    run = legal()
+    run.hist.rows[1]["token"] = run.hist.rows[0]["token"]       # the later holder, the same token
+    assert tags(run) == ["fencing"]
+    run = legal()
+    run.hist.rows[0]["token"] = 0
+    assert tags(run) == ["fencing"]
+
+
+def test_lock_overlap():
+    run = record(fencing=False)
+    entry(run, "1-0", "k1")
+    entry(run, "2-0", "k2")
+    deliver(run, "k1", "1-0", 1.0, 1.5)
+    deliver(run, "k2", "2-0", 1.2, 1.3, worker="w1.0")          # same room while k1 holds it
+    done(run, "k1", "k2")
+    assert tags(run) == ["lock-overlap"]
+
+
+def test_oversize_delivered():
+    run = legal()
+    run.hist.rows[0]["size"] = 65537
+    assert tags(run) == ["oversize-delivered"]
+
+
+def test_attempt_inflated():
+    run = legal()
+    run.hist.rows[0]["attempt"] = 3
+    assert tags(run) == ["attempt-inflated"]
+
+
+def test_dead_lettered_twice():
+    run = record()
+    entry(run, "1-0", "k1")
+    deliver(run, "k1", "1-0", 1.0, 1.1, answer="drop")
+    dead(run, "1-0", "chaos-drop")
+    dead(run, "1-0", "chaos-drop", t=6.0)
+    done(run, "k1")
+    assert tags(run) == ["dead-lettered-2x"]
+
+
+def test_bad_cause_max_deliveries_without_failures():
+    run = record()
+    entry(run, "1-0", "k1")
+    deliver(run, "k1", "1-0", 1.0, 1.1, answer="retry")
+    dead(run, "1-0", "max_deliveries (3) reached")
+    done(run, "k1")
+    assert tags(run) == ["bad-cause"]
+
+
+def test_dead_lettered_but_not_done():
+    run = record()
+    entry(run, "1-0", "k1")
+    deliver(run, "k1", "1-0", 1.0, 1.1, answer="drop")
+    dead(run, "1-0", "chaos-drop")
+    assert tags(run) == ["not-done"]
+
+
+def test_busy_refusal_then_delivered():
+    run = record(on_busy="dead_letter")
+    entry(run, "1-0", "k1")
+    dead(run, "1-0", "busy", t=1.0)
+    deliver(run, "k1", "1-0", 2.0, 2.1)
+    done(run, "k1")
+    assert tags(run) == ["delivered-after-refusal"]
+
+
+def test_bad_entry_delivered_and_never_dead_lettered():
+    run = legal()
+    entry(run, "3-0", "x-badjson", kind="badjson")
+    deliver(run, "x-badjson", "3-0", 2.0, 2.1)
+    done(run, "x-badjson")
+    assert tags(run) == ["bad-delivered", "no-outcome"]
+
+
+def test_no_outcome():
+    run = legal()
+    del run.state["done"]["k2"]
+    assert tags(run) == ["no-outcome"]
+
+
+def test_done_unacked():
+    run = legal()
+    run.state["done"]["k3"] = True                 # no worker ever acked k3
+    assert tags(run) == ["done-unacked"]
+
+
+def test_pending_and_unreadable_state():
+    run = legal()
+    run.state["pending"] = 1
+    assert tags(run) == ["pending"]
+    run = legal()
+    run.state, run.state_error = None, "ConnectionError()"
+    assert tags(run) == ["state"]
+
+
+def test_memory():
+    run = legal()
+    run.rss[0].append((1.0, 200 * 1024))
+    assert tags(run) == ["memory"]
+    run = legal()
+    run.final_rss[0] = 40 * 1024
+    assert tags(run) == ["memory"]
+    run.asan = True                                 # an ASan build's RSS is not judged
+    assert tags(run) == []
+
+
+@pytest.mark.parametrize("what", ["exit", "crash", "sanitizer"])
+def test_process_rules(what):
+    run = legal()
+    if what == "exit":
+        run.exits.append((0, "SIGTERM", 1))
+    elif what == "crash":
+        run.unexpected.append("replica0 exited by itself with -11")
+    else:
+        run.proxies[0].text = "==1==ERROR: AddressSanitizer: heap-use-after-free on address 0x1"
+    assert tags(run) == [what]
+
+
+def test_cluster_topology_faults_excuse_like_a_redis_restart():
+    for kind in ("failover", "master_kill", "migrate"):
+        run = legal()
+        entry(run, "3-0", "k1")
+        deliver(run, "k1", "3-0", 2.0, 2.1)
+        run.hist.faults.append({"kind": kind, "replica": None, "t0": 1.25, "t1": 1.4})
+        assert tags(run) == [], kind

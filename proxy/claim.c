@@ -44,8 +44,6 @@
 #include "log.h"
 #include "proxy.h"
 
-#define PX_FENCE_KEY "idemproxy:fence"
-
 static px_script release_script = {
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end "
     "return 0", ""
@@ -732,14 +730,18 @@ static void mark_tag(const char *dl, px_buf *b)
     px_buf_appends(b, num);
 }
 
-/* The written-mark of e's dead letter: one per entry and group (group-less:
+/* The written-mark of a dead letter: one per entry and group (group-less:
  * one across every replica). */
-static void dl_mark_name(px_entry *e, px_buf *b)
+void px_dl_mark_name(const px_stream_conf *sc, const char *id, px_buf *b)
 {
-    px_stream_conf *sc = e->st->conf;
     px_buf_appends(b, "idemproxy:dlw:{");
     mark_tag(sc->dead_letter, b);
-    px_buf_printf(b, "}:%s:%s:%s", sc->stream, sc->group ? sc->group : "-", e->id);
+    px_buf_printf(b, "}:%s:%s:%s", sc->stream, sc->group ? sc->group : "-", id);
+}
+
+static void dl_mark_name(px_entry *e, px_buf *b)
+{
+    px_dl_mark_name(e->st->conf, e->id, b);
 }
 
 /* XADD the entry to the dead-letter stream with the idemproxy-* fields, once. */

@@ -55,7 +55,7 @@ static char *put_name(char *p, const char *prefix, const char *key, size_t n, bo
  * entry: prefix + key, or prefix + "{" + key + "}" with hash_tag (one cluster
  * slot for a key's lock and done mark, whatever the prefixes). Layout single
  * has one name for both; split has lock_prefix + key and done_prefix + key. */
-static void set_key(px_entry *e, const px_stream_conf *sc, const char *key, size_t n)
+void px_event_set_key(px_entry *e, const px_stream_conf *sc, const char *key, size_t n)
 {
     bool split = sc->layout == PX_LAYOUT_SPLIT, tag = sc->hash_tag;
     const char *lp = split ? sc->lock_prefix : sc->prefix;
@@ -120,7 +120,7 @@ static bool fast_key(px_entry *e, const px_stream_conf *sc, const px_field *payl
     const char *v, *name = px_template_simple_member(sc->key_tpl, &nlen);
     if (name == NULL || !px_jscan_member(payload->value, payload->value_len, name, nlen, &v, &vn))
         return false;
-    set_key(e, sc, v, vn);
+    px_event_set_key(e, sc, v, vn);
     return true;
 }
 
@@ -198,7 +198,7 @@ int px_event_prepare(px_entry *e, const px_stream_conf *sc, long long max_entry_
 
     static px_buf out;
     if (!render(e, sc, sc->key_tpl, event, fields, "key", &out, why, whylen)) goto done;
-    set_key(e, sc, out.data, out.len);
+    px_event_set_key(e, sc, out.data, out.len);
     if (sc->lock_tpl) {
         if (!render(e, sc, sc->lock_tpl, event, fields, "lock_key", &out, why, whylen)) goto done;
         e->lock_key = px_strndup(out.data, out.len);

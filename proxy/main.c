@@ -15,14 +15,41 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "ops.h"
 #include "proxy.h"
+
+#ifndef PX_COMMIT
+#include "commit.h"   /* PX_COMMIT: the git commit built, "" when unknown (Makefile) */
+#endif
 
 static const char usage[] =
     "usage: idemproxy -c FILE             run\n"
-    "       idemproxy check -c FILE       validate a config and its templates\n"
-    "       idemproxy key TEMPLATE        render a key for the event JSON on stdin\n"
+    "       idemproxy check -c FILE       validate a config and its templates (FILE - : stdin)\n"
+    "       idemproxy key TEMPLATE [--stream S] [--id ID] [--fields NAME=VALUE]...\n"
+    "                                     render a key for the event JSON on stdin\n"
+    "       idemproxy inspect -c FILE --stream S (--key K | --entry ID) [--group G] [--json]\n"
+    "                                     what Redis holds about a key or an entry\n"
+    "       idemproxy redrive -c FILE --stream S [--reason TEXT] [--max N] [--dry-run] [--group G]\n"
+    "                                     move the stream's dead letters back into it\n"
     "       idemproxy health [-c FILE]    GET /healthz on the metrics address\n"
-    "       idemproxy --version | --help\n";
+    "       idemproxy version | --version | --help\n";
+
+static const char help_more[] =
+    "\n"
+    "environment (the daemon and check):\n"
+    "  IDEMPROXY_REDIS_URL    replaces redis.url from the file\n"
+    "  IDEMPROXY_ENDPOINT     replaces app.endpoint\n"
+    "  IDEMPROXY_LOG_LEVEL    replaces log.level (error, warn, info, debug)\n"
+    "  ${VAR} and ${VAR:-default} in any scalar of the config are expanded from the\n"
+    "  environment ($$ is a literal $). An empty override is ignored.\n"
+    "\n"
+    "exit codes:\n"
+    "  0  the daemon stopped cleanly (SIGTERM, SIGINT); a command succeeded\n"
+    "  1  a runtime failure: Redis unreachable or an error reply (inspect, redrive),\n"
+    "     the daemon could not start (socket, metrics address); health: 1 for any failure\n"
+    "  2  usage or config error (check prints FILE:LINE:COL: message)\n"
+    "\n"
+    "inspect and redrive need redis.url (one server); a redis.cluster config is refused (2).\n";
 
 static void print_diags(const px_diags *d)
 {
@@ -30,10 +57,22 @@ static void print_diags(const px_diags *d)
         fprintf(stderr, "%s\n", d->v[i].text);
 }
 
+/* The config at 'path', or from standard input when 'path' is "-" (named
+ * <stdin> in messages). */
 static px_config *load(const char *path)
 {
     px_diags d = {0};
-    px_config *c = px_config_load(path, &d);
+    px_config *c;
+    if (strcmp(path, "-") == 0) {
+        px_buf in = {0};
+        char chunk[8192];
+        size_t n;
+        while ((n = fread(chunk, 1, sizeof(chunk), stdin)) > 0) px_buf_append(&in, chunk, n);
+        c = px_config_parse("<stdin>", in.data ? in.data : "", in.len, &d);
+        px_buf_deinit(&in);
+    } else {
+        c = px_config_load(path, &d);
+    }
     print_diags(&d);
     px_diags_deinit(&d);
     return c;
@@ -43,18 +82,45 @@ static int cmd_check(const char *path)
 {
     px_config *c = load(path);
     if (c == NULL) return 2;
-    fprintf(stderr, "%s: ok, %zu stream%s\n", path, c->nstreams, c->nstreams == 1 ? "" : "s");
+    fprintf(stderr, "%s: ok, %zu stream%s\n", c->path, c->nstreams, c->nstreams == 1 ? "" : "s");
     px_config_destroy(c);
     return 0;
 }
 
-static int cmd_key(const char *src)
+/* 'fields' ('nfields' of NAME=VALUE) as the #fields object, or NULL after
+ * saying which one is malformed. */
+static json_object *fields_object(char **fields, size_t nfields)
+{
+    json_object *o = json_object_new_object();
+    for (size_t i = 0; i < nfields; i++) {
+        const char *eq = strchr(fields[i], '=');
+        if (eq == NULL || eq == fields[i]) {
+            fprintf(stderr, "idemproxy key: --fields %s: expected NAME=VALUE\n", fields[i]);
+            json_object_put(o);
+            return NULL;
+        }
+        char *name = px_strndup(fields[i], (size_t)(eq - fields[i]));
+        json_object_object_add(o, name, json_object_new_string(eq + 1));
+        free(name);
+    }
+    return o;
+}
+
+/* Render TEMPLATE over the event on stdin; #stream, #id and #fields come from
+ * --stream, --id and --fields (without them: "", "" and no #fields). */
+static int cmd_key(const char *src, const char *stream, const char *id, char **fields,
+                   size_t nfields)
 {
     char err[256];
     int col = 0;
     px_template *t = px_template_compile(src, err, sizeof(err), &col);
     if (t == NULL) {
         fprintf(stderr, "template:%d: %s\n  %s\n  %*s^\n", col, err, src, col > 0 ? col - 1 : 0, "");
+        return 2;
+    }
+    json_object *fobj = NULL;
+    if (nfields && (fobj = fields_object(fields, nfields)) == NULL) {
+        px_template_destroy(t);
         return 2;
     }
     px_buf in = {0};
@@ -70,7 +136,7 @@ static int cmd_key(const char *src)
         fprintf(stderr, "stdin: expected one JSON object (the event)\n");
         rc = 2;
     } else {
-        px_tvars vars = { event, NULL, "", "" };
+        px_tvars vars = { event, fobj, stream ? stream : "", id ? id : "" };
         px_buf out = {0};
         if (px_template_render(t, &vars, &out, err, sizeof(err)) != PX_OK) {
             fprintf(stderr, "key: %s\n", err);
@@ -81,6 +147,7 @@ static int cmd_key(const char *src)
         px_buf_deinit(&out);
     }
     json_object_put(event);
+    json_object_put(fobj);
     json_tokener_free(tok);
     px_buf_deinit(&in);
     px_template_destroy(t);
@@ -142,19 +209,6 @@ out:
     return rc;
 }
 
-/* Read the password file: its first line, without the newline. */
-static char *read_password(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (f == NULL) return NULL;
-    char buf[1024];
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    buf[strcspn(buf, "\r\n")] = '\0';
-    return px_strdup(buf);
-}
-
 /* hiredis resolves host names with a blocking getaddrinfo on every connect:
  * resolve once here, before the loop runs, and hand it a numeric address. */
 static void resolve_host(px_config *c)
@@ -182,7 +236,7 @@ static int cmd_run(const char *path)
     char *password = c->redis_password ? px_strdup(c->redis_password) : NULL;
     if (c->password_file) {
         free(password);
-        password = read_password(c->password_file);
+        password = px_read_password(c->password_file);
         if (password == NULL) {
             fprintf(stderr, "%s: redis.password_file %s: %s\n", path, c->password_file,
                     strerror(errno));
@@ -212,6 +266,23 @@ static int cmd_run(const char *path)
     return rc;
 }
 
+static void print_version(void)
+{
+    if (PX_COMMIT[0]) printf("idemproxy %s (commit %s)\n", PX_VERSION, PX_COMMIT);
+    else printf("idemproxy %s\n", PX_VERSION);
+}
+
+/* Options, and the subcommands each belongs to (bit per command). */
+enum { SUB_RUN = 1, SUB_CHECK = 2, SUB_KEY = 4, SUB_HEALTH = 8, SUB_INSPECT = 16,
+       SUB_REDRIVE = 32, SUB_VERSION = 64 };
+
+static int bad_usage(const char *msg, const char *arg)
+{
+    if (msg) fprintf(stderr, "idemproxy: %s%s\n", msg, arg ? arg : "");
+    fputs(usage, stderr);
+    return 2;
+}
+
 int main(int argc, char **argv)
 {
     const char *config = NULL;
@@ -225,33 +296,119 @@ int main(int argc, char **argv)
         { "config", required_argument, NULL, 'c' },
         { "version", no_argument, NULL, 'V' },
         { "help", no_argument, NULL, 'h' },
+        { "stream", required_argument, NULL, 's' },
+        { "group", required_argument, NULL, 'g' },
+        { "id", required_argument, NULL, 'i' },
+        { "fields", required_argument, NULL, 'f' },
+        { "key", required_argument, NULL, 'k' },
+        { "entry", required_argument, NULL, 'e' },
+        { "json", no_argument, NULL, 'j' },
+        { "reason", required_argument, NULL, 'r' },
+        { "max", required_argument, NULL, 'm' },
+        { "dry-run", no_argument, NULL, 'n' },
         { NULL, 0, NULL, 0 },
     };
-    int ch;
+    static const struct { int ch; const char *name; int subs; } allowed[] = {
+        { 'c', "-c/--config", SUB_RUN | SUB_CHECK | SUB_HEALTH | SUB_INSPECT | SUB_REDRIVE },
+        { 's', "--stream", SUB_KEY | SUB_INSPECT | SUB_REDRIVE },
+        { 'g', "--group", SUB_INSPECT | SUB_REDRIVE },
+        { 'i', "--id", SUB_KEY },
+        { 'f', "--fields", SUB_KEY },
+        { 'k', "--key", SUB_INSPECT },
+        { 'e', "--entry", SUB_INSPECT },
+        { 'j', "--json", SUB_INSPECT },
+        { 'r', "--reason", SUB_REDRIVE },
+        { 'm', "--max", SUB_REDRIVE },
+        { 'n', "--dry-run", SUB_REDRIVE },
+    };
+    int subbit = 0;
+    if (sub == NULL) subbit = SUB_RUN;
+    else if (strcmp(sub, "check") == 0) subbit = SUB_CHECK;
+    else if (strcmp(sub, "key") == 0) subbit = SUB_KEY;
+    else if (strcmp(sub, "health") == 0) subbit = SUB_HEALTH;
+    else if (strcmp(sub, "inspect") == 0) subbit = SUB_INSPECT;
+    else if (strcmp(sub, "redrive") == 0) subbit = SUB_REDRIVE;
+    else if (strcmp(sub, "version") == 0) subbit = SUB_VERSION;
+    else {
+        fprintf(stderr, "idemproxy: unknown command '%s'\n%s", sub, usage);
+        return 2;
+    }
+    px_ops_args a = { .max = -1 };
+    const char *id = NULL;
+    char **fields = px_calloc((size_t)argc + 1, sizeof(char *));
+    size_t nfields = 0;
+    int ch, rc = 2;
     while ((ch = getopt_long(argc, argv, "c:hV", opts, NULL)) != -1) {
+        if (ch == 'V') { print_version(); rc = 0; goto out; }
+        if (ch == 'h') { fputs(usage, stdout); fputs(help_more, stdout); rc = 0; goto out; }
+        if (ch == '?' || ch == ':') { fputs(usage, stderr); goto out; }
+        for (size_t i = 0; i < sizeof(allowed) / sizeof(*allowed); i++)
+            if (allowed[i].ch == ch && !(allowed[i].subs & subbit)) {
+                fprintf(stderr, "idemproxy: %s is not an option of %s\n%s", allowed[i].name,
+                        sub ? sub : "the daemon", usage);
+                goto out;
+            }
         switch (ch) {
         case 'c': config = optarg; break;
-        case 'V': printf("idemproxy %s\n", PX_VERSION); return 0;
-        case 'h': fputs(usage, stdout); return 0;
-        default: fputs(usage, stderr); return 2;
+        case 's': a.stream = optarg; break;
+        case 'g': a.group = optarg; break;
+        case 'i': id = optarg; break;
+        case 'f': fields[nfields++] = optarg; break;
+        case 'k': a.key = optarg; break;
+        case 'e': a.entry = optarg; break;
+        case 'j': a.json = true; break;
+        case 'r': a.reason = optarg; break;
+        case 'n': a.dry_run = true; break;
+        case 'm': {
+            char *end;
+            errno = 0;
+            a.max = strtoll(optarg, &end, 10);
+            if (errno || end == optarg || *end || a.max < 0) {
+                rc = bad_usage("--max expects a count (0 or more), not ", optarg);
+                goto out;
+            }
+            break;
+        }
         }
     }
-    if (sub == NULL) {
-        if (config == NULL || optind != argc) { fputs(usage, stderr); return 2; }
-        return cmd_run(config);
+    switch (subbit) {
+    case SUB_RUN:
+        if (config == NULL || optind != argc) { fputs(usage, stderr); break; }
+        rc = cmd_run(config);
+        break;
+    case SUB_CHECK:
+        if (config == NULL || optind != argc) { fputs(usage, stderr); break; }
+        rc = cmd_check(config);
+        break;
+    case SUB_KEY:
+        if (optind + 1 != argc) { fputs(usage, stderr); break; }
+        rc = cmd_key(argv[optind], a.stream, id, fields, nfields);
+        break;
+    case SUB_HEALTH:
+        if (optind != argc) { fputs(usage, stderr); break; }
+        rc = cmd_health(config);
+        break;
+    case SUB_VERSION:
+        if (optind != argc) { fputs(usage, stderr); break; }
+        print_version();
+        rc = 0;
+        break;
+    case SUB_INSPECT:
+    case SUB_REDRIVE: {
+        if (optind != argc) { rc = bad_usage("unexpected argument ", argv[optind]); break; }
+        if (config == NULL || a.stream == NULL) { rc = bad_usage("-c FILE and --stream S are required", NULL); break; }
+        if (subbit == SUB_INSPECT && (a.key == NULL) == (a.entry == NULL)) {
+            rc = bad_usage("inspect takes one of --key K or --entry ID", NULL);
+            break;
+        }
+        px_config *c = load(config);
+        if (c == NULL) break;
+        rc = subbit == SUB_INSPECT ? px_cmd_inspect(c, &a) : px_cmd_redrive(c, &a);
+        px_config_destroy(c);
+        break;
     }
-    if (strcmp(sub, "check") == 0) {
-        if (config == NULL || optind != argc) { fputs(usage, stderr); return 2; }
-        return cmd_check(config);
     }
-    if (strcmp(sub, "key") == 0) {
-        if (optind + 1 != argc) { fputs(usage, stderr); return 2; }
-        return cmd_key(argv[optind]);
-    }
-    if (strcmp(sub, "health") == 0) {
-        if (optind != argc) { fputs(usage, stderr); return 2; }
-        return cmd_health(config);
-    }
-    fprintf(stderr, "idemproxy: unknown command '%s'\n%s", sub, usage);
-    return 2;
+out:
+    free(fields);
+    return rc;
 }

@@ -252,8 +252,16 @@ void px_reader_delivering(px_entry *e);       /* a delivery goes out: Redis coun
  * e->key, lock_name, done_name (and their lengths) and lock_key. */
 int px_event_prepare(px_entry *e, const px_stream_conf *sc, long long max_entry_bytes, char *why,
                      size_t whylen);
+/* Set e->key to 'key' ('n' bytes) and the names of its Redis keys (lock_name,
+ * done_name, with their lengths) as 'sc' lays them out: the one place those
+ * names are made (the operator commands in ops.c use it too). */
+void px_event_set_key(px_entry *e, const px_stream_conf *sc, const char *key, size_t n);
 
 /* claim.c */
+#define PX_FENCE_KEY "idemproxy:fence"   /* the one fencing counter, every lock's */
+/* The name of the written-mark of entry 'id''s dead letter (see claim.c),
+ * appended to 'b'. 'sc' must have a dead_letter stream. */
+void px_dl_mark_name(const px_stream_conf *sc, const char *id, px_buf *b);
 void px_claim_init(void);
 void px_claim_flush(px_proxy *px);            /* claim_q -> claimed | duplicate | busy */
 void px_claim_lock_key(px_entry *e);          /* retry lock_key within wait_ms */

@@ -1,0 +1,762 @@
+/*
+ * ops.c - see ops.h. `inspect` only reads. `redrive` writes with one script
+ * per dead letter, which does everything or nothing:
+ *
+ *   the dead letter is still there?  no: return 0 (another run took it)
+ *   XDEL it, XADD its original fields (the idemproxy-* ones left out) to the
+ *   source stream, and delete the done mark its dead-lettering wrote
+ *
+ * so two runs at once, or one run twice, redrive each dead letter once. The
+ * script's keys are the dead-letter stream, the source stream and the done
+ * mark: on a Redis Cluster they may sit in different slots, which a script
+ * cannot touch together, so both commands refuse a cluster config for now.
+ */
+#include "ops.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#include <hiredis/hiredis.h>
+
+#include "proxy.h"
+
+#define OPS_PAGE        1000      /* entries per XRANGE */
+#define OPS_SCAN_MAX    100000    /* inspect: dead letters looked at, at most */
+#define OPS_SHOW_BYTES  1000      /* inspect: a field value longer is cut */
+
+char *px_read_password(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return NULL;
+    char buf[1024];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    buf[strcspn(buf, "\r\n")] = '\0';
+    return px_strdup(buf);
+}
+
+/* --- setup ----------------------------------------------------------------- */
+
+/* The block of --stream (and --group when given), or NULL after saying why. */
+static px_stream_conf *find_stream(px_config *c, const px_ops_args *a, const char *cmd)
+{
+    px_stream_conf *found = NULL;
+    size_t n = 0;
+    for (size_t i = 0; i < c->nstreams; i++) {
+        px_stream_conf *sc = &c->streams[i];
+        if (strcmp(sc->stream, a->stream) != 0) continue;
+        if (a->group && !(sc->group && strcmp(sc->group, a->group) == 0)) continue;
+        if (found == NULL) found = sc;
+        n++;
+    }
+    if (found == NULL) {
+        fprintf(stderr, "idemproxy %s: %s has no stream block for '%s'%s%s\n", cmd, c->path,
+                a->stream, a->group ? " with group " : "", a->group ? a->group : "");
+        return NULL;
+    }
+    if (n > 1) {
+        fprintf(stderr, "idemproxy %s: %s reads '%s' with %zu groups; say which with --group\n",
+                cmd, c->path, a->stream, n);
+        return NULL;
+    }
+    return found;
+}
+
+/* A connected, authenticated context in *out, or the exit code (1: Redis
+ * unreachable or refusing, 2: the config cannot be used). */
+static int connect_redis(px_config *c, const char *cmd, redisContext **out)
+{
+    *out = NULL;
+    if (c->ncluster) {
+        fprintf(stderr, "idemproxy %s: redis.cluster is not supported by %s yet: it works on one "
+                "Redis server (redis.url). On a cluster a dead letter, its source stream and its "
+                "done mark may sit in different slots.\n", cmd, cmd);
+        return 2;
+    }
+    char *password = c->redis_password ? px_strdup(c->redis_password) : NULL;
+    if (c->password_file) {
+        free(password);
+        password = px_read_password(c->password_file);
+        if (password == NULL) {
+            fprintf(stderr, "idemproxy %s: redis.password_file %s: %s\n", cmd, c->password_file,
+                    strerror(errno));
+            return 2;
+        }
+    }
+    struct timeval tv = { (time_t)(c->timeout_ms / 1000), (suseconds_t)(c->timeout_ms % 1000) * 1000 };
+    redisContext *ctx = c->redis_unix ? redisConnectUnixWithTimeout(c->redis_unix, tv)
+                                      : redisConnectWithTimeout(c->redis_host, c->redis_port, tv);
+    int rc = 1;
+    redisReply *r = NULL;
+    if (ctx == NULL || ctx->err) {
+        /* the url is not echoed: it may hold a password */
+        fprintf(stderr, "idemproxy %s: cannot connect to Redis: %s\n", cmd,
+                ctx ? ctx->errstr : "out of memory");
+        goto fail;
+    }
+    /* Commands may run longer than a connect (a page of 1,000 entries). */
+    struct timeval cmd_tv = { (time_t)(c->timeout_ms / 1000) + 5, 0 };
+    redisSetTimeout(ctx, cmd_tv);
+    if (password) {
+        r = c->redis_user ? redisCommand(ctx, "AUTH %s %s", c->redis_user, password)
+                          : redisCommand(ctx, "AUTH %s", password);
+        if (r == NULL || r->type == REDIS_REPLY_ERROR) {
+            fprintf(stderr, "idemproxy %s: Redis refused AUTH: %s\n", cmd,
+                    r ? r->str : ctx->errstr);
+            goto fail;
+        }
+        freeReplyObject(r);
+    }
+    if (c->redis_db) {
+        r = redisCommand(ctx, "SELECT %d", c->redis_db);
+        if (r == NULL || r->type == REDIS_REPLY_ERROR) {
+            fprintf(stderr, "idemproxy %s: SELECT %d: %s\n", cmd, c->redis_db,
+                    r ? r->str : ctx->errstr);
+            goto fail;
+        }
+        freeReplyObject(r);
+    }
+    free(password);
+    *out = ctx;
+    return 0;
+fail:
+    if (r) freeReplyObject(r);
+    if (ctx) redisFree(ctx);
+    free(password);
+    return rc;
+}
+
+/* Run a command; NULL after printing the error (a lost link or an error reply). */
+static redisReply *call(redisContext *ctx, const char *cmd, int argc, const char **argv,
+                        const size_t *lens)
+{
+    redisReply *r = redisCommandArgv(ctx, argc, argv, lens);
+    if (r == NULL) {
+        fprintf(stderr, "idemproxy %s: %s: %s\n", cmd, argv[0], ctx->errstr);
+        return NULL;
+    }
+    if (r->type == REDIS_REPLY_ERROR) {
+        fprintf(stderr, "idemproxy %s: %s: %s\n", cmd, argv[0], r->str);
+        freeReplyObject(r);
+        return NULL;
+    }
+    return r;
+}
+
+static redisReply *call2(redisContext *ctx, const char *cmd, const char *a0, const char *a1)
+{
+    const char *argv[] = { a0, a1 };
+    size_t lens[] = { strlen(a0), strlen(a1) };
+    return call(ctx, cmd, 2, argv, lens);
+}
+
+/* "1700000000000-3" or "1700000000000": digits, optionally '-' and digits. */
+static bool valid_id(const char *id)
+{
+    const char *p = id;
+    if (!isdigit((unsigned char)*p)) return false;
+    while (isdigit((unsigned char)*p)) p++;
+    if (*p == '\0') return true;
+    if (*p++ != '-' || !isdigit((unsigned char)*p)) return false;
+    while (isdigit((unsigned char)*p)) p++;
+    return *p == '\0' && strlen(id) < 48;
+}
+
+/* The id right after 'id' (ms-seq), for the next page of an XRANGE. */
+static void next_id(const char *id, char *out, size_t size)
+{
+    unsigned long long ms = 0, seq = 0;
+    if (sscanf(id, "%llu-%llu", &ms, &seq) != 2) { snprintf(out, size, "%s", id); return; }
+    if (seq == UINT64_MAX) snprintf(out, size, "%llu-0", ms + 1);
+    else snprintf(out, size, "%llu-%llu", ms, seq + 1);
+}
+
+/* --- an entry as the daemon sees it ---------------------------------------- */
+
+static bool is_own_field(const char *name, size_t len)
+{
+    static const char *const own[] = { "idemproxy-reason", "idemproxy-stream",
+                                       "idemproxy-entry-id", "idemproxy-attempts" };
+    for (size_t i = 0; i < 4; i++)
+        if (len == strlen(own[i]) && memcmp(name, own[i], len) == 0) return true;
+    return false;
+}
+
+/* The value of field 'name' in a field/value array reply, or NULL. */
+static const char *field_of(const redisReply *f, const char *name)
+{
+    for (size_t i = 0; i + 1 < f->elements; i += 2)
+        if (f->element[i]->type == REDIS_REPLY_STRING && strcmp(f->element[i]->str, name) == 0)
+            return f->element[i + 1]->str;
+    return NULL;
+}
+
+/* A px_entry over the fields of a reply (the idemproxy-* ones left out when
+ * 'strip'), its key rendered by px_event_prepare as the daemon renders it.
+ * Returns false with 'why' when the key cannot be rendered (bad input); the
+ * caller frees e->fields, e->key and e->lock_key. */
+static bool prepare(px_entry *e, const px_stream_conf *sc, const px_config *c, const char *id,
+                    const redisReply *f, bool strip, char *why, size_t whylen)
+{
+    memset(e, 0, sizeof(*e));
+    e->id = (char *)id;
+    e->payload_idx = -1;
+    e->fields = px_calloc(f->elements / 2 + 1, sizeof(px_field));
+    for (size_t i = 0; i + 1 < f->elements; i += 2) {
+        const redisReply *k = f->element[i], *v = f->element[i + 1];
+        if (strip && is_own_field(k->str, k->len)) continue;
+        px_field *x = &e->fields[e->nfields];
+        x->name = k->str; x->name_len = k->len;
+        x->value = v->str; x->value_len = v->len;
+        e->bytes += k->len + v->len;
+        if (sc->payload_field && e->payload_idx < 0 && strcmp(k->str, sc->payload_field) == 0)
+            e->payload_idx = (int)e->nfields;
+        e->nfields++;
+    }
+    return px_event_prepare(e, sc, c->max_entry_bytes, why, whylen) == PX_OK;
+}
+
+static void entry_deinit(px_entry *e)
+{
+    free(e->fields);
+    free(e->key);
+    free(e->lock_key);
+    e->fields = NULL; e->key = NULL; e->lock_key = NULL;
+}
+
+/* --- key state ------------------------------------------------------------- */
+
+typedef struct key_state {
+    bool      done;
+    long long done_ttl;     /* ms; -1: no expiry */
+    bool      locked;
+    char     *token;        /* the holder's token; owned */
+    long long lease_left;   /* ms; -1: no expiry */
+    char     *other;        /* single layout: a value that is neither D nor L:...; owned */
+    bool      fence_on;
+    bool      fence_set;
+    long long fence;
+} key_state;
+
+static void key_state_deinit(key_state *k)
+{
+    free(k->token);
+    free(k->other);
+}
+
+/* GET and PTTL of 'name': false on an error; *val NULL when absent. */
+static bool get_ttl(redisContext *ctx, const char *cmd, const char *name, char **val, long long *ttl)
+{
+    *val = NULL;
+    *ttl = -2;
+    redisReply *r = call2(ctx, cmd, "GET", name);
+    if (r == NULL) return false;
+    if (r->type == REDIS_REPLY_STRING) *val = px_strndup(r->str, r->len);
+    freeReplyObject(r);
+    if ((r = call2(ctx, cmd, "PTTL", name)) == NULL) { free(*val); *val = NULL; return false; }
+    *ttl = r->type == REDIS_REPLY_INTEGER ? r->integer : -2;
+    freeReplyObject(r);
+    return true;
+}
+
+/* Read the state of e's key (its names set by px_event_set_key). */
+static bool read_key_state(redisContext *ctx, const px_stream_conf *sc, const px_entry *e,
+                           key_state *k)
+{
+    memset(k, 0, sizeof(*k));
+    char *v;
+    long long ttl;
+    if (sc->layout == PX_LAYOUT_SINGLE) {
+        if (!get_ttl(ctx, "inspect", e->done_name, &v, &ttl)) return false;
+        if (v && strcmp(v, "D") == 0) { k->done = true; k->done_ttl = ttl; }
+        else if (v && strncmp(v, "L:", 2) == 0) {
+            k->locked = true; k->token = px_strdup(v + 2); k->lease_left = ttl;
+        } else if (v) { k->other = px_strdup(v); }
+        free(v);
+    } else {
+        if (!get_ttl(ctx, "inspect", e->done_name, &v, &ttl)) return false;
+        if (v) { k->done = true; k->done_ttl = ttl; }
+        free(v);
+        if (!get_ttl(ctx, "inspect", e->lock_name, &v, &ttl)) return false;
+        if (v) { k->locked = true; k->token = v; k->lease_left = ttl; }
+    }
+    if (sc->fencing) {
+        k->fence_on = true;
+        redisReply *r = call2(ctx, "inspect", "GET", PX_FENCE_KEY);
+        if (r == NULL) return false;
+        if (r->type == REDIS_REPLY_STRING) { k->fence_set = true; k->fence = atoll(r->str); }
+        freeReplyObject(r);
+    }
+    return true;
+}
+
+static void print_ttl(long long ms, const char *what)
+{
+    if (ms < 0) printf("%s never expires", what);
+    else printf("%s expires in %lld ms", what, ms);
+}
+
+static void print_key_state(const px_stream_conf *sc, const px_entry *e, const key_state *k)
+{
+    printf("key: %s\n", e->key);
+    if (sc->layout == PX_LAYOUT_SINGLE)
+        printf("  layout single, state key %s\n", e->done_name);
+    else
+        printf("  layout split, lock key %s, done key %s\n", e->lock_name, e->done_name);
+    printf("  state: ");
+    if (k->done) {
+        printf("done, ");
+        print_ttl(k->done_ttl, "done mark");
+        if (k->locked) printf("; and still locked by token %s, lease left %lld ms", k->token, k->lease_left);
+    } else if (k->locked) {
+        printf("locked by token %s, lease left %lld ms (not done)", k->token, k->lease_left);
+    } else if (k->other) {
+        printf("not done, not locked: the key holds '%s', not a value idemproxy writes", k->other);
+    } else {
+        printf("not done, not locked");
+    }
+    printf("\n");
+    if (k->fence_on) {
+        if (k->fence_set)
+            printf("  fencing counter: %lld (%s, one counter for every lock)\n", k->fence, PX_FENCE_KEY);
+        else
+            printf("  fencing counter: not set yet (%s)\n", PX_FENCE_KEY);
+    }
+}
+
+static json_object *key_state_json(const px_stream_conf *sc, const px_entry *e, const key_state *k)
+{
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "key", json_object_new_string(e->key));
+    json_object_object_add(o, "layout", json_object_new_string(
+                               sc->layout == PX_LAYOUT_SINGLE ? "single" : "split"));
+    json_object_object_add(o, "lock_name", json_object_new_string(e->lock_name));
+    json_object_object_add(o, "done_name", json_object_new_string(e->done_name));
+    json_object_object_add(o, "done", json_object_new_boolean(k->done));
+    json_object_object_add(o, "done_ttl_ms", k->done ? json_object_new_int64(k->done_ttl) : NULL);
+    json_object_object_add(o, "locked", json_object_new_boolean(k->locked));
+    json_object_object_add(o, "lock_token", k->locked ? json_object_new_string(k->token) : NULL);
+    json_object_object_add(o, "lease_left_ms", k->locked ? json_object_new_int64(k->lease_left) : NULL);
+    if (k->other) json_object_object_add(o, "other_value", json_object_new_string(k->other));
+    if (k->fence_on)
+        json_object_object_add(o, "fence", k->fence_set ? json_object_new_int64(k->fence) : NULL);
+    return o;
+}
+
+static void print_json(json_object *o)
+{
+    printf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
+                                                     JSON_C_TO_STRING_NOSLASHESCAPE));
+}
+
+/* Printable text: control bytes and others escaped, long values cut. */
+static void print_value(const char *s, size_t n)
+{
+    size_t show = n > OPS_SHOW_BYTES ? OPS_SHOW_BYTES : n;
+    for (size_t i = 0; i < show; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '\n') fputs("\\n", stdout);
+        else if (ch == '\\') fputs("\\\\", stdout);
+        else if (ch < 0x20 || ch == 0x7f) printf("\\x%02x", ch);
+        else putchar(ch);
+    }
+    if (show < n) printf("... (%zu bytes)", n);
+}
+
+/* --- inspect --------------------------------------------------------------- */
+
+static int inspect_key(redisContext *ctx, const px_stream_conf *sc, const px_ops_args *a)
+{
+    px_entry e;
+    memset(&e, 0, sizeof(e));
+    px_event_set_key(&e, sc, a->key, strlen(a->key));
+    key_state k;
+    int rc = 1;
+    if (read_key_state(ctx, sc, &e, &k)) {
+        rc = 0;
+        if (a->json) {
+            json_object *o = key_state_json(sc, &e, &k);
+            json_object_object_add(o, "stream", json_object_new_string(sc->stream));
+            print_json(o);
+            json_object_put(o);
+        } else {
+            printf("stream: %s\n", sc->stream);
+            print_key_state(sc, &e, &k);
+        }
+    }
+    key_state_deinit(&k);
+    free(e.key);
+    return rc;
+}
+
+typedef struct dead_found { char *id, *reason, *attempts; } dead_found;
+
+/* The dead letters of entry 'id' of stream 'sc': XRANGE from the entry's own
+ * time (a dead letter is written after its entry), at most OPS_SCAN_MAX. */
+static bool find_dead(redisContext *ctx, const px_stream_conf *sc, const char *id, dead_found **out,
+                      size_t *n, bool *all)
+{
+    *out = NULL; *n = 0; *all = true;
+    char start[64];
+    unsigned long long ms = strtoull(id, NULL, 10);
+    snprintf(start, sizeof(start), "%llu-0", ms);
+    size_t looked = 0;
+    for (;;) {
+        const char *argv[] = { "XRANGE", sc->dead_letter, start, "+", "COUNT", "1000" };
+        size_t lens[6];
+        for (int i = 0; i < 6; i++) lens[i] = strlen(argv[i]);
+        redisReply *r = call(ctx, "inspect", 6, argv, lens);
+        if (r == NULL) return false;
+        if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) { freeReplyObject(r); return true; }
+        for (size_t i = 0; i < r->elements; i++) {
+            redisReply *ent = r->element[i];
+            if (ent->type != REDIS_REPLY_ARRAY || ent->elements < 2) continue;
+            const char *eid = ent->element[0]->str;
+            redisReply *f = ent->element[1];
+            const char *fid = f->type == REDIS_REPLY_ARRAY ? field_of(f, "idemproxy-entry-id") : NULL;
+            const char *fst = f->type == REDIS_REPLY_ARRAY ? field_of(f, "idemproxy-stream") : NULL;
+            if (fid && strcmp(fid, id) == 0 && (fst == NULL || strcmp(fst, sc->stream) == 0)) {
+                *out = px_realloc(*out, (*n + 1) * sizeof(**out));
+                const char *reason = field_of(f, "idemproxy-reason"), *att = field_of(f, "idemproxy-attempts");
+                (*out)[*n] = (dead_found){ px_strdup(eid), px_strdup(reason ? reason : ""),
+                                           px_strdup(att ? att : "?") };
+                (*n)++;
+            }
+            next_id(eid, start, sizeof(start));
+        }
+        looked += r->elements;
+        bool last = r->elements < OPS_PAGE;
+        freeReplyObject(r);
+        if (last) return true;
+        if (looked >= OPS_SCAN_MAX) { *all = false; return true; }
+    }
+}
+
+static int inspect_entry(redisContext *ctx, const px_config *c, const px_stream_conf *sc,
+                         const px_ops_args *a)
+{
+    int rc = 1;
+    const char *id = a->entry;
+    redisReply *entry = NULL, *pend = NULL;
+    dead_found *dead = NULL;
+    size_t ndead = 0;
+    bool dead_all = true, have_key = false, have_lk = false;
+    char why[512] = "";
+    char *mark_val = NULL, *lk_val = NULL;
+    long long mark_ttl, lk_ttl = -2;
+    px_buf mark = {0};
+    px_entry e;
+    memset(&e, 0, sizeof(e));
+    key_state k;
+    memset(&k, 0, sizeof(k));
+    json_object *o = NULL;
+
+    /* the entry itself */
+    const char *xr[] = { "XRANGE", sc->stream, id, id };
+    size_t xl[] = { 6, strlen(sc->stream), strlen(id), strlen(id) };
+    if ((entry = call(ctx, "inspect", 4, xr, xl)) == NULL) goto out;
+    redisReply *fields = entry->type == REDIS_REPLY_ARRAY && entry->elements == 1 &&
+                         entry->element[0]->elements >= 2 ? entry->element[0]->element[1] : NULL;
+
+    /* its pending info in the group */
+    const char *pend_err = NULL;
+    if (sc->group) {
+        const char *xp[] = { "XPENDING", sc->stream, sc->group, id, id, "1" };
+        size_t pl[6];
+        for (int i = 0; i < 6; i++) pl[i] = strlen(xp[i]);
+        pend = redisCommandArgv(ctx, 6, xp, pl);
+        if (pend == NULL) { fprintf(stderr, "idemproxy inspect: XPENDING: %s\n", ctx->errstr); goto out; }
+        if (pend->type == REDIS_REPLY_ERROR) {
+            if (strncmp(pend->str, "NOGROUP", 7) != 0) {
+                fprintf(stderr, "idemproxy inspect: XPENDING: %s\n", pend->str);
+                goto out;
+            }
+            pend_err = "the group does not exist (yet)";
+        }
+    }
+    redisReply *pinfo = pend && pend->type == REDIS_REPLY_ARRAY && pend->elements == 1 &&
+                        pend->element[0]->elements >= 4 ? pend->element[0] : NULL;
+
+    /* its dead letters and the mark that says one was written */
+    if (sc->dead_letter) {
+        if (!find_dead(ctx, sc, id, &dead, &ndead, &dead_all)) goto out;
+        px_dl_mark_name(sc, id, &mark);
+        if (!get_ttl(ctx, "inspect", mark.data, &mark_val, &mark_ttl)) goto out;
+    }
+
+    /* its key: from the entry, or from its dead letter's copy of the fields */
+    redisReply *dl_fields = NULL;
+    if (fields == NULL && ndead > 0) {
+        const char *dr[] = { "XRANGE", sc->dead_letter, dead[0].id, dead[0].id };
+        size_t dll[] = { 6, strlen(sc->dead_letter), strlen(dead[0].id), strlen(dead[0].id) };
+        redisReply *d = call(ctx, "inspect", 4, dr, dll);
+        if (d == NULL) goto out;
+        freeReplyObject(entry);                       /* keep one reply alive: reuse 'entry' */
+        entry = d;
+        if (d->type == REDIS_REPLY_ARRAY && d->elements == 1 && d->element[0]->elements >= 2)
+            dl_fields = d->element[0]->element[1];
+    }
+    redisReply *kf = fields ? fields : dl_fields;
+    if (kf) {
+        have_key = prepare(&e, sc, c, id, kf, fields == NULL, why, sizeof(why));
+        if (have_key && !read_key_state(ctx, sc, &e, &k)) goto out;
+        if (have_key && e.lock_key) {
+            if (!get_ttl(ctx, "inspect", e.lock_key, &lk_val, &lk_ttl)) goto out;
+            have_lk = true;
+        }
+    }
+    rc = 0;
+
+    if (a->json) {
+        o = json_object_new_object();
+        json_object_object_add(o, "stream", json_object_new_string(sc->stream));
+        json_object *je = NULL;
+        if (fields) {
+            je = json_object_new_object();
+            json_object_object_add(je, "id", json_object_new_string(id));
+            json_object *jf = json_object_new_object();
+            for (size_t i = 0; i + 1 < fields->elements; i += 2)
+                json_object_object_add(jf, fields->element[i]->str,
+                                       json_object_new_string_len(fields->element[i + 1]->str,
+                                                                  (int)fields->element[i + 1]->len));
+            json_object_object_add(je, "fields", jf);
+        }
+        json_object_object_add(o, "entry", je);
+        json_object_object_add(o, "group", sc->group ? json_object_new_string(sc->group) : NULL);
+        json_object *jp = NULL;
+        if (pinfo) {
+            jp = json_object_new_object();
+            json_object_object_add(jp, "consumer", json_object_new_string(pinfo->element[1]->str));
+            json_object_object_add(jp, "idle_ms", json_object_new_int64(pinfo->element[2]->integer));
+            json_object_object_add(jp, "deliveries", json_object_new_int64(pinfo->element[3]->integer));
+        }
+        json_object_object_add(o, "pending", jp);
+        json_object_object_add(o, "key", have_key ? key_state_json(sc, &e, &k) : NULL);
+        if (kf && !have_key) json_object_object_add(o, "key_error", json_object_new_string(why));
+        if (have_lk) {
+            json_object *jl = json_object_new_object();
+            json_object_object_add(jl, "name", json_object_new_string(e.lock_key));
+            json_object_object_add(jl, "token", lk_val ? json_object_new_string(lk_val) : NULL);
+            json_object_object_add(jl, "lease_left_ms", lk_val ? json_object_new_int64(lk_ttl) : NULL);
+            json_object_object_add(o, "lock_key", jl);
+        }
+        json_object *jd = json_object_new_array();
+        for (size_t i = 0; i < ndead; i++) {
+            json_object *x = json_object_new_object();
+            json_object_object_add(x, "id", json_object_new_string(dead[i].id));
+            json_object_object_add(x, "reason", json_object_new_string(dead[i].reason));
+            json_object_object_add(x, "attempts", json_object_new_string(dead[i].attempts));
+            json_object_array_add(jd, x);
+        }
+        json_object_object_add(o, "dead_letters", jd);
+        json_object_object_add(o, "dead_letters_all_scanned", json_object_new_boolean(dead_all));
+        json_object_object_add(o, "dead_letter_mark", mark_val ? json_object_new_string(mark_val) : NULL);
+        print_json(o);
+        goto out;
+    }
+
+    if (fields) {
+        printf("entry: %s in stream %s\n", id, sc->stream);
+        for (size_t i = 0; i + 1 < fields->elements; i += 2) {
+            printf("  field ");
+            print_value(fields->element[i]->str, fields->element[i]->len);
+            printf(": ");
+            print_value(fields->element[i + 1]->str, fields->element[i + 1]->len);
+            printf("\n");
+        }
+    } else {
+        printf("entry: %s is not in the stream %s (never added, trimmed or deleted)\n", id, sc->stream);
+    }
+    if (sc->group == NULL) printf("pending: no group (stream read without a group)\n");
+    else if (pend_err) printf("pending: no (%s: %s)\n", sc->group, pend_err);
+    else if (pinfo)
+        printf("pending: consumer %s, idle %lld ms, delivery count %lld (group %s)\n",
+               pinfo->element[1]->str, pinfo->element[2]->integer, pinfo->element[3]->integer,
+               sc->group);
+    else printf("pending: no (not pending in group %s)\n", sc->group);
+    if (have_key) {
+        if (fields == NULL) printf("(key rendered from the dead letter's copy of the fields)\n");
+        print_key_state(sc, &e, &k);
+        if (have_lk) {
+            printf("lock_key: %s: ", e.lock_key);
+            if (lk_val) printf("held by token %s, lease left %lld ms\n", lk_val, lk_ttl);
+            else printf("free\n");
+        }
+    } else if (kf) {
+        printf("key: none, bad input: %s\n", why);
+    }
+    if (sc->dead_letter == NULL) {
+        printf("dead letters: no dead_letter stream configured\n");
+    } else {
+        if (ndead == 0) printf("dead letters: none in %s\n", sc->dead_letter);
+        for (size_t i = 0; i < ndead; i++)
+            printf("dead letter %s in %s: reason %s, attempts %s\n", dead[i].id, sc->dead_letter,
+                   dead[i].reason, dead[i].attempts);
+        if (!dead_all)
+            printf("(looked at the first %d dead letters from the entry's time only)\n", OPS_SCAN_MAX);
+        if (mark_val) {
+            printf("dead-letter mark: written (%s, dead letter %s, ", mark.data, mark_val);
+            print_ttl(mark_ttl, "mark");
+            printf(")\n");
+        } else {
+            printf("dead-letter mark: none (%s)\n", mark.data);
+        }
+    }
+out:
+    json_object_put(o);
+    if (entry) freeReplyObject(entry);
+    if (pend) freeReplyObject(pend);
+    for (size_t i = 0; i < ndead; i++) { free(dead[i].id); free(dead[i].reason); free(dead[i].attempts); }
+    free(dead);
+    free(mark_val);
+    free(lk_val);
+    px_buf_deinit(&mark);
+    key_state_deinit(&k);
+    entry_deinit(&e);
+    return rc;
+}
+
+int px_cmd_inspect(px_config *c, const px_ops_args *a)
+{
+    px_stream_conf *sc = find_stream(c, a, "inspect");
+    if (sc == NULL) return 2;
+    if (a->entry && !valid_id(a->entry)) {
+        fprintf(stderr, "idemproxy inspect: --entry %s is not a stream entry id (ms-seq)\n", a->entry);
+        return 2;
+    }
+    if (a->key && a->key[0] == '\0') {
+        fprintf(stderr, "idemproxy inspect: --key is empty\n");
+        return 2;
+    }
+    redisContext *ctx;
+    int rc = connect_redis(c, "inspect", &ctx);
+    if (rc != 0) return rc;
+    rc = a->key ? inspect_key(ctx, sc, a) : inspect_entry(ctx, c, sc, a);
+    redisFree(ctx);
+    return rc;
+}
+
+/* --- redrive --------------------------------------------------------------- */
+
+/* KEYS: dead-letter stream, source stream[, done mark]. ARGV: the dead
+ * letter's id, the done mark's value to delete ("" = whatever it holds). */
+static const char redrive_lua[] =
+    "local e = redis.call('xrange', KEYS[1], ARGV[1], ARGV[1]) "
+    "if #e == 0 then return 0 end "
+    "local f, out = e[1][2], {} "
+    "for i = 1, #f, 2 do "
+    "  local n = f[i] "
+    "  if n ~= 'idemproxy-reason' and n ~= 'idemproxy-stream' and n ~= 'idemproxy-entry-id' "
+    "     and n ~= 'idemproxy-attempts' then out[#out + 1] = n; out[#out + 1] = f[i + 1] end "
+    "end "
+    "if #out == 0 then return 0 end "
+    "redis.call('xdel', KEYS[1], ARGV[1]) "
+    "local id = redis.call('xadd', KEYS[2], '*', unpack(out)) "
+    "if KEYS[3] and (ARGV[2] == '' or redis.call('get', KEYS[3]) == ARGV[2]) then "
+    "  redis.call('del', KEYS[3]) end "
+    "return id";
+
+/* Whether dead-lettering wrote a done mark: a refusal (busy) and a Redis
+ * error did not (proxy.c), so a done mark found then is another copy's. */
+static bool wrote_done(const char *reason)
+{
+    return strcmp(reason, "busy") != 0 && strncmp(reason, "redis error: ", 13) != 0;
+}
+
+int px_cmd_redrive(px_config *c, const px_ops_args *a)
+{
+    px_stream_conf *sc = find_stream(c, a, "redrive");
+    if (sc == NULL) return 2;
+    if (sc->dead_letter == NULL) {
+        fprintf(stderr, "idemproxy redrive: stream %s has no dead_letter stream in %s\n", sc->stream,
+                c->path);
+        return 2;
+    }
+    redisContext *ctx;
+    int rc = connect_redis(c, "redrive", &ctx);
+    if (rc != 0) return rc;
+
+    const char *verb = a->dry_run ? "would redrive" : "redriven";
+    unsigned long long looked = 0, chosen = 0, skipped = 0, other = 0;
+    char start[64] = "-";
+    bool stop = false;
+    rc = 0;
+    while (!stop) {
+        const char *argv[] = { "XRANGE", sc->dead_letter, start, "+", "COUNT", "1000" };
+        size_t lens[6];
+        for (int i = 0; i < 6; i++) lens[i] = strlen(argv[i]);
+        redisReply *page = call(ctx, "redrive", 6, argv, lens);
+        if (page == NULL) { rc = 1; break; }
+        size_t got = page->type == REDIS_REPLY_ARRAY ? page->elements : 0;
+        for (size_t i = 0; i < got && !stop; i++) {
+            redisReply *ent = page->element[i];
+            if (ent->type != REDIS_REPLY_ARRAY || ent->elements < 2) continue;
+            const char *dlid = ent->element[0]->str;
+            redisReply *f = ent->element[1];
+            next_id(dlid, start, sizeof(start));
+            if (++looked % 1000 == 0)
+                printf("redrive: %llu looked at, %s %llu, skipped %llu\n", looked, verb, chosen, skipped);
+            if (f->type != REDIS_REPLY_ARRAY) continue;
+            const char *st = field_of(f, "idemproxy-stream"), *reason = field_of(f, "idemproxy-reason");
+            const char *eid = field_of(f, "idemproxy-entry-id");
+            if (st == NULL || strcmp(st, sc->stream) != 0) { other++; continue; }
+            if (reason == NULL) reason = "";
+            if (eid == NULL) eid = "?";
+            if (a->reason && strstr(reason, a->reason) == NULL) { other++; continue; }
+            if (a->max >= 0 && (long long)chosen >= a->max) { stop = true; break; }
+            size_t own = 0;
+            for (size_t j = 0; j + 1 < f->elements; j += 2)
+                if (is_own_field(f->element[j]->str, f->element[j]->len)) own++;
+            if (own * 2 == f->elements) {
+                printf("skip %s (entry %s): it holds no fields of the entry, only a reference "
+                       "(reason %s)\n", dlid, eid, reason);
+                skipped++;
+                continue;
+            }
+            px_entry e;
+            char why[512];
+            bool keyed = prepare(&e, sc, c, eid, f, true, why, sizeof(why));
+            bool clear = keyed && wrote_done(reason);
+            if (a->dry_run) {
+                printf("would redrive %s (entry %s, ", dlid, eid);
+                if (keyed) printf("key %s%s", e.key, clear ? ", its done mark to be cleared" : "");
+                else printf("no key: %s", why);
+                printf(", reason %s)\n", reason);
+                chosen++;
+                entry_deinit(&e);
+                continue;
+            }
+            const char *ev[] = { "EVAL", redrive_lua, clear ? "3" : "2", sc->dead_letter,
+                                 sc->stream, clear ? e.done_name : "", dlid,
+                                 sc->layout == PX_LAYOUT_SINGLE ? "D" : "" };
+            int evc = 0;
+            const char *args[9];
+            size_t al[9];
+            for (size_t j = 0; j < sizeof(ev) / sizeof(*ev); j++) {
+                if (!clear && j == 5) continue;            /* no third key */
+                args[evc] = ev[j];
+                al[evc++] = strlen(ev[j]);
+            }
+            redisReply *r = call(ctx, "redrive", evc, args, al);
+            entry_deinit(&e);
+            if (r == NULL) { rc = 1; stop = true; break; }
+            if (r->type == REDIS_REPLY_STRING) chosen++;
+            else skipped++;                                 /* another run took it */
+            freeReplyObject(r);
+        }
+        freeReplyObject(page);
+        if (got < OPS_PAGE) break;
+    }
+    if (a->dry_run)
+        printf("would redrive %llu, skip %llu (%llu dead letters not selected)\n", chosen, skipped, other);
+    else
+        printf("redriven %llu, skipped %llu (%llu dead letters not selected)\n", chosen, skipped, other);
+    redisFree(ctx);
+    return rc;
+}

@@ -1,0 +1,33 @@
+/*
+ * ops.h - the operator commands (issue 17): `inspect` shows what Redis holds
+ * about a key or an entry, `redrive` moves a stream's dead letters back into
+ * it. Both talk to one Redis server synchronously (hiredis, no loop) and name
+ * every key with the daemon's own functions (px_event_set_key, px_dl_mark_name,
+ * PX_FENCE_KEY), so they look where the daemon writes.
+ *
+ * Exit codes: 0 done, 1 Redis unreachable or an error reply, 2 usage or config.
+ */
+#ifndef PX_OPS_H
+#define PX_OPS_H
+
+#include "config.h"
+
+typedef struct px_ops_args {
+    const char *stream;   /* --stream: required */
+    const char *group;    /* --group: picks one of several blocks of the stream */
+    const char *key;      /* inspect --key */
+    const char *entry;    /* inspect --entry */
+    const char *reason;   /* redrive --reason: a substring of idemproxy-reason */
+    long long   max;      /* redrive --max; -1: no limit */
+    bool        json;     /* inspect --json */
+    bool        dry_run;  /* redrive --dry-run */
+} px_ops_args;
+
+int px_cmd_inspect(px_config *c, const px_ops_args *a);
+int px_cmd_redrive(px_config *c, const px_ops_args *a);
+
+/* The first line of a password file, without the line end; NULL (errno set)
+ * when it cannot be read. */
+char *px_read_password(const char *path);
+
+#endif

@@ -1,0 +1,359 @@
+"""The operator commands (issue 17): `idemproxy inspect` and `idemproxy redrive`
+against a real Redis, and the smaller command-line additions (key --stream/--id/
+--fields, check -c -, version, --help)."""
+import json
+import subprocess
+import threading
+import time
+
+import pytest
+
+from pxtest import BIN, pb, publish, wait_for
+
+
+def run(*args, stdin=None, timeout=30):
+    return subprocess.run([str(BIN), *args], input=stdin, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def write_cfg(tmp_path, url, name="op.yaml", **stream):
+    """A config with one stream block; 'stream' gives its options."""
+    lines = [f"redis:\n  url: {url}", "metrics:\n  listen: \"\"", "streams:"]
+    first = True
+    for k, v in {"stream": "room", **stream}.items():
+        if isinstance(v, bool):
+            v = "true" if v else "false"
+        elif isinstance(v, str):
+            v = "'" + v.replace("'", "''") + "'"
+        lines.append(f"  {'- ' if first else '  '}{k}: {v}")
+        first = False
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def jrun(*args):
+    res = run(*args, "--json")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+# --- inspect --key -------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", ["single", "split"])
+def test_inspect_key_done_locked_unknown(env, tmp_path, layout):
+    r = env.r
+    cfg = write_cfg(tmp_path, env.redis.url, layout=layout, fencing=True, group="g")
+    if layout == "single":
+        r.set("idem:k-done", "D", px=60000)
+        r.set("idem:k-locked", "L:tok123", px=5000)
+    else:
+        r.set("done:k-done", "1", px=60000)
+        r.set("lock:k-locked", "tok123", px=5000)
+    r.set("idemproxy:fence", 7)
+
+    res = run("inspect", "-c", str(cfg), "--stream", "room", "--key", "k-done")
+    assert res.returncode == 0, res.stderr
+    assert "state: done" in res.stdout
+    assert "expires in" in res.stdout
+    assert "fencing counter: 7" in res.stdout
+    j = jrun("inspect", "-c", str(cfg), "--stream", "room", "--key", "k-done")
+    assert j["key"] == "k-done" and j["layout"] == layout
+    assert j["done"] is True and j["locked"] is False
+    assert 0 < j["done_ttl_ms"] <= 60000
+    assert j["done_name"] == ("idem:k-done" if layout == "single" else "done:k-done")
+    assert j["fence"] == 7
+
+    res = run("inspect", "-c", str(cfg), "--stream", "room", "--key", "k-locked")
+    assert res.returncode == 0, res.stderr
+    assert "state: locked" in res.stdout and "tok123" in res.stdout
+    assert "lease left" in res.stdout
+    j = jrun("inspect", "-c", str(cfg), "--stream", "room", "--key", "k-locked")
+    assert j["done"] is False and j["locked"] is True
+    assert j["lock_token"] == "tok123"
+    assert 0 < j["lease_left_ms"] <= 5000
+
+    res = run("inspect", "-c", str(cfg), "--stream", "room", "--key", "k-unknown")
+    assert res.returncode == 0, res.stderr
+    assert "state: not done, not locked" in res.stdout
+    j = jrun("inspect", "-c", str(cfg), "--stream", "room", "--key", "k-unknown")
+    assert j["done"] is False and j["locked"] is False
+    assert j["done_ttl_ms"] is None and j["lock_token"] is None
+
+
+def test_inspect_hash_tag_names_and_no_fencing(env, tmp_path):
+    cfg = write_cfg(tmp_path, env.redis.url, layout="split", hash_tag=True)
+    env.r.set("done:{k1}", "1")
+    j = jrun("inspect", "-c", str(cfg), "--stream", "room", "--key", "k1")
+    assert j["done_name"] == "done:{k1}" and j["lock_name"] == "lock:{k1}"
+    assert j["done"] is True and j["done_ttl_ms"] == -1      # no expiry
+    assert "fence" not in j
+    res = run("inspect", "-c", str(cfg), "--stream", "room", "--key", "k1")
+    assert "never expires" in res.stdout and "fencing" not in res.stdout
+
+
+def test_inspect_and_redrive_exit_codes(env, tmp_path):
+    cfg = write_cfg(tmp_path, env.redis.url, dead_letter="room:dead")
+    base = ("-c", str(cfg), "--stream", "room")
+    assert run("inspect", *base).returncode == 2                           # neither --key nor --entry
+    assert run("inspect", *base, "--key", "a", "--entry", "1-0").returncode == 2
+    res = run("inspect", "-c", str(cfg), "--stream", "nope", "--key", "a")
+    assert res.returncode == 2 and "nope" in res.stderr
+    assert run("inspect", "-c", str(tmp_path / "missing.yaml"), "--stream", "room",
+               "--key", "a").returncode == 2
+    assert run("redrive", *base, "--max", "x").returncode == 2
+    assert run("redrive", *base, "--key", "a").returncode == 2              # not a redrive option
+    no_dl = write_cfg(tmp_path, env.redis.url, name="nodl.yaml")
+    res = run("redrive", "-c", str(no_dl), "--stream", "room")
+    assert res.returncode == 2 and "dead_letter" in res.stderr
+    # Redis unreachable: 1
+    down = write_cfg(tmp_path, "redis://127.0.0.1:1", name="down.yaml", dead_letter="room:dead")
+    res = run("inspect", "-c", str(down), "--stream", "room", "--key", "a")
+    assert res.returncode == 1 and res.stdout == ""
+    assert run("redrive", "-c", str(down), "--stream", "room").returncode == 1
+    # A cluster config is refused, with the reason
+    cl = tmp_path / "cl.yaml"
+    cl.write_text("redis:\n  cluster: [127.0.0.1:7000]\nmetrics:\n  listen: \"\"\nstreams:\n"
+                  "  - stream: room\n    dead_letter: room:dead\n")
+    for cmd in ("inspect", "redrive"):
+        extra = ("--key", "a") if cmd == "inspect" else ()
+        res = run(cmd, "-c", str(cl), "--stream", "room", *extra)
+        assert res.returncode == 2 and "cluster" in res.stderr
+
+
+# --- inspect --entry -----------------------------------------------------------
+
+def group_stream(**kw):
+    s = {"stream": "room", "group": "game-server", "consumer": "c1", "payload_field": "payload",
+         "key": "#event.eventId", "dead_letter": "room:dead", "retry_backoff_ms": 50}
+    s.update(kw)
+    return s
+
+
+def test_inspect_pending_entry(env):
+    p = env.proxy([group_stream()], ack_timeout_ms=20000)
+    w = env.worker(p.endpoint, behave=lambda d: None)          # receives, never answers
+    [eid] = publish(env.r, "room", [{"eventId": "e-pend", "roomId": "r1"}])
+    wait_for(lambda: len(w.got) == 1, what="delivery")
+    res = run("inspect", "-c", str(p.config), "--stream", "room", "--entry", eid)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert f"entry: {eid}" in out
+    assert "payload" in out and "e-pend" in out
+    assert "pending: consumer c1" in out and "delivery count 1" in out
+    assert "key: e-pend" in out
+    assert "state: locked" in out
+    assert "dead letters: none" in out
+    j = jrun("inspect", "-c", str(p.config), "--stream", "room", "--entry", eid)
+    assert j["entry"]["id"] == eid
+    assert json.loads(j["entry"]["fields"]["payload"]) == {"eventId": "e-pend", "roomId": "r1"}
+    assert j["pending"]["consumer"] == "c1" and j["pending"]["deliveries"] == 1
+    assert j["pending"]["idle_ms"] >= 0
+    assert j["key"]["key"] == "e-pend" and j["key"]["locked"] is True
+    assert j["dead_letters"] == []
+
+
+def test_inspect_dead_lettered_entry(env):
+    p = env.proxy([group_stream()])
+    env.worker(p.endpoint, behave=lambda d: (pb.Ack.DROP, "no such room"))
+    [eid] = publish(env.r, "room", [{"eventId": "e-dead"}])
+    wait_for(lambda: env.r.xlen("room:dead") == 1, what="dead letter")
+    wait_for(lambda: env.r.xpending("room", "game-server")["pending"] == 0, what="acked")
+    [(dlid, _)] = env.r.xrange("room:dead")
+    res = run("inspect", "-c", str(p.config), "--stream", "room", "--entry", eid)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "pending: no (not pending in group game-server)" in out
+    assert "state: done" in out
+    assert f"dead letter {dlid} in room:dead: reason no such room, attempts 1" in out
+    assert "dead-letter mark: written" in out
+    j = jrun("inspect", "-c", str(p.config), "--stream", "room", "--entry", eid)
+    assert j["pending"] is None
+    assert j["key"]["done"] is True
+    assert [d["id"] for d in j["dead_letters"]] == [dlid]
+    assert j["dead_letters"][0]["reason"] == "no such room"
+    assert j["dead_letter_mark"] == dlid
+    # an id that is not in the stream: said so, still 0
+    res = run("inspect", "-c", str(p.config), "--stream", "room", "--entry", "1-1")
+    assert res.returncode == 0, res.stderr
+    assert "not in the stream" in res.stdout
+
+
+# --- redrive -------------------------------------------------------------------
+
+def snapshot(r):
+    """Everything Redis holds, with TTLs present or not (not their values)."""
+    out = {}
+    for k in sorted(r.keys("*")):
+        t = r.type(k)
+        if t == "stream":
+            v = r.xrange(k)
+            groups = [(g["name"], g["pending"], g["last-delivered-id"]) for g in r.xinfo_groups(k)]
+            v = (v, groups)
+        elif t == "string":
+            v = r.get(k)
+        else:
+            v = t
+        out[k] = (t, v, r.pttl(k) > 0)
+    return out
+
+
+def test_redrive_after_drop_with_running_proxy(env):
+    mode = {"drop": True}
+
+    def behave(d):
+        return (pb.Ack.DROP, "downstream down") if mode["drop"] else (pb.Ack.ACK, "")
+    p = env.proxy([group_stream()])
+    w = env.worker(p.endpoint, behave=behave)
+    keys = [f"rd{i}" for i in range(5)]
+    publish(env.r, "room", [{"eventId": k} for k in keys])
+    wait_for(lambda: env.r.xlen("room:dead") == 5, what="five dead letters")
+    wait_for(lambda: all(env.r.get(f"idem:{k}") == "D" for k in keys), what="done marks")
+    mode["drop"] = False
+    res = run("redrive", "-c", str(p.config), "--stream", "room")
+    assert res.returncode == 0, res.stderr
+    assert "redriven 5, skipped 0" in res.stdout
+    assert env.r.xlen("room:dead") == 0
+    assert env.r.xlen("room") == 10
+    wait_for(lambda: len(w.got) == 10, what="the five delivered again")
+    assert sorted(d.key for d in w.got[5:]) == keys
+    wait_for(lambda: env.r.xpending("room", "game-server")["pending"] == 0, what="acked")
+    assert all(env.r.get(f"idem:{k}") == "D" for k in keys)
+    assert env.r.xlen("room:dead") == 0
+    # nothing left: a second run redrives nothing
+    res = run("redrive", "-c", str(p.config), "--stream", "room")
+    assert res.returncode == 0 and "redriven 0, skipped 0" in res.stdout
+
+
+def add_dead(r, n, reason="dropped", stream="room", dl="room:dead", done=True, tag=""):
+    """n dead letters as idemproxy writes them (layout single: their done marks too)."""
+    pipe = r.pipeline(transaction=False)
+    for i in range(n):
+        key = f"{tag}d{i}"
+        pipe.xadd(dl, {"payload": json.dumps({"eventId": key}), "n": str(i),
+                       "idemproxy-reason": reason, "idemproxy-stream": stream,
+                       "idemproxy-entry-id": f"1-{i}", "idemproxy-attempts": "1"})
+        if done:
+            pipe.set(f"idem:{key}", "D", px=600000)
+    pipe.execute()
+
+
+def test_redrive_dry_run_changes_nothing(env, tmp_path):
+    cfg = write_cfg(tmp_path, env.redis.url, group="g", payload_field="payload",
+                    dead_letter="room:dead")
+    add_dead(env.r, 3)
+    env.r.xadd("room", {"payload": json.dumps({"eventId": "x"})})
+    env.r.xgroup_create("room", "g", id="0")
+    before = snapshot(env.r)
+    res = run("redrive", "-c", str(cfg), "--stream", "room", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("would redrive ") - 1 == 3 and res.stdout.count("(entry 1-") == 3
+    assert "key d0" in res.stdout
+    assert "would redrive 3, skip 0" in res.stdout
+    assert snapshot(env.r) == before
+
+
+def test_two_redrives_at_once_redrive_each_dead_letter_once(env, tmp_path):
+    cfg = write_cfg(tmp_path, env.redis.url, payload_field="payload", dead_letter="room:dead")
+    n = 3000
+    add_dead(env.r, n)
+    cmd = [str(BIN), "redrive", "-c", str(cfg), "--stream", "room"]
+    go = threading.Barrier(2)
+    results = [None, None]
+
+    def one(i):
+        go.wait()
+        results[i] = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for res in results:
+        assert res.returncode == 0, res.stderr
+    added = [f["n"] for _, f in env.r.xrange("room")]
+    assert sorted(added, key=int) == [str(i) for i in range(n)]     # each exactly once
+    assert env.r.xlen("room:dead") == 0
+    assert env.r.keys("idem:*") == []                                # every done mark cleared
+    redriven = [int(res.stdout.rsplit("redriven ", 1)[1].split(",")[0]) for res in results]
+    assert sum(redriven) == n
+    # the added entries are the originals, without the idemproxy-* fields
+    assert set(env.r.xrange("room", count=1)[0][1]) == {"payload", "n"}
+    # progress every 1000 from whichever run did them
+    assert any("redrive: 1000 looked at" in res.stdout for res in results)
+
+
+def test_redrive_reason_and_max(env, tmp_path):
+    cfg = write_cfg(tmp_path, env.redis.url, payload_field="payload", dead_letter="room:dead")
+    add_dead(env.r, 4, reason="timeout talking to db", tag="t")
+    add_dead(env.r, 3, reason="invalid order", tag="v")
+    add_dead(env.r, 2, reason="timeout", stream="other", tag="o", done=False)   # another stream's
+    add_dead(env.r, 1, reason="busy", tag="b")          # refused: its done mark is not its own
+    res = run("redrive", "-c", str(cfg), "--stream", "room", "--reason", "timeout", "--max", "3")
+    assert res.returncode == 0, res.stderr
+    assert "redriven 3, skipped 0" in res.stdout
+    left = [f for _, f in env.r.xrange("room:dead")]
+    assert sum(1 for f in left if f["idemproxy-reason"] == "timeout talking to db") == 1
+    assert sum(1 for f in left if f["idemproxy-reason"] == "invalid order") == 3
+    assert sum(1 for f in left if f["idemproxy-stream"] == "other") == 2
+    assert [json.loads(f["payload"])["eventId"] for _, f in env.r.xrange("room")] == ["td0", "td1", "td2"]
+    assert not env.r.exists("idem:td0") and env.r.exists("idem:td3")
+    res = run("redrive", "-c", str(cfg), "--stream", "room", "--reason", "busy")
+    assert "redriven 1, skipped 0" in res.stdout
+    assert env.r.get("idem:bd0") == "D"                 # a busy refusal wrote no done mark
+    res = run("redrive", "-c", str(cfg), "--stream", "room")
+    assert "redriven 4, skipped 0" in res.stdout
+    assert [f["idemproxy-stream"] for _, f in env.r.xrange("room:dead")] == ["other", "other"]
+
+
+def test_redrive_skips_dead_letters_by_reference(env, tmp_path):
+    cfg = write_cfg(tmp_path, env.redis.url, payload_field="payload", dead_letter="room:dead")
+    env.r.xadd("room:dead", {"idemproxy-reason": "entry is 5000000 bytes, over max_entry_bytes 1048576",
+                             "idemproxy-stream": "room", "idemproxy-entry-id": "5-0",
+                             "idemproxy-attempts": "0"})
+    res = run("redrive", "-c", str(cfg), "--stream", "room")
+    assert res.returncode == 0, res.stderr
+    assert "redriven 0, skipped 1" in res.stdout
+    assert "5-0" in res.stdout and env.r.xlen("room:dead") == 1 and not env.r.exists("room")
+
+
+# --- key, check -c -, version, --help ------------------------------------------
+
+def test_key_stream_id_fields():
+    res = run("key", "#{stream}:#{id}:#{fields.kind}:#{event.a}", "--stream", "orders",
+              "--id", "1700000000000-3", "--fields", "kind=paid", "--fields", "x=y=z", stdin='{"a": 1}')
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "orders:1700000000000-3:paid:1\n"
+    res = run("key", "#fields.x", "--fields", "x=y=z", stdin="{}")
+    assert res.stdout == "y=z\n"
+    assert run("key", "#fields.x", "--fields", "novalue", stdin="{}").returncode == 2
+    # without them, as before: #stream and #id render as "", and #fields is missing
+    assert run("key", "#fields.x", stdin="{}").returncode == 2
+
+
+def test_check_reads_stdin():
+    good = "streams:\n  - stream: room\n"
+    res = run("check", "-c", "-", stdin=good)
+    assert res.returncode == 0, res.stderr
+    assert "ok, 1 stream" in res.stderr
+    res = run("check", "-c", "-", stdin="streams:\n  - stream: room\n    bogus: 1\n")
+    assert res.returncode == 2
+    assert "<stdin>:3:5:" in res.stderr
+
+
+def test_version_and_help_content():
+    for args in (("version",), ("--version",)):
+        res = run(*args)
+        assert res.returncode == 0
+        assert res.stdout.startswith("idemproxy 0.")
+    import re
+    head = subprocess.run(["git", "-C", str(BIN.parent.parent), "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    if head:
+        assert re.search(r"commit [0-9a-f]{12}", run("version").stdout)
+    res = run("--help")
+    assert res.returncode == 0
+    for word in ("IDEMPROXY_REDIS_URL", "IDEMPROXY_ENDPOINT", "IDEMPROXY_LOG_LEVEL", "inspect",
+                 "redrive", "exit codes", "${VAR}"):
+        assert word in res.stdout, word
+    assert run("version", "extra").returncode == 2

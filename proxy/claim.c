@@ -219,11 +219,8 @@ static bool entry_up(px_entry *e)
     if (!key_up(r, e->lock_name) || !key_up(r, e->done_name) || !key_up(r, e->lock_key) ||
         !key_up(r, sc->dead_letter) || (sc->fencing && !key_up(r, PX_FENCE_KEY)))
         return false;
-    if (sc->group == NULL && sc->dead_letter) {   /* the entry-level mark */
-        char mark[600];
-        snprintf(mark, sizeof(mark), "idemproxy:dl:%s:%s", sc->stream, e->id);
-        if (!key_up(r, mark)) return false;
-    }
+    /* The dead letter's written-mark (px_dl_mark_name) hashes to the dead-letter
+     * stream's slot, checked above. */
     return true;
 }
 
@@ -261,9 +258,8 @@ static const char *lock_value(px_entry *e, char *buf, size_t size)
  * they must be, across processes too: a claim that finds its own token takes
  * the lock as "ours, from a lost reply". An earlier srandom(ms ^ pid) seed let
  * two replicas started in the same millisecond draw the same tokens, and both
- * delivered every key (test_two_replicas_never_deliver_a_key_twice caught it). */
-static uint64_t token_state[2];
-
+ * delivered every key (test_two_replicas_never_deliver_a_key_twice caught it).
+ * The state is token_state, seeded above. */
 static uint64_t next_random(void)
 {
     uint64_t x = token_state[0], y = token_state[1];

@@ -1486,7 +1486,7 @@ static void cfg_check_app(cfg_parser *p)
  * anything): that is refused, against every stream block, its own included.
  * An empty P (an expression such as #event.roomId) is the beginning of every
  * D, so it is always refused. idemproxy's own keys (idemproxy:fence,
- * idemproxy:dl:...) count as one more D. Dedup names of different streams may
+ * idemproxy:dlw:...) count as one more D. Dedup names of different streams may
  * be equal on purpose (the default prefix is shared: done keys are global, as
  * the seeds' are), and so may lock_keys of different streams (one room lock).
  */

@@ -123,6 +123,23 @@ nlogs=$(find build/asan-run -name 'proxy*.log' | wc -l)
 min=$([ -n "${MEMCHECK_K:-}" ] && echo 1 || echo 50)
 if [ "$nlogs" -ge "$min" ]; then ok "sanitized run: $nlogs daemon logs"; else bad "sanitized run: only $nlogs daemon logs (want $min or more)"; fi
 
+echo "== ASan + UBSan: the fault suite (small sizes) and the fixed chaos seeds"
+rm -rf build/asan-fault build/asan-fault-reports
+san_wrap "$PWD/build-asan/idemproxy" build-asan/idemproxy-wrapped-fault "$PWD/build/asan-fault-reports"
+( sanitize_env build/asan-fault-reports
+  FAULT_FULL=0 IDEMPROXY_BIN=$PWD/build-asan/idemproxy-wrapped-fault \
+    $py -m pytest -q -rfEsxXp -p no:cacheprovider tests/fault --basetemp=build/asan-fault ) > build/asan-fault.out 2>&1
+grep -E "^(FAILED|ERROR) " build/asan-fault.out | head -20; tail -1 build/asan-fault.out
+count build/asan-fault.out
+sanitizer_reports "sanitizers over the fault suite" build/asan-fault-reports
+# chaos judges its own runs: a sanitizer report in a replica's log fails the seed,
+# and so does an exit other than 0 after SIGTERM (an ASan report exits 1).
+$py tests/chaos/chaos.py --fixed --budget 300 --bin build-asan/idemproxy > build/asan-chaos.out 2>&1
+grep -E "FAIL|^    " build/asan-chaos.out | head -20; tail -1 build/asan-chaos.out
+read -r p f rest <<<"$(python3 tests/count.py build/asan-chaos.out)"
+[ -n "${p:-}" ] || { p=0; f=1; echo "!! no count in build/asan-chaos.out"; }
+pass=$((pass + p)); fail=$((fail + f))
+
 echo "== valgrind (a subset: timing-tolerant tests)"
 rm -rf build/valgrind-run build/valgrind-reports; mkdir -p build/valgrind-reports
 cat > build/idemproxy-valgrind <<VG

@@ -49,7 +49,7 @@ from redis.crc import key_slot  # noqa: E402
 # reaches one of issue 15's defects on the code before its fix (README.md).
 FIXED_SEEDS = [0, 2, 4, 8, 14, 1003]
 # ... and against a Redis Cluster, with failovers, a master killed and slots migrated.
-FIXED_CLUSTER_SEEDS = []
+FIXED_CLUSTER_SEEDS = [5, 12]
 FIXED_BUDGET_S = 120
 SETTLE_CAP_S = 180
 

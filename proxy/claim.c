@@ -290,19 +290,21 @@ static void set_nx_get(px_entry *e, reply_fn *on, const char *key, const char *v
 static void incr_fence(px_entry *e);
 
 /* --- the refusal that is final ---------------------------------------------
- * Group-less, every replica reads every entry, and reads it again after a
- * restart. On a stream that refuses (lock_key with on_busy: dead_letter) the
- * claim also asks whether the entry's dead letter was written (its mark, see
- * "the dead letter, written once" below): then the refusal was final, and
- * the entry is never delivered, whoever reads it. */
+ * On a stream that refuses (lock_key with on_busy: dead_letter) the claim also
+ * asks whether the entry's dead letter was written (its mark, see "the dead
+ * letter, written once" below): then the refusal was final, and the entry is
+ * never delivered, whoever holds it. Group-less, every replica reads every
+ * entry, and reads it again after a restart. In a group, a replica that
+ * stalled past claim_idle_ms (its link down, the process stopped) still holds
+ * an entry another replica has since taken over and refused (a busy refusal
+ * writes no done mark); it must not deliver it when it comes back. */
 
 static void dl_mark_name(px_entry *e, px_buf *b);
 
 static bool refusals_final(px_entry *e)
 {
     px_stream_conf *sc = e->st->conf;
-    return sc->group == NULL && sc->dead_letter && sc->lock_key &&
-           sc->on_busy == PX_BUSY_DEAD_LETTER;
+    return sc->dead_letter && sc->lock_key && sc->on_busy == PX_BUSY_DEAD_LETTER;
 }
 
 static void on_mark_exists(px_entry *e, redisReply *r)

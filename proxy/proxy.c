@@ -449,8 +449,9 @@ void px_proxy_claim_failed(px_entry *e)
     entry_timer(e, back_to_claim_cb, ms);
 }
 
-/* Group-less: another reader (or we, before a restart) dead-lettered this
- * entry for good (a busy refusal); it is never delivered. */
+/* Another reader (or we, before a restart; in a group, the replica that took
+ * it over while we stalled) dead-lettered this entry for good (a busy
+ * refusal); it is never delivered. */
 void px_proxy_already_dead(px_entry *e)
 {
     px_log_debug("stream %s entry %s key %s: dead-lettered already", e->st->conf->stream, e->id,

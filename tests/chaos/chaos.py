@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -52,6 +53,7 @@ FIXED_SEEDS = [0, 2, 4, 8, 14, 1003]
 FIXED_CLUSTER_SEEDS = [5, 12]
 FIXED_BUDGET_S = 120
 SETTLE_CAP_S = 180
+FINAL_RSS_KB = 32 * 1024
 
 STREAM, GROUP, DEAD = "room", "g", "dead"
 KEY_T = "#event.eventId"
@@ -248,6 +250,13 @@ class Worker(threading.Thread):
             try:
                 self.serve(sock)
             finally:
+                # The reconnect takes effect here, when the socket closes (after the
+                # request in hand is answered; nng drops a reply not yet written):
+                # the fault spans from the request to this moment. (Seed 303: the
+                # fault was recorded only when it was asked for, 50 ms before the
+                # worker took its last delivery, whose ack the close then lost.)
+                if self.reconnect.is_set():
+                    self.run_.hist.fault("worker_reconnect", self.replica)
                 sock.close()
             stop.wait(0.2)          # reconnecting takes a moment
 
@@ -677,6 +686,13 @@ class Run:
             time.sleep(0.2)
         time.sleep(0.3)             # let late answers land in the history
         self.log("settled" if settled else "not settled in time")
+        # Memory at the end: a group-less replica restarted late may still be reading
+        # through the run's 40 MB entries when the others have settled (seed 103: 33
+        # MiB at that moment, 5 MiB a second later). Up to 3 s for every replica to
+        # come under the limit; a leak stays over it.
+        t_mem = time.time()
+        while time.time() - t_mem < 3.0 and any(v and v[-1][1] > FINAL_RSS_KB for v in self.rss.values()):
+            time.sleep(0.1)
         self.final_rss = {i: (v[-1][1] if v else 0) for i, v in self.rss.items()}
         for i in range(len(self.proxies)):
             self.stop_replica(i, signal.SIGTERM)
@@ -769,6 +785,10 @@ def check(run):
                 break
 
     entry_ev = {eid: ev for eid, ev, _ in run.entries}
+    timeouts = Counter()
+    for p in run.proxies:
+        for m in re.finditer(r"ack timeout: stream \S+ entry (\S+) key ", p.log_text()):
+            timeouts[m.group(1)] += 1
     by_entry = defaultdict(list)
     by_key = defaultdict(list)
     by_room = defaultdict(list)
@@ -864,6 +884,10 @@ def check(run):
         xs = by_entry.get(eid, [])
         key = ev.get("key")
         failed = sum(1 for x in xs if not (x["answer"] == "ack" and clean(x)))
+        # A delivery queued behind a worker's slow handler can time out before the
+        # worker reads it (raw REQ round-robins; a Known limit): the worker never
+        # records it, the replica logs its ack timeout. (Seed 13.)
+        failed = max(failed, timeouts.get(eid, 0))
         for n, x in enumerate(xs):
             if x["attempt"] > n + 1 + lost_allowance:
                 v.append(f"attempt-inflated: entry {eid} delivered with attempt {x['attempt']} "
@@ -928,7 +952,7 @@ def check(run):
             if peak > 128 * 1024:
                 v.append(f"memory: replica{i} peak RSS {peak // 1024} MiB (limit 128 MiB)")
             last = run.final_rss.get(i, 0)
-            if last > 32 * 1024:
+            if last > FINAL_RSS_KB:
                 v.append(f"memory: replica{i} RSS {last // 1024} MiB at the end (limit 32 MiB)")
     return v
 

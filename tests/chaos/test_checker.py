@@ -225,3 +225,17 @@ def test_cluster_topology_faults_excuse_like_a_redis_restart():
         deliver(run, "k1", "3-0", 2.0, 2.1)
         run.hist.faults.append({"kind": kind, "replica": None, "t0": 1.25, "t1": 1.4})
         assert tags(run) == [], kind
+
+
+def test_max_deliveries_of_timeouts_no_worker_recorded_is_legitimate():
+    """Deliveries that timed out queued behind a slow handler are never recorded
+    by a worker; the replica's log counts them (seed 13). Without those lines
+    the same dead letter is a bad cause."""
+    run = record(max_deliveries=2)
+    entry(run, "1-0", "k1")
+    dead(run, "1-0", "max_deliveries (2) reached: ack timeout")
+    done(run, "k1")
+    assert tags(run) == ["bad-cause"]
+    run.proxies[0].text = ("... warn  ack timeout: stream room entry 1-0 key k1 attempt 1\n"
+                           "... warn  ack timeout: stream room entry 1-0 key k1 attempt 2\n")
+    assert tags(run) == []

@@ -282,6 +282,44 @@ def test_groupless_busy_refusal_is_final_across_replicas_and_restarts(env):
     assert not r.exists("idem:e1")
 
 
+def test_group_busy_refusal_by_a_replica_that_took_the_entry_over_is_final(env):
+    """Group mode, lock_key with on_busy: dead_letter (found by chaos seed 217).
+    Replica B reads the entry and waits on its dedup lock; B then stalls (here
+    SIGSTOP; in the seed, its Redis link down for 8 s) past claim_idle_ms, so A
+    takes the entry over, finds the room busy and dead-letters it (no done mark:
+    a refusal is not a handling). B comes back with the entry still in hand and
+    claimed and delivered it: dead-lettered and handled both, and a redrive of
+    the dead letter would handle it twice. Now B sees the dead letter's mark."""
+    r = env.r
+    conf = group_conf(lock_key="room-lock:#{event.roomId}", on_busy="dead_letter", dead_letter="dlq",
+                      claim_idle_ms=600)
+    r.set("idem:e1", "L:someone-else", px=60000)       # B waits on the dedup lock
+    ep_b, ep_a = env.endpoint(), env.endpoint()
+    pb_ = env.proxy([dict(conf, consumer="b")], endpoint=ep_b, log_level="debug")
+    wb = env.worker(ep_b)
+    publish(r, "room", [ev(1, roomId=1)])
+    wait_for(lambda: pending(r, "room", "g") == 1, 5, "B read the entry")
+    time.sleep(0.3)
+    pb_.proc.send_signal(signal.SIGSTOP)
+    try:
+        r.delete("idem:e1")
+        r.set("room-lock:1", "someone-else", px=60000)  # the room is busy for A
+        pa = env.proxy([dict(conf, consumer="a")], endpoint=ep_a)
+        wa = env.worker(ep_a)
+        wait_for(lambda: len(r.xrange("dlq")) == 1, 10, "A took the entry over and refused it")
+        assert r.xrange("dlq")[0][1]["idemproxy-reason"] == "busy"
+        wait_for(lambda: pending(r, "room", "g") == 0, 5, "A acked its refusal")
+        r.delete("room-lock:1")                           # the room is free again
+    finally:
+        pb_.proc.send_signal(signal.SIGCONT)
+    time.sleep(3)                                         # B looks at its dedup lock again
+    assert wb.keys() == [] and wa.keys() == [], "a refused entry was delivered"
+    assert len(r.xrange("dlq")) == 1
+    assert not r.exists("idem:e1")
+    assert pending(r, "room", "g") == 0
+    assert pa.metrics() is not None
+
+
 # --- an error that retrying cannot cure (issue 15, 6) -----------------------------------
 
 def test_persistent_redis_error_is_dead_lettered_and_the_stream_goes_on(env):

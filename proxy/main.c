@@ -230,6 +230,14 @@ static void resolve_host(px_config *c)
 
 static int cmd_run(const char *path)
 {
+    /* A SIGTERM or SIGINT that comes before the loop watches for them (a pod
+     * stopped as it starts) waits, blocked, and is the drain once it does:
+     * exit 0, not killed by the signal (143 to Kubernetes). */
+    sigset_t stops, before;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGTERM);
+    sigaddset(&stops, SIGINT);
+    sigprocmask(SIG_BLOCK, &stops, &before);
     px_config *c = load(path);
     if (c == NULL) return 2;
     px_log_setup(c->log_level, c->log_format);
@@ -250,6 +258,7 @@ static int cmd_run(const char *path)
 
     struct ev_loop *loop = EV_DEFAULT;
     px_proxy *px = px_proxy_create(loop, c, password);
+    sigprocmask(SIG_SETMASK, &before, NULL);   /* the watchers take what came meanwhile */
     free(password);
     if (px == NULL) {
         px_config_destroy(c);

@@ -437,12 +437,28 @@ class Run:
                       timeout_ms=300, ack_timeout_ms=c["ack_timeout_ms"],
                       max_inflight=c["max_inflight"], max_entry_bytes=c["max_entry_bytes"],
                       log_level="info", shutdown_grace_ms=c["shutdown_grace_ms"])
-            p.start(**self.proc_env())
+            self.start_proxy(p)
             self.proxies.append(p)
             for j in range(c["workers_per_replica"]):
                 w = Worker(self, i, j, ep)
                 w.start()
                 self.workers.append(w)
+
+    def start_proxy(self, p):
+        """Start a replica and return once its own code runs: SIGTERM is blocked or
+        handled (proxy/main.c blocks it first thing). A SIGTERM in the dynamic
+        loader's first milliseconds kills any process, with nothing to drain yet;
+        the faults do not aim there (seeds 241, 336, 348 did, right after a restart)."""
+        p.start(**self.proc_env())
+        deadline = time.time() + 5
+        while time.time() < deadline and p.proc.poll() is None:
+            try:
+                st = dict(l.split(":", 1) for l in open(f"/proc/{p.proc.pid}/status") if ":" in l)
+                if (int(st["SigBlk"], 16) | int(st["SigCgt"], 16)) & (1 << (signal.SIGTERM - 1)):
+                    return
+            except (OSError, KeyError, ValueError):
+                pass
+            time.sleep(0.001)
 
     def proc_env(self):
         return {"ASAN_OPTIONS": "detect_leaks=0", "IDEMPROXY_CHAOS_SEED": str(self.seed)}
@@ -503,7 +519,7 @@ class Run:
     def restart_replica(self, i):
         p = self.proxies[i]
         if p.proc is None:
-            p.start(**self.proc_env())
+            self.start_proxy(p)
             self.log(f"replica{i} started again")
 
     def control(self):
@@ -632,7 +648,7 @@ class Run:
                 self.log(f"replica{i} exited by itself: {rc}")
                 p.proc = None
                 p.logf.close()
-                p.start(**self.proc_env())
+                self.start_proxy(p)
 
     def execute(self, settle_timeout=30.0):
         c = self.c
@@ -889,7 +905,7 @@ def check(run):
         # records it, the replica logs its ack timeout. (Seed 13.)
         failed = max(failed, timeouts.get(eid, 0))
         for n, x in enumerate(xs):
-            if x["attempt"] > n + 1 + lost_allowance:
+            if x["attempt"] > n + 1 + lost_allowance + timeouts.get(eid, 0):
                 v.append(f"attempt-inflated: entry {eid} delivered with attempt {x['attempt']} "
                          f"after {n} recorded deliveries")
                 break

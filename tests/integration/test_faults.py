@@ -227,3 +227,30 @@ def test_lease_expires_mid_handling(env):
     assert outcomes(p1, "room")["acked"] == 1
     assert r.get("idem:seat-9") == "D"
     assert w2.keys() == ["seat-9"]               # replica 2 saw it once
+
+
+def test_sigterm_during_startup_exits_0(env, tmp_path):
+    """SIGTERM while the daemon is still starting (a pod stopped as it starts;
+    chaos seeds 241, 336, 348 sent it right after a restart): it was killed by
+    the signal (-15, 143 to Kubernetes) instead of exiting 0. Here startup is
+    held at a known point: the password file is a FIFO nobody has opened yet,
+    so the daemon waits in open() until the test writes the password. (The
+    dynamic loader's first milliseconds, before main, stay a window.)"""
+    fifo = tmp_path / "password.fifo"
+    os.mkfifo(fifo)
+    from pxtest import Proxy
+    p = Proxy(env.tmp, "fifo", env.redis.url, env.endpoint(),
+              [{"stream": "room", "group": "g", "consumer": "c1", "payload_field": "payload",
+                "key": "#event.eventId"}])
+    p.config.write_text(p.config.read_text().replace("redis:\n", f"redis:\n  password_file: {fifo}\n", 1))
+    env.proxies.append(p)
+    p.start()
+    time.sleep(0.5)                                  # well into main, waiting for the FIFO
+    assert p.proc.poll() is None
+    p.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    try:                                             # startup goes on
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:                                  # ENXIO: no reader, the daemon is gone
+        pass
+    assert p.proc.wait(10) == 0

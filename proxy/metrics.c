@@ -373,14 +373,26 @@ static void groups_reply_cb(px_redis *r, redisReply *reply, void *priv)
     }
 }
 
+static void groups_unknown(px_proxy *px, const px_stream *from)
+{
+    for (size_t s = 0; s < px->nstreams; s++)
+        if (same_stream(&px->streams[s], from))
+            px->streams[s].info_known = px->streams[s].lag_known = false;
+}
+
 /* One XINFO GROUPS per stream read with a group, sent by its first block that
  * is being read (so the stream and its group exist: no error reply), unless
- * the last one has not come back yet. */
+ * the last one has not come back yet. A block not being read, or whose command
+ * cannot be sent (link down), exports no numbers: old ones would look current. */
 static void groups_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop; (void)revents;
     px_proxy *px = w->data;
     if (px->stopping) return;
+    for (size_t s = 0; s < px->nstreams; s++) {
+        px_stream *st = &px->streams[s];
+        if (!px_reader_live(st)) st->info_known = st->lag_known = false;
+    }
     for (size_t s = 0; s < px->nstreams; s++) {
         px_stream *st = &px->streams[s];
         if (!st->conf->group || !px_reader_live(st)) continue;
@@ -395,6 +407,8 @@ static void groups_cb(struct ev_loop *loop, ev_timer *w, int revents)
         if (px_redis_argv(px->redis, st->conf->stream, 0, groups_reply_cb, st, 3, argv, lens) ==
             PX_OK)
             st->info_busy = true;
+        else
+            groups_unknown(px, st);
     }
 }
 

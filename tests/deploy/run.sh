@@ -239,12 +239,12 @@ pod_smoke() {
     scrape() { "$PY" -c 'import sys, urllib.request as u; sys.stdout.write(u.urlopen(sys.argv[1], timeout=2).read().decode())' \
         "http://127.0.0.1:$mport/metrics" >"$tmp/live-metrics.txt"; }
     for i in $(seq 150); do
-        scrape && grep -q 'idemproxy_outcomes_total{stream="room",outcome="duplicate"} 1$' "$tmp/live-metrics.txt" && break
+        scrape && grep -q 'idemproxy_outcomes_total{stream="room",group="game-server",outcome="duplicate"} 1$' "$tmp/live-metrics.txt" && break
         sleep 0.1
     done
-    grep -q 'idemproxy_outcomes_total{stream="room",outcome="duplicate"} 1$' "$tmp/live-metrics.txt" ||
+    grep -q 'idemproxy_outcomes_total{stream="room",group="game-server",outcome="duplicate"} 1$' "$tmp/live-metrics.txt" ||
         { echo "/metrics does not count the copy as a duplicate within 15 s"; ok=0; }
-    grep -q 'idemproxy_outcomes_total{stream="room",outcome="acked"} 1$' "$tmp/live-metrics.txt" ||
+    grep -q 'idemproxy_outcomes_total{stream="room",group="game-server",outcome="acked"} 1$' "$tmp/live-metrics.txt" ||
         { echo "/metrics does not count the first as acked"; ok=0; }
     if [ "$(grep -c '^smoke-1 ' "$tmp/worker.out")" != 1 ]; then
         echo "the worker got smoke-1 $(grep -c '^smoke-1 ' "$tmp/worker.out") times, want 1"; ok=0

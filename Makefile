@@ -41,7 +41,7 @@ $(B)/gen/commit.h: FORCE
 	@mkdir -p $(B)/gen
 	@echo '#define PX_COMMIT "$(COMMIT)"' >$@.tmp
 	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
-$(B)/proxy/main.o: $(B)/gen/commit.h
+$(B)/proxy/main.o $(B)/proxy/metrics.o: $(B)/gen/commit.h
 FORCE:
 
 $(B)/idemproxy: $(PROXY_OBJ)

@@ -66,6 +66,7 @@ results.json. A missed target never fails the run: the table says which were met
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -290,6 +291,8 @@ class Proxy:
         for line in self.get("/metrics")[1].splitlines():
             if line and not line.startswith("#"):
                 k, v = line.rsplit(" ", 1)
+                # one stream block: drop its stream and group labels
+                k = re.sub(r'group="[^"]*",?', "", k.replace(f'stream="{STREAM}",', ""))
                 out[k.replace(f'stream="{STREAM}"', "").replace("{,", "{").replace("{}", "")] = float(v)
         return out
 

@@ -6,18 +6,43 @@
  * thread, so counters need no locks.
  *
  * Every counter is declared once, in proxy.h's PX_STREAM_COUNTERS, and
- * exported from the start at 0 for every configured stream.
+ * exported from the start at 0 for every configured stream block.
+ *
+ * A stream block's series carry two labels, stream and group, because one
+ * stream may be read by several blocks with different groups (config.c
+ * rejects two with the same pair): without the group their series would be
+ * identical, and Prometheus rejects a scrape with a duplicate series whole. A
+ * group-less block exports group="" - not a made-up name such as "none", which
+ * could be a real group's: Prometheus stores a label with an empty value as no
+ * label at all, so a group-less block's series are the same in queries as
+ * before the label existed.
+ *
+ * With metrics on, a timer asks Redis every PX_GROUP_INFO_S for XINFO GROUPS
+ * of each stream that a block reads with a group (one command per stream,
+ * asynchronous on the command link, never one per entry), for the
+ * idemproxy_group_lag and idemproxy_group_pending gauges.
  */
+#include <dirent.h>
+#include <math.h>
 #include <netdb.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <microhttpd.h>
 
 #include "log.h"
 #include "proxy.h"
+
+#ifndef PX_COMMIT
+#include "commit.h"   /* PX_COMMIT: the git commit built, "" when unknown (Makefile) */
+#endif
+
+#define PX_GROUP_INFO_S 5.0   /* seconds between two XINFO GROUPS of a stream */
 
 /*
  * The metrics server shares the process's file descriptors with Redis and the
@@ -41,6 +66,7 @@ typedef struct px_metrics {
     struct MHD_Daemon *mhd;
     ev_io              io;       /* MHD's epoll fd */
     ev_timer           timer;    /* MHD's connection timeouts */
+    ev_timer           groups;   /* XINFO GROUPS every PX_GROUP_INFO_S */
 } px_metrics;
 
 typedef struct counter_def {
@@ -92,6 +118,15 @@ static void label(px_buf *b, const char *s)
     }
 }
 
+/* "family{stream="...",group="..." (the caller closes the braces). */
+static void series(px_buf *b, const char *family, const px_stream *st)
+{
+    px_buf_printf(b, "%s{stream=\"", family);
+    label(b, st->conf->stream);
+    px_buf_appends(b, "\",group=\"");
+    label(b, st->conf->group ? st->conf->group : "");
+}
+
 static void hist(px_buf *b, px_proxy *px, const char *name, const char *help, size_t offset,
                  const double *bounds)
 {
@@ -102,15 +137,18 @@ static void hist(px_buf *b, px_proxy *px, const char *name, const char *help, si
         unsigned long long cum = 0;
         for (size_t i = 0; i <= PX_HIST_BUCKETS; i++) {
             cum += h->counts[i];
-            px_buf_printf(b, "%s_bucket{stream=\"", name);
-            label(b, st->conf->stream);
+            char sub[128];
+            snprintf(sub, sizeof(sub), "%s_bucket", name);
+            series(b, sub, st);
             if (i < PX_HIST_BUCKETS) px_buf_printf(b, "\",le=\"%g\"} %llu\n", bounds[i], cum);
             else px_buf_printf(b, "\",le=\"+Inf\"} %llu\n", cum);
         }
-        px_buf_printf(b, "%s_sum{stream=\"", name);
-        label(b, st->conf->stream);
-        px_buf_printf(b, "\"} %.6f\n%s_count{stream=\"", h->sum, name);
-        label(b, st->conf->stream);
+        char sub[128];
+        snprintf(sub, sizeof(sub), "%s_sum", name);
+        series(b, sub, st);
+        px_buf_printf(b, "\"} %.6f\n", h->sum);
+        snprintf(sub, sizeof(sub), "%s_count", name);
+        series(b, sub, st);
         px_buf_printf(b, "\"} %llu\n", h->count);
     }
 }
@@ -118,6 +156,74 @@ static void hist(px_buf *b, px_proxy *px, const char *name, const char *help, si
 static void gauge(px_buf *b, const char *name, const char *type, const char *help, double v)
 {
     px_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+/* --- process metrics, as the Prometheus client libraries export them -------- */
+
+/* /proc/stat's btime: the boot time in seconds since the epoch, or -1. */
+static double boot_time(void)
+{
+    FILE *f = fopen("/proc/stat", "r");
+    if (f == NULL) return -1;
+    char line[256];
+    double bt = -1;
+    while (fgets(line, sizeof(line), f))
+        if (strncmp(line, "btime ", 6) == 0) { bt = strtod(line + 6, NULL); break; }
+    fclose(f);
+    return bt;
+}
+
+/* process_* from /proc/self (Linux): a sample is left out when its source
+ * cannot be read. */
+static void process_metrics(px_buf *b)
+{
+    static double btime = -2;
+    if (btime == -2) btime = boot_time();   /* fixed while the machine runs */
+    double ticks = (double)sysconf(_SC_CLK_TCK);
+    long page = sysconf(_SC_PAGESIZE);
+
+    /* /proc/self/stat: "pid (comm) state ..." - fields counted from state (3)
+     * after the last ')', since comm may hold spaces and parentheses. */
+    char buf[1024];
+    size_t n = 0;
+    FILE *f = fopen("/proc/self/stat", "r");
+    if (f) { n = fread(buf, 1, sizeof(buf) - 1, f); fclose(f); }
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    unsigned long long field[22] = {0};   /* [k]: field k + 3 of proc(5) */
+    int got = 0;
+    if (p) {
+        p++;
+        for (got = 0; got < 22; got++) {
+            while (*p == ' ') p++;
+            if (*p == '\0') break;
+            field[got] = strtoull(p, &p, 10);
+            if (got == 0) while (*p && *p != ' ') p++;   /* state is a letter */
+        }
+    }
+    if (got == 22 && ticks > 0) {
+        gauge(b, "process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.",
+              (double)(field[11] + field[12]) / ticks);                 /* utime (14) + stime (15) */
+        gauge(b, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",
+              (double)field[21] * (double)page);                        /* rss (24), in pages */
+        if (btime >= 0)
+            gauge(b, "process_start_time_seconds", "gauge",
+                  "Start time of the process since unix epoch in seconds.",
+                  btime + (double)field[19] / ticks);                   /* starttime (22), in ticks */
+    }
+    DIR *d = opendir("/proc/self/fd");
+    if (d) {
+        size_t fds = 0;
+        struct dirent *de;
+        while ((de = readdir(d)) != NULL)
+            if (de->d_name[0] != '.') fds++;
+        closedir(d);
+        gauge(b, "process_open_fds", "gauge", "Number of open file descriptors.", (double)fds);
+    }
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+        gauge(b, "process_max_fds", "gauge", "Maximum number of open file descriptors.",
+              rl.rlim_cur == RLIM_INFINITY ? INFINITY : (double)rl.rlim_cur);
 }
 
 void px_metrics_render(px_proxy *px, px_buf *b)
@@ -132,8 +238,7 @@ void px_metrics_render(px_proxy *px, px_buf *b)
         for (size_t s = 0; s < px->nstreams; s++) {
             px_stream *st = &px->streams[s];
             unsigned long long v = *(const unsigned long long *)((const char *)&st->c + d->offset);
-            px_buf_printf(b, "%s{stream=\"", d->family);
-            label(b, st->conf->stream);
+            series(b, d->family, st);
             if (d->label) px_buf_printf(b, "\",%s=\"%s", d->label, d->value);
             px_buf_printf(b, "\"} %llu\n", v);
         }
@@ -158,8 +263,7 @@ void px_metrics_render(px_proxy *px, px_buf *b)
         for (px_entry *e = st->head; e; e = e->next)
             if (e->state == PX_E_SEND || e->state == PX_E_SENT || e->state == PX_E_COMMIT ||
                 e->state == PX_E_LOCKWAIT) inflight++;
-        px_buf_appends(b, "idemproxy_entries_pending{stream=\"");
-        label(b, st->conf->stream);
+        series(b, "idemproxy_entries_pending", st);
         px_buf_printf(b, "\"} %zu\n", st->tracked);
     }
     gauge(b, "idemproxy_delivery_window", "gauge",
@@ -171,6 +275,34 @@ void px_metrics_render(px_proxy *px, px_buf *b)
           px_proxy_ready(px) ? 1 : 0);
     gauge(b, "idemproxy_workers_connected", "gauge", "Worker connections on the app socket.",
           (double)px_deliver_workers(px));
+    /* Unknown numbers are left out, not exported as NaN: a NaN would make
+     * sum() and max() over pods NaN too, and what scales on this gauge (KEDA,
+     * an HPA) cannot act on it either way. */
+    px_buf_appends(b, "# HELP idemproxy_group_lag Entries of the stream not yet delivered to the "
+                      "group (XINFO GROUPS lag); absent while Redis cannot tell.\n"
+                      "# TYPE idemproxy_group_lag gauge\n");
+    for (size_t s = 0; s < px->nstreams; s++) {
+        px_stream *st = &px->streams[s];
+        if (!st->conf->group || !st->lag_known) continue;
+        series(b, "idemproxy_group_lag", st);
+        px_buf_printf(b, "\"} %lld\n", st->group_lag);
+    }
+    px_buf_appends(b, "# HELP idemproxy_group_pending Entries delivered to a consumer of the group "
+                      "and not acked (XINFO GROUPS pending), all replicas'.\n"
+                      "# TYPE idemproxy_group_pending gauge\n");
+    for (size_t s = 0; s < px->nstreams; s++) {
+        px_stream *st = &px->streams[s];
+        if (!st->conf->group || !st->info_known) continue;
+        series(b, "idemproxy_group_pending", st);
+        px_buf_printf(b, "\"} %lld\n", st->group_pending);
+    }
+    px_buf_appends(b, "# HELP idemproxy_build_info The version and git commit built; always 1.\n"
+                      "# TYPE idemproxy_build_info gauge\nidemproxy_build_info{version=\"");
+    label(b, PX_VERSION);
+    px_buf_appends(b, "\",commit=\"");
+    label(b, PX_COMMIT);
+    px_buf_appends(b, "\"} 1\n");
+    process_metrics(b);
     hist(b, px, "idemproxy_ack_latency_seconds", "From a delivery to the worker's answer.",
          offsetof(px_stream, ack_latency), px_ack_latency_bounds);
     hist(b, px, "idemproxy_lock_wait_seconds", "From the first claim attempt to the locks held.",
@@ -183,6 +315,101 @@ bool px_proxy_ready(px_proxy *px)
     for (size_t s = 0; s < px->nstreams; s++)
         if (!px_reader_live(&px->streams[s])) return false;
     return true;
+}
+
+/* --- XINFO GROUPS ------------------------------------------------------------ */
+
+static bool same_stream(const px_stream *a, const px_stream *b)
+{
+    return strcmp(a->conf->stream, b->conf->stream) == 0;
+}
+
+/* An integer field of an XINFO GROUPS group ([name, value, ...] in RESP2);
+ * false when absent or not an integer (lag: nil when Redis cannot tell). */
+static bool info_int(const redisReply *g, const char *name, long long *v)
+{
+    for (size_t i = 0; i + 1 < g->elements; i += 2) {
+        const redisReply *k = g->element[i], *val = g->element[i + 1];
+        if (k->type != REDIS_REPLY_STRING && k->type != REDIS_REPLY_STATUS) continue;
+        if (strcmp(k->str, name) != 0) continue;
+        if (val->type != REDIS_REPLY_INTEGER) return false;
+        *v = val->integer;
+        return true;
+    }
+    return false;
+}
+
+static const char *info_name(const redisReply *g)
+{
+    for (size_t i = 0; i + 1 < g->elements; i += 2)
+        if (g->element[i]->type == REDIS_REPLY_STRING && strcmp(g->element[i]->str, "name") == 0 &&
+            g->element[i + 1]->type == REDIS_REPLY_STRING)
+            return g->element[i + 1]->str;
+    return NULL;
+}
+
+/* The answer for one stream fills in every group block on it; a group the
+ * answer lacks (or a lost link, an error) is unknown until the next one. */
+static void groups_reply_cb(px_redis *r, redisReply *reply, void *priv)
+{
+    (void)r;
+    px_stream *from = priv;
+    px_proxy *px = from->px;
+    from->info_busy = false;
+    for (size_t s = 0; s < px->nstreams; s++) {
+        px_stream *st = &px->streams[s];
+        if (!st->conf->group || !same_stream(st, from)) continue;
+        st->info_known = st->lag_known = false;
+        if (reply == NULL || reply->type != REDIS_REPLY_ARRAY) continue;
+        for (size_t i = 0; i < reply->elements; i++) {
+            const redisReply *g = reply->element[i];
+            if (g->type != REDIS_REPLY_ARRAY) continue;
+            const char *name = info_name(g);
+            if (name == NULL || strcmp(name, st->conf->group) != 0) continue;
+            st->info_known = info_int(g, "pending", &st->group_pending);
+            st->lag_known = info_int(g, "lag", &st->group_lag);
+            break;
+        }
+    }
+}
+
+static void groups_unknown(px_proxy *px, const px_stream *from)
+{
+    for (size_t s = 0; s < px->nstreams; s++)
+        if (same_stream(&px->streams[s], from))
+            px->streams[s].info_known = px->streams[s].lag_known = false;
+}
+
+/* One XINFO GROUPS per stream read with a group, sent by its first block that
+ * is being read (so the stream and its group exist: no error reply), unless
+ * the last one has not come back yet. A block not being read, or whose command
+ * cannot be sent (link down), exports no numbers: old ones would look current. */
+static void groups_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    px_proxy *px = w->data;
+    if (px->stopping) return;
+    for (size_t s = 0; s < px->nstreams; s++) {
+        px_stream *st = &px->streams[s];
+        if (!px_reader_live(st)) st->info_known = st->lag_known = false;
+    }
+    for (size_t s = 0; s < px->nstreams; s++) {
+        px_stream *st = &px->streams[s];
+        if (!st->conf->group || !px_reader_live(st)) continue;
+        bool covered = false;
+        for (size_t t = 0; t < s && !covered; t++) {
+            px_stream *o = &px->streams[t];
+            covered = o->conf->group && same_stream(o, st) && (o->info_busy || px_reader_live(o));
+        }
+        if (covered || st->info_busy) continue;
+        const char *argv[] = { "XINFO", "GROUPS", st->conf->stream };
+        size_t lens[3] = { 5, 6, strlen(st->conf->stream) };
+        if (px_redis_argv(px->redis, st->conf->stream, 0, groups_reply_cb, st, 3, argv, lens) ==
+            PX_OK)
+            st->info_busy = true;
+        else
+            groups_unknown(px, st);
+    }
 }
 
 /* --- HTTP ------------------------------------------------------------------- */
@@ -300,6 +527,10 @@ int px_metrics_start(px_proxy *px)
     ev_timer_init(&m->timer, mhd_timer_cb, 1., 0.);
     m->timer.data = px;
     rearm(px);
+    /* The first look soon after the readers are up, then every PX_GROUP_INFO_S. */
+    ev_timer_init(&m->groups, groups_cb, 1., PX_GROUP_INFO_S);
+    m->groups.data = px;
+    ev_timer_start(px->loop, &m->groups);
     px_log_info("metrics on http://%s/metrics", listen);
     return PX_OK;
 }
@@ -310,6 +541,7 @@ void px_metrics_stop(px_proxy *px)
     if (m == NULL) return;
     ev_io_stop(px->loop, &m->io);
     ev_timer_stop(px->loop, &m->timer);
+    ev_timer_stop(px->loop, &m->groups);
     MHD_stop_daemon(m->mhd);
     free(m);
     px->metrics = NULL;

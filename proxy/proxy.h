@@ -186,6 +186,13 @@ struct px_stream {
 #undef PX_COUNTER_FIELD
     px_hist         ack_latency;   /* delivery sent -> answer received */
     px_hist         lock_wait;     /* first claim attempt -> locks held */
+    /* Group mode, with metrics on: the group's XINFO GROUPS numbers, refreshed
+     * every PX_GROUP_INFO_S by metrics.c (not exported while unknown). */
+    bool            info_busy;     /* this block's XINFO GROUPS is in flight */
+    bool            info_known;    /* group_pending is the last answer's */
+    bool            lag_known;     /* group_lag too (Redis answers nil when it cannot tell) */
+    long long       group_pending; /* entries delivered to the group and not acked */
+    long long       group_lag;     /* entries not yet delivered to the group */
 };
 
 struct px_proxy {

@@ -27,6 +27,15 @@ if ! command -v mvn >/dev/null 2>&1 || ! command -v javac >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq default-jdk-headless maven >/dev/null
 fi
 
+# promtool checks a live /metrics (tests/integration/test_metrics.py); Debian
+# ships it in the prometheus package (the server is not started by the tests).
+if ! command -v promtool >/dev/null 2>&1; then
+    echo "deps: installing promtool (Debian package prometheus)" >&2
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+
 if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import pytest, redis, pynng, grpc_tools" 2>/dev/null; then
     echo "deps: preparing .venv (pytest, redis, pynng, grpcio-tools)" >&2
     python3 -m venv .venv

@@ -37,7 +37,7 @@ METRICS=${IDEMPROXY_METRICS:-tests/deploy/fixtures/metrics.txt}
 passed=0
 failed=0
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+trap 'umount "$tmp/pod/proc" 2>/dev/null; rm -rf "$tmp"' EXIT
 started=$(date +%s)
 
 # check NAME CMD...: CMD must succeed.
@@ -203,6 +203,9 @@ pod_smoke() {
     local pod=$tmp/pod rport mport rpid="" ppid="" wpid="" ok=1 i
     make_root "$pod" "$stage/idemproxy" && cp -a "$stage/worker/." "$pod/" || return 1
     install -d -o 10001 -g 10001 -m 2770 "$pod/run/idemproxy"
+    # A container has /proc (the process_* metrics are read from it).
+    install -d -m 0555 "$pod/proc"
+    mount -t proc proc "$pod/proc" || { echo "cannot mount /proc in the pod's root"; return 1; }
     install -d -m 0755 "$pod/etc/idemproxy" "$pod/var/run/secrets/redis"
     printf 'pod-secret\n' >"$pod/var/run/secrets/redis/password"
     chown 0:10001 "$pod/var/run/secrets/redis/password" && chmod 0440 "$pod/var/run/secrets/redis/password"
@@ -235,17 +238,21 @@ pod_smoke() {
             XADD room '*' payload '{"eventId":"smoke-1"}' >/dev/null || ok=0
     done
     # The copy leaves as a duplicate once the first is done (a busy copy is
-    # looked at again later): wait for that, then count what the worker got.
+    # looked at again later): wait for that, and for the group's numbers from
+    # the first XINFO GROUPS (1 s after the start), then count what the worker got.
     scrape() { "$PY" -c 'import sys, urllib.request as u; sys.stdout.write(u.urlopen(sys.argv[1], timeout=2).read().decode())' \
         "http://127.0.0.1:$mport/metrics" >"$tmp/live-metrics.txt"; }
     for i in $(seq 150); do
-        scrape && grep -q 'idemproxy_outcomes_total{stream="room",outcome="duplicate"} 1$' "$tmp/live-metrics.txt" && break
+        scrape && grep -q 'idemproxy_outcomes_total{stream="room",group="game-server",outcome="duplicate"} 1$' "$tmp/live-metrics.txt" &&
+            grep -q '^idemproxy_group_lag{stream="room",group="game-server"} 0$' "$tmp/live-metrics.txt" && break
         sleep 0.1
     done
-    grep -q 'idemproxy_outcomes_total{stream="room",outcome="duplicate"} 1$' "$tmp/live-metrics.txt" ||
+    grep -q 'idemproxy_outcomes_total{stream="room",group="game-server",outcome="duplicate"} 1$' "$tmp/live-metrics.txt" ||
         { echo "/metrics does not count the copy as a duplicate within 15 s"; ok=0; }
-    grep -q 'idemproxy_outcomes_total{stream="room",outcome="acked"} 1$' "$tmp/live-metrics.txt" ||
+    grep -q 'idemproxy_outcomes_total{stream="room",group="game-server",outcome="acked"} 1$' "$tmp/live-metrics.txt" ||
         { echo "/metrics does not count the first as acked"; ok=0; }
+    grep -q '^idemproxy_group_lag{stream="room",group="game-server"} 0$' "$tmp/live-metrics.txt" ||
+        { echo "/metrics has no group lag of 0 within 15 s"; ok=0; }
     if [ "$(grep -c '^smoke-1 ' "$tmp/worker.out")" != 1 ]; then
         echo "the worker got smoke-1 $(grep -c '^smoke-1 ' "$tmp/worker.out") times, want 1"; ok=0
     fi
@@ -257,6 +264,7 @@ pod_smoke() {
         echo "the HEALTHCHECK command says healthy after idemproxy stopped"; ok=0
     fi
     kill "$rpid" 2>/dev/null; wait "$rpid" 2>/dev/null
+    umount "$pod/proc" || ok=0
     if [ "$ok" != 1 ]; then
         echo "--- idemproxy log"; tail -20 "$tmp/idemproxy.log"
         echo "--- worker"; tail -n 5 "$tmp/worker.out" "$tmp/worker.err"

@@ -3,6 +3,7 @@ temp dir, the real idemproxy binary, and workers on real SP sockets: a Python
 REP worker (pynng) that a test can script or drive step by step, and the C
 example worker from clients/c."""
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -538,15 +539,29 @@ def settled(proxies, stream, n):
     read = left = 0
     for p in proxies:
         m = p.metrics()
-        read += m.get(f'idemproxy_entries_read_total{{stream="{stream}"}}', -1)
-        left += m.get(f'idemproxy_entries_pending{{stream="{stream}"}}', -1)
+        read += _one(m, "idemproxy_entries_read_total", stream, -1)
+        left += _one(m, "idemproxy_entries_pending", stream, -1)
     return read == n and left == 0
+
+
+def _one(m, family, stream, default):
+    """The value of 'family' for the one stream block on 'stream', whatever its
+    group label (these helpers serve configs with one block a stream)."""
+    pre = f'{family}{{stream="{stream}",group="'
+    found = [v for k, v in m.items() if k.startswith(pre) and k.count('="') == 2]
+    assert len(found) <= 1, f"{len(found)} blocks on {stream}: name the group"
+    return found[0] if found else default
 
 
 def outcomes(p, stream):
     """{outcome: count} of p's idemproxy_outcomes_total for 'stream'."""
-    pre = f'idemproxy_outcomes_total{{stream="{stream}",outcome="'
-    return {k[len(pre):-2]: v for k, v in p.metrics().items() if k.startswith(pre)}
+    out = {}
+    for k, v in p.metrics().items():
+        m = re.fullmatch(r'idemproxy_outcomes_total\{stream="(.*)",group="(.*)",outcome="(\w+)"\}', k)
+        if m and m.group(1) == stream:
+            assert m.group(3) not in out, f"several blocks on {stream}: name the group"
+            out[m.group(3)] = v
+    return out
 
 
 def pending(r, stream, group):

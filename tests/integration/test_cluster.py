@@ -62,7 +62,7 @@ def produce(r, n, copies_every=2, start=0):
 
 
 def all_done(r, proxies, n_entries, streams=STREAMS):
-    read = sum(int(p.metrics().get(f'idemproxy_entries_read_total{{stream="{s}"}}', 0))
+    read = sum(int(p.metrics().get(f'idemproxy_entries_read_total{{stream="{s}",group="g"}}', 0))
                for p in proxies for s in streams)
     return read >= n_entries and pending_total(r, streams) == 0
 
@@ -160,7 +160,7 @@ def test_ask_and_moved_during_a_slot_migration(cenv):
     # a copy now: the proxy's map still says src, which answers MOVED
     r.xadd(STREAMS[0], {"payload": json.dumps({"eventId": key})})
     wait_for(lambda: pending_total(r, STREAMS[:1]) == 0 and px.metrics().get(
-        f'idemproxy_entries_read_total{{stream="{STREAMS[0]}"}}') == 2, what="the copy")
+        f'idemproxy_entries_read_total{{stream="{STREAMS[0]}",group="g"}}') == 2, what="the copy")
     assert w.keys() == [key]
     m = px.metrics()
     assert m['idemproxy_redis_redirects_total{kind="ask"}'] >= 1
@@ -332,7 +332,7 @@ def test_one_master_down_keeps_healthy_leases(tmp_path):
         for i, k in enumerate(healthy):
             r.xadd(healthy_streams[(i + 1) % len(healthy_streams)],
                    {"payload": json.dumps({"eventId": k, "n": 1})})
-        wait_for(lambda: sum(int(px.metrics().get(f'idemproxy_entries_read_total{{stream="{s}"}}', 0))
+        wait_for(lambda: sum(int(px.metrics().get(f'idemproxy_entries_read_total{{stream="{s}",group="g"}}', 0))
                              for s in STREAMS) >= len(every) + len(healthy), timeout=10,
                  what="the copies read")
         before = {k: lock(k) for k in healthy}

@@ -186,7 +186,7 @@ def test_worker_connects_late_c_worker(env):
     time.sleep(1.0)
     w = env.cworker(p.endpoint)
     wait_for(lambda: settled(p, "room", 10), what="every entry's outcome")
-    assert p.metrics()['idemproxy_deliveries_total{stream="room"}'] == 5
+    assert p.metrics()['idemproxy_deliveries_total{stream="room",group="game-server"}'] == 5
     wait_for(lambda: len(w.lines()) >= 5, what="C worker lines")
     assert sorted(w.lines()) == sorted(f"late{i} attempt=1" for i in range(5))
     wait_for(lambda: pending(env.r, "room", "game-server") == 0, what="acked")
@@ -207,8 +207,8 @@ def test_no_ack_lost_with_many_deliveries_in_flight(env):
     lines = w.lines()
     assert len(lines) == n and sorted(lines) == sorted(f"w{i} attempt=1" for i in range(n))
     m = p.metrics()
-    assert m['idemproxy_ack_timeouts_total{stream="room"}'] == 0
-    assert m['idemproxy_deliveries_total{stream="room"}'] == n
+    assert m['idemproxy_ack_timeouts_total{stream="room",group="game-server"}'] == 0
+    assert m['idemproxy_deliveries_total{stream="room",group="game-server"}'] == n
 
 
 def test_c_worker_started_before_proxy(env):
@@ -355,9 +355,10 @@ def test_max_inflight_bounds_claimed_entries_only(env, mode):
     assert 1 <= window < 8
     assert len(w.got) == window
     assert sorted(d.key for d in w.got) == sorted(f"new-{i}" for i in range(window))
-    assert m['idemproxy_outcomes_total{stream="room",outcome="duplicate"}'] == 20
+    g = "game-server" if mode == "group" else ""       # a group-less block's group label is ""
+    assert m[f'idemproxy_outcomes_total{{stream="room",group="{g}",outcome="duplicate"}}'] == 20
     assert m["idemproxy_inflight"] == 8
-    assert m['idemproxy_entries_read_total{stream="room"}'] == 28
+    assert m[f'idemproxy_entries_read_total{{stream="room",group="{g}"}}'] == 28
     assert all(r.get(f"idem:new-{i}").startswith("L:") for i in range(8))
     assert all(r.get(f"idem:new-{i}") is None for i in range(8, 30))
     if mode == "group":

@@ -366,7 +366,7 @@ def _slow_worker_run(env, n, handler_s, ack_timeout_ms):
     assert runs <= n * 1.1, f"{runs} handler runs for {n} events"
     # A stall of the machine (a sanitizer build, a loaded CI) may still cost
     # a few; a queue that outgrew the ack timer cost a third of them.
-    timeouts = p.metrics()['idemproxy_acks_total{stream="room",status="timeout"}']
+    timeouts = p.metrics()['idemproxy_acks_total{stream="room",group="g",status="timeout"}']
     assert timeouts <= n * 0.03, f"{timeouts} ack timeouts"
 
 
@@ -461,8 +461,8 @@ def test_retried_commit_reading_back_its_own_done_mark_is_no_lease_loss(env, tmp
         wait_for(lambda: finished(r), 15, "the entry acked")
         m = p.metrics()
         assert link.cuts == 1, "the done mark's reply was not cut"
-        assert m['idemproxy_outcomes_total{stream="room",outcome="acked"}'] == 1
-        assert m['idemproxy_lease_lost_total{stream="room"}'] == 0
+        assert m['idemproxy_outcomes_total{stream="room",group="g",outcome="acked"}'] == 1
+        assert m['idemproxy_lease_lost_total{stream="room",group="g"}'] == 0
         assert "late ack after the lease was lost" not in p.log_text()
         assert r.get("idem:a") == "D"
         assert w.keys() == ["a"]

@@ -12,7 +12,10 @@ FAMILIES = ["idemproxy_entries_read_total", "idemproxy_outcomes_total", "idempro
             "idemproxy_trimmed_total", "idemproxy_redis_errors_total", "idemproxy_redis_redirects_total",
             "idemproxy_protocol_errors_total",
             "idemproxy_inflight", "idemproxy_entries_pending", "idemproxy_redis_up",
-            "idemproxy_workers_connected", "idemproxy_ack_latency_seconds", "idemproxy_lock_wait_seconds"]
+            "idemproxy_workers_connected", "idemproxy_ack_latency_seconds", "idemproxy_lock_wait_seconds",
+            "idemproxy_delivery_window", "idemproxy_group_lag", "idemproxy_group_pending",
+            "idemproxy_build_info", "process_cpu_seconds_total", "process_resident_memory_bytes",
+            "process_open_fds", "process_max_fds", "process_start_time_seconds"]
 
 
 def conf(stream, **kw):
@@ -29,15 +32,15 @@ def test_every_metric_exported_at_zero_from_the_start(env):
     for fam in FAMILIES:
         assert f"# TYPE {fam} " in body, fam
     for s in ("room", "minigame"):
-        assert m[f'idemproxy_entries_read_total{{stream="{s}"}}'] == 0
+        assert m[f'idemproxy_entries_read_total{{stream="{s}",group="g"}}'] == 0
         for o in ("acked", "duplicate", "dead_lettered", "skipped"):
-            assert m[f'idemproxy_outcomes_total{{stream="{s}",outcome="{o}"}}'] == 0
+            assert m[f'idemproxy_outcomes_total{{stream="{s}",group="g",outcome="{o}"}}'] == 0
         for st in ("ack", "retry", "drop", "timeout", "invalid"):
-            assert m[f'idemproxy_acks_total{{stream="{s}",status="{st}"}}'] == 0
+            assert m[f'idemproxy_acks_total{{stream="{s}",group="g",status="{st}"}}'] == 0
         for stage in ("before_lock", "after_lock"):
-            assert m[f'idemproxy_duplicates_total{{stream="{s}",stage="{stage}"}}'] == 0
-        assert m[f'idemproxy_ack_latency_seconds_count{{stream="{s}"}}'] == 0
-        assert m[f'idemproxy_lock_wait_seconds_bucket{{stream="{s}",le="+Inf"}}'] == 0
+            assert m[f'idemproxy_duplicates_total{{stream="{s}",group="g",stage="{stage}"}}'] == 0
+        assert m[f'idemproxy_ack_latency_seconds_count{{stream="{s}",group="g"}}'] == 0
+        assert m[f'idemproxy_lock_wait_seconds_bucket{{stream="{s}",group="g",le="+Inf"}}'] == 0
 
 
 def test_numbers_add_up_after_copies_a_drop_and_a_bad_entry(env):
@@ -48,10 +51,10 @@ def test_numbers_add_up_after_copies_a_drop_and_a_bad_entry(env):
     r.xadd("room", {"payload": "{broken"})
     wait_for(lambda: has_group(r, "room", "g"), what="the group")
     wait_for(lambda: pending(r, "room", "g") == 0 and r.xlen("dlq") == 2, what="all done")
-    wait_for(lambda: p.metrics()['idemproxy_outcomes_total{stream="room",outcome="duplicate"}'] == 5,
+    wait_for(lambda: p.metrics()['idemproxy_outcomes_total{stream="room",group="g",outcome="duplicate"}'] == 5,
              what="duplicates counted")
     m = p.metrics()
-    g = lambda k: m[k.replace("S", 'stream="room"')]
+    g = lambda k: m[k.replace("S", 'stream="room",group="g"')]
     read = g("idemproxy_entries_read_total{S}")
     outcomes = sum(g(f'idemproxy_outcomes_total{{S,outcome="{o}"}}') for o in ("acked", "duplicate", "dead_lettered", "skipped"))
     assert read == 12
@@ -77,7 +80,12 @@ def test_readyz_follows_redis(env):
     wait_for(lambda: p.get("/readyz")[0] == 503, what="not ready without Redis")
     assert p.get("/healthz")[0] == 200                # the loop still runs
     assert p.metrics()["idemproxy_redis_up"] == 0
+    # the group's numbers are not exported while they cannot be known
+    wait_for(lambda: not any(k.startswith("idemproxy_group_") for k in p.metrics()), timeout=10,
+             what="group gauges left out without Redis")
     env.redis.start()
+    wait_for(lambda: p.metrics().get('idemproxy_group_pending{stream="room",group="g"}') == 0,
+             timeout=20, what="group gauges back")
     wait_for(lambda: p.get("/readyz")[0] == 200, timeout=15, what="ready again")
 
 
@@ -243,3 +251,139 @@ def test_idle_connections_are_bounded_and_do_not_stop_healthz(env):
     finally:
         for s in held:
             s.close()
+
+
+# --- one stream, several groups (issue 17) -------------------------------------------
+
+def _series(body):
+    """Every sample's series (name and label set, as exported), in order."""
+    return [l.rsplit(" ", 1)[0] for l in body.splitlines() if l and not l.startswith("#")]
+
+
+def test_one_stream_read_by_two_groups_exports_distinct_series(env):
+    """Two stream blocks on one stream with different groups are two readers:
+    each series names its group, so no name+label set appears twice (a scrape
+    with a duplicate series is rejected whole by Prometheus)."""
+    solo = {k: v for k, v in conf("solo").items() if k not in ("group", "consumer")}
+    p = env.proxy([conf("room", group="g1"), conf("room", group="g2"), solo])
+    wait_for(lambda: p.get("/healthz")[0] == 200, what="metrics server")
+    series = _series(p.get("/metrics")[1])
+    dups = sorted({s for s in series if series.count(s) > 1})
+    assert dups == [], dups[:10]
+    m = p.metrics()
+    assert m['idemproxy_entries_read_total{stream="room",group="g1"}'] == 0
+    assert m['idemproxy_entries_read_total{stream="room",group="g2"}'] == 0
+    assert m['idemproxy_entries_read_total{stream="solo",group=""}'] == 0
+
+
+def _xinfo(r, stream, group):
+    return next(g for g in r.xinfo_groups(stream) if g["name"] == group)
+
+
+def test_group_lag_and_pending_follow_xinfo_groups(env):
+    """idemproxy_group_lag and idemproxy_group_pending are what XINFO GROUPS
+    says for each configured group (refreshed every 5 s): with no worker, the
+    proxy reads max_inflight entries (pending) and leaves the rest (lag); lag
+    is left out while Redis cannot tell it (nil after an XDEL in the unread
+    range); once a worker acks everything both are 0."""
+    r = env.r
+    n = 12
+    publish(r, "room", [{"eventId": f"k{i}"} for i in range(n)])
+    p = env.proxy([conf("room", group="g1"), conf("room", group="g2", consumer="c2")], max_inflight=3)
+    wait_for(lambda: has_group(r, "room", "g1") and has_group(r, "room", "g2"), what="the groups")
+    lag = lambda g: p.metrics().get(f'idemproxy_group_lag{{stream="room",group="{g}"}}')
+    pend = lambda g: p.metrics().get(f'idemproxy_group_pending{{stream="room",group="{g}"}}')
+
+    def agrees(g):
+        x = _xinfo(r, "room", g)
+        return x["lag"] is not None and (lag(g), pend(g)) == (x["lag"], x["pending"])
+    # max_inflight counts over all blocks: some entries read, by either group.
+    wait_for(lambda: _xinfo(r, "room", "g1")["pending"] + _xinfo(r, "room", "g2")["pending"] > 0,
+             what="entries read")
+    time.sleep(1)
+    for g in ("g1", "g2"):
+        wait_for(lambda: agrees(g), timeout=15, what=f"{g}'s lag and pending as XINFO GROUPS says")
+        x = _xinfo(r, "room", g)
+        assert x["lag"] + x["pending"] == n and x["lag"] > 0, x   # nothing acked, some unread
+    assert pend("g1") + pend("g2") > 0
+
+    # An XDEL among the unread entries: Redis no longer knows the lag (nil), the
+    # sample is left out; pending is still there.
+    r.xdel("room", r.xrevrange("room", count=3)[-1][0])     # (not the last: see below)
+    assert _xinfo(r, "room", "g1")["lag"] is None
+    wait_for(lambda: lag("g1") is None and lag("g2") is None, timeout=15, what="lag left out")
+    assert pend("g1") == _xinfo(r, "room", "g1")["pending"]
+    body = p.get("/metrics")[1]
+    assert "# TYPE idemproxy_group_lag gauge" in body and "NaN" not in body
+
+    # Once a group has read up to the stream's last entry, Redis knows its lag again.
+    env.worker(p.endpoint)
+    wait_for(lambda: all(_xinfo(r, "room", g)["pending"] == 0 and _xinfo(r, "room", g)["lag"] == 0
+                         for g in ("g1", "g2")), timeout=20, what="everything acked")
+    for g in ("g1", "g2"):
+        wait_for(lambda: (lag(g), pend(g)) == (0, 0), timeout=15, what=f"{g}'s lag and pending at 0")
+
+
+def test_no_group_gauges_for_a_group_less_block(env):
+    solo = {k: v for k, v in conf("solo").items() if k not in ("group", "consumer")}
+    p = env.proxy([solo, conf("room")])
+    wait_for(lambda: p.metrics().get('idemproxy_group_pending{stream="room",group="g"}') == 0,
+             timeout=15, what="room's pending")
+    assert not any("solo" in k for k in p.metrics() if k.startswith("idemproxy_group_"))
+
+
+# --- build and process metrics, and the exposition checked by promtool (issue 17) ------
+
+def test_build_info_and_process_metrics(env):
+    p = env.proxy([conf("room")])
+    wait_for(lambda: p.get("/healthz")[0] == 200, what="metrics server")
+    body = p.get("/metrics")[1]
+    m = p.metrics()
+    version = subprocess.run([str(BIN), "version"], capture_output=True, text=True, timeout=10).stdout
+    info = [k for k in m if k.startswith("idemproxy_build_info{")]
+    assert len(info) == 1 and m[info[0]] == 1, info
+    import re
+    got = re.fullmatch(r'idemproxy_build_info\{version="([^"]*)",commit="([0-9a-f]{12})"\}', info[0])
+    # the same version and commit (build/gen/commit.h) as `idemproxy version`
+    assert got and version.strip() == f"idemproxy {got.group(1)} (commit {got.group(2)})", (info, version)
+    for fam, typ in (("process_cpu_seconds_total", "counter"), ("process_resident_memory_bytes", "gauge"),
+                     ("process_open_fds", "gauge"), ("process_max_fds", "gauge"),
+                     ("process_start_time_seconds", "gauge")):
+        assert f"# TYPE {fam} {typ}\n" in body, fam
+    pid = p.proc.pid
+    assert m["process_resident_memory_bytes"] > 1 << 20
+    assert m["process_open_fds"] > 3
+    assert abs(m["process_open_fds"] - len(os.listdir(f"/proc/{pid}/fd"))) <= 2
+    import resource
+    assert m["process_max_fds"] == resource.prlimit(pid, resource.RLIMIT_NOFILE)[0]
+    assert time.time() - 60 < m["process_start_time_seconds"] <= time.time() + 1
+    assert 0 <= m["process_cpu_seconds_total"] < 60
+
+
+def test_promtool_check_metrics_is_clean(env):
+    """A live /metrics, with two groups on one stream, a group-less block, lag
+    gauges and some traffic, passes `promtool check metrics` with no lint
+    problem (tests/deps.sh installs promtool)."""
+    import shutil
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        import pytest
+        pytest.skip("promtool not installed (tests/deps.sh installs it)")
+    r = env.r
+    solo = {k: v for k, v in conf("solo").items() if k not in ("group", "consumer")}
+    p = env.proxy([conf("room", group="g1"), conf("room", group="g2", consumer="c2"), solo],
+                  max_inflight=8)
+    env.worker(p.endpoint, behave=lambda d: (pb.Ack.DROP, "no") if d.key == "k0" else (pb.Ack.ACK, ""))
+    publish(r, "room", [{"eventId": f"k{i}"} for i in range(5)] * 2)
+    publish(r, "solo", [{"eventId": "s1"}])
+    wait_for(lambda: has_group(r, "room", "g1") and has_group(r, "room", "g2"), what="the groups")
+    wait_for(lambda: pending(r, "room", "g1") == 0 and pending(r, "room", "g2") == 0
+             and p.metrics().get('idemproxy_group_lag{stream="room",group="g2"}') == 0
+             and p.metrics().get('idemproxy_outcomes_total{stream="solo",group="",outcome="acked"}') == 1,
+             timeout=20, what="traffic done and lag refreshed")
+    body = p.get("/metrics")[1]
+    assert 'idemproxy_group_lag{stream="room",group="g1"}' in body
+    res = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True,
+                         timeout=30)
+    assert res.returncode == 0 and res.stdout.strip() == "" and res.stderr.strip() == "", \
+        (res.returncode, res.stdout, res.stderr)

@@ -125,7 +125,7 @@ def test_protocol_doc_example_against_idemproxy(env, transport):
         wait_for(lambda: pending(r, "orders", "billing") == 0, what="the entry XACKed")
         assert r.get("idemproxy:fence") == "1"
         m = env.proxies[0].metrics()
-        assert m['idemproxy_acks_total{stream="orders",status="ack"}'] == 1
+        assert m['idemproxy_acks_total{stream="orders",group="billing",status="ack"}'] == 1
         assert m["idemproxy_protocol_errors_total"] == 0
     finally:
         peer.s.close()

@@ -252,6 +252,11 @@ void px_deliver_flush(px_proxy *px)
     px_entry *e;
     size_t window = 0;
     while ((e = px->send_q.head) != NULL) {
+        if (e->lease_lost) {          /* not delivered on a lock it no longer holds */
+            px_queue_pop(&px->send_q);
+            px_proxy_reclaim_unsent(e);
+            continue;
+        }
         if (window == 0) window = send_window(d);
         if (d->nslots - d->nfree >= window) break;    /* a reply frees room: the next flush */
         if (send_one(px, d, e) != PX_OK) {

@@ -74,7 +74,7 @@ static const bool legal[PX_E_GONE + 1][PX_E_GONE + 1] = {
     T(CLAIM, XACK), T(CLAIM, GONE),
     T(PARKED, CLAIM), T(PARKED, GONE),
     T(LOCKWAIT, CLAIM), T(LOCKWAIT, GONE),
-    T(SEND, SENT), T(SEND, GONE),
+    T(SEND, SENT), T(SEND, CLAIM), T(SEND, GONE),
     T(SENT, COMMIT), T(SENT, BACKOFF), T(SENT, GONE),
     T(BACKOFF, CLAIM), T(BACKOFF, GONE),
     T(COMMIT, COMMIT), T(COMMIT, XACK), T(COMMIT, GONE),
@@ -457,6 +457,22 @@ void px_proxy_already_dead(px_entry *e)
     px_log_debug("stream %s entry %s key %s: dead-lettered already", e->st->conf->stream, e->id,
                  e->key);
     leave(e, PX_OUT_DEAD_LETTERED);
+}
+
+/* Its lease ran out while it waited for the socket (found by an extension
+ * after a Redis outage longer than lease_ms): another holder may have the key
+ * now, with a higher fencing token, and may have finished it. It is not
+ * delivered on the old lock: it gives back what may still be its own and is
+ * claimed afresh, with a new token (chaos seed 492 delivered it with a token
+ * lower than the one a second replica had used meanwhile). */
+void px_proxy_reclaim_unsent(px_entry *e)
+{
+    px_log_info("stream %s entry %s key %s: lease lost before delivery; claiming again",
+                e->st->conf->stream, e->id, e->key);
+    px_claim_release(e);
+    e->has_dedup = false;
+    e->has_lock = false;
+    to_claim(e);
 }
 
 /* --- answers from workers (from deliver.c) -------------------------------------------- */

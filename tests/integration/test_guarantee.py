@@ -2,12 +2,13 @@
 for the drain and flow control (issue 21). Each pins a defect that was
 reproduced before its fix: the test failed on the code before it."""
 import json
+import re
 import signal
 import time
 
 import pytest
 
-from pxtest import pb, publish, pending, wait_for
+from pxtest import has_group, pb, publish, pending, wait_for
 
 
 def group_conf(**kw):
@@ -297,6 +298,7 @@ def test_group_busy_refusal_by_a_replica_that_took_the_entry_over_is_final(env):
     ep_b, ep_a = env.endpoint(), env.endpoint()
     pb_ = env.proxy([dict(conf, consumer="b")], endpoint=ep_b, log_level="debug")
     wb = env.worker(ep_b)
+    wait_for(lambda: has_group(r, "room", "g"), 10, "B's group")
     publish(r, "room", [ev(1, roomId=1)])
     wait_for(lambda: pending(r, "room", "g") == 1, 5, "B read the entry")
     time.sleep(0.3)
@@ -318,6 +320,50 @@ def test_group_busy_refusal_by_a_replica_that_took_the_entry_over_is_final(env):
     assert not r.exists("idem:e1")
     assert pending(r, "room", "g") == 0
     assert pa.metrics() is not None
+
+
+def test_lease_lost_before_delivery_is_claimed_again_not_delivered(env):
+    """Entries claimed and waiting for the worker's window lose their lease (in
+    chaos seed 492 a Redis restart longer than lease_ms; here the lock is
+    overwritten by another holder). They were still delivered on the old lock,
+    with their old fencing token, although another replica held the key with a
+    higher one. Now they go back to the claim: busy while the other holds the
+    key, delivered once it is free, with a new token."""
+    r = env.r
+    ep = env.endpoint()
+    p = env.proxy([group_conf(lease_ms=1000, fencing=True)], endpoint=ep, max_inflight=8,
+                  ack_timeout_ms=30000, timeout_ms=300)
+    w = env.worker(ep, manual=True)
+    publish(r, "room", [ev(i) for i in range(1, 9)])
+    wait_for(lambda: len(w.inbox) == 1, 5, "the first delivery in hand")
+    time.sleep(0.5)                                  # four sent (the window), the rest claimed, waiting
+    sent = set(re.findall(r"delivered stream room entry \S+ key (\S+) attempt", p.log_text()))
+    waiting = [f"e{i}" for i in range(1, 9) if f"e{i}" not in sent and
+               (r.get(f"idem:e{i}") or "").startswith("L:")]
+    assert len(waiting) >= 2, (sent, waiting)
+    fence_before = int(r.get("idemproxy:fence"))
+    for k in waiting:
+        r.set(f"idem:{k}", "L:another-replica", px=30000)
+    time.sleep(1.0)                                  # an extension finds each lease lost
+    t_end = time.time() + 1.5
+    while time.time() < t_end:                       # answer whatever comes, for 1.5 s
+        if w.inbox:
+            w.answer(pb.Ack.ACK)
+        time.sleep(0.01)
+    early = [d.key for d in w.got if d.key in waiting]
+    assert early == [], f"delivered on a lost lease: {early}"
+    for k in waiting:
+        r.delete(f"idem:{k}")                        # the other holder is gone
+    t_end = time.time() + 10
+    while time.time() < t_end and not finished(r):
+        if w.inbox:
+            w.answer(pb.Ack.ACK)
+        time.sleep(0.01)
+    assert finished(r)
+    late = [d for d in w.got if d.key in waiting]
+    assert sorted(d.key for d in late) == sorted(waiting)
+    assert all(r.get(f"idem:e{i}") == "D" for i in range(1, 9))
+    assert all(d.fencing_token > fence_before for d in late), [d.fencing_token for d in late]
 
 
 # --- an error that retrying cannot cure (issue 15, 6) -----------------------------------

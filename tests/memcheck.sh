@@ -134,7 +134,7 @@ count build/asan-fault.out
 sanitizer_reports "sanitizers over the fault suite" build/asan-fault-reports
 # chaos judges its own runs: a sanitizer report in a replica's log fails the seed,
 # and so does an exit other than 0 after SIGTERM (an ASan report exits 1).
-$py tests/chaos/chaos.py --fixed --budget 300 --bin build-asan/idemproxy > build/asan-chaos.out 2>&1
+$py tests/chaos/chaos.py --fixed --jobs 2 --budget 300 --bin build-asan/idemproxy > build/asan-chaos.out 2>&1
 grep -E "FAIL|^    " build/asan-chaos.out | head -20; tail -1 build/asan-chaos.out
 read -r p f rest <<<"$(python3 tests/count.py build/asan-chaos.out)"
 [ -n "${p:-}" ] || { p=0; f=1; echo "!! no count in build/asan-chaos.out"; }

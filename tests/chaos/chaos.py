@@ -1046,6 +1046,43 @@ def run_seed(seed, binary, verbose=False, keep=False, cluster=False):
     return not v, v
 
 
+def run_parallel(a, seeds):
+    """Each seed in a process of its own, a.jobs at a time (a run mostly waits:
+    on its timeline, on timeouts, on settling), each printing as it ends."""
+    import concurrent.futures
+    t0 = time.time()
+
+    def one(seed_cluster):
+        s, cluster = seed_cluster
+        if a.fixed and time.time() - t0 > a.budget:
+            return s, cluster, False, f"seed {s}{'c' if cluster else ''}: not run, the {a.budget:.0f} s budget is spent: counted failed\n"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--bin", str(pxtest.BIN), "--seeds", "1",
+               "--from", str(s)] + (["--cluster"] if cluster else []) + (["--keep"] if a.keep else [])
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        out = "".join(l + "\n" for l in res.stdout.splitlines()
+                      if l.strip() and not l.startswith(("chaos:", "failed seeds:", "replay one:"))
+                      and not re.fullmatch(r"\d+ passed, \d+ failed", l.strip()))
+        return s, cluster, res.returncode == 0, out + res.stderr[-2000:]
+
+    passed = failed = 0
+    failures = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as ex:
+        for s, cluster, ok, out in ex.map(one, seeds):
+            sys.stdout.write(out)
+            sys.stdout.flush()
+            if ok:
+                passed += 1
+            else:
+                failed += 1
+                failures.append((s, cluster))
+    print(f"\nchaos: {len(seeds)} seeds in {time.time() - t0:.0f}s, {a.jobs} at a time")
+    if failures:
+        print("failed seeds: " + " ".join(f"{s}{'c' if c else ''}" for s, c in failures))
+        print(f"replay one:   {replay_cmd(failures[0][0], pxtest.BIN, failures[0][1])}")
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, help="run this one seed, verbose")
@@ -1057,6 +1094,8 @@ def main():
     ap.add_argument("--show", action="store_true", help="print what the seed generates and exit")
     ap.add_argument("--budget", type=float, default=FIXED_BUDGET_S,
                     help=f"seconds the fixed set may take (default {FIXED_BUDGET_S})")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="run this many seeds at a time, each in its own process (default 1)")
     ap.add_argument("--cluster", action="store_true",
                     help="run the seeds against a Redis Cluster, with topology faults")
     a = ap.parse_args()
@@ -1072,6 +1111,8 @@ def main():
         seeds, verbose = [(s, False) for s in FIXED_SEEDS] + [(s, True) for s in FIXED_CLUSTER_SEEDS], False
     else:
         seeds, verbose = [(s, a.cluster) for s in range(a.first, a.first + a.seeds)], False
+    if a.jobs > 1 and len(seeds) > 1:
+        return run_parallel(a, seeds)
     passed = failed = 0
     failures = []
     t0 = time.time()

@@ -300,6 +300,13 @@ static void incr_fence(px_entry *e);
  * writes no done mark); it must not deliver it when it comes back. */
 
 static void dl_mark_name(px_entry *e, px_buf *b);
+/* The mark is asked for once the dedup lock is ours, in a round trip of its
+ * own: the refusing replica writes it while it holds that lock and releases
+ * the lock after, so a mark asked for after our lock was taken cannot be
+ * missed. Asked in the same round trip as the lock, on a cluster (the mark
+ * and the lock on two masters, a redirect delaying one of them) the EXISTS
+ * could read before the refusal and the SET NX after its release (chaos
+ * seed 0, cluster, after a failover: refused, then delivered). */
 
 static bool refusals_final(px_entry *e)
 {
@@ -382,6 +389,14 @@ static void claim_decided(px_entry *e)
         px_proxy_claim_failed(e);
         return;
     }
+    if (refusals_final(e) && !e->mark_asked && e->claim_set == PX_LOCK_TAKEN && !e->claim_done) {
+        e->mark_asked = true;       /* the lock is ours: was the entry refused meanwhile? */
+        e->in_claim_io = true;
+        step_begin(e, claim_decided);
+        exists_mark(e);
+        step_end(e);
+        return;
+    }
     if (e->claim_marked) {          /* refused already, by us or another replica */
         if (e->claim_set == PX_LOCK_TAKEN) { e->has_dedup = true; px_claim_release(e); }
         px_proxy_already_dead(e);
@@ -429,7 +444,7 @@ static void claim_resume_cb(struct ev_loop *loop, ev_timer *w, int revents)
 static void claim_split_lock(px_entry *e)
 {
     if (e->step_failed) { claim_decided(e); return; }
-    if (e->claim_done || e->claim_marked) { claim_decided(e); return; }   /* no lock needed */
+    if (e->claim_done) { claim_decided(e); return; }   /* no lock needed */
     if (debug_claim_pause_ms > 0) {
         px_log_info("debug: claim of key %s paused for %ld ms after the first check", e->key,
                     debug_claim_pause_ms);
@@ -471,15 +486,14 @@ static void claim_one(px_entry *e)
     e->claim_own = false;
     e->claim_done = false;
     e->claim_marked = false;
+    e->mark_asked = false;
     e->in_claim_io = true;
     if (e->st->conf->layout == PX_LAYOUT_SINGLE) {
         step_begin(e, claim_decided);
-        if (refusals_final(e)) exists_mark(e);
         set_nx_get(e, on_lock_set, e->lock_name, lock_value(e, val, sizeof(val)));
         if (e->st->conf->fencing && !e->lock_key) incr_fence(e);
     } else {
         step_begin(e, claim_split_lock);
-        if (refusals_final(e)) exists_mark(e);
         exists_done(e);
     }
     step_end(e);

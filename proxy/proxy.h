@@ -96,6 +96,7 @@ struct px_entry {
     bool            oversized;     /* over max_entry_bytes: its dead letter is a reference */
     bool            step_hard;     /* ... with an error that retrying does not cure */
     bool            claim_marked;  /* claim: the entry-level dead-letter mark exists */
+    bool            mark_asked;    /* claim: the mark was asked for, after the lock */
     unsigned        redis_errors;  /* such errors so far (PX_MAX_REDIS_ERRORS) */
     char           *redis_error;   /* owned: the last of them, for the dead letter */
     int             io;            /* commands about this entry awaiting replies */

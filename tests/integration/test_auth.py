@@ -8,17 +8,23 @@ import time
 
 import pytest
 
-from pxtest import BIN, Proxy, pb, outcomes, pending, publish, settled, wait_for
+from pxtest import BIN, ROOT, Proxy, pb, outcomes, pending, publish, settled, wait_for
 
 PASSWORD = "s3cret-app"
 
-# The README's minimal ACL ("Connect to your Redis"), for the streams and key
-# names of SCENARIO below: keys first, then commands.
+
+def readme_acl():
+    """The README's minimal ACL ("Connect to your Redis"): its command rules."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"\*\*The minimal ACL\.\*\*.*?```text\n(ACL SETUSER .*?)```", text, re.S)
+    assert block, "README: the minimal ACL block"
+    return [w for w in block.group(1).split() if w[0] in "+-" and w != "-@all"]
+
+
+# The minimal ACL's keys for the streams and names of SCENARIO below, and the
+# README's commands.
 MINIMAL_KEYS = "~room ~room:dlq ~lock:* ~done:* ~seat:* ~idemproxy:*"
-MINIMAL_COMMANDS = ("+ping +hello +script|load +evalsha +eval "
-                    "+get +set +exists +del +pexpire +incr "
-                    "+xreadgroup +xread +xrevrange +xrange +xadd +xdel +xack +xclaim +xautoclaim "
-                    "+xpending +xgroup|create +xgroup|delconsumer +xinfo|consumers")
+MINIMAL_COMMANDS = " ".join(readme_acl())
 
 SCENARIO = {"stream": "room", "group": "game-server", "consumer": "c1",
             "payload_field": "payload", "key": "#event.eventId", "layout": "split",
@@ -230,3 +236,46 @@ def test_check_refuses_a_user_without_password_and_a_missing_password_file(tmp_p
     good.write_text("pw\n")
     res = check(tmp_path, ["username: app", f"password_file: {good}"])
     assert res.returncode == 0, res.stderr
+
+
+def test_every_cluster_node_link_authenticates_as_the_user(tmp_path):
+    """redis.cluster with an ACL user: every master's link (command and
+    reader) AUTHs as that user, with the minimal ACL plus +cluster|slots
+    +asking, and every entry is delivered once."""
+    from pxtest import PyWorker, RedisCluster
+    d = tmp_path / "cluster"
+    d.mkdir()
+    c = RedisCluster(d, masters=3, replicas=0)
+    try:
+        rules = ["resetchannels", "~s*", "~done:*", "~lock:*", "~idemproxy:*", "-@all",
+                 *readme_acl(), "+cluster|slots", "+asking"]
+        for port in c.ports:
+            setuser(c.node(port), "app", *rules)
+        pw = tmp_path / "password"
+        pw.write_text(PASSWORD + "\n")
+        streams = [f"s{i}" for i in range(6)]
+        r = c.client
+        for s in streams:
+            for i in range(3):
+                r.xadd(s, {"payload": f'{{"eventId": "{s}-{i % 2}"}}'})
+        p = Proxy(tmp_path, "proxy1", c.seeds, f"ipc://{tmp_path}/app.sock",
+                  [{"stream": s, "group": "g", "consumer": "c1", "payload_field": "payload",
+                    "key": "#event.eventId", "layout": "split", "hash_tag": True}
+                   for s in streams],
+                  redis={"password_file": pw, "username": "app"}).start()
+        w = PyWorker(p.endpoint)
+        try:
+            wait_for(lambda: ready(p), timeout=20, what="ready on the cluster")
+            wait_for(lambda: all(settled(p, s, 3) for s in streams), timeout=20, what="settled")
+            assert sorted(w.keys()) == sorted(f"{s}-{i}" for s in streams for i in range(2))
+            for port in c.ports:
+                users = {cl["user"] for cl in c.node(port).client_list()
+                         if cl.get("name", "") == "" and cl["cmd"] != "client|list"}
+                assert "app" in users, (port, users)
+                assert c.node(port).execute_command("ACL", "LOG") == [], port
+            assert not lines(p, r"NOPERM|AUTH refused|lacks permission")
+        finally:
+            assert p.stop() == 0
+            w.close()
+    finally:
+        c.stop()

@@ -275,6 +275,7 @@ static void readbuf_shrink(redisAsyncContext *ac)
 static void version_cb(px_redis *r, redisReply *reply, void *priv);
 static void script_loaded_cb(px_redis *r, redisReply *reply, void *priv);
 static void auth_cb(px_redis *r, redisReply *reply, void *priv);
+static void hello_cb(px_redis *r, redisReply *reply, void *priv);
 
 static void reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 {
@@ -318,7 +319,8 @@ static void reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
         rep = NULL;
     }
     if ((rep == NULL || rep->type == REDIS_REPLY_ERROR) && !r->opts.cluster_node &&
-        c->cb != auth_cb) {
+        c->cb != auth_cb && !(rep && strncmp(rep->str, "NOAUTH", 6) == 0)) {
+        /* (a NOAUTH is the handshake's to say, once: hello_cb) */
         px_redis_errors++;
         static px_log_limit limit;
         if (rep) px_log_limited(&limit, 1.0, PX_LOG_WARN, "redis %s: %s", r->opts.name, rep->str);
@@ -435,9 +437,18 @@ static void hello_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)priv;
     if (reply == NULL || r->ac == NULL) return;
+    if (reply->type == REDIS_REPLY_ERROR && strncmp(reply->str, "NOAUTH", 6) == 0) {
+        /* No password configured, and the server wants one: as a refused AUTH. */
+        static px_log_limit limit;
+        px_redis_errors++;
+        px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_ERROR, "redis: the server wants a "
+                       "password and none is configured (redis.password_file): %s (not ready; "
+                       "retrying with backoff)", reply->str);
+        refuse_drop(r, "no password");
+        return;
+    }
     if (reply->type == REDIS_REPLY_ERROR) {
-        /* A wrong db, or no password where one is needed (NOAUTH): keep
-         * retrying, as with any other outage. */
+        /* A wrong db: keep retrying, as with any other outage. */
         redisAsyncContext *ac = r->ac;
         link_lost(r, "handshake refused");
         redisAsyncDisconnect(ac);
@@ -703,6 +714,10 @@ static int px_redis_cmd(px_redis *r, px_redis_cb *cb, void *priv, const char *fm
 {
     if (r->ac == NULL) return PX_ERR;
     px_rcmd *c = rcmd_new(r, cb, priv, 0);
+    size_t vl = strcspn(fmt, " ");                  /* the command's name, as in send_rcmd */
+    if (vl > sizeof(c->verb) - 1) vl = sizeof(c->verb) - 1;
+    for (size_t i = 0; i < vl; i++) c->verb[i] = (char)(fmt[i] | 0x20);
+    c->verb[vl] = '\0';
     va_list ap;
     va_start(ap, fmt);
     int rc = redisvAsyncCommand(r->ac, reply_cb, c, fmt, ap);

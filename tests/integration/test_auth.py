@@ -202,6 +202,28 @@ def test_wrong_password_is_one_line_not_ready_then_recovers(env, tmp_path):
     assert PASSWORD not in p.log_text() and "not-the-password" not in p.log_text()
 
 
+def test_server_wanting_a_password_none_configured_is_one_line(env):
+    """requirepass on the server and no password configured: one line that
+    says so (not a NOAUTH line per link and reconnect), not ready; ready and
+    delivering once the server no longer wants one."""
+    r = env.r
+    publish(r, "room", [{"eventId": "y"}])
+    r.config_set("requirepass", PASSWORD)          # this connection stays authenticated
+    try:
+        p = proxy(env, streams=[dict(SCENARIO, lock_key="", fencing=False)])
+        wait_for(lambda: lines(p, "wants a password"), timeout=10, what="the line")
+        time.sleep(5)
+        assert p.get("/readyz")[0] == 503
+        assert len(lines(p, "NOAUTH")) == 1, lines(p, "NOAUTH")
+        assert not lines(p, r"link lost|handshake refused")
+    finally:
+        r.config_set("requirepass", "")
+    w = env.worker(p.endpoint)
+    wait_for(lambda: ready(p), timeout=15, what="ready")
+    wait_for(lambda: settled(p, "room", 1), what="the entry handled")
+    assert w.keys() == ["y"]
+
+
 def check(tmp_path, redis_lines):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("redis:\n" + "".join(f"  {ln}\n" for ln in redis_lines) +

@@ -28,9 +28,9 @@
  *   Booleans are true / false only (YAML 1.2: True and TRUE too), not the
  *   YAML 1.1 yes / no / on / off, which read as a typo more often than not.
  * - Enum words (single, retry, info, ...) are matched exactly (lowercase).
- * - "" means "none" for group, payload_field, lock_key, dead_letter, url and
- *   password_file, "the default" for consumer, "disabled" for metrics.listen,
- *   and is an error for stream, key and endpoint.
+ * - "" means "none" for group, payload_field, lock_key, dead_letter, url,
+ *   password_file and username, "the default" for consumer, "disabled" for
+ *   metrics.listen, and is an error for stream, key and endpoint.
  * - No redis.url and no cluster means redis://127.0.0.1:6379. A url and a
  *   non-empty cluster together are an error. unix:// urls carry no user,
  *   password or db; rediss:// and ?query parameters are refused.
@@ -1275,6 +1275,7 @@ static const cfg_opt cfg_redis_opts[] = {
       .flags = CFG_EMPTY_NULL },
     { .name = "cluster", .set = cfg_set_cluster },
     CFG_STR(px_config, password_file, CFG_EMPTY_NULL),
+    CFG_STR(px_config, username, CFG_EMPTY_NULL),
     CFG_MS(px_config, timeout_ms, 1),
     { .name = NULL }
 };
@@ -1650,6 +1651,35 @@ static void cfg_apply_env(cfg_parser *p)
     }
 }
 
+/*
+ * redis.username replaces the url's user; a user needs a password somewhere
+ * (redis.password_file or the url): without one idemproxy sends no AUTH, and
+ * a user that would silently go unused is a config error. That the password
+ * file is not empty is checked where it is read (check, the daemon).
+ */
+static void cfg_check_auth(cfg_parser *p)
+{
+    px_config *c = p->c;
+    if (c->username) {
+        free(c->redis_user);
+        c->redis_user = px_strdup(c->username);
+    }
+    if (c->redis_user == NULL || c->password_file || c->redis_password) return;
+    yaml_node_t *user = cfg_seen_val(cfg_redis_opts, p->redis_seen, "username");
+    yaml_node_t *url = cfg_seen_val(cfg_redis_opts, p->redis_seen, "url");
+    const char *env = getenv("IDEMPROXY_REDIS_URL");
+    if (user)
+        cfg_error(p, user, "redis.username: a user needs a password: set redis.password_file "
+                  "(idemproxy sends AUTH only with a password)");
+    else if (env && *env)
+        cfg_env_error(p, "IDEMPROXY_REDIS_URL", "the url has a user but no password: add the "
+                      "password or set redis.password_file (idemproxy sends AUTH only with a "
+                      "password)");
+    else if (url)
+        cfg_error(p, url, "redis.url: the url has a user but no password: add the password or "
+                  "set redis.password_file (idemproxy sends AUTH only with a password)");
+}
+
 /* ------------------------------------------------------------- loading */
 
 /* Report libyaml's error from 'yp' with its position. */
@@ -1760,6 +1790,7 @@ px_config *px_config_parse(const char *path, const char *text, size_t len, px_di
         cfg_check_names(&p);
     }
     cfg_apply_env(&p);
+    if (root && root->type == YAML_MAPPING_NODE) cfg_check_auth(&p);
 
     px_config *c = p.c;
     if (d->nerrors > errors_before) {
@@ -1805,6 +1836,7 @@ void px_config_destroy(px_config *c)
     for (size_t i = 0; i < c->ncluster; i++) free(c->cluster[i]);
     free(c->cluster);
     free(c->password_file);
+    free(c->username);
     cfg_redis_reset(c);
     free(c->endpoint);
     free(c->metrics_listen);

@@ -53,12 +53,15 @@ typedef struct px_config {
     char           *redis_url;        /* as configured (may hold a password: never log it) */
     char          **cluster;          /* seed nodes "host:port"; ncluster == 0 when unused */
     size_t          ncluster;
-    char           *password_file;    /* NULL when not set; read by the daemon, not here */
+    char           *password_file;    /* NULL when not set; read by the daemon and check,
+                                         not here */
+    char           *username;         /* redis.username (ACL user); NULL when not set. Once
+                                         parsed it replaces the url's user in redis_user */
     long long       timeout_ms;       /* default 1000 */
     char           *redis_host;       /* parsed from the url; NULL for unix sockets */
     int             redis_port;       /* default 6379 */
     char           *redis_unix;       /* unix socket path, or NULL */
-    char           *redis_user;       /* NULL when not in the url */
+    char           *redis_user;       /* redis.username, else the url's; NULL when neither */
     char           *redis_password;   /* NULL when not in the url; never logged */
     int             redis_db;         /* default 0 */
 

@@ -82,6 +82,13 @@ static int cmd_check(const char *path)
 {
     px_config *c = load(path);
     if (c == NULL) return 2;
+    char *password;
+    bool ok = px_config_password(c, c->path, &password);
+    free(password);
+    if (!ok) {
+        px_config_destroy(c);
+        return 2;
+    }
     fprintf(stderr, "%s: ok, %zu stream%s\n", c->path, c->nstreams, c->nstreams == 1 ? "" : "s");
     px_config_destroy(c);
     return 0;
@@ -241,16 +248,10 @@ static int cmd_run(const char *path)
     px_config *c = load(path);
     if (c == NULL) return 2;
     px_log_setup(c->log_level, c->log_format);
-    char *password = c->redis_password ? px_strdup(c->redis_password) : NULL;
-    if (c->password_file) {
-        free(password);
-        password = px_read_password(c->password_file);
-        if (password == NULL) {
-            fprintf(stderr, "%s: redis.password_file %s: %s\n", path, c->password_file,
-                    strerror(errno));
-            px_config_destroy(c);
-            return 2;
-        }
+    char *password;
+    if (!px_config_password(c, c->path, &password)) {
+        px_config_destroy(c);
+        return 2;
     }
     resolve_host(c);
     signal(SIGPIPE, SIG_IGN);

@@ -311,7 +311,7 @@ void px_metrics_render(px_proxy *px, px_buf *b)
 
 bool px_proxy_ready(px_proxy *px)
 {
-    if (px->stopping || !px_redis_is_up(px->redis)) return false;
+    if (px->stopping || !px_redis_is_up(px->redis) || px_redis_refused()) return false;
     for (size_t s = 0; s < px->nstreams; s++)
         if (!px_reader_live(&px->streams[s])) return false;
     return true;

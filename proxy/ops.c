@@ -29,16 +29,25 @@
 #define OPS_SCAN_MAX    100000    /* inspect: dead letters looked at, at most */
 #define OPS_SHOW_BYTES  1000      /* inspect: a field value longer is cut */
 
-char *px_read_password(const char *path)
+bool px_config_password(const px_config *c, const char *who, char **out)
 {
-    FILE *f = fopen(path, "r");
-    if (f == NULL) return NULL;
-    char buf[1024];
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    buf[strcspn(buf, "\r\n")] = '\0';
-    return px_strdup(buf);
+    *out = NULL;
+    if (c->password_file) {
+        if (px_redis_read_password(c->password_file, out) != 0) {
+            fprintf(stderr, "%s: redis.password_file %s: cannot read it: %s\n", who,
+                    c->password_file, strerror(errno));
+            return false;
+        }
+    } else if (c->redis_password) {
+        *out = px_strdup(c->redis_password);
+    }
+    if (*out == NULL && c->redis_user) {
+        fprintf(stderr, "%s: redis.password_file %s is empty: user \"%s\" needs a password "
+                "(without one idemproxy sends no AUTH; remove redis.username for that)\n", who,
+                c->password_file ? c->password_file : "", c->redis_user);
+        return false;
+    }
+    return true;
 }
 
 /* --- setup ----------------------------------------------------------------- */
@@ -79,16 +88,9 @@ static int connect_redis(px_config *c, const char *cmd, redisContext **out)
                 "done mark may sit in different slots.\n", cmd, cmd);
         return 2;
     }
-    char *password = c->redis_password ? px_strdup(c->redis_password) : NULL;
-    if (c->password_file) {
-        free(password);
-        password = px_read_password(c->password_file);
-        if (password == NULL) {
-            fprintf(stderr, "idemproxy %s: redis.password_file %s: %s\n", cmd, c->password_file,
-                    strerror(errno));
-            return 2;
-        }
-    }
+    char who[64], *password;
+    snprintf(who, sizeof(who), "idemproxy %s", cmd);
+    if (!px_config_password(c, who, &password)) return 2;
     struct timeval tv = { (time_t)(c->timeout_ms / 1000), (suseconds_t)(c->timeout_ms % 1000) * 1000 };
     redisContext *ctx = c->redis_unix ? redisConnectUnixWithTimeout(c->redis_unix, tv)
                                       : redisConnectWithTimeout(c->redis_host, c->redis_port, tv);

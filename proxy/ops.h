@@ -26,8 +26,11 @@ typedef struct px_ops_args {
 int px_cmd_inspect(px_config *c, const px_ops_args *a);
 int px_cmd_redrive(px_config *c, const px_ops_args *a);
 
-/* The first line of a password file, without the line end; NULL (errno set)
- * when it cannot be read. */
-char *px_read_password(const char *path);
+/* The password idemproxy sends with AUTH, in *out: redis.password_file's
+ * first line, else the url's password; NULL when there is none (an empty
+ * file: no AUTH). false after printing to stderr, prefixed by 'who', why the
+ * config cannot be used: the file cannot be read, or a user is set and there
+ * is no password for it. */
+bool px_config_password(const px_config *c, const char *who, char **out);
 
 #endif

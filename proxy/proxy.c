@@ -702,7 +702,10 @@ static void signal_cb(struct ev_loop *loop, ev_signal *w, int revents)
 static void command_link_cb(px_redis *r, bool up, void *udata)
 {
     (void)r; (void)udata;
-    px_log_info("redis: %s", up ? "ready" : "not ready: not reading until Redis is back");
+    /* While a command is refused (NOPERM) each reconnect would say it again:
+     * the refusal's own line is enough. */
+    if (px_redis_refused()) px_log_debug("redis: %s", up ? "connected" : "not ready");
+    else px_log_info("redis: %s", up ? "ready" : "not ready: not reading until Redis is back");
 }
 
 px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *password)
@@ -719,6 +722,7 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
     px_redis_opts o = {
         .name = "commands", .host = conf->redis_host, .port = conf->redis_port,
         .unix_path = conf->redis_unix, .user = conf->redis_user, .password = px->password,
+        .password_file = conf->password_file,
         .db = conf->redis_db, .timeout_ms = conf->timeout_ms,
         .seeds = (const char *const *)conf->cluster, .nseeds = conf->ncluster,
         .max_array_bytes = (size_t)conf->max_entry_bytes,   /* XAUTOCLAIM's entries */

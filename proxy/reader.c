@@ -500,7 +500,8 @@ void px_reader_start(px_stream *st)
     snprintf(name, sizeof(name), "reader %s", st->conf->stream);
     px_redis_opts o = {
         .name = name, .host = c->redis_host, .port = c->redis_port, .unix_path = c->redis_unix,
-        .user = c->redis_user, .password = st->px->password, .db = c->redis_db,
+        .user = c->redis_user, .password = st->px->password,
+        .password_file = c->password_file, .db = c->redis_db,
         .timeout_ms = c->timeout_ms, .seeds = (const char *const *)c->cluster, .nseeds = c->ncluster,
         .max_array_bytes = (size_t)c->max_entry_bytes,
     };

@@ -8,6 +8,7 @@
  */
 #include "redis.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,8 @@
 #define PX_REDIS_BACKOFF_MIN_MS 100
 #define PX_REDIS_BACKOFF_MAX_MS 5000
 #define PX_SCRIPT_ARGC_MAX      8    /* EVALSHA sha numkeys + keys and arguments */
+#define PX_REFUSED_LOG_S        10.0 /* an AUTH or ACL refusal: one line at most this often */
+#define PX_REFUSED_MAX          8    /* commands remembered as refused (NOPERM) */
 /* Buffers kept between commands and replies; larger ones (a huge entry read,
  * a large dead letter written) are given back once used (SPEC 5.6). A page of
  * 256 ordinary entries needs far less: hiredis' read buffer holds what is not
@@ -45,6 +48,7 @@ typedef struct px_rcmd {
     const char     *argv[PX_SCRIPT_ARGC_MAX];  /* scripts only: into 'args' or *script */
     size_t          lens[PX_SCRIPT_ARGC_MAX];
     int             argc;
+    char            verb[16];     /* the command's name (argv[0]), to clear a refusal */
     px_buf          args;         /* a script's arguments copied; kept with the record */
     struct px_rcmd *next;         /* FIFO order */
 } px_rcmd;
@@ -153,18 +157,81 @@ static void set_up(px_redis *r, bool up)
 /* The link is gone (or being dropped): schedule a reconnect with backoff.
  * Called once per context: every caller first checks that 'r->ac' is the
  * context in question, and clears it here. */
-static void link_lost(px_redis *r, const char *why)
+static void link_lost_as(px_redis *r, const char *why, px_log_level level)
 {
     r->ac = NULL;
     if (!r->destroying) {
-        px_log_warn("redis %s: link lost: %s; reconnecting in %lld ms", r->opts.name, why,
-                    r->backoff_ms);
+        if (px_log_enabled(level))
+            px_log(level, "redis %s: link lost: %s; reconnecting in %lld ms", r->opts.name, why,
+                   r->backoff_ms);
         ev_timer_set(&r->retry, (double)r->backoff_ms / 1000.0, 0.);
         ev_timer_start(r->loop, &r->retry);
         r->backoff_ms *= 2;
         if (r->backoff_ms > PX_REDIS_BACKOFF_MAX_MS) r->backoff_ms = PX_REDIS_BACKOFF_MAX_MS;
     }
     set_up(r, false);
+}
+
+static void link_lost(px_redis *r, const char *why)
+{
+    link_lost_as(r, why, PX_LOG_WARN);
+}
+
+/* --- refusals: AUTH and ACL --------------------------------------------- */
+
+/* Commands refused with NOPERM and not answered since (by name, lowercase). */
+static char refused[PX_REFUSED_MAX][16];
+static int nrefused;
+
+bool px_redis_refused(void)
+{
+    return nrefused > 0;
+}
+
+static void refused_set(const char *verb, bool on)
+{
+    int free_at = -1;
+    for (int i = 0; i < PX_REFUSED_MAX; i++) {
+        if (refused[i][0] && strcmp(refused[i], verb) == 0) {
+            if (!on) {
+                refused[i][0] = '\0';
+                nrefused--;
+            }
+            return;
+        }
+        if (!refused[i][0] && free_at < 0) free_at = i;
+    }
+    if (!on) return;
+    if (free_at < 0) free_at = PX_REFUSED_MAX - 1;     /* full: the last one gives way */
+    else nrefused++;
+    snprintf(refused[free_at], sizeof(refused[0]), "%s", verb);
+}
+
+/* "user \"app\"" or "the default user", for the lines below. */
+static const char *user_text(const px_redis *r, char *buf, size_t len)
+{
+    if (r->opts.user == NULL) return "the default user";
+    snprintf(buf, len, "user \"%s\"", r->opts.user);
+    return buf;
+}
+
+/* An ACL refusal: NOPERM, or from inside a script (Redis 7.0 answers those
+ * with ERR and this text). */
+static bool acl_refusal(const char *err)
+{
+    return strncmp(err, "NOPERM", 6) == 0 ||
+           strstr(err, "The user executing the script can't") != NULL;
+}
+
+/* Drop the link after a refusal: every command on it is answered as lost (an
+ * outage, retried once the link is back), quietly: the refusal's own line
+ * said why. Runs inside a reply callback: hiredis frees the context when the
+ * callback returns. */
+static void refuse_drop(px_redis *r, const char *why)
+{
+    redisAsyncContext *ac = r->ac;
+    link_lost_as(r, why, PX_LOG_DEBUG);
+    redisAsyncFree(ac);
 }
 
 /* --- callbacks ---------------------------------------------------------- */
@@ -174,6 +241,9 @@ static void reply_cb(redisAsyncContext *ac, void *reply, void *privdata);
 static int send_rcmd(px_redis *r, px_rcmd *c, int argc, const char **argv, const size_t *lens)
 {
     static px_buf cmd;
+    size_t vl = lens[0] < sizeof(c->verb) - 1 ? lens[0] : sizeof(c->verb) - 1;
+    for (size_t i = 0; i < vl; i++) c->verb[i] = (char)(argv[0][i] | 0x20);   /* ASCII lowercase */
+    c->verb[vl] = '\0';
     resp_format(&cmd, argc, argv, lens);
     int rc = redisAsyncFormattedCommand(r->ac, reply_cb, c, cmd.data, cmd.len);
     if (cmd.cap > PX_BUF_KEEP) px_buf_deinit(&cmd);     /* hiredis has its own copy */
@@ -202,6 +272,11 @@ static void readbuf_shrink(redisAsyncContext *ac)
     if (had > PX_TRIM_AFTER) malloc_trim(0);
 }
 
+static void version_cb(px_redis *r, redisReply *reply, void *priv);
+static void script_loaded_cb(px_redis *r, redisReply *reply, void *priv);
+static void auth_cb(px_redis *r, redisReply *reply, void *priv);
+static void hello_cb(px_redis *r, redisReply *reply, void *priv);
+
 static void reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 {
     px_rcmd *c = privdata;
@@ -209,6 +284,27 @@ static void reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
     redisReply *rep = reply;
     fifo_remove(r, c);
     if (r->head == NULL) ev_timer_stop(r->loop, &r->deadline);
+
+    if (rep && rep->type == REDIS_REPLY_ERROR && r->ac && c->cb != version_cb &&
+        c->cb != script_loaded_cb && acl_refusal(rep->str)) {
+        /* A missing ACL permission: not ready until the command goes through.
+         * HELLO (the version check) and SCRIPT LOAD (EVAL works without it)
+         * may be refused. */
+        static px_log_limit limit;
+        char ub[160];
+        px_redis_errors++;
+        px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_ERROR, "redis: %s lacks permission: %s%s "
+                       "(not ready; retrying with backoff)", user_text(r, ub, sizeof(ub)),
+                       rep->str, strncmp(rep->str, "NOPERM", 6) == 0 ? ""
+                       : " (in a script; ACL LOG names the command or key)");
+        refused_set(c->verb[0] ? c->verb : "?", true);
+        refuse_drop(r, "a command was refused");
+        if (c->cb) c->cb(r, NULL, c->priv);
+        rcmd_free(c);
+        return;
+    }
+    if (nrefused && rep && rep->type != REDIS_REPLY_ERROR && c->verb[0])
+        refused_set(c->verb, false);
 
     if (rep && rep->type == REDIS_REPLY_ERROR && c->script &&
         strncmp(rep->str, "NOSCRIPT", 8) == 0 && r->ac) {
@@ -222,7 +318,9 @@ static void reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
         if (send_rcmd(r, c, c->argc, c->argv, c->lens) == PX_OK) return;
         rep = NULL;
     }
-    if ((rep == NULL || rep->type == REDIS_REPLY_ERROR) && !r->opts.cluster_node) {
+    if ((rep == NULL || rep->type == REDIS_REPLY_ERROR) && !r->opts.cluster_node &&
+        c->cb != auth_cb && !(rep && strncmp(rep->str, "NOAUTH", 6) == 0)) {
+        /* (a NOAUTH is the handshake's to say, once: hello_cb) */
         px_redis_errors++;
         static px_log_limit limit;
         if (rep) px_log_limited(&limit, 1.0, PX_LOG_WARN, "redis %s: %s", r->opts.name, rep->str);
@@ -320,20 +418,48 @@ static void version_cb(px_redis *r, redisReply *reply, void *priv)
     redisAsyncDisconnect(ac);
 }
 
+/* AUTH refused (WRONGPASS, a disabled user...): one line for the process at
+ * most every PX_REFUSED_LOG_S, not one per link and reconnect; not ready,
+ * connecting again with backoff (the password file is read again then). */
+static void auth_cb(px_redis *r, redisReply *reply, void *priv)
+{
+    (void)priv;
+    if (reply == NULL || r->ac == NULL || reply->type != REDIS_REPLY_ERROR) return;
+    static px_log_limit limit;
+    char ub[160];
+    px_redis_errors++;
+    px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_ERROR, "redis: AUTH refused for %s: %s "
+                   "(not ready; retrying with backoff)", user_text(r, ub, sizeof(ub)), reply->str);
+    refuse_drop(r, "AUTH refused");
+}
+
 static void hello_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)priv;
     if (reply == NULL || r->ac == NULL) return;
+    if (reply->type == REDIS_REPLY_ERROR && strncmp(reply->str, "NOAUTH", 6) == 0) {
+        /* No password configured, and the server wants one: as a refused AUTH. */
+        static px_log_limit limit;
+        px_redis_errors++;
+        px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_ERROR, "redis: the server wants a "
+                       "password and none is configured (redis.password_file): %s (not ready; "
+                       "retrying with backoff)", reply->str);
+        refuse_drop(r, "no password");
+        return;
+    }
     if (reply->type == REDIS_REPLY_ERROR) {
-        /* Wrong password or db: keep retrying, as with any other outage. */
+        /* A wrong db: keep retrying, as with any other outage. */
         redisAsyncContext *ac = r->ac;
         link_lost(r, "handshake refused");
         redisAsyncDisconnect(ac);
         return;
     }
     if (reply->type != REDIS_REPLY_STATUS || strcmp(reply->str, "PONG") != 0) return;
-    r->backoff_ms = PX_REDIS_BACKOFF_MIN_MS;
-    if (r->opts.cluster_node) px_log_debug("redis %s: connected", r->opts.name);
+    /* While a command is refused the backoff keeps growing: each connect
+     * would be refused again, and must not spin. */
+    bool quiet = r->opts.cluster_node || nrefused;
+    if (!nrefused) r->backoff_ms = PX_REDIS_BACKOFF_MIN_MS;
+    if (quiet) px_log_debug("redis %s: connected", r->opts.name);
     else px_log_info("redis %s: connected", r->opts.name);
     set_up(r, true);
 }
@@ -360,6 +486,49 @@ static void retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop; (void)revents;
     connect_start(w->data);
+}
+
+int px_redis_read_password(const char *path, char **out)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return -1;
+    char buf[1024];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    int err = ferror(f) ? errno : 0;
+    fclose(f);
+    if (err) {
+        errno = err;
+        return -1;
+    }
+    buf[n] = '\0';
+    buf[strcspn(buf, "\r\n")] = '\0';
+    if (buf[0]) *out = px_strdup(buf);
+    return 0;
+}
+
+/* The password file again, at every connect: a rotated Secret is used from
+ * the next connect on, without a restart. A file that cannot be read (a
+ * Secret being swapped), or is empty while a user is set, keeps the last
+ * password. */
+static void reread_password(px_redis *r)
+{
+    static px_log_limit limit;
+    char *pw;
+    if (px_redis_read_password(r->opts.password_file, &pw) != 0) {
+        px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_WARN, "redis: cannot read "
+                       "redis.password_file %s: %s; using the password read before",
+                       r->opts.password_file, strerror(errno));
+        return;
+    }
+    if (pw == NULL && r->opts.user) {
+        px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_WARN, "redis: redis.password_file %s "
+                       "is empty, and user \"%s\" needs a password; using the password read "
+                       "before", r->opts.password_file, r->opts.user);
+        return;
+    }
+    free((char *)r->opts.password);
+    r->opts.password = pw;
 }
 
 static void connect_start(px_redis *r)
@@ -393,11 +562,12 @@ static void connect_start(px_redis *r)
     if (!r->opts.unix_path) redisEnableKeepAlive(&ac->c);
 
     /* Commands queue up before the connection completes; PING's reply says we are in. */
+    if (r->opts.password_file) reread_password(r);
     if (r->opts.password) {
         if (r->opts.user)
-            px_redis_cmd(r, hello_cb, NULL, "AUTH %s %s", r->opts.user, r->opts.password);
+            px_redis_cmd(r, auth_cb, NULL, "AUTH %s %s", r->opts.user, r->opts.password);
         else
-            px_redis_cmd(r, hello_cb, NULL, "AUTH %s", r->opts.password);
+            px_redis_cmd(r, auth_cb, NULL, "AUTH %s", r->opts.password);
     }
     if (r->opts.db) px_redis_cmd(r, hello_cb, NULL, "SELECT %d", r->opts.db);
     px_redis_cmd(r, version_cb, NULL, "HELLO 2");
@@ -419,6 +589,7 @@ px_redis *px_redis_create(struct ev_loop *loop, const px_redis_opts *opts,
     r->opts.unix_path = px_strdup(opts->unix_path);
     r->opts.user = px_strdup(opts->user);
     r->opts.password = px_strdup(opts->password);
+    r->opts.password_file = px_strdup(opts->password_file);
     r->state_cb = state_cb;
     r->udata = udata;
     r->backoff_ms = PX_REDIS_BACKOFF_MIN_MS;
@@ -459,6 +630,7 @@ void px_redis_destroy(px_redis *r)
     free((char *)r->opts.unix_path);
     free((char *)r->opts.user);
     free((char *)r->opts.password);
+    free((char *)r->opts.password_file);
     free(r);
 }
 
@@ -542,6 +714,10 @@ static int px_redis_cmd(px_redis *r, px_redis_cb *cb, void *priv, const char *fm
 {
     if (r->ac == NULL) return PX_ERR;
     px_rcmd *c = rcmd_new(r, cb, priv, 0);
+    size_t vl = strcspn(fmt, " ");                  /* the command's name, as in send_rcmd */
+    if (vl > sizeof(c->verb) - 1) vl = sizeof(c->verb) - 1;
+    for (size_t i = 0; i < vl; i++) c->verb[i] = (char)(fmt[i] | 0x20);
+    c->verb[vl] = '\0';
     va_list ap;
     va_start(ap, fmt);
     int rc = redisvAsyncCommand(r->ac, reply_cb, c, fmt, ap);

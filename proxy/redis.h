@@ -31,7 +31,11 @@ typedef struct px_redis_opts {
     int         port;
     const char *unix_path;     /* (ref) */
     const char *user;          /* (ref) may be NULL */
-    const char *password;      /* (ref) may be NULL; never logged */
+    const char *password;      /* (ref) may be NULL: no AUTH; never logged */
+    const char *password_file; /* (ref) may be NULL: read again at every connect, so a
+                                  rotated Secret is picked up; its first line replaces
+                                  'password' (a file that cannot be read, or is empty
+                                  while a user is set, keeps the last one) */
     int         db;
     long long   timeout_ms;    /* deadline of every command */
     const char *const *seeds;  /* (ref) Redis Cluster seed nodes "host:port"; host/port unused */
@@ -100,6 +104,17 @@ int px_redis_script(px_redis *r, px_script *s, px_redis_cb *cb, void *priv, int 
  * version text. Pure, for tests. */
 typedef enum { PX_SERVER_OK, PX_SERVER_OLD, PX_SERVER_UNKNOWN } px_server_check;
 px_server_check px_redis_server_check(const redisReply *hello, char *ver, size_t versize);
+
+/* The first line of the password file at 'path', without its line end, in
+ * *out: NULL when the file is empty or holds only a line end (no password:
+ * no AUTH). -1 (errno set) when it cannot be read. */
+int px_redis_read_password(const char *path, char **out);
+
+/* True while a command was refused for a missing ACL permission (NOPERM) and
+ * has not succeeded since: the daemon is not ready (SPEC 6, /readyz). A
+ * NOPERM drops the link it came on, as an outage would: the commands on it
+ * are retried once it is back, with backoff; one line says what was refused. */
+bool px_redis_refused(void);
 
 /* Count of commands that failed (error replies, timeouts, lost links). */
 extern unsigned long long px_redis_errors;

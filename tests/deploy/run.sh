@@ -349,10 +349,13 @@ expect_fail "negative: helm lint fails on a broken template" 'parse error at \(i
 # --- the idemproxy config ---------------------------------------------------
 
 # check_config FILE: `idemproxy check` passes, and warns about nothing (an
-# unset ${VAR} would warn). HOSTNAME is what the pod has.
+# unset ${VAR} would warn). HOSTNAME is what the pod has; check reads the
+# password file, which the pod has mounted from its Secret: a file here.
 check_config() {
-    local out
-    out=$(HOSTNAME=idemproxy-7d9c5b6f4-x2x8q "$IDEMPROXY_BIN" check -c "$1" 2>&1) || { echo "$out"; return 1; }
+    local out cfg="$tmp/checked-$(basename "$1")"
+    printf 'pod-secret\n' >"$tmp/password"
+    sed -E "s#^( *password_file: *)[^ ]+#\1$tmp/password#" "$1" >"$cfg"
+    out=$(HOSTNAME=idemproxy-7d9c5b6f4-x2x8q "$IDEMPROXY_BIN" check -c "$cfg" 2>&1) || { echo "$out"; return 1; }
     echo "$out"
     ! grep -qi warning <<<"$out"
 }

@@ -261,6 +261,8 @@ class Proxy:
         self.proc = None
         where = (f"cluster: [{', '.join(redis_url)}]" if isinstance(redis_url, list)
                  else f"url: {redis_url}")
+        for k, v in app.pop("redis", {}).items():     # more redis.* options (password_file...)
+            where += f"\n  {k}: {v}"
         lines = [f"redis:\n  {where}\n  timeout_ms: {app.pop('timeout_ms', 1000)}",
                  f"app:\n  endpoint: {endpoint}\n  ack_timeout_ms: {app.pop('ack_timeout_ms', 5000)}"]
         for k in ("max_inflight", "max_entry_bytes"):

@@ -8,6 +8,7 @@ from pxtest import BIN, ROOT
 
 CONFIG_C = ROOT / "proxy" / "config.c"
 CONFIG_MD = ROOT / "docs" / "configuration.md"
+SECRET_PATH = "/var/run/secrets/redis/password"   # the examples' password_file
 
 # The parser's tables and the name each option has in the reference.
 TABLES = {
@@ -87,11 +88,19 @@ def test_config_reference_matches_parser():
     assert documented - options == set(), "docs/configuration.md documents options the parser does not have"
 
 
+def with_password_file(yaml_text, tmp_path):
+    """The examples' password file (a Secret's mount path) as a file that
+    exists: check reads it."""
+    pw = tmp_path / "password"
+    pw.write_text("s3cret\n")
+    return yaml_text.replace(SECRET_PATH, str(pw))
+
+
 def test_config_reference_complete_example_is_valid(tmp_path):
     example = full_example()
     assert example_options(example) == parser_options(), "the complete example must set every option once"
     cfg = tmp_path / "full.yaml"
-    cfg.write_text(example)
+    cfg.write_text(with_password_file(example, tmp_path))
     res = subprocess.run([str(BIN), "check", "-c", str(cfg)], capture_output=True, text=True, timeout=10)
     assert res.returncode == 0, res.stderr
 
@@ -110,7 +119,7 @@ def test_config_reference_each_example_is_valid(tmp_path):
         else:
             cfg = yaml_text + "streams:\n  - stream: s\n"
         path = tmp_path / "one.yaml"
-        path.write_text(cfg)
+        path.write_text(with_password_file(cfg, tmp_path))
         res = subprocess.run([str(BIN), "check", "-c", str(path)], capture_output=True, text=True,
                              timeout=10, env={**os.environ, "HOSTNAME": "pod-0"})
         assert res.returncode == 0, (name, cfg, res.stderr)

@@ -724,6 +724,32 @@ static void expect_url(const char *url, const char *host, int port, const char *
     px_config_destroy(c);
 }
 
+static void test_username(void)
+{
+    clear_env();
+    px_config *c = expect_ok("username", "redis:\n  username: app\n  password_file: /pw\n" S);
+    test_streq("username is the user", c ? c->redis_user : NULL, "app");
+    px_config_destroy(c);
+    c = expect_ok("username replaces the url's user",
+                  "redis:\n  url: redis://bob:pw@h\n  username: app\n" S);
+    test_streq("url user replaced", c ? c->redis_user : NULL, "app");
+    test_streq("url password kept", c ? c->redis_password : NULL, "pw");
+    px_config_destroy(c);
+    setenv("IDEMPROXY_REDIS_URL", "redis://envuser:" SECRET "@envhost", 1);
+    c = expect_ok("username replaces IDEMPROXY_REDIS_URL's user", "redis:\n  username: app\n" S);
+    test_streq("env url user replaced", c ? c->redis_user : NULL, "app");
+    px_config_destroy(c);
+    setenv("IDEMPROXY_REDIS_URL", "redis://envuser@envhost", 1);
+    expect_error("IDEMPROXY_REDIS_URL user without password", "redis:\n  url: redis://h\n" S,
+                 "IDEMPROXY_REDIS_URL: ", "the url has a user but no password");
+    clear_env();
+    expect_error("username without password", "redis:\n  username: app\n" S, "t.yaml:2:13: ",
+                 "redis.username: a user needs a password");
+    c = expect_ok("empty username is none", "redis:\n  username: \"\"\n" S);
+    test_cond("no user", c && c->redis_user == NULL && c->username == NULL);
+    px_config_destroy(c);
+}
+
 static void test_urls(void)
 {
     expect_url("redis://localhost", "localhost", 6379, NULL, NULL, 0, NULL);
@@ -731,7 +757,15 @@ static void test_urls(void)
     expect_url("redis://h/", "h", 6379, NULL, NULL, 0, NULL);
     expect_url("redis://alice:p%40ss%2Fw%3A@h:1/0", "h", 1, "alice", "p@ss/w:", 0, NULL);
     expect_url("redis://:" SECRET "@h", "h", 6379, NULL, SECRET, 0, NULL);
-    expect_url("redis://bob@h", "h", 6379, "bob", NULL, 0, NULL);
+    /* a user without a password would go unused: idemproxy sends AUTH only with one */
+    expect_error("url user without password", "redis:\n  url: redis://bob@h\n" S, "t.yaml:2:8: ",
+                 "redis.url: the url has a user but no password");
+    {
+        px_config *c = expect_ok("url user with password_file",
+                                 "redis:\n  url: redis://bob@h\n  password_file: /pw\n" S);
+        test_streq("url user kept", c ? c->redis_user : NULL, "bob");
+        px_config_destroy(c);
+    }
     expect_url("redis://u:p@ss@h:7", "h", 7, "u", "p@ss", 0, NULL);
     expect_url("redis://%61dmin:x@h", "h", 6379, "admin", "x", 0, NULL);
     expect_url("redis://[::1]:7000/2", "::1", 7000, NULL, NULL, 2, NULL);
@@ -878,6 +912,7 @@ int main(void)
     test_expansion();
     test_env_overrides();
     test_urls();
+    test_username();
     px_diags_deinit(&diags);
     return test_report();
 }

@@ -1,9 +1,13 @@
 /*
  * test_redis.c - the pure part of proxy/redis.c: what HELLO 2 says about the
  * server (SPEC 3: Redis 7.0 or newer, or Valkey), with replies built by
- * hiredis' own protocol reader from what the servers send.
+ * hiredis' own protocol reader from what the servers send; and how a
+ * password file is read (an empty one: no password, no AUTH).
  */
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <hiredis/hiredis.h>
 
@@ -78,8 +82,43 @@ static void test_server_check(void)
     test_cond("no reply (link lost)", px_redis_server_check(NULL, ver, sizeof(ver)) == PX_SERVER_UNKNOWN);
 }
 
+/* px_redis_read_password on a file holding 'text'. */
+static int read_pw(const char *text, char **out)
+{
+    char path[] = "/tmp/test_redis_pw_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0 || write(fd, text, strlen(text)) != (ssize_t)strlen(text)) return -2;
+    close(fd);
+    int rc = px_redis_read_password(path, out);
+    unlink(path);
+    return rc;
+}
+
+static void test_read_password(void)
+{
+    static const struct { const char *text, *want; } cases[] = {
+        { "s3cret\n", "s3cret" }, { "s3cret", "s3cret" }, { "s3cret\r\n", "s3cret" },
+        { "first\nsecond\n", "first" }, { " spaced \n", " spaced " },
+        { "", NULL }, { "\n", NULL }, { "\r\n", NULL },     /* empty: no password, no AUTH */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *pw = (char *)"unset", name[64];
+        int rc = read_pw(cases[i].text, &pw);
+        snprintf(name, sizeof(name), "password file case %zu", i);
+        test_cond(name, rc == 0 && (cases[i].want ? pw && strcmp(pw, cases[i].want) == 0
+                                                  : pw == NULL));
+        if (rc == 0) free(pw);
+    }
+    char *pw = (char *)"unset";
+    errno = 0;
+    test_cond("missing password file: -1, ENOENT, NULL",
+              px_redis_read_password("/nonexistent/idemproxy/pw", &pw) == -1 && errno == ENOENT &&
+              pw == NULL);
+}
+
 int main(void)
 {
     test_server_check();
+    test_read_password();
     return test_report();
 }

@@ -59,6 +59,9 @@ emptyDir, the metrics address the probes use).
 {{- $_ := set $redis "url" (required "redis.url is required" .Values.redis.url) }}
 {{- end }}
 {{- $_ := set $redis "password_file" (printf "%s/password" (include "idemproxy.passwordDir" .)) }}
+{{- if .Values.redis.username }}
+{{- $_ := set $redis "username" .Values.redis.username }}
+{{- end }}
 {{- $_ := set $cfg "redis" $redis }}
 {{- $app := deepCopy (get $cfg "app" | default dict) }}
 {{- $_ := set $app "endpoint" (include "idemproxy.endpoint" .) }}

@@ -285,6 +285,20 @@ static void reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
     fifo_remove(r, c);
     if (r->head == NULL) ev_timer_stop(r->loop, &r->deadline);
 
+    if (rep && rep->type == REDIS_REPLY_ERROR && strcmp(c->verb, "xinfo") == 0 &&
+        acl_refusal(rep->str)) {
+        /* XINFO feeds the group lag gauges and the idle-consumer cleanup only:
+         * refused, those are off; the pipeline is not held up for them. */
+        static px_log_limit limit;
+        char ub[160];
+        px_log_limited(&limit, 600.0, PX_LOG_WARN, "redis: %s lacks permission for XINFO (%s): "
+                       "no group lag metrics, no idle-consumer cleanup", user_text(r, ub, sizeof(ub)),
+                       rep->str);
+        if (c->cb) c->cb(r, rep, c->priv);
+        rcmd_free(c);
+        readbuf_shrink(ac);
+        return;
+    }
     if (rep && rep->type == REDIS_REPLY_ERROR && r->ac && c->cb != version_cb &&
         c->cb != script_loaded_cb && acl_refusal(rep->str)) {
         /* A missing ACL permission: not ready until the command goes through.

@@ -301,3 +301,22 @@ def test_every_cluster_node_link_authenticates_as_the_user(tmp_path):
             w.close()
     finally:
         c.stop()
+
+
+def test_a_user_without_xinfo_is_ready_without_lag_metrics(env, tmp_path):
+    """XINFO feeds only the group lag gauges and the idle-consumer cleanup. A
+    user the older minimal ACL made (no +xinfo|groups) had every lag refresh
+    refused, the command link dropped each 5 s and the pod held not ready. Now
+    that refusal is one warning line, the pod is ready and entries flow."""
+    r = env.r
+    setuser(r, "app", *minimal_rules(drop={"xinfo|groups"}))
+    pw = tmp_path / "password"
+    pw.write_text(PASSWORD)
+    orphans(r)
+    p = proxy(env, password_file=pw, username="app")
+    run_scenario(env, p)
+    time.sleep(6)                                    # lag refreshes (1 s, then every 5 s)
+    assert ready(p) and p.get("/readyz")[0] == 200
+    assert len(lines(p, "lacks permission for XINFO")) == 1, p.log_text()[-2000:]
+    assert not lines(p, "link lost"), p.log_text()[-2000:]
+    assert not any(k.startswith("idemproxy_group_lag") for k in p.metrics())

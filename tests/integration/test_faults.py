@@ -233,24 +233,32 @@ def test_sigterm_during_startup_exits_0(env, tmp_path):
     """SIGTERM while the daemon is still starting (a pod stopped as it starts;
     chaos seeds 241, 336, 348 sent it right after a restart): it was killed by
     the signal (-15, 143 to Kubernetes) instead of exiting 0. Here startup is
-    held at a known point: the password file is a FIFO nobody has opened yet,
-    so the daemon waits in open() until the test writes the password. (The
-    dynamic loader's first milliseconds, before main, stay a window.)"""
-    fifo = tmp_path / "password.fifo"
-    os.mkfifo(fifo)
-    from pxtest import Proxy
+    held at a known point: the config file is a FIFO the test has not written
+    yet, so the daemon waits in open() until it does. (The dynamic loader's
+    first milliseconds, before main, stay a window.)"""
+    from pxtest import BIN, Proxy
     p = Proxy(env.tmp, "fifo", env.redis.url, env.endpoint(),
               [{"stream": "room", "group": "g", "consumer": "c1", "payload_field": "payload",
                 "key": "#event.eventId"}])
-    p.config.write_text(p.config.read_text().replace("redis:\n", f"redis:\n  password_file: {fifo}\n", 1))
-    env.proxies.append(p)
-    p.start()
-    time.sleep(0.5)                                  # well into main, waiting for the FIFO
-    assert p.proc.poll() is None
-    p.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.2)
-    try:                                             # startup goes on
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-    except OSError:                                  # ENXIO: no reader, the daemon is gone
-        pass
-    assert p.proc.wait(10) == 0
+    fifo = tmp_path / "config.fifo"
+    os.mkfifo(fifo)
+    log = open(tmp_path / "fifo-run.log", "wb")
+    proc = subprocess.Popen([str(BIN), "-c", str(fifo)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(0.5)                              # well into main, waiting for the FIFO
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        try:                                         # startup goes on
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(fd, p.config.read_bytes())
+            os.close(fd)
+        except OSError:                              # ENXIO: no reader, the daemon is gone
+            pass
+        rc = proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    assert rc == 0, (rc, (tmp_path / "fifo-run.log").read_text()[-500:])

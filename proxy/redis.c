@@ -215,12 +215,15 @@ static const char *user_text(const px_redis *r, char *buf, size_t len)
     return buf;
 }
 
-/* An ACL refusal: NOPERM, or from inside a script (Redis 7.0 answers those
- * with ERR and this text). */
+/* An ACL refusal of a command: NOPERM, or from inside a script (Redis 7.0
+ * answers those with ERR and this text). A refused key ("NOPERM ... access
+ * one of the keys", a script's "can't access") is not one: it belongs to the
+ * entry whose rendered key it is, which ends in a dead letter after its tries
+ * (px_decide_error_passes), while the rest of the stream goes on. */
 static bool acl_refusal(const char *err)
 {
-    return strncmp(err, "NOPERM", 6) == 0 ||
-           strstr(err, "The user executing the script can't") != NULL;
+    return (strncmp(err, "NOPERM", 6) == 0 && strstr(err, "to access") == NULL) ||
+           strstr(err, "The user executing the script can't run") != NULL;
 }
 
 /* Drop the link after a refusal: every command on it is answered as lost (an

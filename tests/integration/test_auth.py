@@ -320,3 +320,27 @@ def test_a_user_without_xinfo_is_ready_without_lag_metrics(env, tmp_path):
     assert len(lines(p, "lacks permission for XINFO")) == 1, p.log_text()[-2000:]
     assert not lines(p, "link lost"), p.log_text()[-2000:]
     assert not any(k.startswith("idemproxy_group_lag") for k in p.metrics())
+
+
+def test_a_key_the_user_may_not_touch_dead_letters_that_entry_only(env, tmp_path):
+    """An ACL refusal of a key (NOPERM ... access one of the keys) belongs to the
+    entry whose rendered lock_key it is, not to the configuration: that entry
+    ends in one dead letter after its tries (SPEC 5.6), the others are
+    delivered and the pod stays ready. Handled like a refused command (drop the
+    link, retry for ever, not ready), one such event stopped the stream."""
+    r = env.r
+    setuser(r, "app", *minimal_rules())
+    pw = tmp_path / "password"
+    pw.write_text(PASSWORD)
+    conf = dict(SCENARIO, lock_key="seat#{event.seatId}", wait_ms=0, claim_idle_ms=2000)
+    p = proxy(env, password_file=pw, username="app", streams=(conf,))
+    w = env.worker(p.endpoint)
+    wait_for(lambda: ready(p), timeout=10, what="ready")
+    publish(r, "room", [{"eventId": "ok1", "seatId": ":1"}, {"eventId": "bad", "seatId": "X"},
+                        {"eventId": "ok2", "seatId": ":2"}])
+    wait_for(lambda: len(r.xrange("room:dlq")) == 1, timeout=20, what="the refused entry's dead letter")
+    dl = r.xrange("room:dlq")[0][1]
+    assert "NOPERM" in dl["idemproxy-reason"], dl
+    wait_for(lambda: sorted(w.keys()) == ["ok1", "ok2"], timeout=10, what="the others delivered")
+    assert ready(p)
+    assert not lines(p, "lacks permission"), p.log_text()[-2000:]

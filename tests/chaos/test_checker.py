@@ -239,3 +239,21 @@ def test_max_deliveries_of_timeouts_no_worker_recorded_is_legitimate():
     run.proxies[0].text = ("... warn  ack timeout: stream room entry 1-0 key k1 attempt 1\n"
                            "... warn  ack timeout: stream room entry 1-0 key k1 attempt 2\n")
     assert tags(run) == []
+
+
+def test_recorded_failures_and_unrecorded_timeouts_add_up():
+    """Seed 63: attempts 1-4 recorded (a RETRY and late answers), attempt 5 timed
+    out unrecorded; the five make max_deliveries 5 legitimate. Taking the larger
+    of the two counts (4 and 4) called it a bad cause."""
+    run = record(max_deliveries=5)
+    entry(run, "1-0", "k1")
+    for a in (1, 2, 3, 4):
+        deliver(run, "k1", "1-0", 1.0 + a, 1.0 + a + 0.1, answer="retry", attempt=a)
+    dead(run, "1-0", "max_deliveries (5) reached: ack timeout", t=9.0)
+    done(run, "k1")
+    run.proxies[0].text = "".join(f"x warn  ack timeout: stream room entry 1-0 key k1 attempt {a}\n"
+                                  for a in (1, 2, 4, 5))
+    assert tags(run) == []
+    run.proxies[0].text = "".join(f"x warn  ack timeout: stream room entry 1-0 key k1 attempt {a}\n"
+                                  for a in (1, 2, 4))
+    assert tags(run) == ["bad-cause"]

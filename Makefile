@@ -19,7 +19,7 @@ LIB_OBJ   = $(filter-out $(B)/proxy/main.o,$(PROXY_OBJ))
 
 UNIT      = $(patsubst tests/unit/test_%.c,$(B)/tests/test_%,$(wildcard tests/unit/test_*.c))
 
-.PHONY: all deps test test-fault chaos fuzz unit demo bench clean clients-c
+.PHONY: all deps test test-fault chaos fuzz unit demo bench clean clients-c proto-copies
 all: $(B)/idemproxy clients-c
 
 $(GEN).h: $(GEN).c
@@ -96,6 +96,11 @@ fuzz: deps
 bench: deps all
 	$(MAKE) -C bench
 	.venv/bin/python bench/run.py
+
+# Packages that must carry the wire schema hold a copy of proto/'s (tests/packaging checks them).
+proto-copies:
+	@find clients -name idemproxy.proto -not -path '*/node_modules/*' -not -path '*/target/*' \
+	  -not -path '*/build/*' -exec cp proto/idemproxy/v1/idemproxy.proto {} \; -print
 
 demo: deps all
 	./demo/run.sh

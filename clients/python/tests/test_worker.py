@@ -134,3 +134,93 @@ def test_bad_endpoint_and_missing_handler():
         Worker("nope://x", lambda d: None).run(handle_signals=False)
     with pytest.raises(RuntimeError):
         Worker("ipc:///tmp/x.sock").run(handle_signals=False)
+
+
+# --- AsyncWorker: coroutine handlers on pynng's async API ---------------------
+
+@pytest.fixture
+def aserve(url):
+    """aserve(handler, concurrency) runs an AsyncWorker on 'url' in its own event loop thread."""
+    import asyncio
+    from idemproxy_worker import AsyncWorker
+    started = []
+
+    def start(handler, concurrency=1):
+        w = AsyncWorker(url, handler, concurrency=concurrency)
+        t = threading.Thread(target=lambda: asyncio.run(w.run(handle_signals=False)), daemon=True)
+        t.start()
+        started.append((w, t))
+        return w, t
+
+    yield start
+    for w, t in started:
+        w.stop()
+        t.join(5)
+
+
+def test_async_answers_and_a_failure_goes_to_the_logger(url, aserve, caplog):
+    import asyncio
+    got = []
+
+    async def handler(d):
+        await asyncio.sleep(0.01)
+        got.append(d.key)
+        if d.key == "bad":
+            raise ValueError("db down")
+        if d.key == "poison":
+            raise Drop("cannot parse")
+    caplog.set_level("INFO", logger="idemproxy_worker")
+    aserve(handler)
+    with pynng.Req0(listen=url, recv_timeout=5000) as req:
+        acks = {k: ask(req, delivery(k)) for k in ("good", "bad", "poison")}
+    assert [(acks[k].status, acks[k].reason, acks[k].entry_id) for k in ("good", "bad", "poison")] == \
+        [(pb.Ack.ACK, "", "1700000000000-0"), (pb.Ack.RETRY, "db down", "1700000000000-0"),
+         (pb.Ack.DROP, "cannot parse", "1700000000000-0")]
+    assert got == ["good", "bad", "poison"]
+    failed = [r for r in caplog.records if r.name == "idemproxy_worker" and r.levelname == "WARNING"]
+    assert len(failed) == 1 and "key=bad" in failed[0].getMessage() and "db down" in failed[0].getMessage()
+    assert failed[0].exc_info and failed[0].exc_info[0] is ValueError   # with its traceback
+
+
+def test_async_concurrent_handlers_overlap_and_stop_promptly(url, aserve):
+    import asyncio
+    spans = {}
+
+    async def handler(d):
+        start = time.monotonic()
+        await asyncio.sleep(0.5)
+        spans[d.key] = (start, time.monotonic())
+    w, t = aserve(handler, concurrency=2)
+    time.sleep(0.3)                                    # dials before anyone listens
+    with pynng.Req0(listen=url, recv_timeout=5000) as req:
+        acks = []
+
+        def one(key):
+            with req.new_context() as ctx:
+                ctx.send(delivery(key))
+                acks.append(pb.Ack.FromString(ctx.recv()))
+        ts = [threading.Thread(target=one, args=(k,)) for k in ("slow-1", "slow-2")]
+        for th in ts:
+            th.start()
+        for th in ts:
+            th.join()
+        assert [a.status for a in acks] == [pb.Ack.ACK, pb.Ack.ACK]
+        (a0, a1), (b0, b1) = spans["slow-1"], spans["slow-2"]
+        assert a0 < b1 and b0 < a1, spans
+        begin = time.monotonic()
+        w.stop()
+        t.join(5)
+        assert not t.is_alive() and time.monotonic() - begin < 1
+
+
+def test_async_undecodable_delivery_is_retried_without_the_handler(url, aserve):
+    got = []
+
+    async def handler(d):
+        got.append(d.key)
+    aserve(handler)
+    with pynng.Req0(listen=url, recv_timeout=5000) as req:
+        ack = ask(req, b"\x0a\x01\xff")
+        assert ack.status == pb.Ack.RETRY and ack.reason.startswith("undecodable delivery")
+        assert ask(req, delivery("next")).status == pb.Ack.ACK
+    assert got == ["next"]

@@ -42,6 +42,7 @@ database refuse stale work. The library never prints: it logs through the
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import signal
@@ -49,7 +50,7 @@ import threading
 import time
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, Callable, Dict, List, Optional, TypeVar
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple, TypeVar
 
 import pynng
 
@@ -126,7 +127,9 @@ def _check_wire_types(m: Any) -> None:
 
 
 Handler = Callable[[Delivery], Any]
+AsyncHandler = Callable[[Delivery], Awaitable[Any]]
 H = TypeVar("H", bound=Handler)
+AH = TypeVar("AH", bound=AsyncHandler)
 
 
 def _reason(exc: BaseException) -> str:
@@ -134,36 +137,65 @@ def _reason(exc: BaseException) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")  # proto strings are UTF-8
 
 
+def _open(data: bytes) -> Tuple[Optional[Delivery], bytes]:
+    """The first half of answer(): the Delivery in 'data' and b"", or None and
+    the encoded RETRY when it does not decode or its deadline has passed."""
+    try:
+        d = Delivery.decode(data)
+    except Exception as exc:  # DecodeError, invalid UTF-8 in a string field
+        log.warning("undecodable delivery (%d bytes), answered RETRY: %s", len(data), exc)
+        return None, pb.Ack(status=pb.Ack.RETRY, reason=f"undecodable delivery: {exc}").SerializeToString()
+    if d.deadline_unix_ms and time.time() * 1000 > d.deadline_unix_ms:
+        log.info("%s %s key=%s: %s, answered RETRY", d.stream, d.entry_id, d.key, STALE)
+        return None, pb.Ack(status=pb.Ack.RETRY, reason=STALE, stream=d.stream,
+                            entry_id=d.entry_id).SerializeToString()
+    return d, b""
+
+
+def _close(d: Delivery, exc: Optional[BaseException]) -> bytes:
+    """The second half: the encoded Ack for the handler's outcome on 'd', None
+    when it returned, else the exception it raised (logged here)."""
+    status, reason = Status.ACK, ""
+    if isinstance(exc, Drop):
+        status, reason = Status.DROP, _reason(exc)
+        log.info("%s %s key=%s: DROP: %s", d.stream, d.entry_id, d.key, reason)
+    elif isinstance(exc, Retry):
+        status, reason = Status.RETRY, _reason(exc)
+        log.info("%s %s key=%s: RETRY: %s", d.stream, d.entry_id, d.key, reason)
+    elif exc is not None:
+        status, reason = Status.RETRY, _reason(exc)
+        log.warning("%s %s key=%s attempt=%d: handler failed, RETRY: %s",
+                    d.stream, d.entry_id, d.key, d.attempt, reason, exc_info=exc)
+    return pb.Ack(status=int(status), reason=reason, stream=d.stream,
+                  entry_id=d.entry_id).SerializeToString()
+
+
 def answer(handler: Handler, data: bytes) -> bytes:
     """Decodes the Delivery in 'data', runs 'handler' on it and returns the
     encoded Ack: ACK when it returns, DROP on Drop, RETRY on any other
     exception, when 'data' does not decode, or when its deadline has passed
     (then without running the handler). The transport-free core of a
-    worker, for tests or for serving deliveries some other way (asyncio)."""
-    try:
-        d = Delivery.decode(data)
-    except Exception as exc:  # DecodeError, invalid UTF-8 in a string field
-        log.warning("undecodable delivery (%d bytes), answered RETRY: %s", len(data), exc)
-        return pb.Ack(status=pb.Ack.RETRY, reason=f"undecodable delivery: {exc}").SerializeToString()
-    if d.deadline_unix_ms and time.time() * 1000 > d.deadline_unix_ms:
-        log.info("%s %s key=%s: %s, answered RETRY", d.stream, d.entry_id, d.key, STALE)
-        return pb.Ack(status=pb.Ack.RETRY, reason=STALE, stream=d.stream,
-                      entry_id=d.entry_id).SerializeToString()
-    status, reason = Status.ACK, ""
+    worker, for tests or for serving deliveries some other way."""
+    d, early = _open(data)
+    if d is None:
+        return early
     try:
         handler(d)
-    except Drop as exc:
-        status, reason = Status.DROP, _reason(exc)
-        log.info("%s %s key=%s: DROP: %s", d.stream, d.entry_id, d.key, reason)
-    except Retry as exc:
-        status, reason = Status.RETRY, _reason(exc)
-        log.info("%s %s key=%s: RETRY: %s", d.stream, d.entry_id, d.key, reason)
     except Exception as exc:
-        status, reason = Status.RETRY, _reason(exc)
-        log.warning("%s %s key=%s attempt=%d: handler failed, RETRY: %s",
-                    d.stream, d.entry_id, d.key, d.attempt, reason, exc_info=True)
-    return pb.Ack(status=int(status), reason=reason, stream=d.stream,
-                  entry_id=d.entry_id).SerializeToString()
+        return _close(d, exc)
+    return _close(d, None)
+
+
+async def answer_async(handler: AsyncHandler, data: bytes) -> bytes:
+    """answer() for a coroutine handler: awaits handler(delivery)."""
+    d, early = _open(data)
+    if d is None:
+        return early
+    try:
+        await handler(d)
+    except Exception as exc:
+        return _close(d, exc)
+    return _close(d, None)
 
 
 class Worker:
@@ -258,3 +290,113 @@ class Worker:
 def run(endpoint: str, handler: Handler, concurrency: int = 1) -> None:
     """Serves deliveries from 'endpoint' with 'handler' until SIGTERM or SIGINT."""
     Worker(endpoint, handler, concurrency=concurrency).run()
+
+
+class AsyncWorker:
+    """Worker for asyncio: handlers are coroutines, run on the event loop, up to
+    'concurrency' at once (one NNG context each, on pynng's async API). Same
+    answers, limits and logging as Worker:
+
+        worker = AsyncWorker("ipc:///tmp/idemproxy.sock", concurrency=8)
+
+        @worker.handler
+        async def handle(d: Delivery) -> None:
+            await db.save(d.json(), fencing_token=d.fencing_token)
+
+        asyncio.run(worker.run())   # until SIGTERM/SIGINT or worker.stop()
+    """
+
+    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, handler: Optional[AsyncHandler] = None,
+                 *, concurrency: int = 1, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if max_entry_bytes < 0:
+            raise ValueError("max_entry_bytes must be 0 (no limit) or more")
+        self.endpoint = endpoint
+        self.concurrency = concurrency
+        self.max_entry_bytes = max_entry_bytes
+        self._handler = handler
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._stopping: Optional[asyncio.Future] = None
+        self._stop_early = False
+        self._last_send = 0.0
+
+    def handler(self, fn: AH) -> AH:
+        """Decorator: makes the coroutine function 'fn' the handler and returns it unchanged."""
+        self._handler = fn
+        return fn
+
+    def stop(self) -> None:
+        """Makes run() return: no new delivery is taken, those in hand are
+        finished and answered. Safe from any thread."""
+        loop, fut = self._loop, self._stopping
+        if loop is None or fut is None:
+            self._stop_early = True
+            return
+
+        def set_stop() -> None:
+            if not fut.done():
+                fut.set_result(None)
+        try:
+            if asyncio.get_running_loop() is loop:
+                set_stop()
+                return
+        except RuntimeError:
+            pass
+        loop.call_soon_threadsafe(set_stop)
+
+    async def run(self, *, handle_signals: bool = True) -> None:
+        """Connects and serves deliveries until stop(), or SIGTERM/SIGINT when
+        'handle_signals' and running in the main thread. Raises ValueError for
+        an endpoint NNG cannot use, pynng.NNGException for other failures."""
+        if self._handler is None:
+            raise RuntimeError("no handler: pass one to AsyncWorker() or decorate it with @worker.handler")
+        loop = asyncio.get_running_loop()
+        self._loop, self._stopping = loop, loop.create_future()
+        if self._stop_early:
+            self._stop_early = False
+            self._stopping.set_result(None)
+        signals: List[int] = []
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop)
+                signals.append(sig)
+        limit = self.max_entry_bytes + SP_HEADER_BYTES if self.max_entry_bytes else 0
+        sock = pynng.Rep0(recv_max_size=limit)
+        try:
+            try:  # non-blocking: NNG redials in the background until idemproxy binds
+                sock.dial(self.endpoint, block=False)
+            except (pynng.AddressInvalid, pynng.NotSupported) as exc:
+                raise ValueError(f"bad endpoint {self.endpoint!r}: {exc}") from exc
+            await asyncio.gather(*(self._serve(sock.new_context()) for _ in range(self.concurrency)))
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+            await asyncio.sleep(max(0.0, self._last_send + LINGER_S - time.monotonic()))
+            sock.close()
+            self._loop = self._stopping = None
+
+    async def _serve(self, ctx: pynng.Context) -> None:
+        """One slot: receive, await the handler, answer on its own context."""
+        assert self._handler is not None and self._stopping is not None
+        try:
+            while not self._stopping.done():
+                recv = asyncio.ensure_future(ctx.arecv())
+                await asyncio.wait({recv, self._stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if not recv.done():  # stopping: take nothing more
+                    recv.cancel()
+                    try:
+                        await recv
+                    except (asyncio.CancelledError, pynng.NNGException):
+                        pass
+                    break
+                reply = await answer_async(self._handler, recv.result())
+                try:
+                    await ctx.asend(reply)
+                    self._last_send = time.monotonic()
+                except pynng.NNGException as exc:  # idemproxy's ack timeout covers it
+                    log.warning("answer not sent: %s", exc)
+        except pynng.Closed:
+            pass
+        finally:
+            ctx.close()

@@ -98,6 +98,7 @@ const worker = serve({ endpoint, concurrency: Math.max(1, int('WORKER_CONCURRENC
   }
 });
 
+worker.on('error', (err) => console.error(`example_worker: ${err.message}`));   // a handler threw
 worker.on('warn', (err) => console.error(`example_worker: ${err.message}`));
 if (verbose) {
   worker.on('connect', () => console.error(`example_worker: connected to ${endpoint}`));

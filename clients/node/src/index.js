@@ -16,7 +16,9 @@
  *
  * Up to 'concurrency' handlers run at once, like REP contexts on one NNG socket:
  * every request is answered on the connection it came from, whatever the order.
- * Every Ack echoes the delivery's stream and entry id. A delivery that does not
+ * Every Ack echoes the delivery's stream and entry id. A handler that throws
+ * (anything but Drop and NoReply) is reported as an 'error' event on the Worker,
+ * a HandlerError whose cause is what was thrown. A delivery that does not
  * decode (a string that is not UTF-8, a known field with the wrong wire type)
  * is answered RETRY without calling the handler. Throwing NoReply leaves a
  * delivery unanswered, so idemproxy redelivers it after its ack timeout.
@@ -24,11 +26,12 @@
  * ignored and the entry is delivered again. idemproxy paces deliveries per
  * worker, so the ack timer measures the handler's own work, not a queue in
  * front of it; a delivery that arrives already past its deadline is answered
- * RETRY without calling the handler.
+ * RETRY without calling the handler. The handler's second argument holds an
+ * AbortSignal, { signal }, aborted (a TimeoutError) when that deadline passes.
  * The worker dials until idemproxy is there and again whenever it goes away;
  * deliveries received on a lost connection and not yet started are forgotten
- * (idemproxy redelivers them). The library never prints: listen to 'connect',
- * 'disconnect' and 'warn' on the returned Worker to log.
+ * (idemproxy redelivers them). The library never prints: listen to 'error',
+ * 'connect', 'disconnect' and 'warn' on the returned Worker to log.
  *
  * The SP wire protocol lives in sp.js; README.md says why it is not a binding.
  */
@@ -63,6 +66,45 @@ export class NoReply extends Error {
     super('no reply');
     this.name = 'NoReply';
   }
+}
+
+/**
+ * What a Worker emits as 'error' when a handler throws or rejects (Drop and
+ * NoReply are answers, not failures): 'cause' is what was thrown, 'delivery'
+ * the Delivery it was handling. The delivery has been answered RETRY.
+ */
+export class HandlerError extends Error {
+  constructor(delivery, cause) {
+    super(`${delivery.stream} ${delivery.entryId} key=${delivery.key} attempt=${delivery.attempt}: ` +
+          `handler failed, answered RETRY: ${reasonOf(cause)}`, { cause });
+    this.name = 'HandlerError';
+    this.delivery = delivery;
+  }
+}
+
+/** setTimeout's longest delay; a deadline further away than this (24.8 days) gets no timer. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/**
+ * An AbortSignal aborted with a TimeoutError once epoch ms 'deadline' has
+ * passed (Date.now() > deadline, as the stale check; never for 0), and a
+ * function that cancels its timer. A timer may fire a little early against
+ * Date.now(): it is then set again for the rest.
+ */
+function deadlineSignal(deadline) {
+  const ctl = new AbortController();
+  let timer = null;
+  const arm = () => {
+    const left = deadline - Date.now();
+    if (left < 0) {
+      ctl.abort(new DOMException(`deadline ${deadline} passed`, 'TimeoutError'));
+    } else if (left < MAX_TIMER_MS) {
+      timer = setTimeout(arm, left + 1);
+      timer.unref();
+    }
+  };
+  if (deadline !== 0) arm();
+  return [ctl.signal, () => clearTimeout(timer)];
 }
 
 const toBigInt = (v) => (typeof v === 'number' ? BigInt(v) : (BigInt(v.high >>> 0) << 32n) | BigInt(v.low >>> 0));
@@ -133,7 +175,9 @@ const reasonOf = (err) => (err instanceof Error ? err.message || err.name : Stri
 
 /**
  * A running worker: a REP connection to idemproxy and up to 'concurrency'
- * handlers at once. Events: 'connect' (), 'disconnect' (err?), 'warn' (err).
+ * handlers at once. Events: 'error' (HandlerError), 'connect' (),
+ * 'disconnect' (err?), 'warn' (err). Without an 'error' listener a handler's
+ * failure goes to process.emitWarning() rather than crashing the process.
  */
 export class Worker extends EventEmitter {
   #handler; #concurrency; #dialer; #queue = []; #active = 0; #closing = null; #closed;
@@ -211,25 +255,38 @@ export class Worker extends EventEmitter {
       req.reply(encodeAck({ status: Status.RETRY, reason: STALE, stream: d.stream, entryId: d.entryId }));
       return;
     }
-    let status = Status.ACK, reason = '';
+    let status = Status.ACK, reason = '', failure = null;
+    const [signal, done] = deadlineSignal(d.deadlineUnixMs);
     try {
-      await this.#handler(d);
+      await this.#handler(d, { signal });
     } catch (err) {
       if (err instanceof NoReply) return;
       status = err instanceof Drop ? Status.DROP : Status.RETRY;
       reason = err instanceof Drop ? String(err.reason) : reasonOf(err);
+      if (!(err instanceof Drop)) failure = new HandlerError(d, err);
+    } finally {
+      done();
     }
-    if (!req.reply(encodeAck({ status, reason, stream: d.stream, entryId: d.entryId }))) {
+    const sent = req.reply(encodeAck({ status, reason, stream: d.stream, entryId: d.entryId }));
+    if (failure) this.#fail(failure);
+    if (!sent) {
       this.emit('warn', new Error(`connection lost before answering ${d.stream} ${d.entryId}; idemproxy will redeliver it`));
     }
+  }
+
+  /** Reports a handler's failure: the 'error' event, or a process warning when nobody listens. */
+  #fail(err) {
+    if (this.listenerCount('error') > 0) this.emit('error', err);
+    else process.emitWarning(err);
   }
 }
 
 /**
  * Connects to idemproxy at 'endpoint' (default ipc:///tmp/idemproxy.sock) and
- * calls 'handler(delivery)' for each delivery, up to 'concurrency' (default 1)
- * at once. The handler resolving answers ACK; throwing or rejecting answers
- * RETRY with the error's message as reason; throwing Drop answers DROP.
+ * calls 'handler(delivery, { signal })' for each delivery, up to 'concurrency'
+ * (default 1) at once; 'signal' is aborted when the delivery's deadline passes.
+ * The handler resolving answers ACK; throwing or rejecting answers RETRY with
+ * the error's message as reason (and an 'error' event); throwing Drop answers DROP.
  * 'maxEntryBytes' (default 1 MiB) is idemproxy's app.max_entry_bytes, to be
  * raised together with it (Infinity: no limit); a bigger message closes the
  * connection. A peer that sends no SP header within 10 s is hung up on.

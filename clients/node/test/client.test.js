@@ -5,7 +5,7 @@ import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { serve, Drop, NoReply, Delivery, Status } from '../src/index.js';
+import { serve, Drop, NoReply, Delivery, Status, HandlerError } from '../src/index.js';
 import { ReqPeer, Delivery as DeliveryMsg } from './req_peer.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'idemproxy-node-'));
@@ -71,6 +71,73 @@ test('a delivery decodes into typed fields: ordered fields, Buffers, bigint fenc
   assert.equal(got.attempt, 4);
   assert.equal(got.fencingToken, 18446744073709551615n);
   assert.equal(got.deadlineUnixMs, 4102444800000);
+});
+
+test('a handler failure is an error event (HandlerError: cause, delivery); Drop and NoReply are not', async () => {
+  const boom = new Error('db down');
+  await withPair(async (d) => {
+    if (d.key === 'bad') throw boom;
+    if (d.key === 'poison') throw new Drop('cannot parse');
+    if (d.key === 'quiet') throw new NoReply();
+  }, async (peer, worker) => {
+    const errors = [];
+    worker.on('error', (e) => errors.push(e));
+    peer.deliver(1, { key: 'poison' });
+    peer.deliver(2, { key: 'quiet' });
+    peer.deliver(3, { key: 'bad', attempt: 2 });
+    assert.equal((await peer.ack(3)).status, Status.RETRY);
+    assert.equal((await peer.ack(1)).status, Status.DROP);
+    await peer.until(() => errors.length > 0);
+    await sleep(50);
+    assert.equal(errors.length, 1);
+    assert.ok(errors[0] instanceof HandlerError);
+    assert.equal(errors[0].cause, boom);
+    assert.equal(errors[0].delivery.key, 'bad');
+    assert.match(errors[0].message, /key=bad attempt=2: handler failed, answered RETRY: db down/);
+  });
+});
+
+test('without an error listener a handler failure is a process warning, not a crash', async () => {
+  const warnings = [];
+  const onWarning = (w) => warnings.push(w);
+  process.on('warning', onWarning);
+  try {
+    await withPair(async () => { throw new Error('nobody listens'); }, async (peer) => {
+      peer.deliver(1, { key: 'k' });
+      assert.equal((await peer.ack(1)).status, Status.RETRY);
+      await peer.until(() => warnings.length > 0);
+    });
+  } finally {
+    process.off('warning', onWarning);
+  }
+  assert.ok(warnings[0] instanceof HandlerError);
+  assert.match(warnings[0].message, /nobody listens/);
+});
+
+test('the handler\'s signal aborts with a TimeoutError when the deadline passes, not before', async () => {
+  const seen = {};
+  await withPair(async (d, { signal }) => {
+    if (d.key === 'late') {
+      await new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }));
+      seen.late = { at: Date.now(), deadline: d.deadlineUnixMs, reason: signal.reason };
+      throw signal.reason;
+    }
+    await sleep(100);
+    seen[d.key] = signal.aborted;
+  }, async (peer) => {
+    peer.deliver(1, { key: 'late', deadlineUnixMs: Date.now() + 300 });
+    peer.deliver(2, { key: 'none', deadlineUnixMs: 0 });
+    peer.deliver(3, { key: 'far', deadlineUnixMs: 4102444800000 });   // beyond setTimeout's range
+    const late = await peer.ack(1);
+    assert.equal(late.status, Status.RETRY);
+    assert.match(late.reason, /deadline \d+ passed/);
+    assert.equal((await peer.ack(2)).status, Status.ACK);
+    assert.equal((await peer.ack(3)).status, Status.ACK);
+  }, { concurrency: 3 });
+  assert.equal(seen.late.reason.name, 'TimeoutError');
+  assert.ok(seen.late.at >= seen.late.deadline, `aborted ${seen.late.deadline - seen.late.at} ms early`);
+  assert.equal(seen.none, false);
+  assert.equal(seen.far, false);
 });
 
 test('an undecodable delivery is answered RETRY without calling the handler', async () => {

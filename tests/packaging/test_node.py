@@ -81,7 +81,8 @@ NPM = ["npm", "--no-audit", "--no-fund", "--loglevel=error"]
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     """A project outside the repository with the packed tarball installed."""
-    from conftest import export
+    from conftest import ROOT, export
+    run(["make", "-s", "-C", str(ROOT / "clients" / "node"), "tools"], cwd=ROOT)   # node and npm, if missing
     tmp = tmp_path_factory.mktemp("node")
     src = export("clients/node", tmp / "export")
     run(NPM + ["ci"], cwd=src)

@@ -41,6 +41,24 @@ else:
     asyncio.run(AsyncWorker(endpoint, handle, concurrency=2).run())
 '''
 
+TYPED = r'''
+import asyncio
+from idemproxy_worker import AsyncWorker, Delivery, Drop, Worker, idemproxy_pb2
+
+def handle(d: Delivery) -> None:
+    token: int = d.fencing_token
+    fields: dict[str, bytes] = d.fields
+    if not token or not fields:
+        raise Drop("no fencing")
+
+async def ahandle(d: Delivery) -> None:
+    await asyncio.sleep(0)
+
+Worker("ipc:///tmp/x.sock", handle, concurrency=2)
+AsyncWorker("ipc:///tmp/x.sock", ahandle, concurrency=2)
+ack: bytes = idemproxy_pb2.Ack(status=idemproxy_pb2.Ack.ACK, reason="").SerializeToString()
+'''
+
 KEYS = ["k1", "k2", "k3", "fail-once"]
 
 
@@ -77,6 +95,20 @@ def test_sdist_and_wheel_carry_what_a_user_needs(venv):
     assert "Repository, https://github.com/idemproxy/idemproxy" in meta.get_all("Project-URL")
     assert {r.split(";")[0].split(">")[0].split("<")[0].strip() for r in meta.get_all("Requires-Dist")} \
         >= {"pynng", "protobuf"}
+
+
+def test_the_package_is_typed(venv, tmp_path):
+    """mypy --strict in the outside project: py.typed and the protobuf module's .pyi
+    are there (without them: "missing library stubs or py.typed marker"), and the
+    types are real (an int used as a str is refused, not Any)."""
+    py = venv[0]
+    run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "mypy"], cwd=tmp_path)
+    (tmp_path / "good.py").write_text(TYPED)
+    (tmp_path / "bad.py").write_text(TYPED + "d: Delivery\nd.attempt.upper()\n")
+    run([str(py), "-m", "mypy", "--strict", "--no-incremental", "good.py"], cwd=tmp_path)
+    res = subprocess.run([str(py), "-m", "mypy", "--strict", "--no-incremental", "bad.py"], cwd=str(tmp_path),
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1 and '"int" has no attribute "upper"' in res.stdout, res.stdout + res.stderr
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

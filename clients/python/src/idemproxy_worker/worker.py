@@ -23,6 +23,8 @@ Concurrency: one socket with ``concurrency`` NNG contexts, each an independent
 REP state machine served by its own thread, so up to that many handlers run at
 once (a plain REP socket holds one request at a time). Handlers must therefore
 be thread-safe; threads suit I/O-bound work, the usual kind for a worker.
+With asyncio, ``AsyncWorker`` does the same for coroutine handlers on pynng's
+async API: one task per context, all on the event loop, no threads.
 
 Every delivery is answered exactly once and the Ack echoes its stream and entry
 id; a delivery that does not decode (a string that is not UTF-8, a known field
@@ -38,7 +40,7 @@ worker, so the ack timer measures the handler's own work, not a queue in front
 of it. A delivery that arrives already past its deadline is answered RETRY
 without calling the handler. ``d.fencing_token`` lets the application's
 database refuse stale work. The library never prints: it logs through the
-"idemproxy_worker" logger.
+"idemproxy_worker" logger (a handler's exception at WARNING with its traceback).
 """
 from __future__ import annotations
 

@@ -224,3 +224,21 @@ def test_async_undecodable_delivery_is_retried_without_the_handler(url, aserve):
         assert ack.status == pb.Ack.RETRY and ack.reason.startswith("undecodable delivery")
         assert ask(req, delivery("next")).status == pb.Ack.ACK
     assert got == ["next"]
+
+
+def test_async_stop_finishes_and_answers_the_delivery_in_hand(url, aserve):
+    import asyncio
+    started = threading.Event()
+
+    async def handler(d):
+        started.set()
+        await asyncio.sleep(0.5)
+    w, t = aserve(handler)
+    with pynng.Req0(listen=url, recv_timeout=5000) as req:
+        req.send(delivery("in-hand"))
+        assert started.wait(5)
+        w.stop()                                       # while the handler runs
+        ack = pb.Ack.FromString(req.recv())
+        assert (ack.status, ack.entry_id) == (pb.Ack.ACK, "1700000000000-0")
+        t.join(5)
+        assert not t.is_alive()

@@ -67,6 +67,8 @@ def cargo_env():
 
 
 def test_rust_crate_from_clean_export(env, exported, tmp_path):
+    # NNG's build needs cmake and a C compiler: the client's Makefile installs them.
+    run(["make", "-s", "--no-print-directory", "-C", str(ROOT / "clients" / "rust"), "deps"], ROOT)
     src = exported("clients/rust")
     assert (src / "proto" / "idemproxy" / "v1" / "idemproxy.proto").is_file(), \
         "the crate's copy of the proto is not tracked"

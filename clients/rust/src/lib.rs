@@ -51,8 +51,8 @@
 //!   `idemproxy_worker`), to whatever logger the application installs: a handler's
 //!   error (warn, "handler failed, answered RETRY"), a DROP (warn), a panic
 //!   (error), a delivery past its deadline (warn), one that does not decode and an
-//!   answer that could not be sent (error). Each names the delivery's stream, entry
-//!   id, key and attempt.
+//!   answer that could not be sent (error). A record about a delivery names its
+//!   stream, entry id, key and attempt.
 
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -320,7 +320,7 @@ where
         }
         Ok(pb) => {
             let d = Delivery::from(pb);
-            use log::Level::{Error as Bad, Warn};
+            use log::Level::Warn;
             let (status, reason, logged) = match catch_unwind(AssertUnwindSafe(|| handler(&d))) {
                 Ok(Ok(())) => (Status::Ack, String::new(), None),
                 Ok(Err(Error::Retry(reason))) => {
@@ -331,7 +331,7 @@ where
                 }
                 Err(panic) => {
                     let reason = format!("handler panicked: {}", panic_text(&panic));
-                    (Status::Retry, reason, Some((Bad, "handler panicked, answered RETRY")))
+                    (Status::Retry, reason, Some((log::Level::Error, "handler panicked, answered RETRY")))
                 }
             };
             if let Some((level, what)) = logged {

@@ -34,16 +34,24 @@
 // The socket keeps dialing in the background, so a worker may start before
 // idemproxy and survives its restarts; a peer that sends no SP header within
 // HandshakeTimeout is hung up on. Deliveries of up to app.max_entry_bytes
-// (DefaultMaxEntryBytes unless raised: see MaxEntryBytes) are received. The
-// library never prints: problems it
-// handles itself (a delivery that does not decode, a panic, a failed send) go
-// to the OnError callback.
+// (DefaultMaxEntryBytes unless raised: see MaxEntryBytes) are received.
+//
+// The library never prints. A handler's error or panic, a DROP, a delivery
+// that does not decode or came too late and an answer that could not be sent
+// are logged through log/slog: to slog.Default() unless the Logger option
+// names another *slog.Logger. Each record about a delivery carries its
+// stream, entry_id, key and attempt.
+//
+// The wire types are in the package idemproxyv1 (generated from
+// proto/idemproxy/v1/idemproxy.proto). Import it rather than generating the
+// proto again: protobuf-go panics when one proto file is registered twice.
 package idemproxy
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"time"
 
@@ -55,7 +63,7 @@ import (
 	"go.nanomsg.org/mangos/v3/protocol/rep"
 	_ "go.nanomsg.org/mangos/v3/transport/all" // ipc://, tcp://, ...
 
-	"github.com/idemproxy/idemproxy/clients/go/internal/pb"
+	pb "github.com/idemproxy/idemproxy/clients/go/idemproxyv1"
 )
 
 // DefaultEndpoint is idemproxy's default app.endpoint.
@@ -125,7 +133,7 @@ type Option func(*options)
 type options struct {
 	concurrency   int
 	maxEntryBytes int
-	onError       func(error)
+	log           *slog.Logger
 }
 
 // Concurrency sets how many deliveries are handled at the same time (default 1).
@@ -137,12 +145,13 @@ func Concurrency(n int) Option { return func(o *options) { o.concurrency = max(n
 // message drops the connection. 0 or less means no limit.
 func MaxEntryBytes(n int) Option { return func(o *options) { o.maxEntryBytes = n } }
 
-// OnError sets a function told about problems Serve handles by itself. It may
-// be called from several goroutines at once.
-func OnError(f func(error)) Option {
+// Logger sets where Serve logs a handler's failures and the problems it
+// handles by itself (default: slog.Default(), read when Serve starts; nil
+// keeps the default).
+func Logger(l *slog.Logger) Option {
 	return func(o *options) {
-		if f != nil {
-			o.onError = f
+		if l != nil {
+			o.log = l
 		}
 	}
 }
@@ -159,9 +168,12 @@ const flushGrace = 100 * time.Millisecond
 // their answers and returns nil. It returns an error only when it cannot
 // serve at all (bad endpoint, unknown transport, socket failure).
 func Serve(ctx context.Context, endpoint string, h Handler, opts ...Option) error {
-	o := options{concurrency: 1, maxEntryBytes: DefaultMaxEntryBytes, onError: func(error) {}}
+	o := options{concurrency: 1, maxEntryBytes: DefaultMaxEntryBytes}
 	for _, opt := range opts {
 		opt(&o)
+	}
+	if o.log == nil {
+		o.log = slog.Default()
 	}
 	sock, err := rep.NewSocket()
 	if err != nil {
@@ -219,7 +231,8 @@ func serveContext(ctx context.Context, c mangos.Context, h Handler, o *options) 
 			err = c.Send(out)
 		}
 		if err != nil {
-			o.onError(fmt.Errorf("idemproxy: answering %s %s: %w", ack.Stream, ack.EntryId, err))
+			o.log.Error("idemproxy: answer not sent; the entry comes again after its ack timeout",
+				"stream", ack.Stream, "entry_id", ack.EntryId, "status", ack.Status.String(), "err", err)
 		}
 	}
 	return nil
@@ -234,12 +247,12 @@ func answer(ctx context.Context, msg []byte, h Handler, o *options) *pb.Ack {
 	}
 	if err != nil {
 		err = fmt.Errorf("idemproxy: undecodable delivery: %w", err)
-		o.onError(err)
+		o.log.Error("idemproxy: undecodable delivery, answered RETRY", "bytes", len(msg), "err", err)
 		return &pb.Ack{Status: pb.Ack_RETRY, Reason: err.Error()}
 	}
 	if m.DeadlineUnixMs != 0 && time.Now().UnixMilli() > int64(m.DeadlineUnixMs) {
-		o.onError(fmt.Errorf("idemproxy: %s %s key=%s: deadline passed before the handler ran, answered RETRY",
-			m.Stream, m.EntryId, m.Key))
+		o.log.Warn("idemproxy: deadline passed before the handler ran, answered RETRY",
+			"stream", m.Stream, "entry_id", m.EntryId, "key", m.Key, "attempt", m.Attempt)
 		return &pb.Ack{Status: pb.Ack_RETRY, Reason: "deadline passed before the handler ran",
 			Stream: m.Stream, EntryId: m.EntryId}
 	}
@@ -254,8 +267,13 @@ func answer(ctx context.Context, msg []byte, h Handler, o *options) *pb.Ack {
 	if err := call(ctx, h, d, o); err != nil {
 		var drop *DropError
 		ack.Status, ack.Reason = pb.Ack_RETRY, err.Error()
+		msg := "idemproxy: handler failed, answered RETRY"
 		if errors.As(err, &drop) {
-			ack.Status = pb.Ack_DROP
+			ack.Status, msg = pb.Ack_DROP, "idemproxy: handler dropped the delivery, answered DROP"
+		}
+		if !errors.As(err, new(panicked)) { // call logged the panic, with its stack
+			o.log.Warn(msg, "stream", d.Stream, "entry_id", d.EntryID, "key", d.Key,
+				"attempt", d.Attempt, "err", err)
 		}
 	}
 	return ack
@@ -294,6 +312,11 @@ func misTyped(m proto.Message) error {
 	return err
 }
 
+// panicked is the error of a handler that panicked: RETRY, reason "panic: <value>".
+type panicked struct{ value any }
+
+func (p panicked) Error() string { return fmt.Sprintf("panic: %v", p.value) }
+
 // call runs h with a context that has the delivery's deadline but outlives
 // Serve's cancellation, and turns a panic into an error (so: RETRY).
 func call(ctx context.Context, h Handler, d *Delivery, o *options) (err error) {
@@ -305,9 +328,10 @@ func call(ctx context.Context, h Handler, d *Delivery, o *options) (err error) {
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("panic: %v", r)
-			o.onError(fmt.Errorf("idemproxy: handler panicked on %s %s: %v\n%s",
-				d.Stream, d.EntryID, r, debug.Stack()))
+			err = panicked{r}
+			o.log.Error("idemproxy: handler panicked, answered RETRY", "stream", d.Stream,
+				"entry_id", d.EntryID, "key", d.Key, "attempt", d.Attempt,
+				"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 		}
 	}()
 	return h(hctx, d)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"sync"
@@ -15,7 +16,7 @@ import (
 	"go.nanomsg.org/mangos/v3"
 	"go.nanomsg.org/mangos/v3/protocol/req"
 
-	"github.com/idemproxy/idemproxy/clients/go/internal/pb"
+	pb "github.com/idemproxy/idemproxy/clients/go/idemproxyv1"
 )
 
 // peer plays idemproxy: a REQ socket bound to a fresh ipc endpoint.
@@ -169,10 +170,9 @@ func TestUndecodableIsRetried(t *testing.T) {
 	p := newPeer(t)
 	p.listen()
 	called := make(chan struct{}, 1)
-	var reported error
-	var mu sync.Mutex
+	rec := &recorder{}
 	serve(t, p.url, func(ctx context.Context, d *Delivery) error { called <- struct{}{}; return nil },
-		OnError(func(err error) { mu.Lock(); reported = err; mu.Unlock() }))
+		Logger(slog.New(rec)))
 	ack, err := p.request([]byte{0xff, 0xff, 0xff})
 	if err != nil {
 		t.Fatal(err)
@@ -185,10 +185,103 @@ func TestUndecodableIsRetried(t *testing.T) {
 		t.Error("the handler saw an undecodable delivery")
 	default:
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if reported == nil {
-		t.Error("OnError was not told")
+	if rs := rec.all(); len(rs) != 1 || rs[0].Level != slog.LevelError || rs[0].attrs["err"] == "" {
+		t.Errorf("logged %+v, want one error record with the decoding error", rs)
+	}
+}
+
+// recorder is a slog.Handler that keeps every record, its attributes as text.
+type recorder struct {
+	mu      sync.Mutex
+	records []record
+}
+
+type record struct {
+	Level slog.Level
+	Msg   string
+	attrs map[string]string
+}
+
+func (r *recorder) Enabled(context.Context, slog.Level) bool { return true }
+func (r *recorder) WithAttrs([]slog.Attr) slog.Handler       { return r }
+func (r *recorder) WithGroup(string) slog.Handler            { return r }
+func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
+	out := record{Level: rec.Level, Msg: rec.Message, attrs: map[string]string{}}
+	rec.Attrs(func(a slog.Attr) bool { out.attrs[a.Key] = a.Value.String(); return true })
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.records = append(r.records, out)
+	return nil
+}
+
+func (r *recorder) all() []record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]record(nil), r.records...)
+}
+
+// byKey is the records about the delivery with this key.
+func (r *recorder) byKey(key string) []record {
+	var out []record
+	for _, rec := range r.all() {
+		if rec.attrs["key"] == key {
+			out = append(out, rec)
+		}
+	}
+	return out
+}
+
+func TestHandlerFailuresAreLogged(t *testing.T) {
+	p := newPeer(t)
+	p.listen()
+	rec := &recorder{}
+	serve(t, p.url, func(ctx context.Context, d *Delivery) error {
+		switch d.Key {
+		case "retry":
+			return errors.New("db down")
+		case "drop":
+			return Drop("bad order")
+		case "panic":
+			panic("boom")
+		}
+		return nil
+	}, Logger(slog.New(rec)))
+	for i, key := range []string{"ok", "retry", "drop", "panic"} {
+		p.deliver(&pb.Delivery{Stream: "orders", EntryId: fmt.Sprintf("1-%d", i), Key: key, Attempt: 2})
+	}
+	if rs := rec.byKey("ok"); len(rs) != 0 {
+		t.Errorf("an ACK was logged: %+v", rs)
+	}
+	want := []struct {
+		key   string
+		level slog.Level
+		attr  string
+		text  string
+	}{
+		{"retry", slog.LevelWarn, "err", "db down"},
+		{"drop", slog.LevelWarn, "err", "bad order"},
+		{"panic", slog.LevelError, "panic", "boom"},
+	}
+	for _, w := range want {
+		rs := rec.byKey(w.key)
+		if len(rs) != 1 || rs[0].Level != w.level || rs[0].attrs[w.attr] != w.text ||
+			rs[0].attrs["stream"] != "orders" || rs[0].attrs["attempt"] != "2" {
+			t.Errorf("%s: logged %+v, want one %v record with %s=%q", w.key, rs, w.level, w.attr, w.text)
+		}
+	}
+}
+
+func TestDefaultLoggerIsSlogDefault(t *testing.T) {
+	rec := &recorder{}
+	old := slog.Default()
+	slog.SetDefault(slog.New(rec))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	p := newPeer(t)
+	p.listen()
+	serve(t, p.url, func(ctx context.Context, d *Delivery) error { return errors.New("not yet") })
+	p.deliver(&pb.Delivery{Stream: "orders", EntryId: "1-1", Key: "k", Attempt: 1})
+	if rs := rec.byKey("k"); len(rs) != 1 || rs[0].attrs["err"] != "not yet" {
+		t.Errorf("slog.Default() got %+v, want the handler's error", rs)
 	}
 }
 

@@ -143,7 +143,25 @@ impl Config {
     }
 }
 
+/// The library logs through the `log` facade; this worker's logger writes each
+/// record on stderr (an application would install env_logger or the like).
+struct StderrLog;
+
+impl log::Log for StderrLog {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= log::Level::Info
+    }
+    fn log(&self, r: &log::Record) {
+        if self.enabled(r.metadata()) {
+            eprintln!("example_worker: {} {}: {}", r.level(), r.target(), r.args());
+        }
+    }
+    fn flush(&self) {}
+}
+
 fn main() {
+    log::set_logger(&StderrLog).expect("the only logger");
+    log::set_max_level(log::LevelFilter::Info);
     let mut endpoint = std::env::var("IDEMPROXY_ENDPOINT").unwrap_or_else(|_| DEFAULT_ENDPOINT.into());
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {

@@ -3,8 +3,9 @@
 //! idemproxy binds an endpoint with a raw REQ socket and sends one protobuf
 //! `idemproxy.v1.Delivery` per unique stream entry; a worker connects a REP
 //! socket, handles each delivery and answers with an `Ack`. This crate does the
-//! socket (NNG, through the `nng` crate) and the protobuf (prost, generated from
-//! the repository's `proto/` at build time); you write the handler:
+//! socket (NNG, through the `nng` crate) and the protobuf (prost, generated at
+//! build time from the crate's copy of `proto/idemproxy/v1/idemproxy.proto`); you
+//! write the handler:
 //!
 //! ```no_run
 //! use idemproxy_worker::{serve, Delivery, Error};
@@ -46,6 +47,12 @@
 //!   If you raise `app.max_entry_bytes`, call [`Worker::set_max_entry_bytes`] too.
 //! - To stop, set [`Worker::stop_flag`]: handlers in progress finish and answer,
 //!   then [`Worker::run`] returns. The library never prints and never exits.
+//! - Logging goes through the [`log`](https://docs.rs/log) facade (target
+//!   `idemproxy_worker`), to whatever logger the application installs: a handler's
+//!   error (warn, "handler failed, answered RETRY"), a DROP (warn), a panic
+//!   (error), a delivery past its deadline (warn), one that does not decode and an
+//!   answer that could not be sent (error). A record about a delivery names its
+//!   stream, entry id, key and attempt.
 
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -270,8 +277,12 @@ impl Worker {
             // A reply that cannot leave is lost the way a dropped connection loses
             // it: idemproxy's ack timeout redelivers the entry. Only a closed socket
             // ends the loop.
-            if let AioResult::Send(Err((_, nng::Error::Closed))) = wait()? {
-                break;
+            match wait()? {
+                AioResult::Send(Err((_, nng::Error::Closed))) => break,
+                AioResult::Send(Err((_, e))) => {
+                    log::error!("answer not sent, the entry comes again after its ack timeout: {e}")
+                }
+                _ => {}
             }
         }
         Ok(())
@@ -284,25 +295,55 @@ where
     F: Fn(&Delivery) -> Result<(), Error>,
 {
     let ack = match proto::Delivery::decode(request) {
-        Err(e) => proto::Ack {
-            status: Status::Retry as i32,
-            reason: format!("cannot decode Delivery: {e}"),
-            ..Default::default()
-        },
-        Ok(pb) if pb.deadline_unix_ms != 0 && now_unix_ms() > pb.deadline_unix_ms => proto::Ack {
-            status: Status::Retry as i32,
-            reason: STALE.into(),
-            stream: pb.stream,
-            entry_id: pb.entry_id,
-        },
+        Err(e) => {
+            log::error!("undecodable delivery ({} bytes), answered RETRY: {e}", request.len());
+            proto::Ack {
+                status: Status::Retry as i32,
+                reason: format!("cannot decode Delivery: {e}"),
+                ..Default::default()
+            }
+        }
+        Ok(pb) if pb.deadline_unix_ms != 0 && now_unix_ms() > pb.deadline_unix_ms => {
+            log::warn!(
+                "{STALE}, answered RETRY: stream={} entry_id={} key={} attempt={}",
+                pb.stream,
+                pb.entry_id,
+                pb.key,
+                pb.attempt
+            );
+            proto::Ack {
+                status: Status::Retry as i32,
+                reason: STALE.into(),
+                stream: pb.stream,
+                entry_id: pb.entry_id,
+            }
+        }
         Ok(pb) => {
             let d = Delivery::from(pb);
-            let (status, reason) = match catch_unwind(AssertUnwindSafe(|| handler(&d))) {
-                Ok(Ok(())) => (Status::Ack, String::new()),
-                Ok(Err(Error::Retry(reason))) => (Status::Retry, reason),
-                Ok(Err(Error::Drop(reason))) => (Status::Drop, reason),
-                Err(panic) => (Status::Retry, format!("handler panicked: {}", panic_text(&panic))),
+            use log::Level::Warn;
+            let (status, reason, logged) = match catch_unwind(AssertUnwindSafe(|| handler(&d))) {
+                Ok(Ok(())) => (Status::Ack, String::new(), None),
+                Ok(Err(Error::Retry(reason))) => {
+                    (Status::Retry, reason, Some((Warn, "handler failed, answered RETRY")))
+                }
+                Ok(Err(Error::Drop(reason))) => {
+                    (Status::Drop, reason, Some((Warn, "handler dropped the delivery, answered DROP")))
+                }
+                Err(panic) => {
+                    let reason = format!("handler panicked: {}", panic_text(&panic));
+                    (Status::Retry, reason, Some((log::Level::Error, "handler panicked, answered RETRY")))
+                }
             };
+            if let Some((level, what)) = logged {
+                log::log!(
+                    level,
+                    "{what}: stream={} entry_id={} key={} attempt={} reason={reason}",
+                    d.stream,
+                    d.entry_id,
+                    d.key,
+                    d.attempt
+                );
+            }
             proto::Ack { status: status as i32, reason, stream: d.stream, entry_id: d.entry_id }
         }
     };

@@ -1,7 +1,7 @@
 //! The library against a real peer: a REQ socket listening on an ipc endpoint,
 //! as idemproxy does, sends Deliveries and reads the Acks.
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, mpsc};
+use std::sync::{Mutex, Once, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -9,6 +9,37 @@ use idemproxy_worker::nng::{Aio, AioResult, Context, Protocol, Socket};
 use idemproxy_worker::proto::{self, ack::Status};
 use idemproxy_worker::{Delivery, Error, Worker};
 use prost::Message as _;
+
+/// A logger that keeps every record the library logs (the tests of this file share it).
+struct Recorder(Mutex<Vec<(log::Level, String)>>);
+
+static RECORDS: Recorder = Recorder(Mutex::new(Vec::new()));
+
+impl log::Log for Recorder {
+    fn enabled(&self, _: &log::Metadata) -> bool {
+        true
+    }
+    fn log(&self, r: &log::Record) {
+        if r.target().starts_with("idemproxy_worker") {
+            self.0.lock().unwrap().push((r.level(), r.args().to_string()));
+        }
+    }
+    fn flush(&self) {}
+}
+
+/// The records about the delivery with this key, once the logger is installed.
+fn logged(key: &str) -> Vec<(log::Level, String)> {
+    let needle = format!(" key={key} ");
+    RECORDS.0.lock().unwrap().iter().filter(|(_, m)| m.contains(&needle)).cloned().collect()
+}
+
+fn record_logs() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        log::set_logger(&RECORDS).unwrap();
+        log::set_max_level(log::LevelFilter::Trace);
+    });
+}
 
 fn endpoint(name: &str) -> String {
     let path = std::env::temp_dir().join(format!("idemproxy-worker-{}-{name}.sock", std::process::id()));
@@ -53,6 +84,7 @@ fn delivery(key: &str) -> Vec<u8> {
 
 #[test]
 fn handler_results_map_to_ack_retry_drop() {
+    record_logs();
     let ep = endpoint("map");
     // The worker starts first: its dialer keeps trying until the REQ side listens.
     let worker = Worker::connect(&ep).unwrap();
@@ -92,6 +124,29 @@ fn handler_results_map_to_ack_retry_drop() {
         stop.store(true, Ordering::SeqCst);
         assert_eq!(run.join().unwrap(), Ok(()));
     });
+    // Each failure went to the log facade, once, as what it was; an ACK is not logged.
+    assert_eq!(logged("ok"), vec![]);
+    let one = |key: &str| match logged(key).as_slice() {
+        [(level, msg)] => (*level, msg.clone()),
+        other => panic!("{key}: logged {other:?}, want one record"),
+    };
+    let (level, msg) = one("io-error");
+    assert!(
+        level == log::Level::Warn && msg.contains("answered RETRY") && msg.ends_with("reason=disk full"),
+        "{msg}"
+    );
+    assert!(msg.contains("stream=room entry_id=1700000000000-8 key=io-error attempt=2"), "{msg}");
+    let (level, msg) = one("drop");
+    assert!(
+        level == log::Level::Warn && msg.contains("answered DROP") && msg.ends_with("reason=bad input"),
+        "{msg}"
+    );
+    let (level, msg) = one("other");
+    assert!(
+        level == log::Level::Error && msg.contains("panicked") && msg.contains("no handler for other"),
+        "{msg}"
+    );
+
     let seen = seen.into_inner().unwrap();
     assert_eq!(seen.len(), 4);
     let d = &seen[0];

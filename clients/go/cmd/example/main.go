@@ -175,7 +175,6 @@ func main() {
 	defer stop()
 	opts := []idemproxy.Option{
 		idemproxy.Concurrency(envInt("WORKER_CONCURRENCY", 1)),
-		idemproxy.OnError(func(err error) { log.Print(err) }),
 	}
 	if n := envInt("WORKER_MAX_BYTES", 0); n != 0 {
 		opts = append(opts, idemproxy.MaxEntryBytes(n))

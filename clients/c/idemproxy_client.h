@@ -7,7 +7,11 @@
  * with idemproxy_client_ack(), idemproxy_client_retry() or
  * idemproxy_client_drop(), then idemproxy_delivery_free().
  *
- * Every public name starts with idemproxy_ or IDEMPROXY_.
+ * Installed (make install PREFIX=...): libidemproxy_client.so, this header and
+ * idemproxy-client.pc; build with `pkg-config --cflags --libs idemproxy-client`.
+ * Every public name starts with idemproxy_ or IDEMPROXY_; the library exports
+ * nothing else (its protobuf-c code is hidden), so a program may generate and
+ * link its own idemproxy.v1 code next to it.
  *
  *     idemproxy_client *c = idemproxy_client_connect("ipc:///tmp/idemproxy.sock");
  *     if (c == NULL || c->err) { ...c ? c->errstr : "out of memory"... }
@@ -77,7 +81,8 @@ typedef enum idemproxy_status {
     IDEMPROXY_STATUS_DROP  = 3   /* never: dead-lettered with the reason */
 } idemproxy_status;
 
-/* A connection to idemproxy. Read the fields, never write them. */
+/* A connection to idemproxy. Read the fields, never write them. The layouts of
+ * these structs are part of the ABI: a change to one bumps the soname. */
 typedef struct idemproxy_client {
     int      err;          /* 0, or the errno of the last failure (reset by each receive) */
     char     errstr[128];  /* what the last failure was, for people */

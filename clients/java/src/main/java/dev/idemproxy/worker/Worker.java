@@ -45,13 +45,14 @@ import java.util.concurrent.atomic.AtomicInteger;
  * done, in any order (what NNG's REP contexts do); the (n+1)th waits on the socket until a
  * handler is free. {@code serve(endpoint, n, executor, handler)} runs the handlers on an
  * executor of yours instead (on Java 21+, {@code Executors.newVirtualThreadPerTaskExecutor()}),
- * still at most n at a time. The connection dials until idemproxy is there and again whenever it goes
- * away (backoff 0.1 s doubling to 1 s), so a worker may start first and survives idemproxy's
- * restarts; a peer that sends no SP header within 10 s is hung up on. When a connection is
- * lost, the deliveries it brought that have not started are skipped (their answers could
- * not be sent; idemproxy delivers them again) and the worker dials again at once. Every
- * answer echoes the delivery's stream and entry id; a delivery that does not decode (a
- * string that is not UTF-8, a known field with the wrong wire type) is answered RETRY.
+ * still at most n at a time. The connection dials until idemproxy is there and again
+ * whenever it goes away (backoff 0.1 s doubling to 1 s), so a worker may start first and
+ * survives idemproxy's restarts; a peer that sends no SP header within 10 s is hung up on.
+ * When a connection is lost, the deliveries it brought that have not started are skipped
+ * (their answers could not be sent; idemproxy delivers them again) and the worker dials
+ * again at once. Every answer echoes the delivery's stream and entry id; a delivery that
+ * does not decode (a string that is not UTF-8, a known field with the wrong wire type) is
+ * answered RETRY.
  *
  * <p>{@link Delivery#deadlineUnixMs()} is the delivery's ack deadline: an answer after it is
  * ignored and the entry is delivered again. idemproxy paces deliveries per worker, so the

@@ -1,5 +1,6 @@
-"""The Java client as Maven Central would receive it: `mvn install` from what git
-tracks of clients/java, into a local repository of the test's own (seeded from
+"""The Java client as Maven Central would receive it: `mvn -Prelease install`
+(the jar, its -sources and -javadoc jars and the pom) from what git tracks of
+clients/java, into a local repository of the test's own (seeded from
 ~/.m2, so what Maven already downloaded is not downloaded again, and an
 artifact installed by an earlier run cannot stand in for this one); then a
 Maven project outside the repository that depends on
@@ -97,7 +98,7 @@ def test_installed_java_client_serves_a_maven_project_outside_the_repository(env
     src = exported("clients/java")
     repo = seed_repository(tmp_path / "m2")
     local = f"-Dmaven.repo.local={repo}"
-    run(MVN + [local, "install", "-Dmaven.test.skip=true"], src, timeout=600)
+    run(MVN + [local, "-Prelease", "install", "-Dmaven.test.skip=true"], src, timeout=600)
 
     art = repo / "dev" / "idemproxy" / "idemproxy-worker" / VERSION
     jar = art / f"idemproxy-worker-{VERSION}.jar"
@@ -107,6 +108,10 @@ def test_installed_java_client_serves_a_maven_project_outside_the_repository(env
     assert "dev/idemproxy/worker/proto/Delivery.class" in classes
     assert classes and all(n.startswith("dev/idemproxy/worker/") for n in classes), \
         [n for n in classes if not n.startswith("dev/idemproxy/worker/")]
+    with zipfile.ZipFile(art / f"idemproxy-worker-{VERSION}-sources.jar") as z:
+        assert "dev/idemproxy/worker/Worker.java" in z.namelist()
+    with zipfile.ZipFile(art / f"idemproxy-worker-{VERSION}-javadoc.jar") as z:
+        assert "dev/idemproxy/worker/Worker.html" in z.namelist()
     pom = (art / f"idemproxy-worker-{VERSION}.pom").read_text()
     for want in ("<name>Apache-2.0</name>", "<connection>scm:git:https://github.com/idemproxy/idemproxy.git",
                  "<url>https://github.com/idemproxy/idemproxy</url>"):

@@ -62,16 +62,16 @@ static void counted(void)
 static void *ack_thread(void *arg)
 {
     hist *h = arg;
-    px_client *c = px_client_connect(endpoint);
+    idemproxy_client *c = idemproxy_client_connect(endpoint);
     if (c == NULL || c->err) {
         fprintf(stderr, "bench_worker: connect: %s\n", c ? c->errstr : "out of memory");
         exit(1);
     }
     while (!atomic_load(&stop)) {
-        px_delivery *d;
-        int rc = px_client_recv(c, 100, &d);
-        if (rc == PX_CLIENT_EAGAIN) continue;
-        if (rc != PX_CLIENT_OK) {
+        idemproxy_delivery *d;
+        int rc = idemproxy_client_recv(c, 100, &d);
+        if (rc == IDEMPROXY_CLIENT_EAGAIN) continue;
+        if (rc != IDEMPROXY_CLIENT_OK) {
             fprintf(stderr, "bench_worker: recv: %s\n", c->errstr);
             continue;
         }
@@ -80,11 +80,11 @@ static void *ack_thread(void *arg)
         if (d->attempt > 1) atomic_fetch_add(&redeliveries, 1);
         if (payload_ts(d->payload, d->payload_len, &ts) == 0 && ts > 0)
             hist_add(h, now > ts ? now - ts : 0);
-        if (px_client_ack(c, d) != PX_CLIENT_OK)
+        if (idemproxy_client_ack(c, d) != IDEMPROXY_CLIENT_OK)
             fprintf(stderr, "bench_worker: ack: %s\n", c->errstr);
-        px_delivery_free(d);
+        idemproxy_delivery_free(d);
     }
-    px_client_free(c);
+    idemproxy_client_free(c);
     return NULL;
 }
 

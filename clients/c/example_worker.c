@@ -81,7 +81,7 @@ static void work(long ms)
         ;
 }
 
-static void describe(const px_delivery *d)
+static void describe(const idemproxy_delivery *d)
 {
     size_t i;
 
@@ -123,7 +123,7 @@ static void json_str(FILE *f, const char *s, size_t len)
 }
 
 /* Appends one JSON line about 'd' to the file named by WORKER_REPORT. */
-static void report(const px_delivery *d, const char *status, long long start, long long end)
+static void report(const idemproxy_delivery *d, const char *status, long long start, long long end)
 {
     const char *path = getenv("WORKER_REPORT");
     FILE *f;
@@ -155,7 +155,7 @@ static void report(const px_delivery *d, const char *status, long long start, lo
 
 /* Appends "<key> attempt=<n>" to the file named by WORKER_RECEIVED, in one
  * write(2): it is in the file even if the worker is killed the next moment. */
-static void received(const px_delivery *d)
+static void received(const idemproxy_delivery *d)
 {
     const char *path = getenv("WORKER_RECEIVED");
     char line[1100];
@@ -174,7 +174,7 @@ static void received(const px_delivery *d)
 }
 
 /* How the environment asks 'd' to be answered: "ack", "retry" or "drop". */
-static const char *decide(const px_delivery *d)
+static const char *decide(const idemproxy_delivery *d)
 {
     if (in_list(getenv("WORKER_DROP_KEYS"), d->key))
         return "drop";
@@ -185,13 +185,13 @@ static const char *decide(const px_delivery *d)
 }
 
 /* Sends the answer 'status' names; returns what the client returned. */
-static int answer(px_client *c, const px_delivery *d, const char *status)
+static int answer(idemproxy_client *c, const idemproxy_delivery *d, const char *status)
 {
     if (strcmp(status, "drop") == 0)
-        return px_client_drop(c, d, "dropped by worker");
+        return idemproxy_client_drop(c, d, "dropped by worker");
     if (strcmp(status, "retry") == 0)
-        return px_client_retry(c, d, "retry requested by worker");
-    return px_client_ack(c, d);
+        return idemproxy_client_retry(c, d, "retry requested by worker");
+    return idemproxy_client_ack(c, d);
 }
 
 int main(int argc, char **argv)
@@ -201,7 +201,7 @@ int main(int argc, char **argv)
     long max_bytes = env_long("WORKER_MAX_BYTES", 0);
     int verbose = env_long("WORKER_VERBOSE", 0) != 0;
     struct sigaction sa;
-    px_client *c;
+    idemproxy_client *c;
     int i;
 
     for (i = 1; i < argc; i++) {
@@ -209,12 +209,12 @@ int main(int argc, char **argv)
             endpoint = argv[++i];
         } else {
             fprintf(stderr, "usage: %s [--endpoint URL]   (default %s)\n",
-                    argv[0], PX_CLIENT_DEFAULT_ENDPOINT);
+                    argv[0], IDEMPROXY_CLIENT_DEFAULT_ENDPOINT);
             return strcmp(argv[i], "--help") == 0 ? 0 : 2;
         }
     }
 
-    /* No SA_RESTART: the signal interrupts a waiting px_client_recv. nanomsg's
+    /* No SA_RESTART: the signal interrupts a waiting idemproxy_client_recv. nanomsg's
      * own threads block every signal, so this thread is the one that gets it. */
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = stop_cb;
@@ -222,27 +222,27 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
 
-    c = px_client_connect(endpoint);
+    c = idemproxy_client_connect(endpoint);
     if (c == NULL || c->err) {
         fprintf(stderr, "example_worker: %s\n", c ? c->errstr : "out of memory");
-        px_client_free(c);
+        idemproxy_client_free(c);
         return 1;
     }
-    if (max_bytes != 0 && px_client_set_max_entry_bytes(c, (int) max_bytes) != PX_CLIENT_OK)
+    if (max_bytes != 0 && idemproxy_client_set_max_entry_bytes(c, (int) max_bytes) != IDEMPROXY_CLIENT_OK)
         fprintf(stderr, "example_worker: WORKER_MAX_BYTES: %s\n", c->errstr);
     fprintf(stderr, "example_worker: waiting for deliveries on %s\n",
-            endpoint ? endpoint : PX_CLIENT_DEFAULT_ENDPOINT);
+            endpoint ? endpoint : IDEMPROXY_CLIENT_DEFAULT_ENDPOINT);
 
     while (!stop) {
-        px_delivery *d;
-        int rc = px_client_recv(c, 1000, &d);
+        idemproxy_delivery *d;
+        int rc = idemproxy_client_recv(c, 1000, &d);
 
-        if (rc == PX_CLIENT_EAGAIN) {
+        if (rc == IDEMPROXY_CLIENT_EAGAIN) {
             if (c->err != 0)    /* a delivery past its deadline, answered RETRY */
                 fprintf(stderr, "example_worker: %s\n", c->errstr);
             continue;
         }
-        if (rc != PX_CLIENT_OK) {
+        if (rc != IDEMPROXY_CLIENT_OK) {
             fprintf(stderr, "example_worker: %s\n", c->errstr);
             if (c->err == EBADF || c->err == ETERM)
                 break;
@@ -265,13 +265,13 @@ int main(int argc, char **argv)
             /* Recorded before it is sent: a kill between the two may leave an
              * answer recorded and never sent, never the other way round. */
             report(d, status, start, now_ms());
-            if (answer(c, d, status) != PX_CLIENT_OK)
+            if (answer(c, d, status) != IDEMPROXY_CLIENT_OK)
                 fprintf(stderr, "example_worker: %s\n", c->errstr);
         }
         printf("%s attempt=%u\n", d->key, d->attempt);
         fflush(stdout);
-        px_delivery_free(d);
+        idemproxy_delivery_free(d);
     }
-    px_client_free(c);
+    idemproxy_client_free(c);
     return 0;
 }

@@ -22,16 +22,16 @@
 
 #include "idemproxy/v1/idemproxy.pb-c.h"
 
-_Static_assert((int) PX_STATUS_ACK == (int) IDEMPROXY__V1__ACK__STATUS__ACK &&
-               (int) PX_STATUS_RETRY == (int) IDEMPROXY__V1__ACK__STATUS__RETRY &&
-               (int) PX_STATUS_DROP == (int) IDEMPROXY__V1__ACK__STATUS__DROP,
-               "px_status must be idemproxy.v1.Ack.Status");
+_Static_assert((int) IDEMPROXY_STATUS_ACK == (int) IDEMPROXY__V1__ACK__STATUS__ACK &&
+               (int) IDEMPROXY_STATUS_RETRY == (int) IDEMPROXY__V1__ACK__STATUS__RETRY &&
+               (int) IDEMPROXY_STATUS_DROP == (int) IDEMPROXY__V1__ACK__STATUS__DROP,
+               "idemproxy_status must be idemproxy.v1.Ack.Status");
 
 /* Records an error on 'c' (a printf-style description and an errno value)
- * and returns PX_CLIENT_ERR, so callers can write 'return set_error(...)'. */
-static int set_error(px_client *c, int err, const char *fmt, ...)
+ * and returns IDEMPROXY_CLIENT_ERR, so callers can write 'return set_error(...)'. */
+static int set_error(idemproxy_client *c, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static int set_error(px_client *c, int err, const char *fmt, ...)
+static int set_error(idemproxy_client *c, int err, const char *fmt, ...)
 {
     va_list ap;
 
@@ -39,13 +39,13 @@ static int set_error(px_client *c, int err, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(c->errstr, sizeof(c->errstr), fmt, ap);
     va_end(ap);
-    return PX_CLIENT_ERR;
+    return IDEMPROXY_CLIENT_ERR;
 }
 
 /* Opens the REP socket and dials c->endpoint. nn_connect only checks the
  * address: the dialing happens in nanomsg's threads, again every
  * NN_RECONNECT_IVL (100 ms) until idemproxy is up. */
-static void dial(px_client *c)
+static void dial(idemproxy_client *c)
 {
     c->sock = nn_socket(AF_SP, NN_REP);
     if (c->sock < 0) {
@@ -60,23 +60,23 @@ static void dial(px_client *c)
     }
 }
 
-/* The watchdog of px_client_recv. nanomsg 1.1.5's ipc dialer can get stuck
+/* The watchdog of idemproxy_client_recv. nanomsg 1.1.5's ipc dialer can get stuck
  * after idemproxy dies with deliveries in flight (kill -9): it connects and
  * breaks again and again, ten times a second, and never delivers (tests/fault
  * scenario 1; NNG- and mangos-based workers recover). A fresh socket dials
- * cleanly, so after PX_CLIENT_REDIAL_MS of receive timeouts without a current
+ * cleanly, so after IDEMPROXY_CLIENT_REDIAL_MS of receive timeouts without a current
  * connection the socket is closed and opened again. Nothing is lost: what
  * was not answered is idemproxy's to deliver again. */
-#define PX_CLIENT_REDIAL_MS 2000
+#define IDEMPROXY_CLIENT_REDIAL_MS 2000
 
-static void watchdog(px_client *c, int waited_ms)
+static void watchdog(idemproxy_client *c, int waited_ms)
 {
     if (nn_get_statistic(c->sock, NN_STAT_CURRENT_CONNECTIONS) > 0) {
         c->unconnected_ms = 0;
         return;
     }
     c->unconnected_ms += waited_ms > 0 ? waited_ms : 100;
-    if (c->unconnected_ms < PX_CLIENT_REDIAL_MS)
+    if (c->unconnected_ms < IDEMPROXY_CLIENT_REDIAL_MS)
         return;
     c->unconnected_ms = 0;
     while (nn_close(c->sock) < 0 && errno == EINTR)
@@ -85,30 +85,30 @@ static void watchdog(px_client *c, int waited_ms)
     dial(c);
 }
 
-px_client *px_client_connect(const char *endpoint)
+idemproxy_client *idemproxy_client_connect(const char *endpoint)
 {
-    px_client *c = calloc(1, sizeof(*c));
+    idemproxy_client *c = calloc(1, sizeof(*c));
 
     if (c == NULL)
         return NULL;
     if (endpoint == NULL)
-        endpoint = PX_CLIENT_DEFAULT_ENDPOINT;
+        endpoint = IDEMPROXY_CLIENT_DEFAULT_ENDPOINT;
 
     snprintf(c->endpoint, sizeof(c->endpoint), "%s", endpoint);
-    c->rcvmax = PX_CLIENT_DEFAULT_MAX_ENTRY_BYTES + PX_CLIENT_SP_HEADER_BYTES;
+    c->rcvmax = IDEMPROXY_CLIENT_DEFAULT_MAX_ENTRY_BYTES + IDEMPROXY_CLIENT_SP_HEADER_BYTES;
     dial(c);
     return c;
 }
 
-int px_client_set_max_entry_bytes(px_client *c, int bytes)
+int idemproxy_client_set_max_entry_bytes(idemproxy_client *c, int bytes)
 {
-    if (bytes < -1 || bytes == 0 || bytes > INT_MAX - PX_CLIENT_SP_HEADER_BYTES)
+    if (bytes < -1 || bytes == 0 || bytes > INT_MAX - IDEMPROXY_CLIENT_SP_HEADER_BYTES)
         return set_error(c, EINVAL, "max entry bytes %d: must be positive, or -1 for no limit", bytes);
-    c->rcvmax = bytes < 0 ? -1 : bytes + PX_CLIENT_SP_HEADER_BYTES;
+    c->rcvmax = bytes < 0 ? -1 : bytes + IDEMPROXY_CLIENT_SP_HEADER_BYTES;
     if (c->sock >= 0 &&
         nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &c->rcvmax, sizeof(c->rcvmax)) < 0)
         return set_error(c, errno, "NN_RCVMAXSIZE: %s", nn_strerror(errno));
-    return PX_CLIENT_OK;
+    return IDEMPROXY_CLIENT_OK;
 }
 
 static long long mono_ms(void)
@@ -127,7 +127,7 @@ static long long unix_ms(void)
     return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-void px_client_free(px_client *c)
+void idemproxy_client_free(idemproxy_client *c)
 {
     if (c == NULL)
         return;
@@ -135,7 +135,7 @@ void px_client_free(px_client *c)
         /* nn_send only queued the last answer for nanomsg's I/O thread, and
          * nn_close drops what is queued (1.1.5 ignores NN_LINGER): give it
          * the time it needs to leave, a few microseconds when all is well. */
-        long long left = c->last_send_ms ? c->last_send_ms + PX_CLIENT_LINGER_MS - mono_ms() : 0;
+        long long left = c->last_send_ms ? c->last_send_ms + IDEMPROXY_CLIENT_LINGER_MS - mono_ms() : 0;
         struct timespec ts = { left / 1000, (left % 1000) * 1000000L };
 
         while (left > 0 && nanosleep(&ts, &ts) < 0 && errno == EINTR)
@@ -148,7 +148,7 @@ void px_client_free(px_client *c)
 
 /* Packs an Ack and hands it to nanomsg, which routes it to the request the
  * socket received last. Empty strings are simply left out of the encoding. */
-static int send_ack(px_client *c, px_status status, const char *reason,
+static int send_ack(idemproxy_client *c, idemproxy_status status, const char *reason,
                     const char *stream, const char *entry_id)
 {
     Idemproxy__V1__Ack ack = IDEMPROXY__V1__ACK__INIT;
@@ -175,7 +175,7 @@ static int send_ack(px_client *c, px_status status, const char *reason,
         return set_error(c, errno, "nn_send: %s", nn_strerror(errno));
     c->pending = 0;
     c->last_send_ms = mono_ms();
-    return PX_CLIENT_OK;
+    return IDEMPROXY_CLIENT_OK;
 }
 
 /* True when 's' is well-formed UTF-8 (no overlong forms, surrogates or code
@@ -228,12 +228,12 @@ static int strings_valid(const Idemproxy__V1__Delivery *msg)
     return 1;
 }
 
-/* Copies what the unpacked message holds into a px_delivery that points into
+/* Copies what the unpacked message holds into a idemproxy_delivery that points into
  * it; returns NULL when out of memory. */
-static px_delivery *delivery_create(Idemproxy__V1__Delivery *msg)
+static idemproxy_delivery *delivery_create(Idemproxy__V1__Delivery *msg)
 {
-    px_delivery *d = calloc(1, sizeof(*d));
-    px_field *fields = calloc(msg->n_fields ? msg->n_fields : 1, sizeof(*fields));
+    idemproxy_delivery *d = calloc(1, sizeof(*d));
+    idemproxy_field *fields = calloc(msg->n_fields ? msg->n_fields : 1, sizeof(*fields));
     size_t i;
 
     if (d == NULL || fields == NULL) {
@@ -260,7 +260,8 @@ static px_delivery *delivery_create(Idemproxy__V1__Delivery *msg)
     return d;
 }
 
-int px_client_recv(px_client *c, int timeout_ms, px_delivery **out)
+int idemproxy_client_recv(idemproxy_client *c, int timeout_ms,
+                          idemproxy_delivery **out)
 {
     Idemproxy__V1__Delivery *msg;
     void *buf = NULL;
@@ -281,10 +282,10 @@ int px_client_recv(px_client *c, int timeout_ms, px_delivery **out)
     if (n < 0) {
         if (errno == ETIMEDOUT || errno == EAGAIN) {
             watchdog(c, timeout_ms);
-            return PX_CLIENT_EAGAIN;
+            return IDEMPROXY_CLIENT_EAGAIN;
         }
         if (errno == EINTR)
-            return PX_CLIENT_EAGAIN;
+            return IDEMPROXY_CLIENT_EAGAIN;
         return set_error(c, errno, "nn_recv: %s", nn_strerror(errno));
     }
     c->pending = 1;
@@ -296,7 +297,7 @@ int px_client_recv(px_client *c, int timeout_ms, px_delivery **out)
     nn_freemsg(buf);
     if (msg != NULL && !strings_valid(msg)) {
         idemproxy__v1__delivery__free_unpacked(msg, NULL);
-        send_ack(c, PX_STATUS_RETRY, "undecodable delivery: a string field is not UTF-8", NULL, NULL);
+        send_ack(c, IDEMPROXY_STATUS_RETRY, "undecodable delivery: a string field is not UTF-8", NULL, NULL);
         return set_error(c, EPROTO, "a Delivery of %d bytes has a string field that is "
                          "not UTF-8; answered RETRY", n);
     }
@@ -305,7 +306,7 @@ int px_client_recv(px_client *c, int timeout_ms, px_delivery **out)
     if (*out == NULL) {
         /* The application has nothing to answer, so answer for it: a RETRY
          * lets idemproxy count the attempt and dead-letter it in the end. */
-        send_ack(c, PX_STATUS_RETRY, "undecodable delivery (or out of memory)", NULL, NULL);
+        send_ack(c, IDEMPROXY_STATUS_RETRY, "undecodable delivery (or out of memory)", NULL, NULL);
         return set_error(c, EPROTO, "cannot decode a Delivery of %d bytes (a wrong wire "
                          "type, a truncated field) or out of memory; answered RETRY", n);
     }
@@ -315,19 +316,19 @@ int px_client_recv(px_client *c, int timeout_ms, px_delivery **out)
          * entry again: running the handler now would be stale work. */
         set_error(c, ETIMEDOUT, "%s %s key=%s: deadline passed before the handler ran; "
                   "answered RETRY", (*out)->stream, (*out)->entry_id, (*out)->key);
-        send_ack(c, PX_STATUS_RETRY, "deadline passed before the handler ran",
+        send_ack(c, IDEMPROXY_STATUS_RETRY, "deadline passed before the handler ran",
                  (*out)->stream, (*out)->entry_id);
-        px_delivery_free(*out);
+        idemproxy_delivery_free(*out);
         *out = NULL;
-        return PX_CLIENT_EAGAIN;
+        return IDEMPROXY_CLIENT_EAGAIN;
     }
-    return PX_CLIENT_OK;
+    return IDEMPROXY_CLIENT_OK;
 }
 
-int px_client_reply(px_client *c, const px_delivery *d, px_status status,
-                    const char *reason)
+int idemproxy_client_reply(idemproxy_client *c, const idemproxy_delivery *d,
+                           idemproxy_status status, const char *reason)
 {
-    if (status != PX_STATUS_ACK && status != PX_STATUS_RETRY && status != PX_STATUS_DROP)
+    if (status != IDEMPROXY_STATUS_ACK && status != IDEMPROXY_STATUS_RETRY && status != IDEMPROXY_STATUS_DROP)
         return set_error(c, EINVAL, "unknown status %d", (int) status);
     if (!c->pending || d->seq != c->seq)
         return set_error(c, EINVAL, "delivery %s is not awaiting an answer (answer "
@@ -335,22 +336,22 @@ int px_client_reply(px_client *c, const px_delivery *d, px_status status,
     return send_ack(c, status, reason, d->stream, d->entry_id);
 }
 
-int px_client_ack(px_client *c, const px_delivery *d)
+int idemproxy_client_ack(idemproxy_client *c, const idemproxy_delivery *d)
 {
-    return px_client_reply(c, d, PX_STATUS_ACK, NULL);
+    return idemproxy_client_reply(c, d, IDEMPROXY_STATUS_ACK, NULL);
 }
 
-int px_client_retry(px_client *c, const px_delivery *d, const char *reason)
+int idemproxy_client_retry(idemproxy_client *c, const idemproxy_delivery *d, const char *reason)
 {
-    return px_client_reply(c, d, PX_STATUS_RETRY, reason);
+    return idemproxy_client_reply(c, d, IDEMPROXY_STATUS_RETRY, reason);
 }
 
-int px_client_drop(px_client *c, const px_delivery *d, const char *reason)
+int idemproxy_client_drop(idemproxy_client *c, const idemproxy_delivery *d, const char *reason)
 {
-    return px_client_reply(c, d, PX_STATUS_DROP, reason);
+    return idemproxy_client_reply(c, d, IDEMPROXY_STATUS_DROP, reason);
 }
 
-void px_delivery_free(px_delivery *d)
+void idemproxy_delivery_free(idemproxy_delivery *d)
 {
     if (d == NULL)
         return;

@@ -3,19 +3,26 @@
  *
  * idemproxy binds an endpoint with a raw NN_REQ socket and sends one
  * idemproxy.v1.Delivery per stream entry; a worker connects a plain NN_REP
- * socket and loops: px_client_recv(), handle the delivery, answer it with
- * px_client_ack(), px_client_retry() or px_client_drop(), px_delivery_free().
+ * socket and loops: idemproxy_client_recv(), handle the delivery, answer it
+ * with idemproxy_client_ack(), idemproxy_client_retry() or
+ * idemproxy_client_drop(), then idemproxy_delivery_free().
  *
- *     px_client *c = px_client_connect("ipc:///tmp/idemproxy.sock");
+ * Installed (make install PREFIX=...): libidemproxy_client.so, this header and
+ * idemproxy-client.pc; build with `pkg-config --cflags --libs idemproxy-client`.
+ * Every public name starts with idemproxy_ or IDEMPROXY_; the library exports
+ * nothing else (its protobuf-c code is hidden), so a program may generate and
+ * link its own idemproxy.v1 code next to it.
+ *
+ *     idemproxy_client *c = idemproxy_client_connect("ipc:///tmp/idemproxy.sock");
  *     if (c == NULL || c->err) { ...c ? c->errstr : "out of memory"... }
  *     for (;;) {
- *         px_delivery *d;
- *         int rc = px_client_recv(c, -1, &d);
- *         if (rc == PX_CLIENT_EAGAIN) continue;        (timeout or signal)
- *         if (rc != PX_CLIENT_OK) { ...c->errstr...; continue; }
+ *         idemproxy_delivery *d;
+ *         int rc = idemproxy_client_recv(c, -1, &d);
+ *         if (rc == IDEMPROXY_CLIENT_EAGAIN) continue;    (timeout or signal)
+ *         if (rc != IDEMPROXY_CLIENT_OK) { ...c->errstr...; continue; }
  *         ...handle d->key, d->payload, d->fields...
- *         px_client_ack(c, d);
- *         px_delivery_free(d);
+ *         idemproxy_client_ack(c, d);
+ *         idemproxy_delivery_free(d);
  *     }
  *
  * Answer every delivery exactly once, before receiving the next: a REP socket
@@ -23,7 +30,7 @@
  * the unanswered delivery, which idemproxy redelivers after ack_timeout_ms
  * with attempt + 1 (that is also the way to "not answer" on purpose). A reply
  * is routed back by nanomsg and dropped silently if idemproxy went away in the
- * meantime: PX_CLIENT_OK means "handed to nanomsg", and idemproxy's ack
+ * meantime: IDEMPROXY_CLIENT_OK means "handed to nanomsg", and idemproxy's ack
  * timeout covers the rest. d->fencing_token lets your database refuse stale
  * work.
  *
@@ -32,21 +39,21 @@
  * should finish well inside it. idemproxy paces deliveries per worker, so the
  * ack timer measures the handler's own work, not a queue in front of it. A
  * delivery that arrives already past its deadline is answered RETRY by
- * px_client_recv() ("deadline passed before the handler ran") and never
+ * idemproxy_client_recv() ("deadline passed before the handler ran") and never
  * returned: no stale work runs.
  *
  * nanomsg re-dials by itself, so a worker may start before idemproxy and
  * survives its restarts; a peer that sends no SP header within 1 s (nanomsg's
  * fixed handshake timeout; the other clients wait 10 s) is hung up on.
  * Receive limit: a Delivery of up to app.max_entry_bytes (1 MiB by default)
- * is accepted, plus PX_CLIENT_SP_HEADER_BYTES of SP header (nanomsg's
+ * is accepted, plus IDEMPROXY_CLIENT_SP_HEADER_BYTES of SP header (nanomsg's
  * NN_RCVMAXSIZE counts those too); a bigger message makes nanomsg drop the
  * connection. If you raise app.max_entry_bytes, call
- * px_client_set_max_entry_bytes() with the same number.
+ * idemproxy_client_set_max_entry_bytes() with the same number.
  *
- * The library never prints or aborts: functions return PX_CLIENT_OK,
- * PX_CLIENT_ERR (with c->err and c->errstr filled, as hiredis does) or
- * PX_CLIENT_EAGAIN. One px_client belongs to one thread at a time.
+ * The library never prints or aborts: functions return IDEMPROXY_CLIENT_OK,
+ * IDEMPROXY_CLIENT_ERR (with c->err and c->errstr filled, as hiredis does) or
+ * IDEMPROXY_CLIENT_EAGAIN. One idemproxy_client belongs to one thread at a time.
  */
 #ifndef IDEMPROXY_CLIENT_H
 #define IDEMPROXY_CLIENT_H
@@ -54,29 +61,30 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PX_CLIENT_OK      0
-#define PX_CLIENT_ERR    -1
-#define PX_CLIENT_EAGAIN -2   /* nothing arrived in time, or a signal interrupted the wait */
+#define IDEMPROXY_CLIENT_OK      0
+#define IDEMPROXY_CLIENT_ERR    -1
+#define IDEMPROXY_CLIENT_EAGAIN -2   /* nothing arrived in time, or a signal interrupted the wait */
 
-#define PX_CLIENT_DEFAULT_ENDPOINT "ipc:///tmp/idemproxy.sock"
+#define IDEMPROXY_CLIENT_DEFAULT_ENDPOINT "ipc:///tmp/idemproxy.sock"
 /* idemproxy's default app.max_entry_bytes: the largest Delivery it sends. */
-#define PX_CLIENT_DEFAULT_MAX_ENTRY_BYTES 1048576
+#define IDEMPROXY_CLIENT_DEFAULT_MAX_ENTRY_BYTES 1048576
 /* Room for the SP header in front of a Delivery: up to 8 backtrace words of 4
  * bytes (NNG's maximum hop count); idemproxy itself sends one. */
-#define PX_CLIENT_SP_HEADER_BYTES 32
-/* How long px_client_free() gives the last answer to leave. */
-#define PX_CLIENT_LINGER_MS 100
+#define IDEMPROXY_CLIENT_SP_HEADER_BYTES 32
+/* How long idemproxy_client_free() gives the last answer to leave. */
+#define IDEMPROXY_CLIENT_LINGER_MS 100
 
 /* The answers a worker can give; the values are idemproxy.v1.Ack.Status. */
-typedef enum px_status {
-    PX_STATUS_ACK   = 1,  /* done: idemproxy marks the key done and acks the entry */
-    PX_STATUS_RETRY = 2,  /* not now: delivered again later with attempt + 1 */
-    PX_STATUS_DROP  = 3   /* never: dead-lettered with the reason */
-} px_status;
+typedef enum idemproxy_status {
+    IDEMPROXY_STATUS_ACK   = 1,  /* done: idemproxy marks the key done and acks the entry */
+    IDEMPROXY_STATUS_RETRY = 2,  /* not now: delivered again later with attempt + 1 */
+    IDEMPROXY_STATUS_DROP  = 3   /* never: dead-lettered with the reason */
+} idemproxy_status;
 
-/* A connection to idemproxy. Read the fields, never write them. */
-typedef struct px_client {
-    int      err;          /* 0, or the errno of the last failure (reset by px_client_recv) */
+/* A connection to idemproxy. Read the fields, never write them. The layouts of
+ * these structs are part of the ABI: a change to one bumps the soname. */
+typedef struct idemproxy_client {
+    int      err;          /* 0, or the errno of the last failure (reset by each receive) */
     char     errstr[128];  /* what the last failure was, for people */
     int      sock;         /* the nanomsg NN_REP socket, -1 when none */
     int      pending;      /* 1 while a received delivery awaits its answer */
@@ -85,22 +93,22 @@ typedef struct px_client {
     int      unconnected_ms; /* receive timeouts in a row with no connection */
     int      rcvmax;       /* NN_RCVMAXSIZE, set again after a redial (-1: no limit) */
     long long last_send_ms; /* CLOCK_MONOTONIC ms of the last answer sent (0: none) */
-} px_client;
+} idemproxy_client;
 
 /* One stream field: a UTF-8 name and a binary value (not NUL-terminated). */
-typedef struct px_field {
+typedef struct idemproxy_field {
     const char    *name;
     const uint8_t *value;
     size_t         value_len;
-} px_field;
+} idemproxy_field;
 
 /* One delivery. Every pointer points into memory the delivery owns: all of it
- * stays valid until px_delivery_free(), independently of the client. */
-typedef struct px_delivery {
+ * stays valid until idemproxy_delivery_free(), independently of the client. */
+typedef struct idemproxy_delivery {
     const char     *stream;            /* stream key */
     const char     *entry_id;          /* Redis entry id, "1700000000000-0" */
     const char     *key;               /* the rendered dedup key */
-    const px_field *fields;            /* the entry's fields in stream order, minus the payload */
+    const idemproxy_field *fields;     /* the entry's fields in stream order, minus the payload */
     size_t          nfields;
     const uint8_t  *payload;           /* the payload field's value, or empty */
     size_t          payload_len;
@@ -109,42 +117,47 @@ typedef struct px_delivery {
     uint64_t        deadline_unix_ms;  /* an answer after this is too late */
     uint64_t        seq;               /* private: which receive this was */
     void           *msg;               /* private: the unpacked protobuf message */
-} px_delivery;
+} idemproxy_delivery;
 
 /* Creates an NN_REP socket and connects it to 'endpoint' (NULL means
- * PX_CLIENT_DEFAULT_ENDPOINT). Returns NULL only when out of memory; otherwise
- * check c->err (bad endpoint, no sockets left). Free with px_client_free(). */
-px_client *px_client_connect(const char *endpoint);
+ * IDEMPROXY_CLIENT_DEFAULT_ENDPOINT). Returns NULL only when out of memory;
+ * otherwise check c->err (bad endpoint, no sockets left). Free with
+ * idemproxy_client_free(). */
+idemproxy_client *idemproxy_client_connect(const char *endpoint);
 
 /* Closes the socket and frees 'c'; NULL is fine. Deliveries stay valid.
  * nanomsg 1.1.5 has no linger (nn_close drops what its I/O thread has not
- * written yet), so when an answer was sent less than PX_CLIENT_LINGER_MS ago
- * this first waits out the rest of that time: the last answer leaves. */
-void px_client_free(px_client *c);
+ * written yet), so when an answer was sent less than IDEMPROXY_CLIENT_LINGER_MS
+ * ago this first waits out the rest of that time: the last answer leaves. */
+void idemproxy_client_free(idemproxy_client *c);
 
 /* Accepts Deliveries of up to 'bytes' (app.max_entry_bytes), or any size when
- * 'bytes' is -1. Returns PX_CLIENT_OK or PX_CLIENT_ERR (EINVAL). */
-int px_client_set_max_entry_bytes(px_client *c, int bytes);
+ * 'bytes' is -1. Returns IDEMPROXY_CLIENT_OK or IDEMPROXY_CLIENT_ERR (EINVAL). */
+int idemproxy_client_set_max_entry_bytes(idemproxy_client *c, int bytes);
 
-/* Waits up to 'timeout_ms' (-1: forever) for the next delivery and stores it in
- * '*out', which the caller frees with px_delivery_free(). Returns PX_CLIENT_OK,
- * PX_CLIENT_EAGAIN on timeout or EINTR, or PX_CLIENT_ERR. A delivery that does
- * not decode (a wrong wire type, a string that is not UTF-8) is answered RETRY
- * here and reported as PX_CLIENT_ERR with c->err EPROTO. A delivery already
- * past its deadline is answered RETRY here and reported as PX_CLIENT_EAGAIN
- * with c->err ETIMEDOUT and c->errstr saying which entry it was. */
-int px_client_recv(px_client *c, int timeout_ms, px_delivery **out);
+/* Waits up to 'timeout_ms' (-1: forever) for the next delivery and stores it
+ * in '*out', which the caller frees with idemproxy_delivery_free(). Returns
+ * IDEMPROXY_CLIENT_OK, IDEMPROXY_CLIENT_EAGAIN on timeout or EINTR, or
+ * IDEMPROXY_CLIENT_ERR. A delivery that does not decode (a wrong wire type, a
+ * string that is not UTF-8) is answered RETRY here and reported as
+ * IDEMPROXY_CLIENT_ERR with c->err EPROTO. A delivery already past its
+ * deadline is answered RETRY here and reported as IDEMPROXY_CLIENT_EAGAIN with
+ * c->err ETIMEDOUT and c->errstr saying which entry it was. */
+int idemproxy_client_recv(idemproxy_client *c, int timeout_ms,
+                          idemproxy_delivery **out);
 
 /* Answers 'd', which must be the last delivery received and not yet answered.
  * 'reason' (NULL for none) is logged by idemproxy and kept in dead letters.
  * The Ack echoes d's stream and entry id, so idemproxy can tell a mix-up. */
-int px_client_reply(px_client *c, const px_delivery *d, px_status status,
-                    const char *reason);
-int px_client_ack(px_client *c, const px_delivery *d);
-int px_client_retry(px_client *c, const px_delivery *d, const char *reason);
-int px_client_drop(px_client *c, const px_delivery *d, const char *reason);
+int idemproxy_client_reply(idemproxy_client *c, const idemproxy_delivery *d,
+                           idemproxy_status status, const char *reason);
+int idemproxy_client_ack(idemproxy_client *c, const idemproxy_delivery *d);
+int idemproxy_client_retry(idemproxy_client *c, const idemproxy_delivery *d,
+                           const char *reason);
+int idemproxy_client_drop(idemproxy_client *c, const idemproxy_delivery *d,
+                          const char *reason);
 
-/* Frees a delivery from px_client_recv(); NULL is fine. */
-void px_delivery_free(px_delivery *d);
+/* Frees a delivery from idemproxy_client_recv(); NULL is fine. */
+void idemproxy_delivery_free(idemproxy_delivery *d);
 
 #endif

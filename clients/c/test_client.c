@@ -159,20 +159,20 @@ static int wait_workers(int s, unsigned n)
 }
 
 /* One delivery, answered with 'status', checked end to end. */
-static void test_answer(int req, px_client *c, uint32_t id, px_status status,
+static void test_answer(int req, idemproxy_client *c, uint32_t id, idemproxy_status status,
                         const char *reason, const char *want_reason)
 {
-    px_delivery *d = NULL;
+    idemproxy_delivery *d = NULL;
     Idemproxy__V1__Ack *ack;
     uint32_t got_id;
 
     test_cond("send", send_delivery(req, id, "k1", 2) > 0);
-    test_cond("recv", px_client_recv(c, 2000, &d) == PX_CLIENT_OK && d != NULL);
+    test_cond("recv", idemproxy_client_recv(c, 2000, &d) == IDEMPROXY_CLIENT_OK && d != NULL);
     if (d == NULL)
         return;
     test_cond("pending after recv", c->pending == 1);
-    test_cond("reply", px_client_reply(c, d, status, reason) == PX_CLIENT_OK);
-    test_cond("answered once", px_client_ack(c, d) == PX_CLIENT_ERR && c->err == EINVAL);
+    test_cond("reply", idemproxy_client_reply(c, d, status, reason) == IDEMPROXY_CLIENT_OK);
+    test_cond("answered once", idemproxy_client_ack(c, d) == IDEMPROXY_CLIENT_ERR && c->err == EINVAL);
     ack = req_recv(req, &got_id);
     test_cond("ack decodes", ack != NULL);
     test_cond("same request id", got_id == (id | 0x80000000u));
@@ -183,24 +183,24 @@ static void test_answer(int req, px_client *c, uint32_t id, px_status status,
         test_streq("entry id echo", ack->entry_id, "1700000000000-7");
         idemproxy__v1__ack__free_unpacked(ack, NULL);
     }
-    px_delivery_free(d);
+    idemproxy_delivery_free(d);
 }
 
 int main(void)
 {
     char url[64];
     int req, timeout = 2000;
-    px_client *c, *c2;
-    px_delivery *d = NULL, *d2 = NULL, none;
+    idemproxy_client *c, *c2;
+    idemproxy_delivery *d = NULL, *d2 = NULL, none;
     Idemproxy__V1__Ack *ack;
     uint32_t id;
 
-    c = px_client_connect("nosuch://x");
+    c = idemproxy_client_connect("nosuch://x");
     test_cond("bad endpoint reported", c != NULL && c->err != 0 && c->sock == -1);
     test_cond("bad endpoint errstr", c != NULL && strstr(c->errstr, "nosuch://x") != NULL);
-    px_client_free(c);
-    px_client_free(NULL);
-    px_delivery_free(NULL);
+    idemproxy_client_free(c);
+    idemproxy_client_free(NULL);
+    idemproxy_delivery_free(NULL);
 
     snprintf(url, sizeof(url), "ipc:///tmp/px-client-test-%d.sock", (int) getpid());
     req = nn_socket(AF_SP_RAW, NN_REQ);
@@ -210,14 +210,14 @@ int main(void)
               send_delivery(req, 1, "k0", 1) < 0 && errno == EAGAIN);
 
     deadline = now_unix_ms() + 60000;
-    c = px_client_connect(url);
+    c = idemproxy_client_connect(url);
     test_cond("connect", c != NULL && c->err == 0);
     test_cond("worker connected", wait_workers(req, 1));
-    test_cond("timeout is EAGAIN", px_client_recv(c, 50, &d) == PX_CLIENT_EAGAIN && d == NULL);
+    test_cond("timeout is EAGAIN", idemproxy_client_recv(c, 50, &d) == IDEMPROXY_CLIENT_EAGAIN && d == NULL);
 
     /* The delivery's fields, as the application sees them. */
     test_cond("send", send_delivery(req, 1, "k1", 3) > 0);
-    test_cond("recv", px_client_recv(c, 2000, &d) == PX_CLIENT_OK && d != NULL);
+    test_cond("recv", idemproxy_client_recv(c, 2000, &d) == IDEMPROXY_CLIENT_OK && d != NULL);
     if (d != NULL) {
         test_streq("stream", d->stream, "orders");
         test_streq("entry id", d->entry_id, "1700000000000-7");
@@ -229,37 +229,37 @@ int main(void)
         test_cond("payload", d->payload_len == 8 && memcmp(d->payload, "{\"id\":1}", 8) == 0);
         test_cond("numbers", d->attempt == 3 && d->fencing_token == 9000000000ULL &&
                   d->deadline_unix_ms == deadline);
-        test_cond("ack", px_client_ack(c, d) == PX_CLIENT_OK && c->pending == 0);
+        test_cond("ack", idemproxy_client_ack(c, d) == IDEMPROXY_CLIENT_OK && c->pending == 0);
         ack = req_recv(req, &id);
         test_cond("ack id", ack != NULL && id == 0x80000001u);
         idemproxy__v1__ack__free_unpacked(ack, NULL);
-        px_delivery_free(d);
+        idemproxy_delivery_free(d);
     }
 
-    test_answer(req, c, 2, PX_STATUS_ACK, NULL, "");
-    test_answer(req, c, 3, PX_STATUS_RETRY, "busy", "busy");
-    test_answer(req, c, 4, PX_STATUS_DROP, "bad order", "bad order");
+    test_answer(req, c, 2, IDEMPROXY_STATUS_ACK, NULL, "");
+    test_answer(req, c, 3, IDEMPROXY_STATUS_RETRY, "busy", "busy");
+    test_answer(req, c, 4, IDEMPROXY_STATUS_DROP, "bad order", "bad order");
     memset(&none, 0, sizeof(none));
-    test_cond("unknown status refused", px_client_reply(c, &none, (px_status) 7, NULL) ==
-              PX_CLIENT_ERR && c->err == EINVAL);
+    test_cond("unknown status refused", idemproxy_client_reply(c, &none, (idemproxy_status) 7, NULL) ==
+              IDEMPROXY_CLIENT_ERR && c->err == EINVAL);
 
     /* Receiving again abandons the unanswered delivery: no reply is sent for
      * it, and answering it afterwards is refused. */
     send_delivery(req, 5, "k5", 1);
     send_delivery(req, 6, "k6", 1);
-    test_cond("recv k5", px_client_recv(c, 2000, &d) == PX_CLIENT_OK);
-    test_cond("recv k6", px_client_recv(c, 2000, &d2) == PX_CLIENT_OK);
-    test_cond("stale answer refused", d && px_client_ack(c, d) == PX_CLIENT_ERR);
-    test_cond("current answered", d2 && px_client_ack(c, d2) == PX_CLIENT_OK);
+    test_cond("recv k5", idemproxy_client_recv(c, 2000, &d) == IDEMPROXY_CLIENT_OK);
+    test_cond("recv k6", idemproxy_client_recv(c, 2000, &d2) == IDEMPROXY_CLIENT_OK);
+    test_cond("stale answer refused", d && idemproxy_client_ack(c, d) == IDEMPROXY_CLIENT_ERR);
+    test_cond("current answered", d2 && idemproxy_client_ack(c, d2) == IDEMPROXY_CLIENT_OK);
     ack = req_recv(req, &id);
     test_cond("only k6 answered", ack != NULL && id == 0x80000006u);
     idemproxy__v1__ack__free_unpacked(ack, NULL);
-    px_delivery_free(d);
-    px_delivery_free(d2);
+    idemproxy_delivery_free(d);
+    idemproxy_delivery_free(d2);
 
     /* A body that is not a Delivery is answered RETRY by the library. */
     test_cond("send junk", req_send(req, 7, "\x0a\x05x", 3) == 3);
-    test_cond("junk reported", px_client_recv(c, 2000, &d) == PX_CLIENT_ERR &&
+    test_cond("junk reported", idemproxy_client_recv(c, 2000, &d) == IDEMPROXY_CLIENT_ERR &&
               c->err == EPROTO && d == NULL);
     ack = req_recv(req, &id);
     test_cond("junk answered RETRY", ack != NULL && id == 0x80000007u &&
@@ -270,7 +270,7 @@ int main(void)
      * and never handed to the application; no deadline (0) is no limit. */
     deadline = now_unix_ms() - 1;
     test_cond("send stale", send_delivery(req, 8, "stale", 1) > 0);
-    test_cond("stale not returned", px_client_recv(c, 2000, &d) == PX_CLIENT_EAGAIN &&
+    test_cond("stale not returned", idemproxy_client_recv(c, 2000, &d) == IDEMPROXY_CLIENT_EAGAIN &&
               d == NULL && c->err == ETIMEDOUT && strstr(c->errstr, "stale") != NULL);
     ack = req_recv(req, &id);
     test_cond("stale answered RETRY", ack != NULL && id == 0x80000008u &&
@@ -280,9 +280,9 @@ int main(void)
     idemproxy__v1__ack__free_unpacked(ack, NULL);
     deadline = 0;
     test_cond("send no deadline", send_delivery(req, 9, "whenever", 1) > 0);
-    test_cond("no deadline returned", px_client_recv(c, 2000, &d) == PX_CLIENT_OK && c->err == 0);
-    test_cond("no deadline answered", d && px_client_ack(c, d) == PX_CLIENT_OK);
-    px_delivery_free(d);
+    test_cond("no deadline returned", idemproxy_client_recv(c, 2000, &d) == IDEMPROXY_CLIENT_OK && c->err == 0);
+    test_cond("no deadline answered", d && idemproxy_client_ack(c, d) == IDEMPROXY_CLIENT_OK);
+    idemproxy_delivery_free(d);
     ack = req_recv(req, &id);
     test_cond("no deadline acked", ack != NULL && id == 0x80000009u);
     idemproxy__v1__ack__free_unpacked(ack, NULL);
@@ -291,41 +291,41 @@ int main(void)
     /* Malformed input the application never sees: attempt (a varint) sent
      * length-delimited, and a key that is not UTF-8. */
     test_cond("send mistyped attempt", req_send(req, 12, "\x1a\x01k\x32\x01x", 6) == 6);
-    test_cond("mistyped attempt refused", px_client_recv(c, 2000, &d) == PX_CLIENT_ERR &&
+    test_cond("mistyped attempt refused", idemproxy_client_recv(c, 2000, &d) == IDEMPROXY_CLIENT_ERR &&
               c->err == EPROTO && d == NULL);
     ack = req_recv(req, &id);
     test_cond("mistyped attempt answered RETRY", ack != NULL && id == 0x8000000cu &&
               ack->status == IDEMPROXY__V1__ACK__STATUS__RETRY);
     idemproxy__v1__ack__free_unpacked(ack, NULL);
     test_cond("send non-UTF-8 key", req_send(req, 13, "\x1a\x02\xff\xfe", 4) == 4);
-    test_cond("non-UTF-8 key refused", px_client_recv(c, 2000, &d) == PX_CLIENT_ERR &&
+    test_cond("non-UTF-8 key refused", idemproxy_client_recv(c, 2000, &d) == IDEMPROXY_CLIENT_ERR &&
               c->err == EPROTO && d == NULL);
     ack = req_recv(req, &id);
     test_cond("non-UTF-8 key answered RETRY", ack != NULL && id == 0x8000000du &&
               ack->status == IDEMPROXY__V1__ACK__STATUS__RETRY);
     idemproxy__v1__ack__free_unpacked(ack, NULL);
 
-    test_cond("max entry bytes 0 refused", px_client_set_max_entry_bytes(c, 0) == PX_CLIENT_ERR &&
+    test_cond("max entry bytes 0 refused", idemproxy_client_set_max_entry_bytes(c, 0) == IDEMPROXY_CLIENT_ERR &&
               c->err == EINVAL);
-    test_cond("default receive limit", c->rcvmax == PX_CLIENT_DEFAULT_MAX_ENTRY_BYTES +
-              PX_CLIENT_SP_HEADER_BYTES);
+    test_cond("default receive limit", c->rcvmax == IDEMPROXY_CLIENT_DEFAULT_MAX_ENTRY_BYTES +
+              IDEMPROXY_CLIENT_SP_HEADER_BYTES);
 
     /* Two requests in flight to two workers, answered in reverse order: the
      * request id in the header tells which reply belongs to which. */
-    c2 = px_client_connect(url);
+    c2 = idemproxy_client_connect(url);
     test_cond("second worker connected", c2 && c2->err == 0 && wait_workers(req, 2));
     test_cond("send a", send_delivery(req, 10, "a", 1) > 0);
     test_cond("send b", send_delivery(req, 11, "b", 1) > 0);
-    test_cond("worker 1 got one", px_client_recv(c, 2000, &d) == PX_CLIENT_OK);
-    test_cond("worker 2 got one", px_client_recv(c2, 2000, &d2) == PX_CLIENT_OK);
+    test_cond("worker 1 got one", idemproxy_client_recv(c, 2000, &d) == IDEMPROXY_CLIENT_OK);
+    test_cond("worker 2 got one", idemproxy_client_recv(c2, 2000, &d2) == IDEMPROXY_CLIENT_OK);
     if (d != NULL && d2 != NULL) {
-        px_delivery *da = strcmp(d->key, "a") == 0 ? d : d2, *db = da == d ? d2 : d;
-        px_client *ca = da == d ? c : c2, *cb = da == d ? c2 : c;
+        idemproxy_delivery *da = strcmp(d->key, "a") == 0 ? d : d2, *db = da == d ? d2 : d;
+        idemproxy_client *ca = da == d ? c : c2, *cb = da == d ? c2 : c;
         int seen = 0, i;
 
         test_cond("one each", strcmp(db->key, "b") == 0);
-        test_cond("retry b", px_client_retry(cb, db, "later") == PX_CLIENT_OK);
-        test_cond("ack a", px_client_ack(ca, da) == PX_CLIENT_OK);
+        test_cond("retry b", idemproxy_client_retry(cb, db, "later") == IDEMPROXY_CLIENT_OK);
+        test_cond("ack a", idemproxy_client_ack(ca, da) == IDEMPROXY_CLIENT_OK);
         for (i = 0; i < 2; i++) {
             ack = req_recv(req, &id);
             if (ack != NULL && id == 0x8000000au && ack->status == IDEMPROXY__V1__ACK__STATUS__ACK)
@@ -337,11 +337,11 @@ int main(void)
         }
         test_cond("both replies matched by id", seen == 3);
     }
-    px_delivery_free(d);
-    px_delivery_free(d2);
+    idemproxy_delivery_free(d);
+    idemproxy_delivery_free(d2);
 
-    px_client_free(c2);
-    px_client_free(c);
+    idemproxy_client_free(c2);
+    idemproxy_client_free(c);
     nn_close(req);
     unlink(url + strlen("ipc://"));
     return test_report();

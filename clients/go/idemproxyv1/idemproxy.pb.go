@@ -319,7 +319,8 @@ const file_idemproxy_v1_idemproxy_proto_rawDesc = "" +
 	"\x12STATUS_UNSPECIFIED\x10\x00\x12\a\n" +
 	"\x03ACK\x10\x01\x12\t\n" +
 	"\x05RETRY\x10\x02\x12\b\n" +
-	"\x04DROP\x10\x03BCZAgithub.com/idemproxy/idemproxy/clients/go/idemproxyv1;idemproxyv1b\x06proto3"
+	"\x04DROP\x10\x03Ba\n" +
+	"\x1adev.idemproxy.worker.protoP\x01ZAgithub.com/idemproxy/idemproxy/clients/go/idemproxyv1;idemproxyv1b\x06proto3"
 
 var (
 	file_idemproxy_v1_idemproxy_proto_rawDescOnce sync.Once

@@ -7,7 +7,7 @@ import static java.lang.System.Logger.Level.WARNING;
 import com.google.protobuf.Descriptors.FieldDescriptor;
 import com.google.protobuf.InvalidProtocolBufferException;
 import com.google.protobuf.Message;
-import idemproxy.v1.Idemproxy;
+import dev.idemproxy.worker.proto.Ack;
 import java.io.IOException;
 import java.net.ProtocolException;
 import java.util.ArrayList;
@@ -16,8 +16,10 @@ import java.util.Objects;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.Executor;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
+import java.util.concurrent.RejectedExecutionException;
 import java.util.concurrent.Semaphore;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
@@ -41,19 +43,26 @@ import java.util.concurrent.atomic.AtomicInteger;
  * {@code serve(endpoint, n, handler)} keeps one connection and takes up to n requests off it
  * at a time, each handled on its own thread of a fixed pool and answered as soon as it is
  * done, in any order (what NNG's REP contexts do); the (n+1)th waits on the socket until a
- * handler is free. The connection dials until idemproxy is there and again whenever it goes
- * away (backoff 0.1 s doubling to 1 s), so a worker may start first and survives idemproxy's
- * restarts; a peer that sends no SP header within 10 s is hung up on. When a connection is
- * lost, the deliveries it brought that have not started are skipped (their answers could
- * not be sent; idemproxy delivers them again) and the worker dials again at once. Every
- * answer echoes the delivery's stream and entry id; a delivery that does not decode (a
- * string that is not UTF-8, a known field with the wrong wire type) is answered RETRY.
+ * handler is free. {@code serve(endpoint, n, executor, handler)} runs the handlers on an
+ * executor of yours instead (on Java 21+, {@code Executors.newVirtualThreadPerTaskExecutor()}),
+ * still at most n at a time. The connection dials until idemproxy is there and again
+ * whenever it goes away (backoff 0.1 s doubling to 1 s), so a worker may start first and
+ * survives idemproxy's restarts; a peer that sends no SP header within 10 s is hung up on.
+ * When a connection is lost, the deliveries it brought that have not started are skipped
+ * (their answers could not be sent; idemproxy delivers them again) and the worker dials
+ * again at once. Every answer echoes the delivery's stream and entry id; a delivery that
+ * does not decode (a string that is not UTF-8, a known field with the wrong wire type) is
+ * answered RETRY.
  *
  * <p>{@link Delivery#deadlineUnixMs()} is the delivery's ack deadline: an answer after it is
  * ignored and the entry is delivered again. idemproxy paces deliveries per worker, so the
  * ack timer measures the handler's own work, not a queue in front of it. A delivery that
- * arrives already past its deadline is answered RETRY without calling the handler. The SP protocol itself is in {@code SpRep}; messages go to the
- * {@code System.Logger} "dev.idemproxy.worker", never to stdout.
+ * arrives already past its deadline is answered RETRY without calling the handler. The SP
+ * protocol itself is in {@code SpRep}.
+ *
+ * <p>Messages go to the {@code System.Logger} "dev.idemproxy.worker" (java.util.logging
+ * unless another backend is installed), never to stdout or stderr: a handler's failure is a
+ * WARNING with its exception, a DROP an INFO.
  */
 public final class Worker implements AutoCloseable {
     public static final String DEFAULT_ENDPOINT = "ipc:///tmp/idemproxy.sock";
@@ -108,6 +117,19 @@ public final class Worker implements AutoCloseable {
      * when closed, after the deliveries in hand are answered.
      */
     public void serve(String endpoint, int concurrency, Handler handler) throws InterruptedException {
+        serve(endpoint, concurrency, null, handler);
+    }
+
+    /**
+     * As {@link #serve(String, int, Handler)}, with each handler run on {@code executor}
+     * (null: a fixed pool of {@code concurrency} threads of the worker's own). On Java 21+,
+     * {@code Executors.newVirtualThreadPerTaskExecutor()} runs each on a virtual thread.
+     * {@code concurrency} still bounds the deliveries in hand at once. The executor stays
+     * yours: {@code serve} does not shut it down. A delivery the executor rejects is answered
+     * RETRY (and logged), so idemproxy delivers it again.
+     */
+    public void serve(String endpoint, int concurrency, Executor executor, Handler handler)
+            throws InterruptedException {
         SpRep.address(endpoint); // a bad endpoint fails here
         Objects.requireNonNull(handler, "handler");
         if (concurrency < 1)
@@ -117,17 +139,17 @@ public final class Worker implements AutoCloseable {
                 throw new IllegalStateException("serve() was already called");
             serving = true;
         }
-        AtomicInteger n = new AtomicInteger();
-        ExecutorService pool = Executors.newFixedThreadPool(concurrency, r -> {
-            Thread t = new Thread(r, "idemproxy-handler-" + n.incrementAndGet());
-            handlerThreads.add(t);
-            return t;
-        });
+        ExecutorService own = null;
+        if (executor == null) {
+            AtomicInteger n = new AtomicInteger();
+            own = Executors.newFixedThreadPool(concurrency,
+                    r -> new Thread(r, "idemproxy-handler-" + n.incrementAndGet()));
+        }
         Semaphore free = new Semaphore(concurrency);
         try {
             long backoff = BACKOFF_MIN_MS;
             while (!closed()) {
-                if (session(endpoint, handler, pool, free, concurrency))
+                if (session(endpoint, handler, own != null ? own : executor, free, concurrency))
                     backoff = BACKOFF_MIN_MS;
                 closing.await(backoff, TimeUnit.MILLISECONDS);
                 backoff = Math.min(backoff * 2, BACKOFF_MAX_MS);
@@ -137,7 +159,8 @@ public final class Worker implements AutoCloseable {
             throw e;
         } finally {
             free.acquireUninterruptibly(concurrency); // the handlers still at work are done
-            pool.shutdown();
+            if (own != null)
+                own.shutdown();
             finished.countDown();
         }
     }
@@ -208,7 +231,7 @@ public final class Worker implements AutoCloseable {
     }
 
     /** One connection: dial, then read requests while a handler is free. Returns whether it connected. */
-    private boolean session(String endpoint, Handler handler, ExecutorService pool, Semaphore free,
+    private boolean session(String endpoint, Handler handler, Executor pool, Semaphore free,
                             int concurrency) throws InterruptedException {
         boolean connected = false;
         SpRep conn = null;
@@ -233,19 +256,32 @@ public final class Worker implements AutoCloseable {
                     continue;
                 }
                 SpRep c = conn;
-                pool.execute(() -> {
+                try {
+                    pool.execute(() -> {
+                        handlerThreads.add(Thread.currentThread());
+                        try {
+                            if (c.lost()) // its answer could not be sent: idemproxy delivers it again
+                                return;
+                            c.send(req.backtrace(), answer(req.body(), handler).toByteArray());
+                        } catch (IOException e) {
+                            LOG.log(INFO, "an answer was lost with its connection: {0}", e.toString());
+                            c.abort(); // the deliveries still buffered in it are skipped, and we redial
+                        } finally {
+                            handlerThreads.remove(Thread.currentThread());
+                            free.release();
+                            answered();
+                        }
+                    });
+                } catch (RejectedExecutionException e) {
+                    LOG.log(WARNING, "the executor rejected a delivery, answered RETRY: {0}", e.toString());
                     try {
-                        if (c.lost()) // its answer could not be sent: idemproxy delivers it again
-                            return;
-                        c.send(req.backtrace(), answer(req.body(), handler).toByteArray());
-                    } catch (IOException e) {
-                        LOG.log(INFO, "an answer was lost with its connection: {0}", e.toString());
-                        c.abort(); // the deliveries still buffered in it are skipped, and we redial
+                        c.send(req.backtrace(), Ack.newBuilder().setStatus(Ack.Status.RETRY)
+                                .setReason("the worker's executor rejected it").build().toByteArray());
                     } finally {
                         free.release();
                         answered();
                     }
-                });
+                }
             }
         } catch (IOException e) {
             if (!closed()) { // a lost connection or a new dial error is news, a repeated one is not
@@ -271,35 +307,39 @@ public final class Worker implements AutoCloseable {
     }
 
     /** The answer to one request body: the handler's outcome as an Ack. */
-    static Idemproxy.Ack answer(byte[] body, Handler handler) {
-        Idemproxy.Delivery m;
+    static Ack answer(byte[] body, Handler handler) {
+        dev.idemproxy.worker.proto.Delivery m;
         try {
-            m = Idemproxy.Delivery.parseFrom(body);
+            m = dev.idemproxy.worker.proto.Delivery.parseFrom(body);
             misTyped(m);
         } catch (InvalidProtocolBufferException e) {
             LOG.log(WARNING, "a delivery that does not decode, answered RETRY: {0}", e.getMessage());
-            return Idemproxy.Ack.newBuilder().setStatus(Idemproxy.Ack.Status.RETRY)
+            return Ack.newBuilder().setStatus(Ack.Status.RETRY)
                     .setReason("undecodable delivery: " + e.getMessage()).build();
         }
         List<Delivery.Field> fields = new ArrayList<>(m.getFieldsCount());
-        for (Idemproxy.Field f : m.getFieldsList())
+        for (dev.idemproxy.worker.proto.Field f : m.getFieldsList())
             fields.add(new Delivery.Field(f.getName(), f.getValue().toByteArray()));
         Delivery d = new Delivery(m.getStream(), m.getEntryId(), m.getKey(), fields,
                 m.getPayload().toByteArray(), m.getAttempt(), m.getFencingToken(), m.getDeadlineUnixMs());
-        Idemproxy.Ack.Builder ack = Idemproxy.Ack.newBuilder()
+        Ack.Builder ack = Ack.newBuilder()
                 .setStream(m.getStream()).setEntryId(m.getEntryId());
         if (d.deadlineUnixMs() != 0 && Long.compareUnsigned(System.currentTimeMillis(), d.deadlineUnixMs()) > 0) {
             LOG.log(INFO, "{0} {1} key={2}: " + STALE + ", answered RETRY", d.stream(), d.entryId(), d.key());
-            return ack.setStatus(Idemproxy.Ack.Status.RETRY).setReason(STALE).build();
+            return ack.setStatus(Ack.Status.RETRY).setReason(STALE).build();
         }
         try {
             handler.handle(d);
-            return ack.setStatus(Idemproxy.Ack.Status.ACK).build();
+            return ack.setStatus(Ack.Status.ACK).build();
         } catch (Drop e) {
-            return ack.setStatus(Idemproxy.Ack.Status.DROP).setReason(Objects.toString(e.reason(), "")).build();
+            LOG.log(INFO, "{0} {1} key={2} attempt={3}: the handler dropped it: {4}", d.stream(),
+                    d.entryId(), d.key(), Integer.toUnsignedString(d.attempt()), e.reason());
+            return ack.setStatus(Ack.Status.DROP).setReason(Objects.toString(e.reason(), "")).build();
         } catch (Throwable e) { // an Error too: the delivery is answered, the worker goes on
             String reason = e.getMessage() != null ? e.getMessage() : e.toString();
-            return ack.setStatus(Idemproxy.Ack.Status.RETRY).setReason(reason).build();
+            LOG.log(WARNING, d.stream() + " " + d.entryId() + " key=" + d.key() + " attempt="
+                    + Integer.toUnsignedString(d.attempt()) + ": the handler failed, answered RETRY", e);
+            return ack.setStatus(Ack.Status.RETRY).setReason(reason).build();
         }
     }
 

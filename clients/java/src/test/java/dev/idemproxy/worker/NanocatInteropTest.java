@@ -3,7 +3,7 @@ package dev.idemproxy.worker;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
-import idemproxy.v1.Idemproxy;
+import dev.idemproxy.worker.proto.Ack;
 import java.io.File;
 import java.net.ServerSocket;
 import java.nio.file.Files;
@@ -31,7 +31,7 @@ class NanocatInteropTest {
         worker.close();
     }
 
-    private Idemproxy.Ack exchange(String endpoint, String key) throws Exception {
+    private Ack exchange(String endpoint, String key) throws Exception {
         String nanocat = null;
         for (String dir : System.getenv().getOrDefault("PATH", "").split(File.pathSeparator)) {
             if (Files.isExecutable(Path.of(dir, "nanocat")))
@@ -52,13 +52,13 @@ class NanocatInteropTest {
                 "--raw", "--recv-timeout", "10").redirectError(ProcessBuilder.Redirect.INHERIT).start();
         byte[] out = p.getInputStream().readAllBytes();
         p.waitFor(10, TimeUnit.SECONDS);
-        return Idemproxy.Ack.parseFrom(out);
+        return Ack.parseFrom(out);
     }
 
     @Test
     void answersNanomsgOverIpc() throws Exception {
-        Idemproxy.Ack a = exchange("ipc://" + tmp.resolve("nanocat.sock"), "ok");
-        assertEquals(Idemproxy.Ack.Status.ACK, a.getStatus());
+        Ack a = exchange("ipc://" + tmp.resolve("nanocat.sock"), "ok");
+        assertEquals(Ack.Status.ACK, a.getStatus());
         assertEquals("room", a.getStream());
         assertEquals("1700000000000-3", a.getEntryId());
     }
@@ -69,8 +69,8 @@ class NanocatInteropTest {
         try (ServerSocket s = new ServerSocket(0)) {
             port = s.getLocalPort();
         }
-        Idemproxy.Ack a = exchange("tcp://127.0.0.1:" + port, "drop-me");
-        assertEquals(Idemproxy.Ack.Status.DROP, a.getStatus());
+        Ack a = exchange("tcp://127.0.0.1:" + port, "drop-me");
+        assertEquals(Ack.Status.DROP, a.getStatus());
         assertEquals("bad event", a.getReason());
         assertEquals("1700000000000-3", a.getEntryId());
     }

@@ -7,8 +7,8 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.google.protobuf.ByteString;
-import idemproxy.v1.Idemproxy;
-import idemproxy.v1.Idemproxy.Ack.Status;
+import dev.idemproxy.worker.proto.Ack;
+import dev.idemproxy.worker.proto.Ack.Status;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
@@ -20,9 +20,16 @@ import java.util.Map;
 import java.util.List;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.Executor;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.RejectedExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicReference;
+import java.util.logging.Level;
+import java.util.logging.LogRecord;
+import java.util.logging.Logger;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.Timeout;
@@ -39,10 +46,14 @@ class WorkerTest {
     record Running(Worker worker, Thread thread) {}
 
     private Running serve(String endpoint, int concurrency, Handler handler) {
+        return serve(endpoint, concurrency, null, handler);
+    }
+
+    private Running serve(String endpoint, int concurrency, Executor executor, Handler handler) {
         Worker w = new Worker(1024);
         Thread t = new Thread(() -> {
             try {
-                w.serve(endpoint, concurrency, handler);
+                w.serve(endpoint, concurrency, executor, handler);
             } catch (InterruptedException e) {
                 // stopped
             }
@@ -59,18 +70,18 @@ class WorkerTest {
     }
 
     static byte[] delivery(String key, int attempt) {
-        return Idemproxy.Delivery.newBuilder().setStream("room").setEntryId("1700000000000-" + attempt)
+        return dev.idemproxy.worker.proto.Delivery.newBuilder().setStream("room").setEntryId("1700000000000-" + attempt)
                 .setKey(key).setPayload(ByteString.copyFromUtf8("{\"eventId\":\"" + key + "\"}"))
                 .setAttempt(attempt).setFencingToken(7).setDeadlineUnixMs(4_102_444_800_000L)
                 .build().toByteArray();
     }
 
     /** Checks that 'reply' starts with the backtrace 'words' and decodes the Ack behind it. */
-    static Idemproxy.Ack ack(byte[] reply, int... words) throws IOException {
+    static Ack ack(byte[] reply, int... words) throws IOException {
         ByteBuffer b = ByteBuffer.wrap(reply);
         for (int w : words)
             assertEquals(w, b.getInt(), "backtrace word");
-        return Idemproxy.Ack.parseFrom(b);
+        return Ack.parseFrom(b);
     }
 
     static void handleByKey(Delivery d) throws Exception {
@@ -95,7 +106,7 @@ class WorkerTest {
                 for (int i = 0; i < keys.length; i++) {
                     int id = 0x80000001 + i;
                     p.request(delivery(keys[i], i + 1), id);
-                    Idemproxy.Ack a = ack(p.reply(), id);
+                    Ack a = ack(p.reply(), id);
                     assertEquals(want[i], a.getStatus(), keys[i]);
                     assertEquals(reasons[i], a.getReason(), keys[i]);
                     assertEquals("room", a.getStream());
@@ -106,11 +117,79 @@ class WorkerTest {
     }
 
     @Test
+    void runsHandlersOnTheExecutorGivenAndLeavesItToItsOwner() throws Exception {
+        ExecutorService mine = Executors.newCachedThreadPool(r -> new Thread(r, "mine"));
+        AtomicReference<String> where = new AtomicReference<>();
+        AtomicReference<Worker> self = new AtomicReference<>();
+        try (FakeIdemproxy px = FakeIdemproxy.ipc(tmp.resolve("px.sock"))) {
+            Running r = serve(px.endpoint(), 2, mine, d -> {
+                where.set(Thread.currentThread().getName());
+                if (d.key().equals("close-me"))
+                    self.get().close(); // from a thread of the caller's executor: must not wait for itself
+            });
+            self.set(r.worker());
+            try (FakeIdemproxy.Peer p = px.accept()) {
+                p.request(delivery("k", 1), 0x80000001);
+                assertEquals(Status.ACK, ack(p.reply(), 0x80000001).getStatus());
+                assertEquals("mine", where.get());
+                p.request(delivery("close-me", 1), 0x80000002);
+                assertEquals(Status.ACK, ack(p.reply(), 0x80000002).getStatus());
+                r.thread().join(5000);
+                assertFalse(r.thread().isAlive(), "serve() returned");
+            }
+        }
+        assertFalse(mine.isShutdown(), "the executor is still its owner's");
+        mine.shutdown();
+    }
+
+    @Test
+    void aDeliveryTheExecutorRejectsIsAnsweredRetry() throws Exception {
+        Executor full = task -> {
+            throw new RejectedExecutionException("queue full");
+        };
+        try (FakeIdemproxy px = FakeIdemproxy.ipc(tmp.resolve("px.sock"))) {
+            serve(px.endpoint(), 1, full, d -> { });
+            try (FakeIdemproxy.Peer p = px.accept()) {
+                for (int id = 0x80000001; id <= 0x80000002; id++) { // and the worker goes on
+                    p.request(delivery("k", 1), id);
+                    Ack a = ack(p.reply(), id);
+                    assertEquals(Status.RETRY, a.getStatus());
+                    assertEquals("the worker's executor rejected it", a.getReason());
+                }
+            }
+        }
+    }
+
+    @Test
+    void aHandlersFailureGoesToTheSystemLogger() {
+        List<LogRecord> records = new ArrayList<>();
+        java.util.logging.Handler collect = new java.util.logging.Handler() {
+            @Override public void publish(LogRecord r) { records.add(r); }
+            @Override public void flush() { }
+            @Override public void close() { }
+        };
+        Logger log = Logger.getLogger("dev.idemproxy.worker");
+        log.addHandler(collect);
+        try {
+            Ack a = Worker.answer(delivery("retry-me", 3), WorkerTest::handleByKey);
+            assertEquals(Status.RETRY, a.getStatus());
+        } finally {
+            log.removeHandler(collect);
+        }
+        assertEquals(1, records.size());
+        LogRecord r = records.get(0);
+        assertEquals(Level.WARNING, r.getLevel());
+        assertEquals("room 1700000000000-3 key=retry-me attempt=3: the handler failed, answered RETRY",
+                r.getMessage());
+        assertTrue(r.getThrown() instanceof IOException && r.getThrown().getMessage().equals("database unavailable"));
+    }
+
+    @Test
     void decodesEveryDeliveryField() {
-        byte[] body = Idemproxy.Delivery.newBuilder().setStream("s").setEntryId("1-2").setKey("k")
-                .addFields(Idemproxy.Field.newBuilder().setName("a").setValue(ByteString.copyFromUtf8("1")))
-                .addFields(Idemproxy.Field.newBuilder().setName("bin").setValue(ByteString.copyFrom(new byte[] {0, -1})))
-                .addFields(Idemproxy.Field.newBuilder().setName("a").setValue(ByteString.copyFromUtf8("2")))
+        byte[] body = dev.idemproxy.worker.proto.Delivery.newBuilder().setStream("s").setEntryId("1-2").setKey("k")
+                .addFields(dev.idemproxy.worker.proto.Field.newBuilder().setName("a").setValue(ByteString.copyFromUtf8("1")))
+                .addFields(dev.idemproxy.worker.proto.Field.newBuilder().setName("bin").setValue(ByteString.copyFrom(new byte[] {0, -1})))
+                .addFields(dev.idemproxy.worker.proto.Field.newBuilder().setName("a").setValue(ByteString.copyFromUtf8("2")))
                 .setPayload(ByteString.copyFromUtf8("héllo")).setAttempt(-1).setFencingToken(-1L)
                 .setDeadlineUnixMs(4_102_444_800_123L).build().toByteArray();
         AtomicReference<Delivery> got = new AtomicReference<>();
@@ -133,7 +212,7 @@ class WorkerTest {
             serve(px.endpoint(), 1, d -> { });
             try (FakeIdemproxy.Peer p = px.accept()) {
                 p.request(new byte[] {(byte) 0xff, (byte) 0xff, 0x01}, 0x80000042);
-                Idemproxy.Ack a = ack(p.reply(), 0x80000042);
+                Ack a = ack(p.reply(), 0x80000042);
                 assertEquals(Status.RETRY, a.getStatus());
                 assertTrue(a.getReason().startsWith("undecodable delivery"), a.getReason());
                 assertEquals("", a.getEntryId());
@@ -151,7 +230,7 @@ class WorkerTest {
             try (FakeIdemproxy.Peer p = px.accept()) {
                 p.request(new byte[0], 0x00000001, 0x00000002);       // no word with the top bit: ignored
                 p.request(delivery("ok", 1), 0x00000005, 0x80000009); // a hop, then the request id
-                Idemproxy.Ack a = ack(p.reply(), 0x00000005, 0x80000009);
+                Ack a = ack(p.reply(), 0x00000005, 0x80000009);
                 assertEquals(Status.ACK, a.getStatus());
                 assertEquals("1700000000000-1", a.getEntryId());
             }
@@ -159,12 +238,12 @@ class WorkerTest {
     }
 
     /** Reads 'n' replies, in whatever order they come, by request id. */
-    static Map<Integer, Idemproxy.Ack> replies(FakeIdemproxy.Peer p, int n) throws IOException {
-        Map<Integer, Idemproxy.Ack> got = new HashMap<>();
+    static Map<Integer, Ack> replies(FakeIdemproxy.Peer p, int n) throws IOException {
+        Map<Integer, Ack> got = new HashMap<>();
         for (int i = 0; i < n; i++) {
             ByteBuffer b = ByteBuffer.wrap(p.reply());
             int id = b.getInt();
-            got.put(id, Idemproxy.Ack.parseFrom(b));
+            got.put(id, Ack.parseFrom(b));
         }
         return got;
     }
@@ -184,7 +263,7 @@ class WorkerTest {
             try (FakeIdemproxy.Peer p = px.accept()) {
                 for (int i = 1; i <= 3; i++)
                     p.request(delivery("slow-" + i, 1), 0x80000000 | i);
-                Map<Integer, Idemproxy.Ack> got = replies(p, 3);
+                Map<Integer, Ack> got = replies(p, 3);
                 for (int i = 1; i <= 3; i++)
                     assertEquals(Status.ACK, got.get(0x80000000 | i).getStatus());
             }

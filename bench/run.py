@@ -34,14 +34,16 @@ the same seed gives the same keys in the same order). Then:
     each only its first window, the rest wait claimed).
   A/B, with BENCH_AB_BIN set to a second idemproxy binary (the "before" build,
     e.g. of the commit before a change): keys/s of this idemproxy ("now") and
-    of that one on the same data, in rounds that interleave them (now first in
-    odd rounds, before first in even ones), for two worker shapes: ONE worker of
-    concurrency BENCH_AB_CONCURRENCY on one connection (bench_worker
-    --concurrency: a raw REP socket, a receiving thread, that many handler
-    threads) and the default BENCH_WORKERS one-socket workers. Each round gives
-    a ratio now/before per shape; the row is their median and min-max, with
-    each binary's median keys/s, deliveries beyond one per unique key and the
-    largest idemproxy_delivery_window the now binary showed. Issue 21's target:
+    of that one on the same data, in rounds that interleave them (the order
+    shifts each round), for two worker shapes: ONE worker of concurrency
+    BENCH_AB_CONCURRENCY on one connection (bench_worker --concurrency: a raw
+    REP socket, a receiving thread, that many handler threads) and the default
+    BENCH_WORKERS one-socket workers. Each round gives a ratio now/before per
+    shape; the row is their median and min-max, with each binary's median
+    keys/s and proxy CPU, deliveries beyond one per unique key and the largest
+    idemproxy_delivery_window the now binary showed; with
+    BENCH_AB_CONTROL, the now binary runs once more in each round and now
+    again / now is an A/A control, the noise of a ratio. Issue 21's target:
     flow control (576505c) keeps a worker of concurrency 16 at the throughput of
     576505c^. keys/s as in the throughput rows; no copies re-read.
 Throughput runs and baselines are repeated in BENCH_REPEAT interleaved rounds;
@@ -72,6 +74,10 @@ Knobs (environment, default):
   BENCH_AB_BIN ""             a second idemproxy binary for the A/B rows (unset or empty: no A/B)
   BENCH_AB_VARIANT group/single  read mode and layout of the A/B runs
   BENCH_AB_CONCURRENCY 16    handler threads of the one-connection worker
+  BENCH_AB_SHAPES c,w        worker shapes of the A/B rows: c the one connection of
+                             concurrency BENCH_AB_CONCURRENCY, w the BENCH_WORKERS sockets
+  BENCH_AB_CONTROL 1         also run this idemproxy a second time in every round (an A/A
+                             control: the spread of its ratio is the noise); 0: only A/B
   BENCH_AB_REPEAT (= BENCH_REPEAT)  A/B rounds
   BENCH_TIMEOUT 300          seconds any one wait may take
   IDEMPROXY_BIN build/idemproxy (copied first: a rebuild meanwhile is harmless)
@@ -138,6 +144,8 @@ AB_BIN = env("BENCH_AB_BIN", "")
 AB_VARIANT = env("BENCH_AB_VARIANT", "group/single")
 AB_CONCURRENCY = env("BENCH_AB_CONCURRENCY", 16, int)
 AB_REPEAT = env("BENCH_AB_REPEAT", REPEAT, int)
+AB_SHAPE_NAMES = [x for x in env("BENCH_AB_SHAPES", "c,w").split(",") if x]
+AB_CONTROL = env("BENCH_AB_CONTROL", 1, int)
 SEED = 1
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SPAWNED = []        # every process started here, killed at the end if still running
@@ -467,8 +475,9 @@ def throughput(b, variant, data, perf=None):
     return res
 
 
-AB_SHAPES = (("c", f"1 worker of concurrency {AB_CONCURRENCY}, one connection"),
-             ("w", f"{WORKERS} workers, one REP socket each (the default rows' shape)"))
+AB_SHAPES = [(k, v) for k, v in (("c", f"1 worker of concurrency {AB_CONCURRENCY}, one connection"),
+                                  ("w", f"{WORKERS} workers, one REP socket each (the default rows' shape)"))
+             if k in AB_SHAPE_NAMES]
 
 
 def ab_run(b, binary, shape, data):
@@ -502,23 +511,29 @@ def ab_run(b, binary, shape, data):
 
 
 def ab(b):
-    """Interleaved rounds of now and before, per worker shape; each round's ratio."""
+    """Interleaved rounds of now and before (and now again, the control), per
+    worker shape; each round's ratios. Each round shifts the order by one, so
+    every binary runs first, second (and third) alike."""
     before = b.tmp / "idemproxy-before"
     shutil.copy2(AB_BIN, before)
-    runs = {shape: {"now": [], "before": [], "ratio": []} for shape, _ in AB_SHAPES}
+    names = [("now", b.bin), ("before", before)] + ([("again", b.bin)] if AB_CONTROL else [])
+    runs = {shape: {"now": [], "before": [], "again": [], "ratio": [], "control": []} for shape, _ in AB_SHAPES}
     for rnd in range(AB_REPEAT):
-        order = [("now", b.bin), ("before", before)]
-        if rnd % 2:
-            order.reverse()
+        order = names[rnd % len(names):] + names[:rnd % len(names)]
         for shape, _ in AB_SHAPES:
             got = {}
             for name, binary in order:
                 got[name] = ab_run(b, binary, shape, b.fresh())
                 runs[shape][name].append(got[name])
-            runs[shape]["ratio"].append(got["now"]["keys_per_s"] / got["before"]["keys_per_s"])
+            r = runs[shape]
+            r["ratio"].append(got["now"]["keys_per_s"] / got["before"]["keys_per_s"])
+            if AB_CONTROL:
+                r["control"].append(got["again"]["keys_per_s"] / got["now"]["keys_per_s"])
             log(f"A/B round {rnd + 1} of {AB_REPEAT}, shape {shape}: now {got['now']['keys_per_s']:.0f} "
                 f"keys/s (window up to {got['now']['max_window']:.0f}), before "
-                f"{got['before']['keys_per_s']:.0f} keys/s: ratio {runs[shape]['ratio'][-1]:.2f}")
+                f"{got['before']['keys_per_s']:.0f} keys/s: ratio {r['ratio'][-1]:.2f}"
+                + (f"; now again {got['again']['keys_per_s']:.0f} keys/s: {r['control'][-1]:.2f}"
+                   if AB_CONTROL else ""))
     return runs
 
 
@@ -527,28 +542,39 @@ def ab_report(meta, runs):
         xs = sorted(xs)
         return xs[(len(xs) - 1) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
 
+    def spr(xs, fmt):
+        return f"{med(xs):{fmt}} ({min(xs):{fmt}}–{max(xs):{fmt}})"
+
     L = [f"## A/B: this idemproxy (now) against {meta['ab_bin']} (before)\n",
          f"{meta['date']}, {meta['machine']}; load average {meta['load_start']} at the start, "
          f"{meta['load_end']} at the end; CPU time stolen by the hypervisor {meta['steal_pct']:.1f} %; "
          f"now = idemproxy {meta['rev']}. {AB_VARIANT.replace('/', ' read, layout ')}, {N} entries, "
          f"{COPIES:.0%} copies, max_inflight {MAX_INFLIGHT}, ack_timeout_ms 30000; {AB_REPEAT} rounds, "
-         f"now and before interleaved (each round's order alternates), a fresh stream for every run.\n",
-         "| worker shape | now keys/s | before keys/s | now / before (median of rounds, min–max) "
-         "| deliveries − unique keys, now / before | largest window now |",
-         "|---|---:|---:|---:|---:|---:|"]
+         f"now and before{' and now again' if AB_CONTROL else ''} interleaved (the order shifts "
+         f"each round), a fresh stream for every run. Median of the rounds (min–max).\n",
+         "| worker shape | now keys/s | before keys/s | now / before, keys/s "
+         + ("| control: now again / now | " if AB_CONTROL else "| ")
+         + "proxy CPU s / 1k entries, now / before | deliveries − unique keys, now / before | largest window now |",
+         "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if AB_CONTROL else "")]
     for shape, label in AB_SHAPES:
         r = runs[shape]
         ks = {k: [x["keys_per_s"] for x in r[k]] for k in ("now", "before")}
-        ratio = r["ratio"]
-        L.append(f"| {label} | {med(ks['now']):,.0f} ({min(ks['now']):,.0f}–{max(ks['now']):,.0f}) | "
-                 f"{med(ks['before']):,.0f} ({min(ks['before']):,.0f}–{max(ks['before']):,.0f}) | "
-                 f"**{med(ratio):.2f}** ({min(ratio):.2f}–{max(ratio):.2f}) | "
+        cpu = {k: med([x["cpu_s"] for x in r[k]]) / (N / 1000) for k in ("now", "before")}
+        L.append(f"| {label} | {spr(ks['now'], ',.0f')} | {spr(ks['before'], ',.0f')} | "
+                 f"**{spr(r['ratio'], '.2f')}** | " + (f"{spr(r['control'], '.2f')} | " if AB_CONTROL else "")
+                 + f"{cpu['now']:.3f} / {cpu['before']:.3f} | "
                  f"{sum(x['extra'] for x in r['now'])} / {sum(x['extra'] for x in r['before'])} | "
                  f"{max(x['max_window'] for x in r['now']):.0f} |")
     L.append("")
-    L.append("Per-round ratios: " + "; ".join(
-        f"{label.split(',')[0]}: " + ", ".join(f"{x:.2f}" for x in runs[shape]["ratio"])
-        for shape, label in AB_SHAPES) + ".\n")
+    for shape, label in AB_SHAPES:
+        L.append(f"Per-round ratios now / before, {label.split(',')[0]}: "
+                 + ", ".join(f"{x:.2f}" for x in runs[shape]["ratio"])
+                 + ("; control: " + ", ".join(f"{x:.2f}" for x in runs[shape]["control"]) if AB_CONTROL else "")
+                 + ".")
+    L.append("")
+    if AB_CONTROL:
+        L.append("The control runs this idemproxy twice in every round: the spread of its ratio is "
+                 "what the machine's noise alone does to a ratio.\n")
     return "\n".join(L) + "\n"
 
 

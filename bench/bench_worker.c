@@ -9,6 +9,16 @@
  * which the K-th delivery arrived is recorded, so the orchestrator can time
  * "all unique keys delivered" without polling.
  *
+ * Concurrency mode (--concurrency K): ONE connection with K handlers, the shape
+ * of the clients here (a worker with concurrency K on one socket): one raw
+ * (AF_SP_RAW) NN_REP socket; the receiving thread takes each request with its
+ * SP header (nn_recvmsg, msg_control NN_MSG) as soon as one of the K handler
+ * threads is free and hands it over; the handler decodes the Delivery (for
+ * attempt and ts_us), counts it and answers with the same header
+ * (nn_sendmsg): `08 01`, an Ack with status ACK (docs/protocol.md). At most K
+ * deliveries are taken from the socket and unanswered; the rest wait in
+ * nanomsg's pipe, in idemproxy's window for this one worker.
+ *
  * Hold mode (--hold): --threads raw (AF_SP_RAW) NN_REP sockets, a thread
  * each, that receive deliveries and never answer, so idemproxy keeps them all
  * in flight: the "RSS with 10k deliveries in flight" measurement. idemproxy
@@ -38,6 +48,7 @@
 
 #include "hist.h"
 #include "idemproxy_client.h"
+#include "idemproxy/v1/idemproxy.pb-c.h"
 
 static const char *endpoint = "ipc:///tmp/idemproxy.sock";
 static long expect;
@@ -88,6 +99,97 @@ static void *ack_thread(void *arg)
     return NULL;
 }
 
+/* --concurrency: requests taken from the one socket, waiting for a handler. */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t  work, room;      /* a request queued; a handler is free */
+    int             busy;            /* taken and not yet answered (at most 'cap') */
+    int             cap, head, n;
+    void          **body, **ctl;     /* ring of 'cap' requests: body and SP header */
+    int            *len;
+} q = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
+        0, 0, 0, 0, NULL, NULL, NULL };
+static int conc_sock = -1;
+
+static void *handler_thread(void *arg)
+{
+    hist *h = arg;
+    static const uint8_t ack[] = { 0x08, 0x01 };     /* Ack { status: ACK } */
+    for (;;) {
+        pthread_mutex_lock(&q.mu);
+        while (q.n == 0 && !atomic_load(&stop)) pthread_cond_wait(&q.work, &q.mu);
+        if (q.n == 0) { pthread_mutex_unlock(&q.mu); return NULL; }
+        void *body = q.body[q.head], *ctl = q.ctl[q.head];
+        int len = q.len[q.head];
+        q.head = (q.head + 1) % q.cap;
+        q.n--;
+        pthread_mutex_unlock(&q.mu);
+
+        uint64_t now = now_us(CLOCK_REALTIME), ts;
+        Idemproxy__V1__Delivery *d = idemproxy__v1__delivery__unpack(NULL, (size_t)len, body);
+        nn_freemsg(body);
+        if (d == NULL) {
+            fprintf(stderr, "bench_worker: an undecodable Delivery\n");
+        } else {
+            counted();
+            if (d->attempt > 1) atomic_fetch_add(&redeliveries, 1);
+            if (payload_ts(d->payload.data, d->payload.len, &ts) == 0 && ts > 0)
+                hist_add(h, now > ts ? now - ts : 0);
+            idemproxy__v1__delivery__free_unpacked(d, NULL);
+        }
+        struct nn_iovec iov = { (void *)ack, sizeof(ack) };
+        struct nn_msghdr hdr = { &iov, 1, &ctl, NN_MSG };
+        if (nn_sendmsg(conc_sock, &hdr, 0) < 0) {   /* on success nanomsg owns ctl */
+            fprintf(stderr, "bench_worker: send: %s\n", nn_strerror(errno));
+            nn_freemsg(ctl);
+        }
+        pthread_mutex_lock(&q.mu);
+        q.busy--;
+        pthread_cond_signal(&q.room);
+        pthread_mutex_unlock(&q.mu);
+    }
+}
+
+/* The receiving thread of --concurrency: a request is taken only for a free handler. */
+static void *recv_thread(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&stop)) {
+        pthread_mutex_lock(&q.mu);
+        while (q.busy == q.cap && !atomic_load(&stop)) {
+            struct timespec t;
+            clock_gettime(CLOCK_REALTIME, &t);
+            t.tv_nsec += 100 * 1000 * 1000;
+            if (t.tv_nsec >= 1000000000L) { t.tv_sec++; t.tv_nsec -= 1000000000L; }
+            pthread_cond_timedwait(&q.room, &q.mu, &t);
+        }
+        pthread_mutex_unlock(&q.mu);
+        if (atomic_load(&stop)) break;
+        void *body = NULL, *ctl = NULL;
+        struct nn_iovec iov = { &body, NN_MSG };
+        struct nn_msghdr hdr = { &iov, 1, &ctl, NN_MSG };
+        int n = nn_recvmsg(conc_sock, &hdr, 0);
+        if (n < 0) {
+            if (errno != ETIMEDOUT && errno != EAGAIN && errno != EINTR)
+                fprintf(stderr, "bench_worker: recv: %s\n", nn_strerror(errno));
+            continue;
+        }
+        pthread_mutex_lock(&q.mu);
+        int at = (q.head + q.n) % q.cap;
+        q.body[at] = body;
+        q.ctl[at] = ctl;
+        q.len[at] = n;
+        q.n++;
+        q.busy++;
+        pthread_cond_signal(&q.work);
+        pthread_mutex_unlock(&q.mu);
+    }
+    pthread_mutex_lock(&q.mu);
+    pthread_cond_broadcast(&q.work);              /* handlers see 'stop' */
+    pthread_mutex_unlock(&q.mu);
+    return NULL;
+}
+
 static void *hold_thread(void *arg)
 {
     (void)arg;
@@ -116,27 +218,45 @@ static void *hold_thread(void *arg)
 
 int main(int argc, char **argv)
 {
-    int threads = 4, hold = 0;
+    int threads = 4, hold = 0, concurrency = 0;
     const char *progress = NULL;
     static const struct option opts[] = {
         { "endpoint", required_argument, NULL, 'e' }, { "threads", required_argument, NULL, 't' },
         { "expect", required_argument, NULL, 'x' },   { "hold", no_argument, NULL, 'H' },
-        { "progress", required_argument, NULL, 'p' }, { NULL, 0, NULL, 0 } };
+        { "progress", required_argument, NULL, 'p' }, { "concurrency", required_argument, NULL, 'c' },
+        { NULL, 0, NULL, 0 } };
     int o;
-    while ((o = getopt_long(argc, argv, "e:t:x:Hp:", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "e:t:x:Hp:c:", opts, NULL)) != -1) {
         switch (o) {
         case 'e': endpoint = optarg; break;
         case 't': threads = atoi(optarg); break;
         case 'x': expect = atol(optarg); break;
         case 'H': hold = 1; break;
         case 'p': progress = optarg; break;
+        case 'c': concurrency = atoi(optarg); break;
         default:
-            fprintf(stderr, "usage: bench_worker --endpoint EP [--threads N] [--expect K] [--hold]"
-                            " [--progress FILE]\n");
+            fprintf(stderr, "usage: bench_worker --endpoint EP [--threads N | --concurrency K | --hold]"
+                            " [--expect K] [--progress FILE]\n");
             return 2;
         }
     }
     if (threads < 1) threads = 1;
+    if (concurrency > 0) {                 /* one socket, K handlers and a receiving thread */
+        hold = 0;
+        threads = concurrency + 1;
+        q.cap = concurrency;
+        q.body = calloc((size_t)q.cap, sizeof(void *));
+        q.ctl = calloc((size_t)q.cap, sizeof(void *));
+        q.len = calloc((size_t)q.cap, sizeof(int));
+        conc_sock = nn_socket(AF_SP_RAW, NN_REP);
+        int to = 100;
+        if (q.body == NULL || q.ctl == NULL || q.len == NULL || conc_sock < 0 ||
+            nn_setsockopt(conc_sock, NN_SOL_SOCKET, NN_RCVTIMEO, &to, sizeof(to)) < 0 ||
+            nn_connect(conc_sock, endpoint) < 0) {
+            fprintf(stderr, "bench_worker: concurrency socket: %s\n", nn_strerror(errno));
+            return 1;
+        }
+    }
 
     /* Signals go to this thread only, through sigtimedwait. */
     sigset_t set;
@@ -149,7 +269,9 @@ int main(int argc, char **argv)
     hist *h = calloc((size_t)threads, sizeof(*h));
     if (tid == NULL || h == NULL) { fprintf(stderr, "bench_worker: out of memory\n"); return 1; }
     for (int i = 0; i < threads; i++) {
-        int rc = pthread_create(&tid[i], NULL, hold ? hold_thread : ack_thread, &h[i]);
+        void *(*fn)(void *) = concurrency > 0 ? (i == 0 ? recv_thread : handler_thread)
+                              : hold ? hold_thread : ack_thread;
+        int rc = pthread_create(&tid[i], NULL, fn, &h[i]);
         if (rc != 0) { fprintf(stderr, "bench_worker: pthread_create: %s\n", strerror(rc)); return 1; }
     }
     /* The count goes to a temporary file renamed over 'progress', so a reader
@@ -168,6 +290,7 @@ int main(int argc, char **argv)
     }
     atomic_store(&stop, 1);
     for (int i = 0; i < threads; i++) pthread_join(tid[i], NULL);
+    if (conc_sock >= 0) nn_close(conc_sock);
 
     static hist all;
     for (int i = 0; i < threads; i++) hist_merge(&all, &h[i]);

@@ -32,6 +32,20 @@ the same seed gives the same keys in the same order). Then:
     for a worker that never answers (max_inflight = BENCH_HOLD + 256), over a
     socket per 128 (idemproxy's most per connected worker; flow control sends
     each only its first window, the rest wait claimed).
+  A/B, with BENCH_AB_BIN set to a second idemproxy binary (the "before" build,
+    e.g. of the commit before a change): keys/s of this idemproxy ("now") and
+    of that one on the same data, in rounds that interleave them (the order
+    shifts each round), for two worker shapes: ONE worker of concurrency
+    BENCH_AB_CONCURRENCY on one connection (bench_worker --concurrency: a raw
+    REP socket, a receiving thread, that many handler threads) and the default
+    BENCH_WORKERS one-socket workers. Each round gives a ratio now/before per
+    shape; the row is their median and min-max, with each binary's median
+    keys/s and proxy CPU, deliveries beyond one per unique key and the largest
+    idemproxy_delivery_window the now binary showed; with
+    BENCH_AB_CONTROL, the now binary runs once more in each round and now
+    again / now is an A/A control, the noise of a ratio. Issue 21's target:
+    flow control (576505c) keeps a worker of concurrency 16 at the throughput of
+    576505c^. keys/s as in the throughput rows; no copies re-read.
 Throughput runs and baselines are repeated in BENCH_REPEAT interleaved rounds;
 each row is its median round.
 
@@ -57,10 +71,20 @@ Knobs (environment, default):
                              thread (build/bench/perf-stat-<layout>.txt)
   BENCH_CLUSTER_N 100000     entries in the Redis Cluster rows (bench/cluster.py): 1, 2
                              and 3 idemproxy replicas against a local 3-master cluster
+  BENCH_AB_BIN ""             a second idemproxy binary for the A/B rows (unset or empty: no A/B)
+  BENCH_AB_VARIANT group/single  read mode and layout of the A/B runs
+  BENCH_AB_CONCURRENCY 16    handler threads of the one-connection worker
+  BENCH_AB_SHAPES c,w        worker shapes of the A/B rows: c the one connection of
+                             concurrency BENCH_AB_CONCURRENCY, w the BENCH_WORKERS sockets
+  BENCH_AB_CONTROL 1         also run this idemproxy a second time in every round (an A/A
+                             control: the spread of its ratio is the noise); 0: only A/B
+  BENCH_AB_REPEAT (= BENCH_REPEAT)  A/B rounds
   BENCH_TIMEOUT 300          seconds any one wait may take
   IDEMPROXY_BIN build/idemproxy (copied first: a rebuild meanwhile is harmless)
-An empty BENCH_RATES, BENCH_LAYOUTS or BENCH_READS, or 0 for BENCH_SAMPLE_A or BENCH_HOLD,
-skips that part. Prints the table and writes build/bench/results.md and
+An empty BENCH_RATES, BENCH_LAYOUTS or BENCH_READS, or 0 for BENCH_SAMPLE_A, BENCH_HOLD or
+BENCH_CLUSTER_N, skips that part: e.g. only the A/B rows,
+  BENCH_AB_BIN=/tmp/before/build/idemproxy BENCH_N=50000 BENCH_READS= BENCH_SAMPLE_A=0 \
+  BENCH_RATES= BENCH_HOLD=0 BENCH_CLUSTER_N=0 make -C bench run Prints the table and writes build/bench/results.md and
 results.json. A missed target never fails the run: the table says which were met.
 """
 import json
@@ -116,6 +140,12 @@ PERF_EVENTS = ("task-clock,context-switches,cpu-migrations,syscalls:sys_enter_wr
                "syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex")
 TIMEOUT = env("BENCH_TIMEOUT", 300.0, float)
 REPEAT = env("BENCH_REPEAT", 5, int)
+AB_BIN = env("BENCH_AB_BIN", "")
+AB_VARIANT = env("BENCH_AB_VARIANT", "group/single")
+AB_CONCURRENCY = env("BENCH_AB_CONCURRENCY", 16, int)
+AB_REPEAT = env("BENCH_AB_REPEAT", REPEAT, int)
+AB_SHAPE_NAMES = [x for x in env("BENCH_AB_SHAPES", "c,w").split(",") if x]
+AB_CONTROL = env("BENCH_AB_CONTROL", 1, int)
 SEED = 1
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SPAWNED = []        # every process started here, killed at the end if still running
@@ -226,7 +256,7 @@ class Bench:
 
     # --- processes --------------------------------------------------------
 
-    def proxy(self, layout, max_inflight=MAX_INFLIGHT, ack_timeout_ms=30000, read="group"):
+    def proxy(self, layout, max_inflight=MAX_INFLIGHT, ack_timeout_ms=30000, read="group", binary=None):
         self.nproxy += 1
         name = f"proxy{self.nproxy}"
         endpoint = f"ipc://{self.tmp}/app.sock"
@@ -251,10 +281,10 @@ streams:
     key: "#event.eventId"
     layout: {layout}
 """)
-        return Proxy(self.bin, cfg, self.tmp / f"{name}.log", mport, endpoint)
+        return Proxy(binary or self.bin, cfg, self.tmp / f"{name}.log", mport, endpoint)
 
-    def worker(self, endpoint, expect=0, hold=False):
-        return Worker(self.tmp, endpoint, expect, hold)
+    def worker(self, endpoint, expect=0, hold=False, concurrency=0):
+        return Worker(self.tmp, endpoint, expect, hold, concurrency)
 
 
 class Proxy:
@@ -339,12 +369,14 @@ class Proxy:
 
 
 class Worker:
-    def __init__(self, tmp, endpoint, expect, hold):
+    def __init__(self, tmp, endpoint, expect, hold, concurrency=0):
         self.progress = Path(tmp) / "worker.progress"
         self.progress.unlink(missing_ok=True)
         cmd = [str(BIN_DIR / "bench_worker"), "--endpoint", endpoint, "--progress", str(self.progress)]
         # Holding: a socket per 128 deliveries, idemproxy's window per worker.
+        # Concurrency: one socket, that many handler threads.
         cmd += (["--hold", "--threads", str(HOLD // 128 + 1)] if hold else
+                ["--concurrency", str(concurrency), "--expect", str(expect)] if concurrency else
                 ["--threads", str(WORKERS), "--expect", str(expect)])
         self.proc = spawn(cmd, stdout=subprocess.PIPE, text=True)
 
@@ -441,6 +473,109 @@ def throughput(b, variant, data, perf=None):
     log(f"  re-read of the done stream: {res['copies_per_s']:.0f} copies/s ({t_copy:.2f} s), "
         f"{res['copy_cmds_per_entry']:.2f} cmds/entry")
     return res
+
+
+AB_SHAPES = [(k, v) for k, v in (("c", f"1 worker of concurrency {AB_CONCURRENCY}, one connection"),
+                                  ("w", f"{WORKERS} workers, one REP socket each (the default rows' shape)"))
+             if k in AB_SHAPE_NAMES]
+
+
+def ab_run(b, binary, shape, data):
+    """One A/B run: keys/s of 'binary' with worker shape 'c' (one connection,
+    AB_CONCURRENCY handlers) or 'w' (WORKERS one-socket workers)."""
+    read, layout = AB_VARIANT.split("/")
+    w = b.worker(f"ipc://{b.tmp}/app.sock", expect=data["unique"],
+                 concurrency=AB_CONCURRENCY if shape == "c" else 0)
+    time.sleep(0.2)                                      # let the worker's socket exist
+    p = b.proxy(layout, read=read, binary=binary)
+    p.start()
+    seen = {"window": 0.0}
+
+    def done():
+        p.alive()
+        m = p.metrics()
+        seen["window"] = max(seen["window"], m.get("idemproxy_delivery_window", 0))
+        return m if (m.get("idemproxy_entries_read_total", -1) >= N
+                     and m.get("idemproxy_entries_pending", 1) == 0) else None
+
+    m = b.wait(done, TIMEOUT, f"{N} entries done (A/B, {binary.name}, {shape})")
+    t_all = time.monotonic() - p.t0
+    cpu = p.cpu()
+    p.stop()
+    wr = w.stop()
+    t_keys = (wr["expect_mono"] / 1e6 - p.t0) if wr["expect_mono"] else float("nan")
+    return {"keys_per_s": data["unique"] / t_keys, "entries_per_s": N / t_all, "cpu_s": cpu,
+            "extra": wr["deliveries"] - data["unique"], "redeliveries": wr["redeliveries"],
+            "ack_timeouts": m.get("idemproxy_ack_timeouts_total", 0), "max_window": seen["window"],
+            "load": loadavg()}
+
+
+def ab(b):
+    """Interleaved rounds of now and before (and now again, the control), per
+    worker shape; each round's ratios. Each round shifts the order by one, so
+    every binary runs first, second (and third) alike."""
+    before = b.tmp / "idemproxy-before"
+    shutil.copy2(AB_BIN, before)
+    names = [("now", b.bin), ("before", before)] + ([("again", b.bin)] if AB_CONTROL else [])
+    runs = {shape: {"now": [], "before": [], "again": [], "ratio": [], "control": []} for shape, _ in AB_SHAPES}
+    for rnd in range(AB_REPEAT):
+        order = names[rnd % len(names):] + names[:rnd % len(names)]
+        for shape, _ in AB_SHAPES:
+            got = {}
+            for name, binary in order:
+                got[name] = ab_run(b, binary, shape, b.fresh())
+                runs[shape][name].append(got[name])
+            r = runs[shape]
+            r["ratio"].append(got["now"]["keys_per_s"] / got["before"]["keys_per_s"])
+            if AB_CONTROL:
+                r["control"].append(got["again"]["keys_per_s"] / got["now"]["keys_per_s"])
+            log(f"A/B round {rnd + 1} of {AB_REPEAT}, shape {shape}: now {got['now']['keys_per_s']:.0f} "
+                f"keys/s (window up to {got['now']['max_window']:.0f}), before "
+                f"{got['before']['keys_per_s']:.0f} keys/s: ratio {r['ratio'][-1]:.2f}"
+                + (f"; now again {got['again']['keys_per_s']:.0f} keys/s: {r['control'][-1]:.2f}"
+                   if AB_CONTROL else ""))
+    return runs
+
+
+def ab_report(meta, runs):
+    def med(xs):
+        xs = sorted(xs)
+        return xs[(len(xs) - 1) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+    def spr(xs, fmt):
+        return f"{med(xs):{fmt}} ({min(xs):{fmt}}–{max(xs):{fmt}})"
+
+    L = [f"## A/B: this idemproxy (now) against {meta['ab_bin']} (before)\n",
+         f"{meta['date']}, {meta['machine']}; load average {meta['load_start']} at the start, "
+         f"{meta['load_end']} at the end; CPU time stolen by the hypervisor {meta['steal_pct']:.1f} %; "
+         f"now = idemproxy {meta['rev']}. {AB_VARIANT.replace('/', ' read, layout ')}, {N} entries, "
+         f"{COPIES:.0%} copies, max_inflight {MAX_INFLIGHT}, ack_timeout_ms 30000; {AB_REPEAT} rounds, "
+         f"now and before{' and now again' if AB_CONTROL else ''} interleaved (the order shifts "
+         f"each round), a fresh stream for every run. Median of the rounds (min–max).\n",
+         "| worker shape | now keys/s | before keys/s | now / before, keys/s "
+         + ("| control: now again / now | " if AB_CONTROL else "| ")
+         + "proxy CPU s / 1k entries, now / before | deliveries − unique keys, now / before | largest window now |",
+         "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if AB_CONTROL else "")]
+    for shape, label in AB_SHAPES:
+        r = runs[shape]
+        ks = {k: [x["keys_per_s"] for x in r[k]] for k in ("now", "before")}
+        cpu = {k: med([x["cpu_s"] for x in r[k]]) / (N / 1000) for k in ("now", "before")}
+        L.append(f"| {label} | {spr(ks['now'], ',.0f')} | {spr(ks['before'], ',.0f')} | "
+                 f"**{spr(r['ratio'], '.2f')}** | " + (f"{spr(r['control'], '.2f')} | " if AB_CONTROL else "")
+                 + f"{cpu['now']:.3f} / {cpu['before']:.3f} | "
+                 f"{sum(x['extra'] for x in r['now'])} / {sum(x['extra'] for x in r['before'])} | "
+                 f"{max(x['max_window'] for x in r['now']):.0f} |")
+    L.append("")
+    for shape, label in AB_SHAPES:
+        L.append(f"Per-round ratios now / before, {label.split(',')[0]}: "
+                 + ", ".join(f"{x:.2f}" for x in runs[shape]["ratio"])
+                 + ("; control: " + ", ".join(f"{x:.2f}" for x in runs[shape]["control"]) if AB_CONTROL else "")
+                 + ".")
+    L.append("")
+    if AB_CONTROL:
+        L.append("The control runs this idemproxy twice in every round: the spread of its ratio is "
+                 "what the machine's noise alone does to a ratio.\n")
+    return "\n".join(L) + "\n"
 
 
 def allocations(b, variant):
@@ -783,7 +918,7 @@ def main():
         # machine's load hits them alike; each row reports its median round.
         tp_runs = {v: [] for v in VARIANTS}
         base_runs = {}
-        for rnd in range(REPEAT):
+        for rnd in range(REPEAT if VARIANTS or SAMPLE_A else 0):
             log(f"round {rnd + 1} of {REPEAT}")
             for v in VARIANTS:
                 tp_runs[v].append(throughput(b, v, b.fresh(), perf=PERF if rnd == 0 else None))
@@ -799,6 +934,7 @@ def main():
         lat = [latency(b, rate, i == 0) for i, rate in enumerate(RATES)]
         mem = hold(b) if HOLD else None
         clu = bench_cluster.measure(sys.modules[__name__], b, CLUSTER_N) if CLUSTER_N else []
+        abr = ab(b) if AB_BIN else None
         failed = False
     finally:
         b.close()
@@ -809,11 +945,13 @@ def main():
     meta["load_end"] = loadavg()
     (s0, t0), (s1, t1) = meta["ticks_start"], cpu_ticks()
     meta["steal_pct"] = 100.0 * (s1 - s0) / max(t1 - t0, 1)
-    md = report(meta, tp, base, lat, mem, allocs) + bench_cluster.report(clu, spread)
+    meta["ab_bin"] = AB_BIN
+    md = (report(meta, tp, base, lat, mem, allocs) if tp or base or lat or mem else "") \
+        + bench_cluster.report(clu, spread) + (ab_report(meta, abr) if abr else "")
     (OUT / "results.md").write_text(md)
     (OUT / "results.json").write_text(json.dumps({"meta": meta, "throughput": tp, "baselines": base,
                                                   "latency": lat, "memory": mem, "cluster": clu,
-                                                  "allocations": allocs},
+                                                  "allocations": allocs, "ab": abr},
                                                  indent=1))
     print(md)
     log(f"written {OUT / 'results.md'} and results.json")

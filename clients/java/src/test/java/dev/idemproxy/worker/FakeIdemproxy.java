@@ -94,13 +94,19 @@ final class FakeIdemproxy implements AutoCloseable {
             return read((int) hdr.getLong());
         }
 
-        /** True when the worker closed the connection (reads EOF). */
+        /** True when the worker closed the connection: EOF, or a reset, which is
+         *  how a TCP close looks when the worker closes before it has read all
+         *  that was sent to it (our SP header, when it closes at once). */
         boolean closedByWorker() throws IOException {
             try {
                 read(1);
                 return false;
             } catch (EOFException e) {
                 return true;
+            } catch (java.net.SocketException e) {
+                if (String.valueOf(e.getMessage()).contains("Connection reset"))
+                    return true;
+                throw e;
             }
         }
 

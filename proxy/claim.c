@@ -559,8 +559,8 @@ static void lock_key_decided(px_entry *e)
         px_claim_release(e);
         px_proxy_duplicate(e, true);
     } else if (e->lock_waited && !e->recheck_mine) { /* our dedup lease ran out */
-        px_log_info("stream %s entry %s key %s: dedup lock lost while waiting for %s; "
-                    "claiming again", e->st->conf->stream, e->id, e->key, e->lock_key);
+        px_log_entry(PX_LOG_INFO, e, "dedup lock lost while waiting for %s; claiming again",
+                     e->lock_key);
         e->has_dedup = true;                          /* release compares tokens */
         px_claim_release(e);                          /* the room too: claimed afresh */
         px_proxy_busy(e, false);
@@ -629,7 +629,7 @@ static void on_extended(px_entry *e, redisReply *r)
     if (r->type == REDIS_REPLY_INTEGER && r->integer == 0 && !e->lease_lost) {
         e->lease_lost = true;
         e->st->c.lease_lost++;
-        px_log_warn("lease lost: stream %s entry %s key %s", e->st->conf->stream, e->id, e->key);
+        px_log_entry(PX_LOG_WARN, e, "lease lost");
     }
 }
 
@@ -673,8 +673,7 @@ static void on_done_set(px_entry *e, redisReply *r)
     if (!(r->type == REDIS_REPLY_STRING && strcmp(r->str, mine) == 0) && !e->lease_lost) {
         e->lease_lost = true;
         e->st->c.lease_lost++;
-        px_log_warn("late ack after the lease was lost: stream %s entry %s key %s (done mark written)",
-                    e->st->conf->stream, e->id, e->key);
+        px_log_entry(PX_LOG_WARN, e, "late ack after the lease was lost (done mark written)");
     }
 }
 

@@ -147,8 +147,7 @@ static void ack_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
     slot_put(d, e->req_id);
     e->st->c.ack_timeouts++;
     window_timeout(e->st->px, d);
-    px_log_warn("ack timeout: stream %s entry %s key %s attempt %u", e->st->conf->stream, e->id,
-                e->key, e->attempt);
+    px_log_entry(PX_LOG_WARN, e, "ack timeout");
     px_proxy_on_answer(e, PX_ACK_TIMEOUT, "ack timeout");
 }
 
@@ -228,8 +227,7 @@ static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
     ev_timer_set(&e->timer, (double)px->conf->ack_timeout_ms / 1000.0, 0.);
     e->timer.data = e;
     ev_timer_start(px->loop, &e->timer);
-    px_log_debug("delivered stream %s entry %s key %s attempt %u", e->st->conf->stream, e->id,
-                 e->key, e->attempt);
+    px_log_entry(PX_LOG_DEBUG, e, "delivered");
     return PX_OK;
 }
 
@@ -326,8 +324,7 @@ static void rcv_cb(struct ev_loop *loop, ev_io *w, int revents)
         window_answer(px, d, ev_now(px->loop) - e->sent_at);
         if (st == PX_ACK_INVALID) {
             px_protocol_errors++;
-            px_log_warn("invalid reply for stream %s entry %s: %s; treated as RETRY",
-                        e->st->conf->stream, e->id, why);
+            px_log_entry(PX_LOG_WARN, e, "invalid reply: %s; treated as RETRY", why);
             snprintf(reason, sizeof(reason), "invalid reply: %s", why);
         }
         px_proxy_on_answer(e, st, reason);

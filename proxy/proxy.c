@@ -5,6 +5,7 @@
  * (on_missing_key), and the SIGTERM drain.
  */
 #include <signal.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,6 +95,34 @@ void px_entry_to(px_entry *e, px_entry_state next)
     PX_ASSERT(legal[e->state][next]);
     (void)legal;
     if (next != PX_E_GONE) e->state = next;
+}
+
+/* --- lines about an entry ---------------------------------------------------------- */
+
+static px_log_about entry_about(const px_entry *e)
+{
+    return (px_log_about){ e->st->conf->stream, e->id, e->key, e->attempt };
+}
+
+void px_log_entry(px_log_level level, const px_entry *e, const char *fmt, ...)
+{
+    if (!px_log_enabled(level)) return;
+    px_log_about a = entry_about(e);
+    va_list ap;
+    va_start(ap, fmt);
+    px_log_about_v(level, NULL, 0, &a, fmt, ap);
+    va_end(ap);
+}
+
+void px_log_entry_limited(px_log_limit *l, double every_s, px_log_level level, const px_entry *e,
+                          const char *fmt, ...)
+{
+    if (!px_log_enabled(level)) return;
+    px_log_about a = entry_about(e);
+    va_list ap;
+    va_start(ap, fmt);
+    px_log_about_v(level, l, every_s, &a, fmt, ap);
+    va_end(ap);
 }
 
 /* --- timers on an entry ---------------------------------------------------------- */
@@ -214,7 +243,7 @@ px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, siz
         px_proxy_bad_entry(e, why);
         return e;
     }
-    px_log_debug("read stream %s entry %s key %s", sc->stream, e->id, e->key);
+    px_log_entry(PX_LOG_DEBUG, e, "read");
     to_claim(e);
     return e;
 }
@@ -336,7 +365,7 @@ void px_proxy_claimed(px_entry *e)
         char why[128];
         snprintf(why, sizeof(why), "max_deliveries (%d) reached: delivery count %u",
                  sc->max_deliveries, e->attempt);
-        px_log_warn("stream %s entry %s key %s: %s", sc->stream, e->id, e->key, why);
+        px_log_entry(PX_LOG_WARN, e, "%s", why);
         commit(e, PX_OUT_DEAD_LETTERED, true, why);
         return;
     }
@@ -354,8 +383,7 @@ void px_proxy_claimed(px_entry *e)
 void px_proxy_duplicate(px_entry *e, bool after_lock)
 {
     if (after_lock) e->st->c.dup_after_lock++; else e->st->c.dup_before_lock++;
-    px_log_debug("duplicate (%s): stream %s entry %s key %s", after_lock ? "after_lock" : "before_lock",
-                 e->st->conf->stream, e->id, e->key);
+    px_log_entry(PX_LOG_DEBUG, e, "duplicate (%s)", after_lock ? "after_lock" : "before_lock");
     leave(e, PX_OUT_DUPLICATE);
 }
 
@@ -379,8 +407,7 @@ void px_proxy_busy(px_entry *e, bool lock_key_busy)
     case PX_BUSY_REFUSE:
         /* Refused at once, as the seeds answer 409: dead-lettered, not done. */
         e->wait_until_ms = 0;
-        px_log_info("busy: stream %s entry %s lock %s held elsewhere; dead-lettered",
-                    sc->stream, e->id, e->lock_key);
+        px_log_entry(PX_LOG_INFO, e, "busy: lock %s held elsewhere; dead-lettered", e->lock_key);
         commit(e, PX_OUT_DEAD_LETTERED, false, "busy");
         return;
     case PX_BUSY_PARK: {
@@ -399,8 +426,7 @@ void px_proxy_busy(px_entry *e, bool lock_key_busy)
             (double)(20u << e->busy_looks) < ms)
             ms = (double)(20u << e->busy_looks);
         e->busy_looks++;
-        px_log_debug("busy: stream %s entry %s key %s; looking again in %.0f ms", sc->stream,
-                     e->id, e->key, ms);
+        px_log_entry(PX_LOG_DEBUG, e, "busy: looking again in %.0f ms", ms);
         if (!e->waiting_out) { e->waiting_out = true; e->st->px->waiting_out++; }
         entry_timer(e, back_to_claim_cb, ms + jitter(0, ms < 100 ? 10 : 50));
         return;
@@ -418,7 +444,6 @@ static double error_pause_ms(unsigned n)
 
 void px_proxy_claim_failed(px_entry *e)
 {
-    px_stream_conf *sc = e->st->conf;
     if (e->st->px->stopping) {
         px_claim_release(e);
         px_entry_finish(e, PX_OUT_NONE);
@@ -432,9 +457,8 @@ void px_proxy_claim_failed(px_entry *e)
          * max_inflight for ever (SPEC 5.6). */
         static px_log_limit limit;
         e->redis_errors++;
-        px_log_limited(&limit, 1.0, PX_LOG_WARN, "stream %s entry %s key %s: %s (try %u of %d)",
-                       sc->stream, e->id, e->key, e->redis_error, e->redis_errors,
-                       PX_MAX_REDIS_ERRORS);
+        px_log_entry_limited(&limit, 1.0, PX_LOG_WARN, e, "%s (try %u of %d)", e->redis_error,
+                             e->redis_errors, PX_MAX_REDIS_ERRORS);
         if (e->redis_errors >= PX_MAX_REDIS_ERRORS) {
             char why[300];
             snprintf(why, sizeof(why), "redis error: %s", e->redis_error);
@@ -454,8 +478,7 @@ void px_proxy_claim_failed(px_entry *e)
  * refusal); it is never delivered. */
 void px_proxy_already_dead(px_entry *e)
 {
-    px_log_debug("stream %s entry %s key %s: dead-lettered already", e->st->conf->stream, e->id,
-                 e->key);
+    px_log_entry(PX_LOG_DEBUG, e, "dead-lettered already");
     leave(e, PX_OUT_DEAD_LETTERED);
 }
 
@@ -467,8 +490,7 @@ void px_proxy_already_dead(px_entry *e)
  * lower than the one a second replica had used meanwhile). */
 void px_proxy_reclaim_unsent(px_entry *e)
 {
-    px_log_info("stream %s entry %s key %s: lease lost before delivery; claiming again",
-                e->st->conf->stream, e->id, e->key);
+    px_log_entry(PX_LOG_INFO, e, "lease lost before delivery; claiming again");
     px_claim_release(e);
     e->has_dedup = false;
     e->has_lock = false;
@@ -503,13 +525,13 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
         return;
     case PX_NEXT_DEAD_LETTER_DONE:
         if (status == PX_ACK_DROP) {
-            px_log_info("drop: stream %s entry %s key %s: %s", sc->stream, e->id, e->key, reason);
+            px_log_entry(PX_LOG_INFO, e, "drop: %s", reason);
             commit(e, PX_OUT_DEAD_LETTERED, true, reason[0] ? reason : "dropped");
         } else {
             char why[600];
             snprintf(why, sizeof(why), "max_deliveries (%d) reached: %s", sc->max_deliveries,
                      reason[0] ? reason : "retry");
-            px_log_warn("stream %s entry %s key %s: %s", sc->stream, e->id, e->key, why);
+            px_log_entry(PX_LOG_WARN, e, "%s", why);
             commit(e, PX_OUT_DEAD_LETTERED, true, why);
         }
         return;
@@ -521,8 +543,12 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
     if (st->px->stopping) { px_entry_finish(e, PX_OUT_NONE); return; }
     long long ms = px_decide_backoff_ms(sc->retry_backoff_ms, e->attempt);
     px_entry_to(e, PX_E_BACKOFF);
-    px_log_debug("retry: stream %s entry %s key %s in %lld ms (%s)", sc->stream, e->id, e->key, ms,
-                 reason);
+    /* The worker's reason, at most once a second: a handler failing every
+     * entry must not flood the log (the count of the rest is in the next line
+     * and in idemproxy_acks_total). */
+    static px_log_limit retry_limit;
+    px_log_entry_limited(&retry_limit, 1.0, PX_LOG_INFO, e, "retry in %lld ms: %s", ms,
+                         reason[0] ? reason : "no reason given");
     entry_timer(e, backoff_cb, (double)ms);
 }
 
@@ -545,9 +571,9 @@ void px_proxy_committed(px_entry *e, bool ok)
         if (e->step_hard) {
             static px_log_limit limit;
             ms = error_pause_ms(++e->redis_errors);
-            px_log_limited(&limit, 1.0, PX_LOG_WARN, "stream %s entry %s key %s: writing its "
-                           "outcome failed: %s; again in %.0f ms", e->st->conf->stream, e->id,
-                           e->key ? e->key : "-", e->redis_error, ms);
+            px_log_entry_limited(&limit, 1.0, PX_LOG_WARN, e,
+                                 "writing its outcome failed: %s; again in %.0f ms", e->redis_error,
+                                 ms);
         }
         entry_timer(e, commit_again_cb, ms);
         return;
@@ -574,8 +600,8 @@ void px_proxy_xack_failed(px_entry *e)
 void px_proxy_bad_entry(px_entry *e, const char *why)
 {
     px_stream_conf *sc = e->st->conf;
-    px_log_warn("bad entry: stream %s entry %s: %s (%s)", sc->stream, e->id, why,
-                sc->on_missing_key == PX_MISSING_SKIP ? "skipped" : "dead-lettered");
+    px_log_entry(PX_LOG_WARN, e, "bad entry: %s (%s)", why,
+                 sc->on_missing_key == PX_MISSING_SKIP ? "skipped" : "dead-lettered");
     if (sc->on_missing_key == PX_MISSING_SKIP) { leave(e, PX_OUT_SKIPPED); return; }
     e->outcome = PX_OUT_DEAD_LETTERED;
     e->mark_done = false;

@@ -22,6 +22,7 @@
 
 #include "codec.h"
 #include "config.h"
+#include "log.h"
 #include "redis.h"
 
 /* Lease extension pacing (claim.c): each held lease is extended every
@@ -238,6 +239,13 @@ void px_proxy_bad_entry(px_entry *e, const char *why);
 void px_proxy_trimmed(px_stream *st, const char *id, bool ack);
 px_entry *px_proxy_find(px_stream *st, const char *id);
 size_t px_proxy_room(px_proxy *px);
+
+/* A log line about entry 'e' (log.h): always names its stream, entry id, key
+ * and attempt, in text before the message, in JSON as fields. */
+void px_log_entry(px_log_level level, const px_entry *e, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void px_log_entry_limited(px_log_limit *l, double every_s, px_log_level level, const px_entry *e,
+                          const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 /* metrics.c */
 int  px_metrics_start(px_proxy *px);          /* PX_ERR: cannot listen */

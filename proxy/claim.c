@@ -39,10 +39,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "claim.h"
 #include "cluster.h"
 #include "decide.h"
 #include "log.h"
-#include "proxy.h"
 
 static px_script release_script = {
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end "
@@ -841,7 +841,7 @@ static void commit_one(px_entry *e)
     step_end(e);
 }
 
-void px_commit_flush(px_proxy *px)
+void px_claim_commit_flush(px_proxy *px)
 {
     flush_up(px, &px->commit_q, commit_one, false);
 }
@@ -870,7 +870,7 @@ static void xack_reply_cb(px_redis *r, redisReply *reply, void *priv)
     free(b);
 }
 
-void px_xack_flush(px_proxy *px)
+void px_claim_xack_flush(px_proxy *px)
 {
     if (px->xack_q.n == 0) return;
     bool all = px_redis_is_up(px->redis);

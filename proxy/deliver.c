@@ -53,8 +53,9 @@
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 
+#include "deliver.h"
 #include "log.h"
-#include "proxy.h"
+#include "reader.h"
 
 #define PX_WORKER_WINDOW 128
 #define PX_WINDOW_START  4.0

@@ -35,8 +35,10 @@
 
 #include <microhttpd.h>
 
+#include "deliver.h"
 #include "log.h"
-#include "proxy.h"
+#include "metrics.h"
+#include "reader.h"
 
 #ifndef PX_COMMIT
 #include "commit.h"   /* PX_COMMIT: the git commit built, "" when unknown (Makefile) */
@@ -99,7 +101,7 @@ static const char *help_for(const char *family)
     return "";
 }
 
-void px_hist_observe(const double *bounds, px_hist *h, double seconds)
+void px_metrics_observe(const double *bounds, px_hist *h, double seconds)
 {
     size_t i = 0;
     while (i < PX_HIST_BUCKETS && seconds > bounds[i]) i++;
@@ -272,7 +274,7 @@ void px_metrics_render(px_proxy *px, px_buf *b)
     gauge(b, "idemproxy_inflight", "gauge",
           "Claimed entries not yet committed (with a worker or being written).", (double)inflight);
     gauge(b, "idemproxy_redis_up", "gauge", "1 while Redis is reachable and every stream is read.",
-          px_proxy_ready(px) ? 1 : 0);
+          px_metrics_ready(px) ? 1 : 0);
     gauge(b, "idemproxy_workers_connected", "gauge", "Worker connections on the app socket.",
           (double)px_deliver_workers(px));
     /* Unknown numbers are left out, not exported as NaN: a NaN would make
@@ -309,7 +311,7 @@ void px_metrics_render(px_proxy *px, px_buf *b)
          offsetof(px_stream, lock_wait), px_lock_wait_bounds);
 }
 
-bool px_proxy_ready(px_proxy *px)
+bool px_metrics_ready(px_proxy *px)
 {
     if (px->stopping || !px_redis_is_up(px->redis) || px_redis_refused()) return false;
     for (size_t s = 0; s < px->nstreams; s++)
@@ -436,7 +438,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return reply(c, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain", "GET only\n", 9);
     if (strcmp(url, "/healthz") == 0) return reply(c, MHD_HTTP_OK, "text/plain", "ok\n", 3);
     if (strcmp(url, "/readyz") == 0) {
-        if (px_proxy_ready(px)) return reply(c, MHD_HTTP_OK, "text/plain", "ready\n", 6);
+        if (px_metrics_ready(px)) return reply(c, MHD_HTTP_OK, "text/plain", "ready\n", 6);
         return reply(c, MHD_HTTP_SERVICE_UNAVAILABLE, "text/plain",
                      "not ready: Redis unreachable or a stream not being read\n", 56);
     }
@@ -465,7 +467,7 @@ static void mhd_io_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
     (void)loop; (void)revents;
     px_proxy *px = w->data;
-    MHD_run(((px_metrics *)px->metrics)->mhd);
+    MHD_run(px->metrics->mhd);
     rearm(px);
 }
 
@@ -473,7 +475,7 @@ static void mhd_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop; (void)revents;
     px_proxy *px = w->data;
-    MHD_run(((px_metrics *)px->metrics)->mhd);
+    MHD_run(px->metrics->mhd);
     rearm(px);
 }
 

@@ -9,9 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "claim.h"
 #include "decide.h"
+#include "deliver.h"
+#include "event.h"
 #include "log.h"
-#include "proxy.h"
+#include "metrics.h"
+#include "reader.h"
 
 #define PX_ERROR_PAUSE_MS   200
 
@@ -369,7 +373,7 @@ void px_proxy_claimed(px_entry *e)
         commit(e, PX_OUT_DEAD_LETTERED, true, why);
         return;
     }
-    px_hist_observe(px_lock_wait_bounds, &e->st->lock_wait, ev_now(e->st->px->loop) - e->claim_since);
+    px_metrics_observe(px_lock_wait_bounds, &e->st->lock_wait, ev_now(e->st->px->loop) - e->claim_since);
     e->claim_since = 0;
     if (e->st->px->stopping) {      /* claimed while draining: give it back at once */
         px_claim_release(e);
@@ -511,7 +515,7 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
 {
     px_stream *st = e->st;
     px_stream_conf *sc = st->conf;
-    px_hist_observe(px_ack_latency_bounds, &st->ack_latency, ev_now(st->px->loop) - e->sent_at);
+    px_metrics_observe(px_ack_latency_bounds, &st->ack_latency, ev_now(st->px->loop) - e->sent_at);
     switch (status) {
     case PX_ACK_ACK:     st->c.acks_ack++; break;
     case PX_ACK_RETRY:   st->c.acks_retry++; break;
@@ -640,8 +644,8 @@ static void flush_cb(struct ev_loop *loop, ev_prepare *w, int revents)
     (void)revents;
     px_proxy *px = w->data;
     px_claim_flush(px);
-    px_commit_flush(px);
-    px_xack_flush(px);
+    px_claim_commit_flush(px);
+    px_claim_xack_flush(px);
     px_deliver_flush(px);
     for (size_t s = 0; s < px->nstreams; s++) px_reader_kick(&px->streams[s]);
     if (px->stopping && drained(px)) ev_break(loop, EVBREAK_ALL);

@@ -33,6 +33,8 @@
 typedef struct px_proxy px_proxy;
 typedef struct px_stream px_stream;
 typedef struct px_entry px_entry;
+typedef struct px_deliver px_deliver;   /* deliver.c's state */
+typedef struct px_metrics px_metrics;   /* metrics.c's state */
 typedef void px_step_fn(px_entry *e);
 
 typedef enum {
@@ -208,8 +210,8 @@ struct px_proxy {
     size_t          waiting_out;   /* of those, copies parked behind another holder's lock */
     size_t          leaving;       /* of those, committed (or copies) and only awaiting XACK */
     px_queue        claim_q, send_q, commit_q, xack_q;
-    void           *deliver;       /* deliver.c state */
-    void           *metrics;       /* metrics.c state; NULL when disabled */
+    px_deliver     *deliver;       /* deliver.c state */
+    px_metrics     *metrics;       /* metrics.c state; NULL when disabled */
     ev_prepare      flush;         /* flushes the queues once per loop iteration */
     ev_signal       sigterm, sigint;
     ev_timer        grace;         /* shutdown grace */
@@ -246,55 +248,5 @@ void px_log_entry(px_log_level level, const px_entry *e, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void px_log_entry_limited(px_log_limit *l, double every_s, px_log_level level, const px_entry *e,
                           const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-
-/* metrics.c */
-int  px_metrics_start(px_proxy *px);          /* PX_ERR: cannot listen */
-void px_metrics_stop(px_proxy *px);
-void px_metrics_render(px_proxy *px, px_buf *out);
-bool px_proxy_ready(px_proxy *px);
-void px_hist_observe(const double *bounds, px_hist *h, double seconds);
-extern const double px_ack_latency_bounds[PX_HIST_BUCKETS];
-extern const double px_lock_wait_bounds[PX_HIST_BUCKETS];
-
-/* reader.c */
-void px_reader_start(px_stream *st);
-void px_reader_kick(px_stream *st);
-void px_reader_stop(px_stream *st);
-bool px_reader_live(px_stream *st);           /* connected and reading */
-void px_reader_delivering(px_entry *e);       /* a delivery goes out: Redis counts it */
-
-/* event.c: parse the entry and render its keys; PX_ERR with 'why' for bad input.
- * Reads the entry's id, fields, nfields, payload_idx and bytes, and 'sc' (the
- * templates, payload_field, stream name and key layout), never e->st; sets
- * e->key, lock_name, done_name (and their lengths) and lock_key. */
-int px_event_prepare(px_entry *e, const px_stream_conf *sc, long long max_entry_bytes, char *why,
-                     size_t whylen);
-/* Set e->key to 'key' ('n' bytes) and the names of its Redis keys (lock_name,
- * done_name, with their lengths) as 'sc' lays them out: the one place those
- * names are made (the operator commands in ops.c use it too). */
-void px_event_set_key(px_entry *e, const px_stream_conf *sc, const char *key, size_t n);
-
-/* claim.c */
-#define PX_FENCE_KEY "idemproxy:fence"   /* the one fencing counter, every lock's */
-/* The name of the written-mark of entry 'id''s dead letter (see claim.c),
- * appended to 'b'. 'sc' must have a dead_letter stream. */
-void px_dl_mark_name(const px_stream_conf *sc, const char *id, px_buf *b);
-void px_claim_init(void);
-void px_claim_flush(px_proxy *px);            /* claim_q -> claimed | duplicate | busy */
-void px_claim_lock_key(px_entry *e);          /* retry lock_key within wait_ms */
-void px_claim_release(px_entry *e);           /* give back our locks, fire and forget */
-void px_claim_extend(px_stream *st);          /* extend leases of delivered entries */
-void px_commit_flush(px_proxy *px);           /* commit_q -> done mark / dead letter */
-void px_xack_flush(px_proxy *px);             /* xack_q -> XACK */
-
-/* deliver.c */
-int  px_deliver_init(px_proxy *px);
-void px_deliver_deinit(px_proxy *px);
-void px_deliver_flush(px_proxy *px);          /* send_q -> socket */
-int  px_deliver_workers(px_proxy *px);
-void px_deliver_forget(px_proxy *px, px_entry *e);  /* drop e's slot (shutdown) */
-size_t px_deliver_size(px_proxy *px, px_entry *e);   /* its Delivery's largest encoding */
-size_t px_deliver_window(px_proxy *px);       /* unanswered deliveries allowed now */
-extern unsigned long long px_protocol_errors;
 
 #endif

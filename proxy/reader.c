@@ -20,8 +20,9 @@
 #include <string.h>
 #include <strings.h>
 
+#include "claim.h"
 #include "log.h"
-#include "proxy.h"
+#include "reader.h"
 
 #define PX_READER_BLOCK_MS   2000
 #define PX_READER_BATCH      256

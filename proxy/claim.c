@@ -42,6 +42,7 @@
 #include "claim.h"
 #include "cluster.h"
 #include "decide.h"
+#include "hooks.h"
 #include "log.h"
 
 static px_script release_script = {
@@ -53,10 +54,6 @@ static px_script extend_script = {
     "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0", ""
 };
 
-/* Test hook: IDEMPROXY_DEBUG_CLAIM_PAUSE_MS holds a split claim between its
- * first done check and its lock, so a test can run another holder's whole
- * cycle in that gap (seed 000's race) instead of hoping for it. */
-static long debug_claim_pause_ms;
 static uint64_t token_state[2];   /* see new_token */
 
 void px_claim_init(void)
@@ -68,8 +65,6 @@ void px_claim_init(void)
         token_state[0] = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 40);
         token_state[1] = 0x9E3779B97F4A7C15ull ^ (uint64_t)(uintptr_t)&ts;
     }
-    const char *pause = getenv("IDEMPROXY_DEBUG_CLAIM_PAUSE_MS");
-    debug_claim_pause_ms = pause ? atol(pause) : 0;
     px_script_init(&release_script);
     px_script_init(&extend_script);
 }
@@ -445,12 +440,12 @@ static void claim_split_lock(px_entry *e)
 {
     if (e->step_failed) { claim_decided(e); return; }
     if (e->claim_done) { claim_decided(e); return; }   /* no lock needed */
-    if (debug_claim_pause_ms > 0) {
+    if (px_hook.claim_pause_ms > 0) {   /* the test hook (hooks.h) */
         px_log_info("debug: claim of key %s paused for %ld ms after the first check", e->key,
-                    debug_claim_pause_ms);
+                    px_hook.claim_pause_ms);
         ev_timer_stop(e->st->px->loop, &e->timer);
         ev_init(&e->timer, claim_resume_cb);
-        ev_timer_set(&e->timer, (double)debug_claim_pause_ms / 1000.0, 0.);
+        ev_timer_set(&e->timer, (double)px_hook.claim_pause_ms / 1000.0, 0.);
         e->timer.data = e;
         ev_timer_start(e->st->px->loop, &e->timer);
         return;

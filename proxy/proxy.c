@@ -13,6 +13,7 @@
 #include "decide.h"
 #include "deliver.h"
 #include "event.h"
+#include "hooks.h"
 #include "log.h"
 #include "metrics.h"
 #include "reader.h"
@@ -744,6 +745,7 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
     px->loop = loop;
     px->conf = conf;
     px->password = px_strdup(password);
+    px_hooks_init();
     px_claim_init();
     if (px_deliver_init(px) != PX_OK || px_metrics_start(px) != PX_OK) {
         px_proxy_destroy(px);

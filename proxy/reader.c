@@ -21,6 +21,7 @@
 #include <strings.h>
 
 #include "claim.h"
+#include "hooks.h"
 #include "log.h"
 #include "reader.h"
 
@@ -39,7 +40,7 @@
 #define PX_IDLE_CONSUMER_MS  3600000LL
 
 /* Consumers idle this long with nothing pending are removed; tests shorten it
- * with IDEMPROXY_DEBUG_IDLE_CONSUMER_MS instead of waiting an hour. */
+ * with a hook (hooks.h) instead of waiting an hour. */
 static long long idle_consumer_ms = PX_IDLE_CONSUMER_MS;
 
 enum { R_DOWN = 0, R_CREATE, R_HISTORY, R_LIVE, R_STOPPED };
@@ -76,10 +77,7 @@ static void page_seen(px_stream *st, size_t n, size_t bytes)
  * claims go to other masters and may be answered, and the entry delivered,
  * first (attempt 1 again, and Redis' count set back to 1): there the batch's
  * claims wait for this reply ('counts_wait', px_claim_flush).
- *
- * Test hook: IDEMPROXY_DEBUG_COUNTS_DELAY_MS sends the XPENDING that much
- * later, as a stream master slower than the lock's would answer it. */
-static long debug_counts_delay_ms = -1;
+ * A test hook (hooks.h) can send the XPENDING later. */
 
 typedef struct counts_ask {
     px_stream *st;
@@ -161,12 +159,8 @@ static counts_ask *counts_new(px_stream *st, const char *first, const char *last
 
 static void counts_go(counts_ask *a)
 {
-    if (debug_counts_delay_ms < 0) {
-        const char *dbg = getenv("IDEMPROXY_DEBUG_COUNTS_DELAY_MS");
-        debug_counts_delay_ms = dbg ? atol(dbg) : 0;
-    }
-    if (debug_counts_delay_ms > 0) {
-        ev_timer_init(&a->delay, counts_delay_cb, (double)debug_counts_delay_ms / 1000.0, 0.);
+    if (px_hook.counts_delay_ms > 0) {
+        ev_timer_init(&a->delay, counts_delay_cb, (double)px_hook.counts_delay_ms / 1000.0, 0.);
         a->delay.data = a;
         ev_timer_start(a->st->px->loop, &a->delay);
     } else {
@@ -522,8 +516,7 @@ void px_reader_start(px_stream *st)
         ev_timer_init(&st->refresh, refresh_cb, fresh, fresh);
         st->refresh.data = st;
         ev_timer_start(st->px->loop, &st->refresh);
-        const char *dbg = getenv("IDEMPROXY_DEBUG_IDLE_CONSUMER_MS");
-        if (dbg) idle_consumer_ms = atoll(dbg);
+        if (px_hook.idle_consumer_ms > 0) idle_consumer_ms = px_hook.idle_consumer_ms;
         double janitor_s = (double)idle_consumer_ms / 1000.0 < PX_JANITOR_S
                            ? (double)idle_consumer_ms / 1000.0 : PX_JANITOR_S;
         if (janitor_s < 0.2) janitor_s = 0.2;

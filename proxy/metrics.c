@@ -72,34 +72,14 @@ typedef struct px_metrics {
 } px_metrics;
 
 typedef struct counter_def {
-    const char *family, *label, *value;
+    const char *family, *label, *value, *help;   /* help: NULL after a family's first */
     size_t      offset;          /* in px_stream.c */
 } counter_def;
 
-#define PX_COUNTER_DEF(n, family, label, value) \
-    { family, label, value, offsetof(__typeof__(((px_stream *)0)->c), n) },
+#define PX_COUNTER_DEF(n, family, label, value, help) \
+    { family, label, value, help, offsetof(__typeof__(((px_stream *)0)->c), n) },
 static const counter_def counters[] = { PX_STREAM_COUNTERS(PX_COUNTER_DEF) };
 #undef PX_COUNTER_DEF
-
-static const struct { const char *family, *help; } helps[] = {
-    { "idemproxy_entries_read_total", "Entries read from the stream, once each (re-examinations and redeliveries are not reads)." },
-    { "idemproxy_outcomes_total", "Entries that left, by outcome; read = sum of outcomes + pending." },
-    { "idemproxy_deliveries_total", "Deliveries sent to a worker, redeliveries included." },
-    { "idemproxy_duplicates_total", "Copies skipped because their key was done, by when that was seen." },
-    { "idemproxy_lock_busy_total", "Claims that found a lock (dedup or lock_key) held elsewhere." },
-    { "idemproxy_acks_total", "Answers from workers, by status; timeout and invalid count as retries." },
-    { "idemproxy_ack_timeouts_total", "Deliveries with no answer within ack_timeout_ms." },
-    { "idemproxy_dead_letters_total", "Entries dead-lettered (DROP, max_deliveries, bad input, busy refusal)." },
-    { "idemproxy_lease_lost_total", "Leases found gone while the app worked (the fencing token guards that work)." },
-    { "idemproxy_trimmed_total", "Pending entries trimmed or deleted from the stream, acked away." },
-};
-
-static const char *help_for(const char *family)
-{
-    for (size_t i = 0; i < sizeof(helps) / sizeof(helps[0]); i++)
-        if (strcmp(helps[i].family, family) == 0) return helps[i].help;
-    return "";
-}
 
 void px_metrics_observe(const double *bounds, px_hist *h, double seconds)
 {
@@ -234,8 +214,7 @@ void px_metrics_render(px_proxy *px, px_buf *b)
     for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) {
         const counter_def *d = &counters[i];
         if (prev == NULL || strcmp(prev, d->family) != 0)
-            px_buf_printf(b, "# HELP %s %s\n# TYPE %s counter\n", d->family, help_for(d->family),
-                          d->family);
+            px_buf_printf(b, "# HELP %s %s\n# TYPE %s counter\n", d->family, d->help, d->family);
         prev = d->family;
         for (size_t s = 0; s < px->nstreams; s++) {
             px_stream *st = &px->streams[s];

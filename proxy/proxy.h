@@ -133,28 +133,39 @@ px_entry *px_queue_pop(px_queue *q);
 
 /*
  * Per-stream counters of SPEC 6, declared once: the struct field, the metric
- * family and its label. metrics.c exports every one of them, at 0 from the
- * start, in this order (a family's members are adjacent).
+ * family, its label and the family's help text (on its first member; NULL on
+ * the others). metrics.c exports every one of them, at 0 from the start, in
+ * this order (a family's members are adjacent).
  */
 #define PX_STREAM_COUNTERS(X) \
-    X(entries_read,    "idemproxy_entries_read_total",  NULL,      NULL) \
-    X(acked,           "idemproxy_outcomes_total",      "outcome", "acked") \
-    X(duplicate,       "idemproxy_outcomes_total",      "outcome", "duplicate") \
-    X(dead_lettered,   "idemproxy_outcomes_total",      "outcome", "dead_lettered") \
-    X(skipped,         "idemproxy_outcomes_total",      "outcome", "skipped") \
-    X(deliveries,      "idemproxy_deliveries_total",    NULL,      NULL) \
-    X(dup_before_lock, "idemproxy_duplicates_total",    "stage",   "before_lock") \
-    X(dup_after_lock,  "idemproxy_duplicates_total",    "stage",   "after_lock") \
-    X(lock_busy,       "idemproxy_lock_busy_total",     NULL,      NULL) \
-    X(acks_ack,        "idemproxy_acks_total",          "status",  "ack") \
-    X(acks_retry,      "idemproxy_acks_total",          "status",  "retry") \
-    X(acks_drop,       "idemproxy_acks_total",          "status",  "drop") \
-    X(acks_timeout,    "idemproxy_acks_total",          "status",  "timeout") \
-    X(acks_invalid,    "idemproxy_acks_total",          "status",  "invalid") \
-    X(ack_timeouts,    "idemproxy_ack_timeouts_total",  NULL,      NULL) \
-    X(dead_letters,    "idemproxy_dead_letters_total",  NULL,      NULL) \
-    X(lease_lost,      "idemproxy_lease_lost_total",    NULL,      NULL) \
-    X(trimmed,         "idemproxy_trimmed_total",       NULL,      NULL)
+    X(entries_read,    "idemproxy_entries_read_total",  NULL,      NULL,            \
+      "Entries read from the stream, once each (re-examinations and redeliveries are not reads).") \
+    X(acked,           "idemproxy_outcomes_total",      "outcome", "acked",         \
+      "Entries that left, by outcome; read = sum of outcomes + pending.") \
+    X(duplicate,       "idemproxy_outcomes_total",      "outcome", "duplicate", NULL) \
+    X(dead_lettered,   "idemproxy_outcomes_total",      "outcome", "dead_lettered", NULL) \
+    X(skipped,         "idemproxy_outcomes_total",      "outcome", "skipped", NULL) \
+    X(deliveries,      "idemproxy_deliveries_total",    NULL,      NULL,            \
+      "Deliveries sent to a worker, redeliveries included.") \
+    X(dup_before_lock, "idemproxy_duplicates_total",    "stage",   "before_lock",   \
+      "Copies skipped because their key was done, by when that was seen.") \
+    X(dup_after_lock,  "idemproxy_duplicates_total",    "stage",   "after_lock", NULL) \
+    X(lock_busy,       "idemproxy_lock_busy_total",     NULL,      NULL,            \
+      "Claims that found a lock (dedup or lock_key) held elsewhere.") \
+    X(acks_ack,        "idemproxy_acks_total",          "status",  "ack",           \
+      "Answers from workers, by status; timeout and invalid count as retries.") \
+    X(acks_retry,      "idemproxy_acks_total",          "status",  "retry", NULL) \
+    X(acks_drop,       "idemproxy_acks_total",          "status",  "drop", NULL) \
+    X(acks_timeout,    "idemproxy_acks_total",          "status",  "timeout", NULL) \
+    X(acks_invalid,    "idemproxy_acks_total",          "status",  "invalid", NULL) \
+    X(ack_timeouts,    "idemproxy_ack_timeouts_total",  NULL,      NULL,            \
+      "Deliveries with no answer within ack_timeout_ms.") \
+    X(dead_letters,    "idemproxy_dead_letters_total",  NULL,      NULL,            \
+      "Entries dead-lettered (DROP, max_deliveries, bad input, busy refusal).") \
+    X(lease_lost,      "idemproxy_lease_lost_total",    NULL,      NULL,            \
+      "Leases found gone while the app worked (the fencing token guards that work).") \
+    X(trimmed,         "idemproxy_trimmed_total",       NULL,      NULL,            \
+      "Pending entries trimmed or deleted from the stream, acked away.")
 
 /* A Prometheus histogram with fixed buckets (upper bounds in seconds). */
 #define PX_HIST_BUCKETS 14
@@ -185,7 +196,7 @@ struct px_stream {
     ev_timer        pause;         /* a short wait after an error reply, then read again */
     px_entry       *head;          /* tracked entries of this stream */
     size_t          tracked;
-#define PX_COUNTER_FIELD(n, family, label, value) unsigned long long n;
+#define PX_COUNTER_FIELD(n, family, label, value, help) unsigned long long n;
     struct { PX_STREAM_COUNTERS(PX_COUNTER_FIELD) } c;
 #undef PX_COUNTER_FIELD
     px_hist         ack_latency;   /* delivery sent -> answer received */

@@ -32,6 +32,9 @@
  * XADD to the dead-letter stream and the done mark, then XACK. Releases are a
  * compare-and-delete script, so a holder whose lease ran out never deletes the
  * next holder's lock.
+ *
+ * How a command's reply comes back to its entry, how the replies of one round
+ * trip make a step, and why an entry outlives its commands: step.h.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +47,7 @@
 #include "decide.h"
 #include "hooks.h"
 #include "log.h"
+#include "step.h"
 
 static px_script release_script = {
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end "
@@ -67,122 +71,6 @@ void px_claim_init(void)
     }
     px_script_init(&release_script);
     px_script_init(&extend_script);
-}
-
-/* --- commands tied to an entry ------------------------------------------
- * Every command about an entry goes through entry_cmd. 'io' counts the
- * entry's outstanding replies, so an entry is never freed under one (see
- * px_entry_finish). Commands of a step (claim, commit) also count in
- * 'step_pending': when the step's last reply is in, its completion runs. A
- * reply handler reads what it needs out of the reply; 'step_failed' notes a
- * lost link or an error reply. Lease extensions are not part of a step. */
-
-typedef void reply_fn(px_entry *e, redisReply *r);
-
-typedef struct entry_cmd_ctx {
-    px_entry *e; reply_fn *on; bool step;
-    struct entry_cmd_ctx *next;   /* in ctx_pool */
-} entry_cmd_ctx;
-
-/* Contexts are reused, as redis.c reuses its command records: a few commands
- * per entry would otherwise be a malloc and a free each. */
-static entry_cmd_ctx *ctx_pool;
-
-static void ctx_put(entry_cmd_ctx *ctx)
-{
-    ctx->next = ctx_pool;
-    ctx_pool = ctx;
-}
-
-static void step_check(px_entry *e)
-{
-    if (e->step_pending == 0 && e->step_done) {
-        px_step_fn *done = e->step_done;
-        e->step_done = NULL;
-        done(e);
-    }
-}
-
-static void entry_reply_cb(px_redis *r, redisReply *reply, void *priv)
-{
-    (void)r;
-    entry_cmd_ctx ctx = *(entry_cmd_ctx *)priv;
-    px_entry *e = ctx.e;
-    ctx_put(priv);
-    e->io--;
-    if (e->gone) { if (e->io == 0) px_entry_free(e); return; }
-    if (ctx.step && (reply == NULL || reply->type == REDIS_REPLY_ERROR)) {
-        e->step_failed = true;
-        if (reply && !px_decide_error_passes(reply->str)) {
-            e->step_hard = true;
-            free(e->redis_error);
-            e->redis_error = px_strndup(reply->str, reply->len < 200 ? reply->len : 200);
-        }
-    } else if (reply && reply->type != REDIS_REPLY_ERROR && ctx.on) ctx.on(e, reply);
-    if (ctx.step) {
-        e->step_pending--;
-        step_check(e);
-    }
-}
-
-static void step_begin(px_entry *e, px_step_fn *done)
-{
-    e->step_pending = 1;          /* held until step_end, so replies cannot finish early */
-    e->step_failed = false;
-    e->step_hard = false;
-    e->step_done = done;
-}
-
-static void step_end(px_entry *e)
-{
-    e->step_pending--;
-    step_check(e);
-}
-
-static entry_cmd_ctx *ctx_new(px_entry *e, reply_fn *on, bool step)
-{
-    entry_cmd_ctx *ctx = ctx_pool;
-    if (ctx) ctx_pool = ctx->next;
-    else ctx = px_malloc(sizeof(*ctx));
-    ctx->e = e;
-    ctx->on = on;
-    ctx->step = step;
-    e->io++;
-    if (step) e->step_pending++;
-    return ctx;
-}
-
-static void ctx_unsent(entry_cmd_ctx *ctx)
-{
-    px_entry *e = ctx->e;
-    e->io--;
-    if (ctx->step) { e->step_pending--; e->step_failed = true; }
-    ctx_put(ctx);
-}
-
-/* A step's command about 'key' (routed by it in a cluster). */
-static void entry_cmd_at(px_entry *e, const char *key, reply_fn *on, int argc, const char **argv,
-                         const size_t *lens)
-{
-    entry_cmd_ctx *ctx = ctx_new(e, on, true);
-    if (px_redis_argv(e->st->px->redis, key, 0, entry_reply_cb, ctx, argc, argv, lens) != PX_OK)
-        ctx_unsent(ctx);
-}
-
-static void entry_cmd(px_entry *e, reply_fn *on, int argc, const char **argv, const size_t *lens)
-{
-    entry_cmd_at(e, argv[1], on, argc, argv, lens);
-}
-
-static void entry_script(px_entry *e, px_script *s, reply_fn *on, bool step, const char *key,
-                         const char *arg1, const char *arg2)
-{
-    entry_cmd_ctx *ctx = ctx_new(e, on, step);
-    const char *argv[3] = { key, arg1, arg2 };
-    size_t lens[3] = { strlen(key), strlen(arg1), arg2 ? strlen(arg2) : 0 };
-    if (px_redis_script(e->st->px->redis, s, entry_reply_cb, ctx, 1, arg2 ? 3 : 2, argv, lens)
-        != PX_OK)
-        ctx_unsent(ctx);
 }
 
 /* Split layout on a cluster: lock and done keys on different slots may sit on
@@ -274,12 +162,12 @@ static void new_token(px_entry *e)
 }
 
 /* Send `SET key value NX PX lease GET`. */
-static void set_nx_get(px_entry *e, reply_fn *on, const char *key, const char *value)
+static void set_nx_get(px_entry *e, px_reply_fn *on, const char *key, const char *value)
 {
     const char *px = e->st->lease_s;
     const char *argv[] = { "SET", key, value, "NX", "PX", px, "GET" };
     size_t lens[] = { 3, strlen(key), strlen(value), 2, 2, strlen(px), 3 };
-    entry_cmd(e, on, 7, argv, lens);
+    px_step_cmd(e, on, 7, argv, lens);
 }
 
 static void incr_fence(px_entry *e);
@@ -320,7 +208,7 @@ static void exists_mark(px_entry *e)
     dl_mark_name(e, &b);
     const char *argv[2] = { "EXISTS", b.data };
     size_t lens[2] = { 6, b.len };
-    entry_cmd(e, on_mark_exists, 2, argv, lens);
+    px_step_cmd(e, on_mark_exists, 2, argv, lens);
     px_buf_deinit(&b);
 }
 
@@ -350,7 +238,7 @@ static void exists_done(px_entry *e)
 {
     const char *argv[2] = { "EXISTS", e->done_name };
     size_t lens[2] = { 6, e->done_name_len };
-    entry_cmd(e, on_done_exists, 2, argv, lens);
+    px_step_cmd(e, on_done_exists, 2, argv, lens);
 }
 
 static void on_extended(px_entry *e, redisReply *r);
@@ -369,7 +257,7 @@ static void lease_start(px_entry *e)
 static void extend_now(px_entry *e, const char *key, bool dedup)
 {
     char val[32];
-    entry_script(e, &extend_script, on_extended, false, key,
+    px_step_script(e, &extend_script, on_extended, false, key,
                  dedup ? lock_value(e, val, sizeof(val)) : e->token, e->st->lease_s);
 }
 
@@ -387,9 +275,9 @@ static void claim_decided(px_entry *e)
     if (refusals_final(e) && !e->mark_asked && e->claim_set == PX_LOCK_TAKEN && !e->claim_done) {
         e->mark_asked = true;       /* the lock is ours: was the entry refused meanwhile? */
         e->in_claim_io = true;
-        step_begin(e, claim_decided);
+        px_step_begin(e, claim_decided);
         exists_mark(e);
-        step_end(e);
+        px_step_end(e);
         return;
     }
     if (e->claim_marked) {          /* refused already, by us or another replica */
@@ -457,20 +345,20 @@ static void claim_split_lock(px_entry *e)
 static void claim_split_recheck(px_entry *e)
 {
     if (e->step_failed) { claim_decided(e); return; }
-    step_begin(e, claim_decided);
+    px_step_begin(e, claim_decided);
     exists_done(e);
-    step_end(e);
+    px_step_end(e);
 }
 
 static void claim_split_lock_now(px_entry *e)
 {
     char val[32];
     bool ordered = split_ordered(e);
-    step_begin(e, ordered ? claim_decided : claim_split_recheck);
+    px_step_begin(e, ordered ? claim_decided : claim_split_recheck);
     set_nx_get(e, on_lock_set, e->lock_name, lock_value(e, val, sizeof(val)));
     if (e->st->conf->fencing && !e->lock_key) incr_fence(e);
     if (ordered) exists_done(e);
-    step_end(e);
+    px_step_end(e);
 }
 
 static void claim_one(px_entry *e)
@@ -484,14 +372,14 @@ static void claim_one(px_entry *e)
     e->mark_asked = false;
     e->in_claim_io = true;
     if (e->st->conf->layout == PX_LAYOUT_SINGLE) {
-        step_begin(e, claim_decided);
+        px_step_begin(e, claim_decided);
         set_nx_get(e, on_lock_set, e->lock_name, lock_value(e, val, sizeof(val)));
         if (e->st->conf->fencing && !e->lock_key) incr_fence(e);
     } else {
-        step_begin(e, claim_split_lock);
+        px_step_begin(e, claim_split_lock);
         exists_done(e);
     }
-    step_end(e);
+    px_step_end(e);
 }
 
 void px_claim_flush(px_proxy *px)
@@ -503,7 +391,7 @@ static void incr_fence(px_entry *e)
 {
     const char *argv[] = { "INCR", PX_FENCE_KEY };
     size_t lens[] = { 4, sizeof(PX_FENCE_KEY) - 1 };
-    entry_cmd(e, on_fence, 2, argv, lens);
+    px_step_cmd(e, on_fence, 2, argv, lens);
 }
 
 /* --- lock_key -------------------------------------------------------------
@@ -531,7 +419,7 @@ static void recheck_dedup(px_entry *e)
     size_t lens[2] = { 3, e->lock_name_len };
     e->claim_done = false;
     e->recheck_mine = false;
-    entry_cmd(e, on_recheck_lock, 2, argv, lens);
+    px_step_cmd(e, on_recheck_lock, 2, argv, lens);
     if (e->st->conf->layout == PX_LAYOUT_SPLIT) exists_done(e);
 }
 
@@ -568,9 +456,9 @@ static void lock_key_decided(px_entry *e)
 static void lock_key_recheck(px_entry *e)
 {
     if (e->step_failed || e->claim_set != PX_LOCK_TAKEN) { lock_key_decided(e); return; }
-    step_begin(e, lock_key_decided);
+    px_step_begin(e, lock_key_decided);
     recheck_dedup(e);
-    step_end(e);
+    px_step_end(e);
 }
 
 static void on_lock_key_set(px_entry *e, redisReply *r)
@@ -592,11 +480,11 @@ void px_claim_lock_key(px_entry *e)
     bool ordered = !e->lock_waited || !px_redis_clustered(e->st->px->redis) ||
                    (px_redis_same_slot(e->st->px->redis, e->lock_key, e->lock_name) &&
                     px_redis_same_slot(e->st->px->redis, e->lock_key, e->done_name));
-    step_begin(e, ordered ? lock_key_decided : lock_key_recheck);
+    px_step_begin(e, ordered ? lock_key_decided : lock_key_recheck);
     set_nx_get(e, on_lock_key_set, e->lock_key, e->token);
     if (e->st->conf->fencing) incr_fence(e);
     if (ordered && e->lock_waited) recheck_dedup(e);
-    step_end(e);
+    px_step_end(e);
 }
 
 /* --- release and lease extension ------------------------------------------ */
@@ -781,7 +669,7 @@ static void dead_letter_add(px_entry *e, const char *reason)
     ARG("idemproxy-entry-id", 18);      ARG(e->id, strlen(e->id));
     ARG("idemproxy-attempts", 18);      ARG(attempts, strlen(attempts));
 #undef ARG
-    entry_cmd_at(e, sc->dead_letter, on_dl_added, (int)n, argv, lens);
+    px_step_cmd_at(e, sc->dead_letter, on_dl_added, (int)n, argv, lens);
     px_buf_deinit(&mark);
     free(argv);
     free(lens);
@@ -794,7 +682,7 @@ static void commit_release(px_entry *e)
 {
     if (e->has_dedup && e->st->conf->layout == PX_LAYOUT_SPLIT) {
             char val[32];
-        entry_script(e, &release_script, on_split_release, true, e->lock_name,
+        px_step_script(e, &release_script, on_split_release, true, e->lock_name,
                      lock_value(e, val, sizeof(val)), NULL);
         e->has_dedup = false;
         }
@@ -805,35 +693,35 @@ static void commit_release(px_entry *e)
 static void commit_release_after(px_entry *e)
 {
     if (e->step_failed) { commit_decided(e); return; }
-    step_begin(e, commit_decided);
+    px_step_begin(e, commit_decided);
     commit_release(e);
-    step_end(e);
+    px_step_end(e);
 }
 
 static void commit_one(px_entry *e)
 {
     px_stream_conf *sc = e->st->conf;
     if (e->bad) {
-        step_begin(e, commit_decided);
+        px_step_begin(e, commit_decided);
         dead_letter_add(e, e->reason);
-        step_end(e);
+        px_step_end(e);
         return;
     }
     const char *ttl = e->st->ttl_s;
     bool ordered = !(e->key && e->mark_done && e->has_dedup && sc->layout == PX_LAYOUT_SPLIT) ||
                    split_ordered(e);
-    step_begin(e, ordered ? commit_decided : commit_release_after);
+    px_step_begin(e, ordered ? commit_decided : commit_release_after);
     if (e->outcome == PX_OUT_DEAD_LETTERED) dead_letter_add(e, e->reason ? e->reason : "dropped");
     if (e->key && e->mark_done) {
         const char *val = sc->layout == PX_LAYOUT_SINGLE ? "D" : "1";
         const char *argv[] = { "SET", e->done_name, val, "PX", ttl, "GET" };
         size_t lens[] = { 3, e->done_name_len, 1, 2, strlen(ttl), 3 };
         if (sc->layout == PX_LAYOUT_SINGLE && e->done_sets < 255) e->done_sets++;
-        entry_cmd(e, on_done_set, sc->layout == PX_LAYOUT_SINGLE ? 6 : 5, argv, lens);
+        px_step_cmd(e, on_done_set, sc->layout == PX_LAYOUT_SINGLE ? 6 : 5, argv, lens);
         if (sc->layout == PX_LAYOUT_SINGLE) e->has_dedup = false;  /* the done mark replaced it */
     }
     if (ordered) commit_release(e);
-    step_end(e);
+    px_step_end(e);
 }
 
 void px_claim_commit_flush(px_proxy *px)
@@ -845,9 +733,9 @@ void px_claim_commit_flush(px_proxy *px)
 
 typedef struct xack_batch { px_entry **v; size_t n; } xack_batch;
 
-/* A batch holds its entries ('io'), like any command about an entry: shutdown
- * may finish them while the XACK is in flight, and the reply (or the link's
- * teardown) must find them still allocated. */
+/* A batch holds its entries (step.h: px_step_io_hold), like any command
+ * about an entry: shutdown may finish them while the XACK is in flight, and
+ * the reply (or the link's teardown) must find them still allocated. */
 static void xack_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
@@ -856,8 +744,7 @@ static void xack_reply_cb(px_redis *r, redisReply *reply, void *priv)
     for (size_t i = 0; i < b->n; i++) {
         px_entry *e = b->v[i];
         e->in_claim_io = false;
-        e->io--;
-        if (e->gone) { if (e->io == 0) px_entry_free(e); continue; }
+        if (!px_step_io_done(e)) continue;
         if (ok) px_entry_finish(e, e->outcome);
         else px_proxy_xack_failed(e);   /* written again after a pause */
     }
@@ -895,13 +782,15 @@ void px_claim_xack_flush(px_proxy *px)
             argv[3 + i] = b->v[i]->id;
             lens[3 + i] = strlen(b->v[i]->id);
             b->v[i]->in_claim_io = true;
-            b->v[i]->io++;
+            px_step_io_hold(b->v[i]);
         }
         if (px_redis_argv(px->redis, st->conf->stream, 0, xack_reply_cb, b, (int)argc, argv, lens)
             != PX_OK) {
             for (size_t i = 0; i < b->n; i++) {
                 b->v[i]->in_claim_io = false;
-                b->v[i]->io--;
+                bool kept = px_step_io_done(b->v[i]);   /* never sent: not finished meanwhile */
+                PX_ASSERT(kept);
+                (void)kept;
                 px_queue_push(&px->xack_q, b->v[i]);
             }
             free(b->v);

@@ -145,7 +145,7 @@ static void ack_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop; (void)revents;
     px_entry *e = w->data;
     px_deliver *d = e->st->px->deliver;
-    slot_put(d, e->req_id);
+    slot_put(d, e->delivery.req_id);
     e->st->c.ack_timeouts++;
     window_timeout(e->st->px, d);
     px_log_entry(PX_LOG_WARN, e, "ack timeout");
@@ -185,7 +185,7 @@ size_t px_deliver_size(px_proxy *px, px_entry *e)
 static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
 {
     if (d->nfree == 0) return PX_EAGAIN;
-    px_delivery_view v = delivery_view(d, e, e->attempt + 1, e->fence,
+    px_delivery_view v = delivery_view(d, e, e->delivery.attempt + 1, e->claim.fence,
                                        px_now_ms() + (uint64_t)px->conf->ack_timeout_ms);
     px_codec_delivery_encode(&v, &d->enc);
 
@@ -216,11 +216,11 @@ static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
         px_log_error("app socket: send failed: %s", nn_strerror(nn_errno()));
         return PX_EAGAIN;
     }
-    e->req_id = id;
-    e->sent_at = ev_now(px->loop);
-    e->attempt++;
+    e->delivery.req_id = id;
+    e->delivery.sent_at = ev_now(px->loop);
+    e->delivery.attempt++;
     px_reader_delivering(e);
-    e->deadline_ms = v.deadline_unix_ms;
+    e->delivery.deadline_ms = v.deadline_unix_ms;
     px_entry_to(e, PX_E_SENT);
     e->st->c.deliveries++;
     ev_timer_stop(px->loop, &e->timer);
@@ -251,7 +251,7 @@ void px_deliver_flush(px_proxy *px)
     px_entry *e;
     size_t window = 0;
     while ((e = px->send_q.head) != NULL) {
-        if (e->lease_lost) {          /* not delivered on a lock it no longer holds */
+        if (e->claim.lease_lost) {          /* not delivered on a lock it no longer holds */
             px_queue_pop(&px->send_q);
             px_proxy_reclaim_unsent(e);
             continue;
@@ -322,7 +322,7 @@ static void rcv_cb(struct ev_loop *loop, ev_io *w, int revents)
         nn_freemsg(body);
         slot_put(d, id);
         ev_timer_stop(px->loop, &e->timer);
-        window_answer(px, d, ev_now(px->loop) - e->sent_at);
+        window_answer(px, d, ev_now(px->loop) - e->delivery.sent_at);
         if (st == PX_ACK_INVALID) {
             px_protocol_errors++;
             px_log_entry(PX_LOG_WARN, e, "invalid reply: %s; treated as RETRY", why);
@@ -388,7 +388,7 @@ int px_deliver_init(px_proxy *px)
 void px_deliver_forget(px_proxy *px, px_entry *e)
 {
     px_deliver *d = px->deliver;
-    if (e->state == PX_E_SENT && slot_find(d, e->req_id) == e) slot_put(d, e->req_id);
+    if (e->state == PX_E_SENT && slot_find(d, e->delivery.req_id) == e) slot_put(d, e->delivery.req_id);
 }
 
 void px_deliver_deinit(px_proxy *px)

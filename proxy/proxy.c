@@ -106,7 +106,7 @@ void px_entry_to(px_entry *e, px_entry_state next)
 
 static px_log_about entry_about(const px_entry *e)
 {
-    return (px_log_about){ e->st->conf->stream, e->id, e->key, e->attempt };
+    return (px_log_about){ e->st->conf->stream, e->id, e->key, e->delivery.attempt };
 }
 
 void px_log_entry(px_log_level level, const px_entry *e, const char *fmt, ...)
@@ -149,15 +149,15 @@ static double jitter(double lo, double hi)
 
 static void wait_out_end(px_entry *e)
 {
-    if (!e->waiting_out) return;
-    e->waiting_out = false;
+    if (!e->park.waiting_out) return;
+    e->park.waiting_out = false;
     e->st->px->waiting_out--;
 }
 
 static void to_claim(px_entry *e)
 {
     wait_out_end(e);
-    if (e->claim_since == 0) e->claim_since = ev_now(e->st->px->loop);
+    if (e->park.claim_since == 0) e->park.claim_since = ev_now(e->st->px->loop);
     px_entry_to(e, PX_E_CLAIM);
     px_queue_push(&e->st->px->claim_q, e);
 }
@@ -258,7 +258,7 @@ void px_entry_free(px_entry *e)
     free(e->key);
     free(e->lock_key);
     free(e->reason);
-    free(e->redis_error);
+    free(e->step.redis_error);
     free(e);   /* and its fields and blob, in the same block */
 }
 
@@ -276,8 +276,8 @@ static px_entry *local_holder(px_entry *e)
  * it look again at once. */
 static void wake_followers(px_entry *e)
 {
-    if (!e->has_followers) return;
-    e->has_followers = false;
+    if (!e->park.has_followers) return;
+    e->park.has_followers = false;
     /* Draining: the copies are released and freed too, not claimed again
      * (waking one queued an entry the drain was about to free). */
     if (e->st->px->stopping) return;
@@ -308,7 +308,7 @@ void px_entry_finish(px_entry *e, px_outcome outcome)
     st->tracked--;
     st->px->tracked--;
     e->gone = true;
-    if (e->io == 0) px_entry_free(e);
+    if (e->step.io == 0) px_entry_free(e);
 }
 
 px_entry *px_proxy_find(px_stream *st, const char *id)
@@ -363,19 +363,19 @@ static void commit(px_entry *e, px_outcome outcome, bool mark_done, const char *
 void px_proxy_claimed(px_entry *e)
 {
     px_stream_conf *sc = e->st->conf;
-    e->wait_until_ms = 0;
-    if ((long long)e->attempt >= sc->max_deliveries) {
+    e->park.wait_until_ms = 0;
+    if ((long long)e->delivery.attempt >= sc->max_deliveries) {
         /* Delivered that often already (Redis' delivery count, across restarts
          * and consumers): a poison entry. No one delivers it again. */
         char why[128];
         snprintf(why, sizeof(why), "max_deliveries (%d) reached: delivery count %u",
-                 sc->max_deliveries, e->attempt);
+                 sc->max_deliveries, e->delivery.attempt);
         px_log_entry(PX_LOG_WARN, e, "%s", why);
         commit(e, PX_OUT_DEAD_LETTERED, true, why);
         return;
     }
-    px_metrics_observe(px_lock_wait_bounds, &e->st->lock_wait, ev_now(e->st->px->loop) - e->claim_since);
-    e->claim_since = 0;
+    px_metrics_observe(px_lock_wait_bounds, &e->st->lock_wait, ev_now(e->st->px->loop) - e->park.claim_since);
+    e->park.claim_since = 0;
     if (e->st->px->stopping) {      /* claimed while draining: give it back at once */
         px_claim_release(e);
         px_entry_finish(e, PX_OUT_NONE);
@@ -402,8 +402,8 @@ void px_proxy_busy(px_entry *e, bool lock_key_busy)
         px_entry_finish(e, PX_OUT_NONE);
         return;
     }
-    if (e->wait_until_ms == 0) e->wait_until_ms = now + (uint64_t)sc->wait_ms;
-    switch (px_decide_busy(now, e->wait_until_ms, lock_key_busy, sc->on_busy)) {
+    if (e->park.wait_until_ms == 0) e->park.wait_until_ms = now + (uint64_t)sc->wait_ms;
+    switch (px_decide_busy(now, e->park.wait_until_ms, lock_key_busy, sc->on_busy)) {
     case PX_BUSY_WAIT:
         /* Within wait_ms: look again in 10-50 ms, on the loop, never blocking. */
         px_entry_to(e, lock_key_busy ? PX_E_LOCKWAIT : PX_E_PARKED);
@@ -411,7 +411,7 @@ void px_proxy_busy(px_entry *e, bool lock_key_busy)
         return;
     case PX_BUSY_REFUSE:
         /* Refused at once, as the seeds answer 409: dead-lettered, not done. */
-        e->wait_until_ms = 0;
+        e->park.wait_until_ms = 0;
         px_log_entry(PX_LOG_INFO, e, "busy: lock %s held elsewhere; dead-lettered", e->lock_key);
         commit(e, PX_OUT_DEAD_LETTERED, false, "busy");
         return;
@@ -421,18 +421,18 @@ void px_proxy_busy(px_entry *e, bool lock_key_busy)
          * (another replica) usually finishes in a few ms, so the copy looks
          * again after 20 ms, doubling up to lease_ms: a few SETs instead of a
          * whole lease of waiting. */
-        e->wait_until_ms = 0;
+        e->park.wait_until_ms = 0;
         px_claim_release(e);
         px_entry_to(e, PX_E_PARKED);
         px_entry *h = lock_key_busy ? NULL : local_holder(e);
-        if (h) h->has_followers = true;   /* woken when h leaves; the timer is a fallback */
+        if (h) h->park.has_followers = true;   /* woken when h leaves; the timer is a fallback */
         double ms = (double)sc->lease_ms;
-        if (h == NULL && !lock_key_busy && e->busy_looks < 16 &&
-            (double)(20u << e->busy_looks) < ms)
-            ms = (double)(20u << e->busy_looks);
-        e->busy_looks++;
+        if (h == NULL && !lock_key_busy && e->park.busy_looks < 16 &&
+            (double)(20u << e->park.busy_looks) < ms)
+            ms = (double)(20u << e->park.busy_looks);
+        e->park.busy_looks++;
         px_log_entry(PX_LOG_DEBUG, e, "busy: looking again in %.0f ms", ms);
-        if (!e->waiting_out) { e->waiting_out = true; e->st->px->waiting_out++; }
+        if (!e->park.waiting_out) { e->park.waiting_out = true; e->st->px->waiting_out++; }
         entry_timer(e, back_to_claim_cb, ms + jitter(0, ms < 100 ? 10 : 50));
         return;
     }
@@ -455,23 +455,23 @@ void px_proxy_claim_failed(px_entry *e)
         return;
     }
     double ms = PX_ERROR_PAUSE_MS;
-    if (e->step_hard) {
+    if (e->step.hard) {
         /* An error that retrying does not cure (WRONGTYPE on a rendered key,
          * NOPERM): a few tries with backoff, then the dead letter with the
          * error as its reason, not marked done, so it never holds a slot of
          * max_inflight for ever (SPEC 5.6). */
         static px_log_limit limit;
-        e->redis_errors++;
-        px_log_entry_limited(&limit, 1.0, PX_LOG_WARN, e, "%s (try %u of %d)", e->redis_error,
-                             e->redis_errors, PX_MAX_REDIS_ERRORS);
-        if (e->redis_errors >= PX_MAX_REDIS_ERRORS) {
+        e->step.redis_errors++;
+        px_log_entry_limited(&limit, 1.0, PX_LOG_WARN, e, "%s (try %u of %d)", e->step.redis_error,
+                             e->step.redis_errors, PX_MAX_REDIS_ERRORS);
+        if (e->step.redis_errors >= PX_MAX_REDIS_ERRORS) {
             char why[300];
-            snprintf(why, sizeof(why), "redis error: %s", e->redis_error);
+            snprintf(why, sizeof(why), "redis error: %s", e->step.redis_error);
             px_claim_release(e);
             commit(e, PX_OUT_DEAD_LETTERED, false, why);
             return;
         }
-        ms = error_pause_ms(e->redis_errors);
+        ms = error_pause_ms(e->step.redis_errors);
     }
     /* Redis is down or refused: try again shortly (the flush waits for the link). */
     px_entry_to(e, PX_E_PARKED);
@@ -497,8 +497,8 @@ void px_proxy_reclaim_unsent(px_entry *e)
 {
     px_log_entry(PX_LOG_INFO, e, "lease lost before delivery; claiming again");
     px_claim_release(e);
-    e->has_dedup = false;
-    e->has_lock = false;
+    e->claim.has_dedup = false;
+    e->claim.has_lock = false;
     to_claim(e);
 }
 
@@ -508,7 +508,7 @@ static void backoff_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop; (void)revents;
     px_entry *e = w->data;
-    e->examined = true;
+    e->claim.examined = true;
     to_claim(e);
 }
 
@@ -516,7 +516,7 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
 {
     px_stream *st = e->st;
     px_stream_conf *sc = st->conf;
-    px_metrics_observe(px_ack_latency_bounds, &st->ack_latency, ev_now(st->px->loop) - e->sent_at);
+    px_metrics_observe(px_ack_latency_bounds, &st->ack_latency, ev_now(st->px->loop) - e->delivery.sent_at);
     switch (status) {
     case PX_ACK_ACK:     st->c.acks_ack++; break;
     case PX_ACK_RETRY:   st->c.acks_retry++; break;
@@ -524,7 +524,7 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
     case PX_ACK_TIMEOUT: st->c.acks_timeout++; break;
     case PX_ACK_INVALID: st->c.acks_invalid++; break;
     }
-    switch (px_decide_answer(status, e->attempt, sc->max_deliveries)) {
+    switch (px_decide_answer(status, e->delivery.attempt, sc->max_deliveries)) {
     case PX_NEXT_COMMIT_DONE:
         commit(e, PX_OUT_ACKED, true, NULL);
         return;
@@ -546,7 +546,7 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
     px_claim_release(e);
     wake_followers(e);
     if (st->px->stopping) { px_entry_finish(e, PX_OUT_NONE); return; }
-    long long ms = px_decide_backoff_ms(sc->retry_backoff_ms, e->attempt);
+    long long ms = px_decide_backoff_ms(sc->retry_backoff_ms, e->delivery.attempt);
     px_entry_to(e, PX_E_BACKOFF);
     /* The worker's reason, at most once a second: a handler failing every
      * entry must not flood the log (the count of the rest is in the next line
@@ -573,17 +573,17 @@ void px_proxy_committed(px_entry *e, bool ok)
         /* Kept until written: the app's answer is never forgotten. An error
          * that retrying does not cure is tried again less and less often. */
         double ms = PX_ERROR_PAUSE_MS;
-        if (e->step_hard) {
+        if (e->step.hard) {
             static px_log_limit limit;
-            ms = error_pause_ms(++e->redis_errors);
+            ms = error_pause_ms(++e->step.redis_errors);
             px_log_entry_limited(&limit, 1.0, PX_LOG_WARN, e,
-                                 "writing its outcome failed: %s; again in %.0f ms", e->redis_error,
+                                 "writing its outcome failed: %s; again in %.0f ms", e->step.redis_error,
                                  ms);
         }
         entry_timer(e, commit_again_cb, ms);
         return;
     }
-    if (e->outcome == PX_OUT_DEAD_LETTERED && !e->dl_other) e->st->c.dead_letters++;
+    if (e->outcome == PX_OUT_DEAD_LETTERED && !e->claim.dl_other) e->st->c.dead_letters++;
     leave(e, e->outcome);
 }
 
@@ -664,7 +664,7 @@ static bool undelivered(const px_entry *e, bool all)
 {
     switch (e->state) {
     case PX_E_PARKED: case PX_E_LOCKWAIT: case PX_E_BACKOFF: case PX_E_SEND: return true;
-    case PX_E_CLAIM: return !e->in_claim_io;
+    case PX_E_CLAIM: return !e->claim.in_io;
     case PX_E_SENT: return all;
     default: return false;
     }

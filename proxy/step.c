@@ -27,15 +27,15 @@ static void ctx_put(cmd_ctx *ctx)
 
 void px_step_io_hold(px_entry *e)
 {
-    e->io++;
+    e->step.io++;
 }
 
 bool px_step_io_done(px_entry *e)
 {
-    PX_ASSERT(e->io > 0);
-    e->io--;
+    PX_ASSERT(e->step.io > 0);
+    e->step.io--;
     if (!e->gone) return true;
-    if (e->io == 0) px_entry_free(e);
+    if (e->step.io == 0) px_entry_free(e);
     return false;
 }
 
@@ -43,25 +43,25 @@ bool px_step_io_done(px_entry *e)
  * before it runs, so it cannot run twice, even if it begins the next step. */
 static void step_check(px_entry *e)
 {
-    if (e->step_pending == 0 && e->step_done) {
-        px_step_fn *done = e->step_done;
-        e->step_done = NULL;
+    if (e->step.pending == 0 && e->step.done) {
+        px_step_fn *done = e->step.done;
+        e->step.done = NULL;
         done(e);
     }
 }
 
 void px_step_begin(px_entry *e, px_step_fn *done)
 {
-    PX_ASSERT(e->step_done == NULL && e->step_pending == 0);
-    e->step_pending = 1; /* held until px_step_end, so replies cannot finish early */
-    e->step_failed = false;
-    e->step_hard = false;
-    e->step_done = done;
+    PX_ASSERT(e->step.done == NULL && e->step.pending == 0);
+    e->step.pending = 1; /* held until px_step_end, so replies cannot finish early */
+    e->step.failed = false;
+    e->step.hard = false;
+    e->step.done = done;
 }
 
 void px_step_end(px_entry *e)
 {
-    e->step_pending--;
+    e->step.pending--;
     step_check(e);
 }
 
@@ -73,17 +73,17 @@ static void reply_cb(px_redis *r, redisReply *reply, void *priv)
     ctx_put(priv);
     if (!px_step_io_done(e)) return;
     if (ctx.step && (reply == NULL || reply->type == REDIS_REPLY_ERROR)) {
-        e->step_failed = true;
+        e->step.failed = true;
         if (reply && !px_decide_error_passes(reply->str)) {
-            e->step_hard = true;
-            free(e->redis_error);
-            e->redis_error = px_strndup(reply->str, reply->len < 200 ? reply->len : 200);
+            e->step.hard = true;
+            free(e->step.redis_error);
+            e->step.redis_error = px_strndup(reply->str, reply->len < 200 ? reply->len : 200);
         }
     } else if (reply && reply->type != REDIS_REPLY_ERROR && ctx.on) {
         ctx.on(e, reply);
     }
     if (ctx.step) {
-        e->step_pending--;
+        e->step.pending--;
         step_check(e);
     }
 }
@@ -97,7 +97,7 @@ static cmd_ctx *ctx_new(px_entry *e, px_reply_fn *on, bool step)
     ctx->on = on;
     ctx->step = step;
     px_step_io_hold(e);
-    if (step) e->step_pending++;
+    if (step) e->step.pending++;
     return ctx;
 }
 
@@ -105,10 +105,10 @@ static cmd_ctx *ctx_new(px_entry *e, px_reply_fn *on, bool step)
 static void ctx_unsent(cmd_ctx *ctx)
 {
     px_entry *e = ctx->e;
-    e->io--;
+    e->step.io--;
     if (ctx->step) {
-        e->step_pending--;
-        e->step_failed = true;
+        e->step.pending--;
+        e->step.failed = true;
     }
     ctx_put(ctx);
 }

@@ -5,7 +5,7 @@
  * runs each step's completion. Its contract:
  *
  *  - An entry is never freed while io > 0. Each command about it counts in
- *    e->io until its reply is in, or the link's teardown answers it with no
+ *    e->step.io until its reply is in, or the link's teardown answers it with no
  *    reply. px_entry_finish marks the entry gone and frees it only at io 0;
  *    otherwise the last reply frees it, and no handler of a gone entry runs.
  *  - XACK batches hold their entries too: px_step_io_hold for each entry of a
@@ -15,8 +15,8 @@
  *    in, or in px_step_end if every reply is in already (or nothing could be
  *    sent), never while commands are still being added. Before it, each
  *    reply that is not an error goes to the command's handler 'on'.
- *    e->step_failed tells 'done' that a reply was lost, an error or never
- *    sent; e->step_hard and e->redis_error that an error was one retrying
+ *    e->step.failed tells 'done' that a reply was lost, an error or never
+ *    sent; e->step.hard and e->step.redis_error that an error was one retrying
  *    does not cure (decide.c's px_decide_error_passes).
  *  - A command outside a step (a lease extension) counts in io only.
  *

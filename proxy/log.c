@@ -2,7 +2,7 @@
  * log.c - stderr logging. Text lines look like
  *   2026-11-22T10:00:00.123Z info  redis: ready
  * and JSON lines like {"ts":"...","level":"warn","msg":"..."}. A line about
- * one entry (px_log_entry, proxy.c) names it: text lines begin with
+ * one entry (px_log_entry, entry.c) names it: text lines begin with
  * "stream S entry ID key K attempt N: ", JSON lines carry "stream",
  * "entry_id", "key" and "attempt" as fields before "msg".
  */

@@ -25,7 +25,7 @@ void px_log_limited(px_log_limit *l, double every_s, px_log_level level, const c
 
 /* The entry a line is about: text lines begin with
  * "stream S entry ID key K attempt N: ", JSON lines carry them as the fields
- * "stream", "entry_id", "key" (null when it has none) and "attempt". proxy.c's
+ * "stream", "entry_id", "key" (null when it has none) and "attempt". entry.c's
  * px_log_entry fills it from an entry; NULL for a line about no entry. */
 typedef struct px_log_about {
     const char *stream;

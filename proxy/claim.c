@@ -438,14 +438,14 @@ static void lock_key_decided(px_entry *e)
     }
     e->claim.has_lock = true;
     if (e->claim.own) extend_now(e, e->lock_key, false);
-    if (e->claim.lock_waited && e->claim.done) {          /* done while we waited */
+    if (e->claim.lock_waited && e->claim.done) {                 /* done while we waited */
         px_claim_release(e);
         px_proxy_duplicate(e, true);
     } else if (e->claim.lock_waited && !e->claim.recheck_mine) { /* our dedup lease ran out */
         px_log_entry(PX_LOG_INFO, e, "dedup lock lost while waiting for %s; claiming again",
                      e->lock_key);
-        e->claim.has_dedup = true;                          /* release compares tokens */
-        px_claim_release(e);                          /* the room too: claimed afresh */
+        e->claim.has_dedup = true;                               /* release compares tokens */
+        px_claim_release(e);                                     /* the room too: claimed afresh */
         px_proxy_busy(e, false);
     } else {
         px_proxy_claimed(e);

@@ -32,6 +32,9 @@
  * XADD to the dead-letter stream and the done mark, then XACK. Releases are a
  * compare-and-delete script, so a holder whose lease ran out never deletes the
  * next holder's lock.
+ *
+ * How a command's reply comes back to its entry, how the replies of one round
+ * trip make a step, and why an entry outlives its commands: step.h.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -39,10 +42,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "claim.h"
 #include "cluster.h"
 #include "decide.h"
+#include "hooks.h"
 #include "log.h"
-#include "proxy.h"
+#include "step.h"
 
 static px_script release_script = {
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end "
@@ -53,10 +58,6 @@ static px_script extend_script = {
     "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0", ""
 };
 
-/* Test hook: IDEMPROXY_DEBUG_CLAIM_PAUSE_MS holds a split claim between its
- * first done check and its lock, so a test can run another holder's whole
- * cycle in that gap (seed 000's race) instead of hoping for it. */
-static long debug_claim_pause_ms;
 static uint64_t token_state[2];   /* see new_token */
 
 void px_claim_init(void)
@@ -68,126 +69,8 @@ void px_claim_init(void)
         token_state[0] = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 40);
         token_state[1] = 0x9E3779B97F4A7C15ull ^ (uint64_t)(uintptr_t)&ts;
     }
-    const char *pause = getenv("IDEMPROXY_DEBUG_CLAIM_PAUSE_MS");
-    debug_claim_pause_ms = pause ? atol(pause) : 0;
     px_script_init(&release_script);
     px_script_init(&extend_script);
-}
-
-/* --- commands tied to an entry ------------------------------------------
- * Every command about an entry goes through entry_cmd. 'io' counts the
- * entry's outstanding replies, so an entry is never freed under one (see
- * px_entry_finish). Commands of a step (claim, commit) also count in
- * 'step_pending': when the step's last reply is in, its completion runs. A
- * reply handler reads what it needs out of the reply; 'step_failed' notes a
- * lost link or an error reply. Lease extensions are not part of a step. */
-
-typedef void reply_fn(px_entry *e, redisReply *r);
-
-typedef struct entry_cmd_ctx {
-    px_entry *e; reply_fn *on; bool step;
-    struct entry_cmd_ctx *next;   /* in ctx_pool */
-} entry_cmd_ctx;
-
-/* Contexts are reused, as redis.c reuses its command records: a few commands
- * per entry would otherwise be a malloc and a free each. */
-static entry_cmd_ctx *ctx_pool;
-
-static void ctx_put(entry_cmd_ctx *ctx)
-{
-    ctx->next = ctx_pool;
-    ctx_pool = ctx;
-}
-
-static void step_check(px_entry *e)
-{
-    if (e->step_pending == 0 && e->step_done) {
-        px_step_fn *done = e->step_done;
-        e->step_done = NULL;
-        done(e);
-    }
-}
-
-static void entry_reply_cb(px_redis *r, redisReply *reply, void *priv)
-{
-    (void)r;
-    entry_cmd_ctx ctx = *(entry_cmd_ctx *)priv;
-    px_entry *e = ctx.e;
-    ctx_put(priv);
-    e->io--;
-    if (e->gone) { if (e->io == 0) px_entry_free(e); return; }
-    if (ctx.step && (reply == NULL || reply->type == REDIS_REPLY_ERROR)) {
-        e->step_failed = true;
-        if (reply && !px_decide_error_passes(reply->str)) {
-            e->step_hard = true;
-            free(e->redis_error);
-            e->redis_error = px_strndup(reply->str, reply->len < 200 ? reply->len : 200);
-        }
-    } else if (reply && reply->type != REDIS_REPLY_ERROR && ctx.on) ctx.on(e, reply);
-    if (ctx.step) {
-        e->step_pending--;
-        step_check(e);
-    }
-}
-
-static void step_begin(px_entry *e, px_step_fn *done)
-{
-    e->step_pending = 1;          /* held until step_end, so replies cannot finish early */
-    e->step_failed = false;
-    e->step_hard = false;
-    e->step_done = done;
-}
-
-static void step_end(px_entry *e)
-{
-    e->step_pending--;
-    step_check(e);
-}
-
-static entry_cmd_ctx *ctx_new(px_entry *e, reply_fn *on, bool step)
-{
-    entry_cmd_ctx *ctx = ctx_pool;
-    if (ctx) ctx_pool = ctx->next;
-    else ctx = px_malloc(sizeof(*ctx));
-    ctx->e = e;
-    ctx->on = on;
-    ctx->step = step;
-    e->io++;
-    if (step) e->step_pending++;
-    return ctx;
-}
-
-static void ctx_unsent(entry_cmd_ctx *ctx)
-{
-    px_entry *e = ctx->e;
-    e->io--;
-    if (ctx->step) { e->step_pending--; e->step_failed = true; }
-    ctx_put(ctx);
-}
-
-/* A step's command about 'key' (routed by it in a cluster). */
-static void entry_cmd_at(px_entry *e, const char *key, reply_fn *on, int argc, const char **argv,
-                         const size_t *lens)
-{
-    entry_cmd_ctx *ctx = ctx_new(e, on, true);
-    if (px_redis_argv(e->st->px->redis, key, 0, entry_reply_cb, ctx, argc, argv, lens) != PX_OK)
-        ctx_unsent(ctx);
-}
-
-static void entry_cmd(px_entry *e, reply_fn *on, int argc, const char **argv, const size_t *lens)
-{
-    entry_cmd_at(e, argv[1], on, argc, argv, lens);
-}
-
-static void entry_script(px_entry *e, px_script *s, reply_fn *on, bool step, const char *key,
-                         const char *arg1, const char *arg2)
-{
-    entry_cmd_ctx *ctx = ctx_new(e, on, step);
-    const char *argv[3] = { key, arg1, arg2 };
-    size_t lens[3] = { strlen(key), strlen(arg1), arg2 ? strlen(arg2) : 0 };
-    if (px_redis_script(e->st->px->redis, s, entry_reply_cb, ctx, 1, arg2 ? 3 : 2, argv, lens)
-        != PX_OK)
-        ctx_unsent(ctx);
 }
 
 /* Split layout on a cluster: lock and done keys on different slots may sit on
@@ -225,7 +108,7 @@ static bool entry_up(px_entry *e)
 }
 
 /* Take every entry of 'q' whose servers are up (and, for claims, whose
- * delivery counts are in: reader.c's counts_wait) and run 'fn' on it; the
+ * delivery counts are in: reader.c's delivery.counts_wait) and run 'fn' on it; the
  * others stay queued, in order. */
 static void flush_up(px_proxy *px, px_queue *q, void (*fn)(px_entry *), bool counts)
 {
@@ -234,7 +117,7 @@ static void flush_up(px_proxy *px, px_queue *q, void (*fn)(px_entry *), bool cou
     px_queue keep = {0};
     px_entry *e;
     while ((e = px_queue_pop(q)) != NULL) {
-        if ((counts && e->counts_wait) || (!all && !entry_up(e))) px_queue_push(&keep, e);
+        if ((counts && e->delivery.counts_wait) || (!all && !entry_up(e))) px_queue_push(&keep, e);
         else fn(e);
     }
     while ((e = px_queue_pop(&keep)) != NULL) px_queue_push(q, e);
@@ -245,10 +128,10 @@ static const char *lock_value(px_entry *e, char *buf, size_t size)
 {
     /* Copied, not printed: this runs for every claim and commit and its reply,
      * and snprintf was 7% of the daemon's instructions. */
-    size_t off = e->st->conf->layout == PX_LAYOUT_SINGLE ? 2 : 0, n = strlen(e->token);
+    size_t off = e->st->conf->layout == PX_LAYOUT_SINGLE ? 2 : 0, n = strlen(e->claim.token);
     if (off + n >= size) n = size - off - 1;   /* never: 20 digits into 32 bytes */
     memcpy(buf, "L:", off);
-    memcpy(buf + off, e->token, n);
+    memcpy(buf + off, e->claim.token, n);
     buf[off + n] = '\0';
     return buf;
 }
@@ -273,18 +156,18 @@ static void new_token(px_entry *e)
 {
     static const char hex[] = "0123456789abcdef";
     uint64_t a = next_random(), b = next_random();
-    for (size_t i = 0; i < 16; i++) e->token[i] = hex[(a >> (4 * i)) & 15];
-    for (size_t i = 16; i < 20; i++) e->token[i] = hex[(b >> (4 * (i - 16))) & 15];
-    e->token[20] = '\0';
+    for (size_t i = 0; i < 16; i++) e->claim.token[i] = hex[(a >> (4 * i)) & 15];
+    for (size_t i = 16; i < 20; i++) e->claim.token[i] = hex[(b >> (4 * (i - 16))) & 15];
+    e->claim.token[20] = '\0';
 }
 
 /* Send `SET key value NX PX lease GET`. */
-static void set_nx_get(px_entry *e, reply_fn *on, const char *key, const char *value)
+static void set_nx_get(px_entry *e, px_reply_fn *on, const char *key, const char *value)
 {
     const char *px = e->st->lease_s;
     const char *argv[] = { "SET", key, value, "NX", "PX", px, "GET" };
     size_t lens[] = { 3, strlen(key), strlen(value), 2, 2, strlen(px), 3 };
-    entry_cmd(e, on, 7, argv, lens);
+    px_step_cmd(e, on, 7, argv, lens);
 }
 
 static void incr_fence(px_entry *e);
@@ -316,7 +199,7 @@ static bool refusals_final(px_entry *e)
 
 static void on_mark_exists(px_entry *e, redisReply *r)
 {
-    e->claim_marked = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    e->claim.marked = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
 }
 
 static void exists_mark(px_entry *e)
@@ -325,7 +208,7 @@ static void exists_mark(px_entry *e)
     dl_mark_name(e, &b);
     const char *argv[2] = { "EXISTS", b.data };
     size_t lens[2] = { 6, b.len };
-    entry_cmd(e, on_mark_exists, 2, argv, lens);
+    px_step_cmd(e, on_mark_exists, 2, argv, lens);
     px_buf_deinit(&b);
 }
 
@@ -336,18 +219,18 @@ static void on_lock_set(px_entry *e, redisReply *r)
 {
     char mine[32];
     lock_value(e, mine, sizeof(mine));
-    e->claim_set = (int)px_decide_lock_reply(r->type == REDIS_REPLY_STRING ? r->str : NULL, mine);
-    e->claim_own = r->type == REDIS_REPLY_STRING && e->claim_set == PX_LOCK_TAKEN;
+    e->claim.set = (int)px_decide_lock_reply(r->type == REDIS_REPLY_STRING ? r->str : NULL, mine);
+    e->claim.own = r->type == REDIS_REPLY_STRING && e->claim.set == PX_LOCK_TAKEN;
 }
 
 static void on_done_exists(px_entry *e, redisReply *r)
 {
-    e->claim_done = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    e->claim.done = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
 }
 
 static void on_fence(px_entry *e, redisReply *r)
 {
-    if (r->type == REDIS_REPLY_INTEGER) e->fence = (uint64_t)r->integer;
+    if (r->type == REDIS_REPLY_INTEGER) e->claim.fence = (uint64_t)r->integer;
 }
 
 /* Send `EXISTS done`. */
@@ -355,7 +238,7 @@ static void exists_done(px_entry *e)
 {
     const char *argv[2] = { "EXISTS", e->done_name };
     size_t lens[2] = { 6, e->done_name_len };
-    entry_cmd(e, on_done_exists, 2, argv, lens);
+    px_step_cmd(e, on_done_exists, 2, argv, lens);
 }
 
 static void on_extended(px_entry *e, redisReply *r);
@@ -367,49 +250,49 @@ static void on_extended(px_entry *e, redisReply *r);
 static void lease_start(px_entry *e)
 {
     double j = 0.5 + 0.5 * (double)(random() % 1000) / 1000.0;
-    e->lease_next = ev_now(e->st->px->loop) + e->st->lease_every * j;
+    e->claim.lease_next = ev_now(e->st->px->loop) + e->st->lease_every * j;
 }
 
 /* Extend one of our locks at once: 'dedup' or lock_key. */
 static void extend_now(px_entry *e, const char *key, bool dedup)
 {
     char val[32];
-    entry_script(e, &extend_script, on_extended, false, key,
-                 dedup ? lock_value(e, val, sizeof(val)) : e->token, e->st->lease_s);
+    px_step_script(e, &extend_script, on_extended, false, key,
+                 dedup ? lock_value(e, val, sizeof(val)) : e->claim.token, e->st->lease_s);
 }
 
 /* The last reply of a claim round trip is in: decide. */
 static void claim_decided(px_entry *e)
 {
-    e->in_claim_io = false;
-    if (e->step_failed) {
+    e->claim.in_io = false;
+    if (e->step.failed) {
         /* The link went down or Redis refused: we may or may not hold the lock.
          * Keep the token; the next claim recognises our own lock. */
-        e->has_dedup = true;
+        e->claim.has_dedup = true;
         px_proxy_claim_failed(e);
         return;
     }
-    if (refusals_final(e) && !e->mark_asked && e->claim_set == PX_LOCK_TAKEN && !e->claim_done) {
-        e->mark_asked = true;       /* the lock is ours: was the entry refused meanwhile? */
-        e->in_claim_io = true;
-        step_begin(e, claim_decided);
+    if (refusals_final(e) && !e->claim.mark_asked && e->claim.set == PX_LOCK_TAKEN && !e->claim.done) {
+        e->claim.mark_asked = true;       /* the lock is ours: was the entry refused meanwhile? */
+        e->claim.in_io = true;
+        px_step_begin(e, claim_decided);
         exists_mark(e);
-        step_end(e);
+        px_step_end(e);
         return;
     }
-    if (e->claim_marked) {          /* refused already, by us or another replica */
-        if (e->claim_set == PX_LOCK_TAKEN) { e->has_dedup = true; px_claim_release(e); }
+    if (e->claim.marked) {          /* refused already, by us or another replica */
+        if (e->claim.set == PX_LOCK_TAKEN) { e->claim.has_dedup = true; px_claim_release(e); }
         px_proxy_already_dead(e);
         return;
     }
-    bool examined = e->examined;
-    e->examined = true;
-    switch (px_decide_claim((px_lock_reply)e->claim_set, e->claim_done, examined)) {
+    bool examined = e->claim.examined;
+    e->claim.examined = true;
+    switch (px_decide_claim((px_lock_reply)e->claim.set, e->claim.done, examined)) {
     case PX_CLAIM_DUP_BEFORE_LOCK:
         px_proxy_duplicate(e, false);
         break;
     case PX_CLAIM_DUP_RELEASE:
-        e->has_dedup = true;               /* done under our lock: the double check */
+        e->claim.has_dedup = true;               /* done under our lock: the double check */
         px_claim_release(e);
         px_proxy_duplicate(e, true);
         break;
@@ -417,16 +300,16 @@ static void claim_decided(px_entry *e)
         px_proxy_duplicate(e, true);
         break;
     case PX_CLAIM_CLAIMED:
-        e->has_dedup = true;
+        e->claim.has_dedup = true;
         lease_start(e);
         /* Our own lock from a claim whose reply was lost: SET NX left its
          * TTL as it was, maybe nearly spent. Extend it now. */
-        if (e->claim_own) extend_now(e, e->lock_name, true);
+        if (e->claim.own) extend_now(e, e->lock_name, true);
         if (e->lock_key) px_claim_lock_key(e);
         else px_proxy_claimed(e);
         break;
     case PX_CLAIM_BUSY:
-        e->has_dedup = false;
+        e->claim.has_dedup = false;
         px_proxy_busy(e, false);
         break;
     }
@@ -443,14 +326,14 @@ static void claim_resume_cb(struct ev_loop *loop, ev_timer *w, int revents)
 /* Split layout, second half: the lock, then done again. */
 static void claim_split_lock(px_entry *e)
 {
-    if (e->step_failed) { claim_decided(e); return; }
-    if (e->claim_done) { claim_decided(e); return; }   /* no lock needed */
-    if (debug_claim_pause_ms > 0) {
+    if (e->step.failed) { claim_decided(e); return; }
+    if (e->claim.done) { claim_decided(e); return; }   /* no lock needed */
+    if (px_hook.claim_pause_ms > 0) {   /* the test hook (hooks.h) */
         px_log_info("debug: claim of key %s paused for %ld ms after the first check", e->key,
-                    debug_claim_pause_ms);
+                    px_hook.claim_pause_ms);
         ev_timer_stop(e->st->px->loop, &e->timer);
         ev_init(&e->timer, claim_resume_cb);
-        ev_timer_set(&e->timer, (double)debug_claim_pause_ms / 1000.0, 0.);
+        ev_timer_set(&e->timer, (double)px_hook.claim_pause_ms / 1000.0, 0.);
         e->timer.data = e;
         ev_timer_start(e->st->px->loop, &e->timer);
         return;
@@ -461,42 +344,42 @@ static void claim_split_lock(px_entry *e)
 /* Unordered slots: the lock's reply is in; now the second done check. */
 static void claim_split_recheck(px_entry *e)
 {
-    if (e->step_failed) { claim_decided(e); return; }
-    step_begin(e, claim_decided);
+    if (e->step.failed) { claim_decided(e); return; }
+    px_step_begin(e, claim_decided);
     exists_done(e);
-    step_end(e);
+    px_step_end(e);
 }
 
 static void claim_split_lock_now(px_entry *e)
 {
     char val[32];
     bool ordered = split_ordered(e);
-    step_begin(e, ordered ? claim_decided : claim_split_recheck);
+    px_step_begin(e, ordered ? claim_decided : claim_split_recheck);
     set_nx_get(e, on_lock_set, e->lock_name, lock_value(e, val, sizeof(val)));
     if (e->st->conf->fencing && !e->lock_key) incr_fence(e);
     if (ordered) exists_done(e);
-    step_end(e);
+    px_step_end(e);
 }
 
 static void claim_one(px_entry *e)
 {
     char val[32];
-    if (!e->has_dedup) { new_token(e); e->lease_lost = false; }
-    e->claim_set = PX_LOCK_NONE;
-    e->claim_own = false;
-    e->claim_done = false;
-    e->claim_marked = false;
-    e->mark_asked = false;
-    e->in_claim_io = true;
+    if (!e->claim.has_dedup) { new_token(e); e->claim.lease_lost = false; }
+    e->claim.set = PX_LOCK_NONE;
+    e->claim.own = false;
+    e->claim.done = false;
+    e->claim.marked = false;
+    e->claim.mark_asked = false;
+    e->claim.in_io = true;
     if (e->st->conf->layout == PX_LAYOUT_SINGLE) {
-        step_begin(e, claim_decided);
+        px_step_begin(e, claim_decided);
         set_nx_get(e, on_lock_set, e->lock_name, lock_value(e, val, sizeof(val)));
         if (e->st->conf->fencing && !e->lock_key) incr_fence(e);
     } else {
-        step_begin(e, claim_split_lock);
+        px_step_begin(e, claim_split_lock);
         exists_done(e);
     }
-    step_end(e);
+    px_step_end(e);
 }
 
 void px_claim_flush(px_proxy *px)
@@ -508,7 +391,7 @@ static void incr_fence(px_entry *e)
 {
     const char *argv[] = { "INCR", PX_FENCE_KEY };
     size_t lens[] = { 4, sizeof(PX_FENCE_KEY) - 1 };
-    entry_cmd(e, on_fence, 2, argv, lens);
+    px_step_cmd(e, on_fence, 2, argv, lens);
 }
 
 /* --- lock_key -------------------------------------------------------------
@@ -525,8 +408,8 @@ static void on_recheck_lock(px_entry *e, redisReply *r)
     char mine[32];
     lock_value(e, mine, sizeof(mine));
     const char *v = r->type == REDIS_REPLY_STRING ? r->str : NULL;
-    e->recheck_mine = v && strcmp(v, mine) == 0;
-    if (e->st->conf->layout == PX_LAYOUT_SINGLE && v && v[0] == 'D') e->claim_done = true;
+    e->claim.recheck_mine = v && strcmp(v, mine) == 0;
+    if (e->st->conf->layout == PX_LAYOUT_SINGLE && v && v[0] == 'D') e->claim.done = true;
 }
 
 /* Send the look at the dedup key: its lock (and, split, the done mark). */
@@ -534,35 +417,35 @@ static void recheck_dedup(px_entry *e)
 {
     const char *argv[2] = { "GET", e->lock_name };
     size_t lens[2] = { 3, e->lock_name_len };
-    e->claim_done = false;
-    e->recheck_mine = false;
-    entry_cmd(e, on_recheck_lock, 2, argv, lens);
+    e->claim.done = false;
+    e->claim.recheck_mine = false;
+    px_step_cmd(e, on_recheck_lock, 2, argv, lens);
     if (e->st->conf->layout == PX_LAYOUT_SPLIT) exists_done(e);
 }
 
 static void lock_key_decided(px_entry *e)
 {
-    e->in_claim_io = false;
-    if (e->step_failed) {
-        e->has_lock = true;   /* maybe; the release compares tokens */
+    e->claim.in_io = false;
+    if (e->step.failed) {
+        e->claim.has_lock = true;   /* maybe; the release compares tokens */
         px_proxy_claim_failed(e);
         return;
     }
-    if (e->claim_set != PX_LOCK_TAKEN) {
-        e->lock_waited = true;
+    if (e->claim.set != PX_LOCK_TAKEN) {
+        e->claim.lock_waited = true;
         px_proxy_busy(e, true);
         return;
     }
-    e->has_lock = true;
-    if (e->claim_own) extend_now(e, e->lock_key, false);
-    if (e->lock_waited && e->claim_done) {          /* done while we waited */
+    e->claim.has_lock = true;
+    if (e->claim.own) extend_now(e, e->lock_key, false);
+    if (e->claim.lock_waited && e->claim.done) {                 /* done while we waited */
         px_claim_release(e);
         px_proxy_duplicate(e, true);
-    } else if (e->lock_waited && !e->recheck_mine) { /* our dedup lease ran out */
-        px_log_info("stream %s entry %s key %s: dedup lock lost while waiting for %s; "
-                    "claiming again", e->st->conf->stream, e->id, e->key, e->lock_key);
-        e->has_dedup = true;                          /* release compares tokens */
-        px_claim_release(e);                          /* the room too: claimed afresh */
+    } else if (e->claim.lock_waited && !e->claim.recheck_mine) { /* our dedup lease ran out */
+        px_log_entry(PX_LOG_INFO, e, "dedup lock lost while waiting for %s; claiming again",
+                     e->lock_key);
+        e->claim.has_dedup = true;                               /* release compares tokens */
+        px_claim_release(e);                                     /* the room too: claimed afresh */
         px_proxy_busy(e, false);
     } else {
         px_proxy_claimed(e);
@@ -572,36 +455,36 @@ static void lock_key_decided(px_entry *e)
 /* Unordered (cluster, different nodes): lock_key's reply is in; now the look. */
 static void lock_key_recheck(px_entry *e)
 {
-    if (e->step_failed || e->claim_set != PX_LOCK_TAKEN) { lock_key_decided(e); return; }
-    step_begin(e, lock_key_decided);
+    if (e->step.failed || e->claim.set != PX_LOCK_TAKEN) { lock_key_decided(e); return; }
+    px_step_begin(e, lock_key_decided);
     recheck_dedup(e);
-    step_end(e);
+    px_step_end(e);
 }
 
 static void on_lock_key_set(px_entry *e, redisReply *r)
 {
     /* lock_key holds tokens only: any other value is someone else's lock. */
     const char *old = r->type == REDIS_REPLY_STRING ? r->str : NULL;
-    e->claim_set = old == NULL || strcmp(old, e->token) == 0 ? PX_LOCK_TAKEN : PX_LOCK_BUSY;
-    e->claim_own = old != NULL && e->claim_set == PX_LOCK_TAKEN;
+    e->claim.set = old == NULL || strcmp(old, e->claim.token) == 0 ? PX_LOCK_TAKEN : PX_LOCK_BUSY;
+    e->claim.own = old != NULL && e->claim.set == PX_LOCK_TAKEN;
 }
 
 void px_claim_lock_key(px_entry *e)
 {
     if (!entry_up(e)) { px_proxy_claim_failed(e); return; }
-    e->claim_set = PX_LOCK_NONE;
-    e->claim_own = false;
-    e->in_claim_io = true;
+    e->claim.set = PX_LOCK_NONE;
+    e->claim.own = false;
+    e->claim.in_io = true;
     /* The look after a wait must run after the SET: pipelined on one
      * connection, or after its reply when the keys may sit on two nodes. */
-    bool ordered = !e->lock_waited || !px_redis_clustered(e->st->px->redis) ||
+    bool ordered = !e->claim.lock_waited || !px_redis_clustered(e->st->px->redis) ||
                    (px_redis_same_slot(e->st->px->redis, e->lock_key, e->lock_name) &&
                     px_redis_same_slot(e->st->px->redis, e->lock_key, e->done_name));
-    step_begin(e, ordered ? lock_key_decided : lock_key_recheck);
-    set_nx_get(e, on_lock_key_set, e->lock_key, e->token);
+    px_step_begin(e, ordered ? lock_key_decided : lock_key_recheck);
+    set_nx_get(e, on_lock_key_set, e->lock_key, e->claim.token);
     if (e->st->conf->fencing) incr_fence(e);
-    if (ordered && e->lock_waited) recheck_dedup(e);
-    step_end(e);
+    if (ordered && e->claim.lock_waited) recheck_dedup(e);
+    px_step_end(e);
 }
 
 /* --- release and lease extension ------------------------------------------ */
@@ -609,27 +492,27 @@ void px_claim_lock_key(px_entry *e)
 void px_claim_release(px_entry *e)
 {
     px_redis *r = e->st->px->redis;
-    if (e->has_dedup) {
+    if (e->claim.has_dedup) {
             char val[32];
         const char *argv[] = { e->lock_name, lock_value(e, val, sizeof(val)) };
         size_t lens[] = { e->lock_name_len, strlen(val) };
         px_redis_script(r, &release_script, NULL, NULL, 1, 2, argv, lens);
-            e->has_dedup = false;
+            e->claim.has_dedup = false;
     }
-    if (e->has_lock) {
-        const char *argv[] = { e->lock_key, e->token };
-        size_t lens[] = { strlen(e->lock_key), strlen(e->token) };
+    if (e->claim.has_lock) {
+        const char *argv[] = { e->lock_key, e->claim.token };
+        size_t lens[] = { strlen(e->lock_key), strlen(e->claim.token) };
         px_redis_script(r, &release_script, NULL, NULL, 1, 2, argv, lens);
-        e->has_lock = false;
+        e->claim.has_lock = false;
     }
 }
 
 static void on_extended(px_entry *e, redisReply *r)
 {
-    if (r->type == REDIS_REPLY_INTEGER && r->integer == 0 && !e->lease_lost) {
-        e->lease_lost = true;
+    if (r->type == REDIS_REPLY_INTEGER && r->integer == 0 && !e->claim.lease_lost) {
+        e->claim.lease_lost = true;
         e->st->c.lease_lost++;
-        px_log_warn("lease lost: stream %s entry %s key %s", e->st->conf->stream, e->id, e->key);
+        px_log_entry(PX_LOG_WARN, e, "lease lost");
     }
 }
 
@@ -644,15 +527,15 @@ void px_claim_extend(px_stream *st)
     double now = ev_now(st->px->loop);
     size_t budget = st->lease_budget;
     for (px_entry *e = st->head; e && budget; e = e->next) {
-        if (!(e->has_dedup || e->has_lock) || e->lease_next > now) continue;
+        if (!(e->claim.has_dedup || e->claim.has_lock) || e->claim.lease_next > now) continue;
         /* A cluster with a master down: extend each lock whose master is up
          * (issue 15, item 11); one whose master is down stays due, and is
          * extended soon after its master (or the replica promoted) is back. */
-        bool dedup = e->has_dedup && (all || key_up(r, e->lock_name));
-        bool lock = e->has_lock && (all || key_up(r, e->lock_key));
+        bool dedup = e->claim.has_dedup && (all || key_up(r, e->lock_name));
+        bool lock = e->claim.has_lock && (all || key_up(r, e->lock_key));
         if (!dedup && !lock) continue;
-        bool skipped = dedup != e->has_dedup || lock != e->has_lock;
-        e->lease_next = now + (skipped ? st->lease_every / 4 : st->lease_every);
+        bool skipped = dedup != e->claim.has_dedup || lock != e->claim.has_lock;
+        e->claim.lease_next = now + (skipped ? st->lease_every / 4 : st->lease_every);
         budget--;
         if (dedup) extend_now(e, e->lock_name, true);
         if (lock) extend_now(e, e->lock_key, false);
@@ -669,12 +552,11 @@ static void on_done_set(px_entry *e, redisReply *r)
     /* A retry after a lost reply reads back the D its first try may have
      * written: that is ours, not a lost lease. (Were the lease lost and the
      * key done by another holder in that same window, this cannot tell.) */
-    if (e->done_sets > 1 && r->type == REDIS_REPLY_STRING && strcmp(r->str, "D") == 0) return;
-    if (!(r->type == REDIS_REPLY_STRING && strcmp(r->str, mine) == 0) && !e->lease_lost) {
-        e->lease_lost = true;
+    if (e->claim.done_sets > 1 && r->type == REDIS_REPLY_STRING && strcmp(r->str, "D") == 0) return;
+    if (!(r->type == REDIS_REPLY_STRING && strcmp(r->str, mine) == 0) && !e->claim.lease_lost) {
+        e->claim.lease_lost = true;
         e->st->c.lease_lost++;
-        px_log_warn("late ack after the lease was lost: stream %s entry %s key %s (done mark written)",
-                    e->st->conf->stream, e->id, e->key);
+        px_log_entry(PX_LOG_WARN, e, "late ack after the lease was lost (done mark written)");
     }
 }
 
@@ -687,13 +569,13 @@ static void on_dl_added(px_entry *e, redisReply *r)
 {
     /* nil: the mark was there, written by another replica or an earlier try
      * of ours whose reply was lost; not counted again */
-    e->dl_written = true;
-    e->dl_other = r->type != REDIS_REPLY_STRING;
+    e->claim.dl_written = true;
+    e->claim.dl_other = r->type != REDIS_REPLY_STRING;
 }
 
 static void commit_decided(px_entry *e)
 {
-    px_proxy_committed(e, !e->step_failed);
+    px_proxy_committed(e, !e->step.failed);
 }
 
 /* --- the dead letter, written once ------------------------------------------
@@ -760,14 +642,14 @@ static void dl_mark_name(px_entry *e, px_buf *b)
 static void dead_letter_add(px_entry *e, const char *reason)
 {
     px_stream_conf *sc = e->st->conf;
-    if (sc->dead_letter == NULL || e->dl_written) return;
+    if (sc->dead_letter == NULL || e->claim.dl_written) return;
     /* An oversized entry is not copied: its reason and id are the reference. */
     size_t nf = e->oversized || e->nfields > PX_DL_MAX_FIELDS ? 0 : e->nfields;
     size_t argc = 6 + 2 * nf + 8;
     const char **argv = px_malloc(sizeof(char *) * argc);
     size_t *lens = px_malloc(sizeof(size_t) * argc);
     char attempts[16];
-    snprintf(attempts, sizeof(attempts), "%u", e->attempt);
+    snprintf(attempts, sizeof(attempts), "%u", e->delivery.attempt);
     px_buf mark = {0};
     dl_mark_name(e, &mark);
     size_t n = 0;
@@ -787,7 +669,7 @@ static void dead_letter_add(px_entry *e, const char *reason)
     ARG("idemproxy-entry-id", 18);      ARG(e->id, strlen(e->id));
     ARG("idemproxy-attempts", 18);      ARG(attempts, strlen(attempts));
 #undef ARG
-    entry_cmd_at(e, sc->dead_letter, on_dl_added, (int)n, argv, lens);
+    px_step_cmd_at(e, sc->dead_letter, on_dl_added, (int)n, argv, lens);
     px_buf_deinit(&mark);
     free(argv);
     free(lens);
@@ -798,11 +680,11 @@ static void dead_letter_add(px_entry *e, const char *reason)
  * visible), lock_key, or a dedup lock not marked done. */
 static void commit_release(px_entry *e)
 {
-    if (e->has_dedup && e->st->conf->layout == PX_LAYOUT_SPLIT) {
+    if (e->claim.has_dedup && e->st->conf->layout == PX_LAYOUT_SPLIT) {
             char val[32];
-        entry_script(e, &release_script, on_split_release, true, e->lock_name,
+        px_step_script(e, &release_script, on_split_release, true, e->lock_name,
                      lock_value(e, val, sizeof(val)), NULL);
-        e->has_dedup = false;
+        e->claim.has_dedup = false;
         }
     px_claim_release(e);
 }
@@ -810,39 +692,39 @@ static void commit_release(px_entry *e)
 /* Unordered slots: the done mark's reply is in; now the releases. */
 static void commit_release_after(px_entry *e)
 {
-    if (e->step_failed) { commit_decided(e); return; }
-    step_begin(e, commit_decided);
+    if (e->step.failed) { commit_decided(e); return; }
+    px_step_begin(e, commit_decided);
     commit_release(e);
-    step_end(e);
+    px_step_end(e);
 }
 
 static void commit_one(px_entry *e)
 {
     px_stream_conf *sc = e->st->conf;
     if (e->bad) {
-        step_begin(e, commit_decided);
+        px_step_begin(e, commit_decided);
         dead_letter_add(e, e->reason);
-        step_end(e);
+        px_step_end(e);
         return;
     }
     const char *ttl = e->st->ttl_s;
-    bool ordered = !(e->key && e->mark_done && e->has_dedup && sc->layout == PX_LAYOUT_SPLIT) ||
+    bool ordered = !(e->key && e->mark_done && e->claim.has_dedup && sc->layout == PX_LAYOUT_SPLIT) ||
                    split_ordered(e);
-    step_begin(e, ordered ? commit_decided : commit_release_after);
+    px_step_begin(e, ordered ? commit_decided : commit_release_after);
     if (e->outcome == PX_OUT_DEAD_LETTERED) dead_letter_add(e, e->reason ? e->reason : "dropped");
     if (e->key && e->mark_done) {
         const char *val = sc->layout == PX_LAYOUT_SINGLE ? "D" : "1";
         const char *argv[] = { "SET", e->done_name, val, "PX", ttl, "GET" };
         size_t lens[] = { 3, e->done_name_len, 1, 2, strlen(ttl), 3 };
-        if (sc->layout == PX_LAYOUT_SINGLE && e->done_sets < 255) e->done_sets++;
-        entry_cmd(e, on_done_set, sc->layout == PX_LAYOUT_SINGLE ? 6 : 5, argv, lens);
-        if (sc->layout == PX_LAYOUT_SINGLE) e->has_dedup = false;  /* the done mark replaced it */
+        if (sc->layout == PX_LAYOUT_SINGLE && e->claim.done_sets < 255) e->claim.done_sets++;
+        px_step_cmd(e, on_done_set, sc->layout == PX_LAYOUT_SINGLE ? 6 : 5, argv, lens);
+        if (sc->layout == PX_LAYOUT_SINGLE) e->claim.has_dedup = false;  /* the done mark replaced it */
     }
     if (ordered) commit_release(e);
-    step_end(e);
+    px_step_end(e);
 }
 
-void px_commit_flush(px_proxy *px)
+void px_claim_commit_flush(px_proxy *px)
 {
     flush_up(px, &px->commit_q, commit_one, false);
 }
@@ -851,9 +733,9 @@ void px_commit_flush(px_proxy *px)
 
 typedef struct xack_batch { px_entry **v; size_t n; } xack_batch;
 
-/* A batch holds its entries ('io'), like any command about an entry: shutdown
- * may finish them while the XACK is in flight, and the reply (or the link's
- * teardown) must find them still allocated. */
+/* A batch holds its entries (step.h: px_step_io_hold), like any command
+ * about an entry: shutdown may finish them while the XACK is in flight, and
+ * the reply (or the link's teardown) must find them still allocated. */
 static void xack_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
@@ -861,9 +743,8 @@ static void xack_reply_cb(px_redis *r, redisReply *reply, void *priv)
     bool ok = reply && reply->type == REDIS_REPLY_INTEGER;
     for (size_t i = 0; i < b->n; i++) {
         px_entry *e = b->v[i];
-        e->in_claim_io = false;
-        e->io--;
-        if (e->gone) { if (e->io == 0) px_entry_free(e); continue; }
+        e->claim.in_io = false;
+        if (!px_step_io_done(e)) continue;
         if (ok) px_entry_finish(e, e->outcome);
         else px_proxy_xack_failed(e);   /* written again after a pause */
     }
@@ -871,7 +752,7 @@ static void xack_reply_cb(px_redis *r, redisReply *reply, void *priv)
     free(b);
 }
 
-void px_xack_flush(px_proxy *px)
+void px_claim_xack_flush(px_proxy *px)
 {
     if (px->xack_q.n == 0) return;
     bool all = px_redis_is_up(px->redis);
@@ -900,14 +781,16 @@ void px_xack_flush(px_proxy *px)
         for (size_t i = 0; i < b->n; i++) {
             argv[3 + i] = b->v[i]->id;
             lens[3 + i] = strlen(b->v[i]->id);
-            b->v[i]->in_claim_io = true;
-            b->v[i]->io++;
+            b->v[i]->claim.in_io = true;
+            px_step_io_hold(b->v[i]);
         }
         if (px_redis_argv(px->redis, st->conf->stream, 0, xack_reply_cb, b, (int)argc, argv, lens)
             != PX_OK) {
             for (size_t i = 0; i < b->n; i++) {
-                b->v[i]->in_claim_io = false;
-                b->v[i]->io--;
+                b->v[i]->claim.in_io = false;
+                bool kept = px_step_io_done(b->v[i]);   /* never sent: not finished meanwhile */
+                PX_ASSERT(kept);
+                (void)kept;
                 px_queue_push(&px->xack_q, b->v[i]);
             }
             free(b->v);

@@ -53,8 +53,9 @@
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 
+#include "deliver.h"
 #include "log.h"
-#include "proxy.h"
+#include "reader.h"
 
 #define PX_WORKER_WINDOW 128
 #define PX_WINDOW_START  4.0
@@ -144,11 +145,10 @@ static void ack_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop; (void)revents;
     px_entry *e = w->data;
     px_deliver *d = e->st->px->deliver;
-    slot_put(d, e->req_id);
+    slot_put(d, e->delivery.req_id);
     e->st->c.ack_timeouts++;
     window_timeout(e->st->px, d);
-    px_log_warn("ack timeout: stream %s entry %s key %s attempt %u", e->st->conf->stream, e->id,
-                e->key, e->attempt);
+    px_log_entry(PX_LOG_WARN, e, "ack timeout");
     px_proxy_on_answer(e, PX_ACK_TIMEOUT, "ack timeout");
 }
 
@@ -185,7 +185,7 @@ size_t px_deliver_size(px_proxy *px, px_entry *e)
 static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
 {
     if (d->nfree == 0) return PX_EAGAIN;
-    px_delivery_view v = delivery_view(d, e, e->attempt + 1, e->fence,
+    px_delivery_view v = delivery_view(d, e, e->delivery.attempt + 1, e->claim.fence,
                                        px_now_ms() + (uint64_t)px->conf->ack_timeout_ms);
     px_codec_delivery_encode(&v, &d->enc);
 
@@ -216,11 +216,11 @@ static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
         px_log_error("app socket: send failed: %s", nn_strerror(nn_errno()));
         return PX_EAGAIN;
     }
-    e->req_id = id;
-    e->sent_at = ev_now(px->loop);
-    e->attempt++;
+    e->delivery.req_id = id;
+    e->delivery.sent_at = ev_now(px->loop);
+    e->delivery.attempt++;
     px_reader_delivering(e);
-    e->deadline_ms = v.deadline_unix_ms;
+    e->delivery.deadline_ms = v.deadline_unix_ms;
     px_entry_to(e, PX_E_SENT);
     e->st->c.deliveries++;
     ev_timer_stop(px->loop, &e->timer);
@@ -228,8 +228,7 @@ static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
     ev_timer_set(&e->timer, (double)px->conf->ack_timeout_ms / 1000.0, 0.);
     e->timer.data = e;
     ev_timer_start(px->loop, &e->timer);
-    px_log_debug("delivered stream %s entry %s key %s attempt %u", e->st->conf->stream, e->id,
-                 e->key, e->attempt);
+    px_log_entry(PX_LOG_DEBUG, e, "delivered");
     return PX_OK;
 }
 
@@ -252,7 +251,7 @@ void px_deliver_flush(px_proxy *px)
     px_entry *e;
     size_t window = 0;
     while ((e = px->send_q.head) != NULL) {
-        if (e->lease_lost) {          /* not delivered on a lock it no longer holds */
+        if (e->claim.lease_lost) {          /* not delivered on a lock it no longer holds */
             px_queue_pop(&px->send_q);
             px_proxy_reclaim_unsent(e);
             continue;
@@ -323,11 +322,10 @@ static void rcv_cb(struct ev_loop *loop, ev_io *w, int revents)
         nn_freemsg(body);
         slot_put(d, id);
         ev_timer_stop(px->loop, &e->timer);
-        window_answer(px, d, ev_now(px->loop) - e->sent_at);
+        window_answer(px, d, ev_now(px->loop) - e->delivery.sent_at);
         if (st == PX_ACK_INVALID) {
             px_protocol_errors++;
-            px_log_warn("invalid reply for stream %s entry %s: %s; treated as RETRY",
-                        e->st->conf->stream, e->id, why);
+            px_log_entry(PX_LOG_WARN, e, "invalid reply: %s; treated as RETRY", why);
             snprintf(reason, sizeof(reason), "invalid reply: %s", why);
         }
         px_proxy_on_answer(e, st, reason);
@@ -390,7 +388,7 @@ int px_deliver_init(px_proxy *px)
 void px_deliver_forget(px_proxy *px, px_entry *e)
 {
     px_deliver *d = px->deliver;
-    if (e->state == PX_E_SENT && slot_find(d, e->req_id) == e) slot_put(d, e->req_id);
+    if (e->state == PX_E_SENT && slot_find(d, e->delivery.req_id) == e) slot_put(d, e->delivery.req_id);
 }
 
 void px_deliver_deinit(px_proxy *px)

@@ -9,8 +9,8 @@
  */
 #include <string.h>
 
+#include "event.h"
 #include "jscan.h"
-#include "proxy.h"
 
 /* Put 'value' at the dotted path 'name' inside 'obj', creating objects on the way.
  * A path that runs into a non-object keeps the flat name instead. */

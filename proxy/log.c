@@ -1,7 +1,10 @@
 /*
  * log.c - stderr logging. Text lines look like
- *   2026-11-22T10:00:00.123Z warn  bad entry room 1-0: no key
- * and JSON lines like {"ts":"...","level":"warn","msg":"..."}.
+ *   2026-11-22T10:00:00.123Z info  redis: ready
+ * and JSON lines like {"ts":"...","level":"warn","msg":"..."}. A line about
+ * one entry (px_log_entry, entry.c) names it: text lines begin with
+ * "stream S entry ID key K attempt N: ", JSON lines carry "stream",
+ * "entry_id", "key" and "attempt" as fields before "msg".
  */
 #include "log.h"
 
@@ -26,40 +29,59 @@ bool px_log_enabled(px_log_level level)
     return level <= log_level;
 }
 
-static void log_line(px_log_level level, const char *msg);
+static void log_line(px_log_level level, const px_log_about *about, const char *msg);
+
+void px_log_about_v(px_log_level level, px_log_limit *l, double every_s, const px_log_about *about,
+                    const char *fmt, va_list ap)
+{
+    if (!px_log_enabled(level)) return;
+    if (l) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        double now = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+        if (now < l->next) {
+            l->left_out++;
+            return;
+        }
+        l->next = now + every_s;
+    }
+    char msg[2048];
+    int n = vsnprintf(msg, sizeof(msg), fmt, ap);
+    if (l && l->left_out && n >= 0 && (size_t)n < sizeof(msg))
+        snprintf(msg + n, sizeof(msg) - (size_t)n, " (and %lu more like it since the last)",
+                 l->left_out);
+    if (l) l->left_out = 0;
+    log_line(level, about, msg);
+}
 
 void px_log(px_log_level level, const char *fmt, ...)
 {
-    if (!px_log_enabled(level)) return;
-    char msg[2048];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    px_log_about_v(level, NULL, 0, NULL, fmt, ap);
     va_end(ap);
-    log_line(level, msg);
 }
 
 void px_log_limited(px_log_limit *l, double every_s, px_log_level level, const char *fmt, ...)
 {
-    if (!px_log_enabled(level)) return;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double now = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-    if (now < l->next) { l->left_out++; return; }
-    l->next = now + every_s;
-    char msg[2048];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(msg, sizeof(msg), fmt, ap);
+    px_log_about_v(level, l, every_s, NULL, fmt, ap);
     va_end(ap);
-    if (l->left_out && n >= 0 && (size_t)n < sizeof(msg))
-        snprintf(msg + n, sizeof(msg) - (size_t)n, " (and %lu more like it since the last)",
-                 l->left_out);
-    l->left_out = 0;
-    log_line(level, msg);
 }
 
-static void log_line(px_log_level level, const char *msg)
+/* 's' as the inside of a JSON string. */
+static void json_chars(px_buf *b, const char *s)
+{
+    for (const char *p = s; *p; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c == '"' || c == '\\') px_buf_printf(b, "\\%c", c);
+        else if (c < 0x20) px_buf_printf(b, "\\u%04x", c);
+        else px_buf_append(b, p, 1);
+    }
+}
+
+static void log_line(px_log_level level, const px_log_about *about, const char *msg)
 {
     char ts[40];
 
@@ -71,13 +93,15 @@ static void log_line(px_log_level level, const char *msg)
     snprintf(ts + n, sizeof(ts) - n, ".%03dZ", (int)(tv.tv_usec / 1000));
 
     if (log_format == PX_LOG_TEXT) {
+        px_buf line = { 0 };
+        if (about)
+            px_buf_printf(&line, "stream %s entry %s key %s attempt %u: ", about->stream,
+                          about->entry_id, about->key ? about->key : "-", about->attempt);
+        px_buf_appends(&line, msg);
         /* One message, one line: a key or a Redis error holding a newline or
          * another control character cannot forge a line of its own. */
-        const char *q = msg;
-        while (*q && (unsigned char)*q >= 0x20 && *q != 0x7f) q++;
-        if (*q == '\0') { fprintf(stderr, "%s %-5s %s\n", ts, level_names[level], msg); return; }
-        px_buf t = {0};
-        for (const char *p = msg; *p; p++) {
+        px_buf t = { 0 };
+        for (const char *p = line.data; *p; p++) {
             unsigned char c = (unsigned char)*p;
             if (c == '\n') px_buf_appends(&t, "\\n");
             else if (c == '\r') px_buf_appends(&t, "\\r");
@@ -86,16 +110,27 @@ static void log_line(px_log_level level, const char *msg)
         }
         fprintf(stderr, "%s %-5s %s\n", ts, level_names[level], t.data ? t.data : "");
         px_buf_deinit(&t);
+        px_buf_deinit(&line);
         return;
     }
-    px_buf b = {0};
-    px_buf_printf(&b, "{\"ts\":\"%s\",\"level\":\"%s\",\"msg\":\"", ts, level_names[level]);
-    for (const char *p = msg; *p; p++) {
-        unsigned char c = (unsigned char)*p;
-        if (c == '"' || c == '\\') px_buf_printf(&b, "\\%c", c);
-        else if (c < 0x20) px_buf_printf(&b, "\\u%04x", c);
-        else px_buf_append(&b, p, 1);
+    px_buf b = { 0 };
+    px_buf_printf(&b, "{\"ts\":\"%s\",\"level\":\"%s\"", ts, level_names[level]);
+    if (about) {
+        px_buf_appends(&b, ",\"stream\":\"");
+        json_chars(&b, about->stream);
+        px_buf_appends(&b, "\",\"entry_id\":\"");
+        json_chars(&b, about->entry_id);
+        if (about->key) {
+            px_buf_appends(&b, "\",\"key\":\"");
+            json_chars(&b, about->key);
+            px_buf_appends(&b, "\"");
+        } else {
+            px_buf_appends(&b, "\",\"key\":null");
+        }
+        px_buf_printf(&b, ",\"attempt\":%u", about->attempt);
     }
+    px_buf_appends(&b, ",\"msg\":\"");
+    json_chars(&b, msg);
     px_buf_appends(&b, "\"}\n");
     fputs(b.data, stderr);
     px_buf_deinit(&b);

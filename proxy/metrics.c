@@ -35,8 +35,10 @@
 
 #include <microhttpd.h>
 
+#include "deliver.h"
 #include "log.h"
-#include "proxy.h"
+#include "metrics.h"
+#include "reader.h"
 
 #ifndef PX_COMMIT
 #include "commit.h"   /* PX_COMMIT: the git commit built, "" when unknown (Makefile) */
@@ -70,36 +72,16 @@ typedef struct px_metrics {
 } px_metrics;
 
 typedef struct counter_def {
-    const char *family, *label, *value;
+    const char *family, *label, *value, *help;   /* help: NULL after a family's first */
     size_t      offset;          /* in px_stream.c */
 } counter_def;
 
-#define PX_COUNTER_DEF(n, family, label, value) \
-    { family, label, value, offsetof(__typeof__(((px_stream *)0)->c), n) },
+#define PX_COUNTER_DEF(n, family, label, value, help) \
+    { family, label, value, help, offsetof(__typeof__(((px_stream *)0)->c), n) },
 static const counter_def counters[] = { PX_STREAM_COUNTERS(PX_COUNTER_DEF) };
 #undef PX_COUNTER_DEF
 
-static const struct { const char *family, *help; } helps[] = {
-    { "idemproxy_entries_read_total", "Entries read from the stream, once each (re-examinations and redeliveries are not reads)." },
-    { "idemproxy_outcomes_total", "Entries that left, by outcome; read = sum of outcomes + pending." },
-    { "idemproxy_deliveries_total", "Deliveries sent to a worker, redeliveries included." },
-    { "idemproxy_duplicates_total", "Copies skipped because their key was done, by when that was seen." },
-    { "idemproxy_lock_busy_total", "Claims that found a lock (dedup or lock_key) held elsewhere." },
-    { "idemproxy_acks_total", "Answers from workers, by status; timeout and invalid count as retries." },
-    { "idemproxy_ack_timeouts_total", "Deliveries with no answer within ack_timeout_ms." },
-    { "idemproxy_dead_letters_total", "Entries dead-lettered (DROP, max_deliveries, bad input, busy refusal)." },
-    { "idemproxy_lease_lost_total", "Leases found gone while the app worked (the fencing token guards that work)." },
-    { "idemproxy_trimmed_total", "Pending entries trimmed or deleted from the stream, acked away." },
-};
-
-static const char *help_for(const char *family)
-{
-    for (size_t i = 0; i < sizeof(helps) / sizeof(helps[0]); i++)
-        if (strcmp(helps[i].family, family) == 0) return helps[i].help;
-    return "";
-}
-
-void px_hist_observe(const double *bounds, px_hist *h, double seconds)
+void px_metrics_observe(const double *bounds, px_hist *h, double seconds)
 {
     size_t i = 0;
     while (i < PX_HIST_BUCKETS && seconds > bounds[i]) i++;
@@ -232,8 +214,7 @@ void px_metrics_render(px_proxy *px, px_buf *b)
     for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) {
         const counter_def *d = &counters[i];
         if (prev == NULL || strcmp(prev, d->family) != 0)
-            px_buf_printf(b, "# HELP %s %s\n# TYPE %s counter\n", d->family, help_for(d->family),
-                          d->family);
+            px_buf_printf(b, "# HELP %s %s\n# TYPE %s counter\n", d->family, d->help, d->family);
         prev = d->family;
         for (size_t s = 0; s < px->nstreams; s++) {
             px_stream *st = &px->streams[s];
@@ -272,7 +253,7 @@ void px_metrics_render(px_proxy *px, px_buf *b)
     gauge(b, "idemproxy_inflight", "gauge",
           "Claimed entries not yet committed (with a worker or being written).", (double)inflight);
     gauge(b, "idemproxy_redis_up", "gauge", "1 while Redis is reachable and every stream is read.",
-          px_proxy_ready(px) ? 1 : 0);
+          px_metrics_ready(px) ? 1 : 0);
     gauge(b, "idemproxy_workers_connected", "gauge", "Worker connections on the app socket.",
           (double)px_deliver_workers(px));
     /* Unknown numbers are left out, not exported as NaN: a NaN would make
@@ -309,7 +290,7 @@ void px_metrics_render(px_proxy *px, px_buf *b)
          offsetof(px_stream, lock_wait), px_lock_wait_bounds);
 }
 
-bool px_proxy_ready(px_proxy *px)
+bool px_metrics_ready(px_proxy *px)
 {
     if (px->stopping || !px_redis_is_up(px->redis) || px_redis_refused()) return false;
     for (size_t s = 0; s < px->nstreams; s++)
@@ -436,7 +417,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return reply(c, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain", "GET only\n", 9);
     if (strcmp(url, "/healthz") == 0) return reply(c, MHD_HTTP_OK, "text/plain", "ok\n", 3);
     if (strcmp(url, "/readyz") == 0) {
-        if (px_proxy_ready(px)) return reply(c, MHD_HTTP_OK, "text/plain", "ready\n", 6);
+        if (px_metrics_ready(px)) return reply(c, MHD_HTTP_OK, "text/plain", "ready\n", 6);
         return reply(c, MHD_HTTP_SERVICE_UNAVAILABLE, "text/plain",
                      "not ready: Redis unreachable or a stream not being read\n", 56);
     }
@@ -465,7 +446,7 @@ static void mhd_io_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
     (void)loop; (void)revents;
     px_proxy *px = w->data;
-    MHD_run(((px_metrics *)px->metrics)->mhd);
+    MHD_run(px->metrics->mhd);
     rearm(px);
 }
 
@@ -473,7 +454,7 @@ static void mhd_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop; (void)revents;
     px_proxy *px = w->data;
-    MHD_run(((px_metrics *)px->metrics)->mhd);
+    MHD_run(px->metrics->mhd);
     rearm(px);
 }
 

@@ -23,7 +23,8 @@
 
 #include <hiredis/hiredis.h>
 
-#include "proxy.h"
+#include "claim.h"
+#include "event.h"
 
 #define OPS_PAGE        1000      /* entries per XRANGE */
 #define OPS_SCAN_MAX    100000    /* inspect: dead letters looked at, at most */

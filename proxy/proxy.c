@@ -8,9 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "claim.h"
 #include "decide.h"
+#include "deliver.h"
+#include "event.h"
+#include "hooks.h"
 #include "log.h"
-#include "proxy.h"
+#include "metrics.h"
+#include "reader.h"
 
 #define PX_ERROR_PAUSE_MS   200
 
@@ -35,67 +40,6 @@ px_entry *px_queue_pop(px_queue *q)
     return e;
 }
 
-/* --- the entry's states -------------------------------------------------------
- * Every change of an entry's state goes through px_entry_to, which checks it
- * against this table in debug and sanitizer builds. A new entry starts in
- * CLAIM (or goes straight to COMMIT, XACK or GONE as bad input).
- *
- *   from      to        event                                          who
- *   CLAIM     CLAIM     queued again (a new entry, a re-look)           proxy.c
- *   CLAIM     SEND      claimed: every lock held, not done              claim.c -> proxy.c
- *   CLAIM     PARKED    busy (dedup lock, or lock_key past wait_ms with
- *                       on_busy: retry), or the claim failed            proxy.c
- *   CLAIM     LOCKWAIT  lock_key busy, within wait_ms                   proxy.c
- *   CLAIM     COMMIT    refused (on_busy: dead_letter), max_deliveries
- *                       reached at claim, a Redis error that stays,
- *                       bad input                                       proxy.c
- *   CLAIM     XACK      duplicate, skipped, dead-lettered already       proxy.c
- *   CLAIM     GONE      the same, group-less; released while draining   proxy.c
- *   PARKED    CLAIM     its timer, or its local holder let go           proxy.c
- *   PARKED    GONE      released while draining                         proxy.c
- *   LOCKWAIT  CLAIM     its timer: lock_key tried again                 proxy.c
- *   LOCKWAIT  GONE      released while draining                         proxy.c
- *   SEND      SENT      sent to a worker (its ack timer starts)         deliver.c
- *   SEND      GONE      released while draining                         proxy.c
- *   SENT      COMMIT    ACK; DROP; RETRY or timeout at max_deliveries   deliver.c -> proxy.c
- *   SENT      BACKOFF   RETRY, invalid reply or timeout: locks released proxy.c
- *   SENT      GONE      unanswered when the drain's grace ends          proxy.c
- *   BACKOFF   CLAIM     its timer                                       proxy.c
- *   BACKOFF   GONE      released while draining                         proxy.c
- *   COMMIT    COMMIT    written again after an error                    proxy.c
- *   COMMIT    XACK      written (group mode)                            proxy.c
- *   COMMIT    GONE      written (group-less)                            proxy.c
- *   XACK      XACK      XACK sent again after an error                  proxy.c
- *   XACK      GONE      XACKed                                          claim.c -> proxy.c
- */
-#define T(from, to) [PX_E_##from][PX_E_##to] = true
-static const bool legal[PX_E_GONE + 1][PX_E_GONE + 1] = {
-    T(CLAIM, CLAIM), T(CLAIM, SEND), T(CLAIM, PARKED), T(CLAIM, LOCKWAIT), T(CLAIM, COMMIT),
-    T(CLAIM, XACK), T(CLAIM, GONE),
-    T(PARKED, CLAIM), T(PARKED, GONE),
-    T(LOCKWAIT, CLAIM), T(LOCKWAIT, GONE),
-    T(SEND, SENT), T(SEND, CLAIM), T(SEND, GONE),
-    T(SENT, COMMIT), T(SENT, BACKOFF), T(SENT, GONE),
-    T(BACKOFF, CLAIM), T(BACKOFF, GONE),
-    T(COMMIT, COMMIT), T(COMMIT, XACK), T(COMMIT, GONE),
-    T(XACK, XACK), T(XACK, GONE),
-};
-#undef T
-
-void px_assert_fail(const char *cond, const char *file, int line)
-{
-    px_log_error("assertion failed: %s (%s:%d)", cond, file, line);
-    abort();
-}
-
-void px_entry_to(px_entry *e, px_entry_state next)
-{
-    PX_ASSERT(!e->gone);
-    PX_ASSERT(legal[e->state][next]);
-    (void)legal;
-    if (next != PX_E_GONE) e->state = next;
-}
-
 /* --- timers on an entry ---------------------------------------------------------- */
 
 static void entry_timer(px_entry *e, void (*cb)(struct ev_loop *, ev_timer *, int), double ms)
@@ -115,15 +59,15 @@ static double jitter(double lo, double hi)
 
 static void wait_out_end(px_entry *e)
 {
-    if (!e->waiting_out) return;
-    e->waiting_out = false;
+    if (!e->park.waiting_out) return;
+    e->park.waiting_out = false;
     e->st->px->waiting_out--;
 }
 
 static void to_claim(px_entry *e)
 {
     wait_out_end(e);
-    if (e->claim_since == 0) e->claim_since = ev_now(e->st->px->loop);
+    if (e->park.claim_since == 0) e->park.claim_since = ev_now(e->st->px->loop);
     px_entry_to(e, PX_E_CLAIM);
     px_queue_push(&e->st->px->claim_q, e);
 }
@@ -214,7 +158,7 @@ px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, siz
         px_proxy_bad_entry(e, why);
         return e;
     }
-    px_log_debug("read stream %s entry %s key %s", sc->stream, e->id, e->key);
+    px_log_entry(PX_LOG_DEBUG, e, "read");
     to_claim(e);
     return e;
 }
@@ -224,7 +168,7 @@ void px_entry_free(px_entry *e)
     free(e->key);
     free(e->lock_key);
     free(e->reason);
-    free(e->redis_error);
+    free(e->step.redis_error);
     free(e);   /* and its fields and blob, in the same block */
 }
 
@@ -242,8 +186,8 @@ static px_entry *local_holder(px_entry *e)
  * it look again at once. */
 static void wake_followers(px_entry *e)
 {
-    if (!e->has_followers) return;
-    e->has_followers = false;
+    if (!e->park.has_followers) return;
+    e->park.has_followers = false;
     /* Draining: the copies are released and freed too, not claimed again
      * (waking one queued an entry the drain was about to free). */
     if (e->st->px->stopping) return;
@@ -274,7 +218,7 @@ void px_entry_finish(px_entry *e, px_outcome outcome)
     st->tracked--;
     st->px->tracked--;
     e->gone = true;
-    if (e->io == 0) px_entry_free(e);
+    if (e->step.io == 0) px_entry_free(e);
 }
 
 px_entry *px_proxy_find(px_stream *st, const char *id)
@@ -329,19 +273,19 @@ static void commit(px_entry *e, px_outcome outcome, bool mark_done, const char *
 void px_proxy_claimed(px_entry *e)
 {
     px_stream_conf *sc = e->st->conf;
-    e->wait_until_ms = 0;
-    if ((long long)e->attempt >= sc->max_deliveries) {
+    e->park.wait_until_ms = 0;
+    if ((long long)e->delivery.attempt >= sc->max_deliveries) {
         /* Delivered that often already (Redis' delivery count, across restarts
          * and consumers): a poison entry. No one delivers it again. */
         char why[128];
         snprintf(why, sizeof(why), "max_deliveries (%d) reached: delivery count %u",
-                 sc->max_deliveries, e->attempt);
-        px_log_warn("stream %s entry %s key %s: %s", sc->stream, e->id, e->key, why);
+                 sc->max_deliveries, e->delivery.attempt);
+        px_log_entry(PX_LOG_WARN, e, "%s", why);
         commit(e, PX_OUT_DEAD_LETTERED, true, why);
         return;
     }
-    px_hist_observe(px_lock_wait_bounds, &e->st->lock_wait, ev_now(e->st->px->loop) - e->claim_since);
-    e->claim_since = 0;
+    px_metrics_observe(px_lock_wait_bounds, &e->st->lock_wait, ev_now(e->st->px->loop) - e->park.claim_since);
+    e->park.claim_since = 0;
     if (e->st->px->stopping) {      /* claimed while draining: give it back at once */
         px_claim_release(e);
         px_entry_finish(e, PX_OUT_NONE);
@@ -354,8 +298,7 @@ void px_proxy_claimed(px_entry *e)
 void px_proxy_duplicate(px_entry *e, bool after_lock)
 {
     if (after_lock) e->st->c.dup_after_lock++; else e->st->c.dup_before_lock++;
-    px_log_debug("duplicate (%s): stream %s entry %s key %s", after_lock ? "after_lock" : "before_lock",
-                 e->st->conf->stream, e->id, e->key);
+    px_log_entry(PX_LOG_DEBUG, e, "duplicate (%s)", after_lock ? "after_lock" : "before_lock");
     leave(e, PX_OUT_DUPLICATE);
 }
 
@@ -369,8 +312,8 @@ void px_proxy_busy(px_entry *e, bool lock_key_busy)
         px_entry_finish(e, PX_OUT_NONE);
         return;
     }
-    if (e->wait_until_ms == 0) e->wait_until_ms = now + (uint64_t)sc->wait_ms;
-    switch (px_decide_busy(now, e->wait_until_ms, lock_key_busy, sc->on_busy)) {
+    if (e->park.wait_until_ms == 0) e->park.wait_until_ms = now + (uint64_t)sc->wait_ms;
+    switch (px_decide_busy(now, e->park.wait_until_ms, lock_key_busy, sc->on_busy)) {
     case PX_BUSY_WAIT:
         /* Within wait_ms: look again in 10-50 ms, on the loop, never blocking. */
         px_entry_to(e, lock_key_busy ? PX_E_LOCKWAIT : PX_E_PARKED);
@@ -378,9 +321,8 @@ void px_proxy_busy(px_entry *e, bool lock_key_busy)
         return;
     case PX_BUSY_REFUSE:
         /* Refused at once, as the seeds answer 409: dead-lettered, not done. */
-        e->wait_until_ms = 0;
-        px_log_info("busy: stream %s entry %s lock %s held elsewhere; dead-lettered",
-                    sc->stream, e->id, e->lock_key);
+        e->park.wait_until_ms = 0;
+        px_log_entry(PX_LOG_INFO, e, "busy: lock %s held elsewhere; dead-lettered", e->lock_key);
         commit(e, PX_OUT_DEAD_LETTERED, false, "busy");
         return;
     case PX_BUSY_PARK: {
@@ -389,19 +331,18 @@ void px_proxy_busy(px_entry *e, bool lock_key_busy)
          * (another replica) usually finishes in a few ms, so the copy looks
          * again after 20 ms, doubling up to lease_ms: a few SETs instead of a
          * whole lease of waiting. */
-        e->wait_until_ms = 0;
+        e->park.wait_until_ms = 0;
         px_claim_release(e);
         px_entry_to(e, PX_E_PARKED);
         px_entry *h = lock_key_busy ? NULL : local_holder(e);
-        if (h) h->has_followers = true;   /* woken when h leaves; the timer is a fallback */
+        if (h) h->park.has_followers = true;   /* woken when h leaves; the timer is a fallback */
         double ms = (double)sc->lease_ms;
-        if (h == NULL && !lock_key_busy && e->busy_looks < 16 &&
-            (double)(20u << e->busy_looks) < ms)
-            ms = (double)(20u << e->busy_looks);
-        e->busy_looks++;
-        px_log_debug("busy: stream %s entry %s key %s; looking again in %.0f ms", sc->stream,
-                     e->id, e->key, ms);
-        if (!e->waiting_out) { e->waiting_out = true; e->st->px->waiting_out++; }
+        if (h == NULL && !lock_key_busy && e->park.busy_looks < 16 &&
+            (double)(20u << e->park.busy_looks) < ms)
+            ms = (double)(20u << e->park.busy_looks);
+        e->park.busy_looks++;
+        px_log_entry(PX_LOG_DEBUG, e, "busy: looking again in %.0f ms", ms);
+        if (!e->park.waiting_out) { e->park.waiting_out = true; e->st->px->waiting_out++; }
         entry_timer(e, back_to_claim_cb, ms + jitter(0, ms < 100 ? 10 : 50));
         return;
     }
@@ -418,31 +359,29 @@ static double error_pause_ms(unsigned n)
 
 void px_proxy_claim_failed(px_entry *e)
 {
-    px_stream_conf *sc = e->st->conf;
     if (e->st->px->stopping) {
         px_claim_release(e);
         px_entry_finish(e, PX_OUT_NONE);
         return;
     }
     double ms = PX_ERROR_PAUSE_MS;
-    if (e->step_hard) {
+    if (e->step.hard) {
         /* An error that retrying does not cure (WRONGTYPE on a rendered key,
          * NOPERM): a few tries with backoff, then the dead letter with the
          * error as its reason, not marked done, so it never holds a slot of
          * max_inflight for ever (SPEC 5.6). */
         static px_log_limit limit;
-        e->redis_errors++;
-        px_log_limited(&limit, 1.0, PX_LOG_WARN, "stream %s entry %s key %s: %s (try %u of %d)",
-                       sc->stream, e->id, e->key, e->redis_error, e->redis_errors,
-                       PX_MAX_REDIS_ERRORS);
-        if (e->redis_errors >= PX_MAX_REDIS_ERRORS) {
+        e->step.redis_errors++;
+        px_log_entry_limited(&limit, 1.0, PX_LOG_WARN, e, "%s (try %u of %d)", e->step.redis_error,
+                             e->step.redis_errors, PX_MAX_REDIS_ERRORS);
+        if (e->step.redis_errors >= PX_MAX_REDIS_ERRORS) {
             char why[300];
-            snprintf(why, sizeof(why), "redis error: %s", e->redis_error);
+            snprintf(why, sizeof(why), "redis error: %s", e->step.redis_error);
             px_claim_release(e);
             commit(e, PX_OUT_DEAD_LETTERED, false, why);
             return;
         }
-        ms = error_pause_ms(e->redis_errors);
+        ms = error_pause_ms(e->step.redis_errors);
     }
     /* Redis is down or refused: try again shortly (the flush waits for the link). */
     px_entry_to(e, PX_E_PARKED);
@@ -454,8 +393,7 @@ void px_proxy_claim_failed(px_entry *e)
  * refusal); it is never delivered. */
 void px_proxy_already_dead(px_entry *e)
 {
-    px_log_debug("stream %s entry %s key %s: dead-lettered already", e->st->conf->stream, e->id,
-                 e->key);
+    px_log_entry(PX_LOG_DEBUG, e, "dead-lettered already");
     leave(e, PX_OUT_DEAD_LETTERED);
 }
 
@@ -467,11 +405,10 @@ void px_proxy_already_dead(px_entry *e)
  * lower than the one a second replica had used meanwhile). */
 void px_proxy_reclaim_unsent(px_entry *e)
 {
-    px_log_info("stream %s entry %s key %s: lease lost before delivery; claiming again",
-                e->st->conf->stream, e->id, e->key);
+    px_log_entry(PX_LOG_INFO, e, "lease lost before delivery; claiming again");
     px_claim_release(e);
-    e->has_dedup = false;
-    e->has_lock = false;
+    e->claim.has_dedup = false;
+    e->claim.has_lock = false;
     to_claim(e);
 }
 
@@ -481,7 +418,7 @@ static void backoff_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop; (void)revents;
     px_entry *e = w->data;
-    e->examined = true;
+    e->claim.examined = true;
     to_claim(e);
 }
 
@@ -489,7 +426,7 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
 {
     px_stream *st = e->st;
     px_stream_conf *sc = st->conf;
-    px_hist_observe(px_ack_latency_bounds, &st->ack_latency, ev_now(st->px->loop) - e->sent_at);
+    px_metrics_observe(px_ack_latency_bounds, &st->ack_latency, ev_now(st->px->loop) - e->delivery.sent_at);
     switch (status) {
     case PX_ACK_ACK:     st->c.acks_ack++; break;
     case PX_ACK_RETRY:   st->c.acks_retry++; break;
@@ -497,19 +434,19 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
     case PX_ACK_TIMEOUT: st->c.acks_timeout++; break;
     case PX_ACK_INVALID: st->c.acks_invalid++; break;
     }
-    switch (px_decide_answer(status, e->attempt, sc->max_deliveries)) {
+    switch (px_decide_answer(status, e->delivery.attempt, sc->max_deliveries)) {
     case PX_NEXT_COMMIT_DONE:
         commit(e, PX_OUT_ACKED, true, NULL);
         return;
     case PX_NEXT_DEAD_LETTER_DONE:
         if (status == PX_ACK_DROP) {
-            px_log_info("drop: stream %s entry %s key %s: %s", sc->stream, e->id, e->key, reason);
+            px_log_entry(PX_LOG_INFO, e, "drop: %s", reason);
             commit(e, PX_OUT_DEAD_LETTERED, true, reason[0] ? reason : "dropped");
         } else {
             char why[600];
             snprintf(why, sizeof(why), "max_deliveries (%d) reached: %s", sc->max_deliveries,
                      reason[0] ? reason : "retry");
-            px_log_warn("stream %s entry %s key %s: %s", sc->stream, e->id, e->key, why);
+            px_log_entry(PX_LOG_WARN, e, "%s", why);
             commit(e, PX_OUT_DEAD_LETTERED, true, why);
         }
         return;
@@ -519,10 +456,14 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
     px_claim_release(e);
     wake_followers(e);
     if (st->px->stopping) { px_entry_finish(e, PX_OUT_NONE); return; }
-    long long ms = px_decide_backoff_ms(sc->retry_backoff_ms, e->attempt);
+    long long ms = px_decide_backoff_ms(sc->retry_backoff_ms, e->delivery.attempt);
     px_entry_to(e, PX_E_BACKOFF);
-    px_log_debug("retry: stream %s entry %s key %s in %lld ms (%s)", sc->stream, e->id, e->key, ms,
-                 reason);
+    /* The worker's reason, at most once a second: a handler failing every
+     * entry must not flood the log (the count of the rest is in the next line
+     * and in idemproxy_acks_total). */
+    static px_log_limit retry_limit;
+    px_log_entry_limited(&retry_limit, 1.0, PX_LOG_INFO, e, "retry in %lld ms: %s", ms,
+                         reason[0] ? reason : "no reason given");
     entry_timer(e, backoff_cb, (double)ms);
 }
 
@@ -542,17 +483,17 @@ void px_proxy_committed(px_entry *e, bool ok)
         /* Kept until written: the app's answer is never forgotten. An error
          * that retrying does not cure is tried again less and less often. */
         double ms = PX_ERROR_PAUSE_MS;
-        if (e->step_hard) {
+        if (e->step.hard) {
             static px_log_limit limit;
-            ms = error_pause_ms(++e->redis_errors);
-            px_log_limited(&limit, 1.0, PX_LOG_WARN, "stream %s entry %s key %s: writing its "
-                           "outcome failed: %s; again in %.0f ms", e->st->conf->stream, e->id,
-                           e->key ? e->key : "-", e->redis_error, ms);
+            ms = error_pause_ms(++e->step.redis_errors);
+            px_log_entry_limited(&limit, 1.0, PX_LOG_WARN, e,
+                                 "writing its outcome failed: %s; again in %.0f ms", e->step.redis_error,
+                                 ms);
         }
         entry_timer(e, commit_again_cb, ms);
         return;
     }
-    if (e->outcome == PX_OUT_DEAD_LETTERED && !e->dl_other) e->st->c.dead_letters++;
+    if (e->outcome == PX_OUT_DEAD_LETTERED && !e->claim.dl_other) e->st->c.dead_letters++;
     leave(e, e->outcome);
 }
 
@@ -574,8 +515,8 @@ void px_proxy_xack_failed(px_entry *e)
 void px_proxy_bad_entry(px_entry *e, const char *why)
 {
     px_stream_conf *sc = e->st->conf;
-    px_log_warn("bad entry: stream %s entry %s: %s (%s)", sc->stream, e->id, why,
-                sc->on_missing_key == PX_MISSING_SKIP ? "skipped" : "dead-lettered");
+    px_log_entry(PX_LOG_WARN, e, "bad entry: %s (%s)", why,
+                 sc->on_missing_key == PX_MISSING_SKIP ? "skipped" : "dead-lettered");
     if (sc->on_missing_key == PX_MISSING_SKIP) { leave(e, PX_OUT_SKIPPED); return; }
     e->outcome = PX_OUT_DEAD_LETTERED;
     e->mark_done = false;
@@ -614,8 +555,8 @@ static void flush_cb(struct ev_loop *loop, ev_prepare *w, int revents)
     (void)revents;
     px_proxy *px = w->data;
     px_claim_flush(px);
-    px_commit_flush(px);
-    px_xack_flush(px);
+    px_claim_commit_flush(px);
+    px_claim_xack_flush(px);
     px_deliver_flush(px);
     for (size_t s = 0; s < px->nstreams; s++) px_reader_kick(&px->streams[s]);
     if (px->stopping && drained(px)) ev_break(loop, EVBREAK_ALL);
@@ -633,7 +574,7 @@ static bool undelivered(const px_entry *e, bool all)
 {
     switch (e->state) {
     case PX_E_PARKED: case PX_E_LOCKWAIT: case PX_E_BACKOFF: case PX_E_SEND: return true;
-    case PX_E_CLAIM: return !e->in_claim_io;
+    case PX_E_CLAIM: return !e->claim.in_io;
     case PX_E_SENT: return all;
     default: return false;
     }
@@ -714,6 +655,7 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
     px->loop = loop;
     px->conf = conf;
     px->password = px_strdup(password);
+    px_hooks_init();
     px_claim_init();
     if (px_deliver_init(px) != PX_OK || px_metrics_start(px) != PX_OK) {
         px_proxy_destroy(px);

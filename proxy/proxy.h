@@ -22,6 +22,8 @@
 
 #include "codec.h"
 #include "config.h"
+#include "entry.h"
+#include "log.h"
 #include "redis.h"
 
 /* Lease extension pacing (claim.c): each held lease is extended every
@@ -30,97 +32,8 @@
 #define PX_LEASE_TICKS 16
 
 typedef struct px_proxy px_proxy;
-typedef struct px_stream px_stream;
-typedef struct px_entry px_entry;
-typedef void px_step_fn(px_entry *e);
-
-typedef enum {
-    PX_E_CLAIM,      /* queued for (or in) a claim round trip */
-    PX_E_PARKED,     /* busy: its timer brings it back to CLAIM */
-    PX_E_LOCKWAIT,   /* dedup lock held, lock_key busy: retried within wait_ms */
-    PX_E_SEND,       /* claimed, queued for the socket */
-    PX_E_SENT,       /* with a worker; its timer is the ack timeout */
-    PX_E_BACKOFF,    /* released after RETRY/timeout; its timer brings it back */
-    PX_E_COMMIT,     /* answer known; done mark / dead letter being written */
-    PX_E_XACK,       /* finished; XACK queued or in flight (group mode) */
-    PX_E_GONE,       /* finished (px_entry_finish): not a state it is in, where it goes */
-} px_entry_state;
-
-/* Debug and sanitizer builds (-DPX_DEBUG) check invariants, as twemproxy's
- * ASSERT does; a failure names the place and aborts. */
-#ifdef PX_DEBUG
-#define PX_ASSERT(cond) ((cond) ? (void)0 : px_assert_fail(#cond, __FILE__, __LINE__))
-#else
-#define PX_ASSERT(cond) ((void)0)
-#endif
-void px_assert_fail(const char *cond, const char *file, int line) __attribute__((noreturn));
-
-typedef enum {        /* what the entry leaves as (SPEC 6 outcomes) */
-    PX_OUT_NONE = 0, PX_OUT_ACKED, PX_OUT_DUPLICATE, PX_OUT_DEAD_LETTERED, PX_OUT_SKIPPED,
-} px_outcome;
-
-struct px_entry {
-    px_stream      *st;            /* (ref) */
-    px_entry_state  state;
-    char           *id;            /* entry id; owned, in 'blob' */
-    px_field       *fields;        /* all fields, in stream order; point into 'blob' */
-    size_t          nfields;
-    int             payload_idx;   /* index of the payload field, or -1 */
-    char           *blob;          /* id and field bytes; 'fields' and 'blob' live in
-                                      the entry's own allocation, after it */
-    size_t          bytes;         /* size of the entry's fields, for max_entry_bytes */
-    char           *key;           /* rendered dedup key; owned; NULL for bad input */
-    const char     *lock_name;     /* Redis key names of the dedup lock and the done mark, */
-    const char     *done_name;     /* in key's allocation (event.c); the same in */
-    size_t          lock_name_len; /* layout single */
-    size_t          done_name_len;
-    char           *lock_key;      /* rendered lock_key; owned; NULL when none */
-    char            token[24];     /* our random lock token for this claim */
-    uint64_t        fence;         /* fencing token of this claim, 0 when off */
-    uint32_t        attempt;       /* deliveries so far; group mode starts from Redis' count */
-    uint32_t        redis_count;   /* group mode: the delivery count Redis holds for it */
-    bool            examined;      /* claimed at least once before: a later 'done' is after_lock */
-    bool            has_dedup;     /* we hold the dedup lock (or may: reply lost) */
-    bool            has_lock;      /* we hold lock_key */
-    bool            has_followers; /* copies of this key are parked behind our lock */
-    bool            waiting_out;   /* parked behind a holder's lease: not in max_inflight */
-    unsigned        busy_looks;    /* times found busy behind another holder */
-    bool            lease_lost;    /* an extension found our token gone */
-    bool            in_claim_io;   /* a claim or XACK round trip is in flight */
-    bool            mark_done;     /* the commit writes the done mark */
-    unsigned char   done_sets;     /* single layout: done marks sent (a retry reads back its own D) */
-    bool            dl_written;    /* the dead letter is written (not again on a retry) */
-    bool            dl_other;      /* ... by another replica (group-less mark) */
-    bool            gone;          /* finished; freed when 'io' reaches 0 */
-    bool            bad;           /* bad input: the commit is its dead letter */
-    bool            oversized;     /* over max_entry_bytes: its dead letter is a reference */
-    bool            step_hard;     /* ... with an error that retrying does not cure */
-    bool            claim_marked;  /* claim: the entry-level dead-letter mark exists */
-    bool            mark_asked;    /* claim: the mark was asked for, after the lock */
-    unsigned        redis_errors;  /* such errors so far (PX_MAX_REDIS_ERRORS) */
-    char           *redis_error;   /* owned: the last of them, for the dead letter */
-    int             io;            /* commands about this entry awaiting replies */
-    int             step_pending;  /* replies the current step still waits for */
-    bool            step_failed;   /* a reply of the step was lost or an error */
-    px_step_fn     *step_done;     /* runs when the step's last reply is in */
-    int             claim_set;     /* claim: a px_lock_reply (decide.h) */
-    bool            claim_done;    /* claim: the done key exists */
-    bool            claim_own;     /* claim: the lock already held our token (a lost reply) */
-    bool            lock_waited;   /* lock_key was busy once: look at the dedup key again */
-    uint32_t        counts_wait;   /* cluster: claimed only once this batch's delivery counts are in (reader.c) */
-    bool            recheck_mine;  /* that look found our dedup lock */
-    uint64_t        wait_until_ms; /* LOCKWAIT: give up on lock_key after this */
-    double          claim_since;   /* loop time of the first claim attempt (lock_wait) */
-    double          sent_at;       /* loop time the current delivery went out (ack_latency) */
-    px_outcome      outcome;       /* set when the final answer is known */
-    char           *reason;        /* owned: dead-letter reason, or NULL */
-    uint32_t        req_id;        /* SP request id of the current delivery */
-    uint64_t        deadline_ms;   /* ack deadline of the current delivery */
-    double          lease_next;    /* loop time its next lease extension is due */
-    ev_timer        timer;         /* park / backoff / lock wait / ack timeout */
-    px_entry       *prev, *next;   /* the stream's list of tracked entries */
-    px_entry       *qnext;         /* the queue it waits in (claim, send, commit, xack) */
-};
+typedef struct px_deliver px_deliver;   /* deliver.c's state */
+typedef struct px_metrics px_metrics;   /* metrics.c's state */
 
 /* A singly linked FIFO of entries through 'qnext'. */
 typedef struct px_queue { px_entry *head, *tail; size_t n; } px_queue;
@@ -130,28 +43,39 @@ px_entry *px_queue_pop(px_queue *q);
 
 /*
  * Per-stream counters of SPEC 6, declared once: the struct field, the metric
- * family and its label. metrics.c exports every one of them, at 0 from the
- * start, in this order (a family's members are adjacent).
+ * family, its label and the family's help text (on its first member; NULL on
+ * the others). metrics.c exports every one of them, at 0 from the start, in
+ * this order (a family's members are adjacent).
  */
 #define PX_STREAM_COUNTERS(X) \
-    X(entries_read,    "idemproxy_entries_read_total",  NULL,      NULL) \
-    X(acked,           "idemproxy_outcomes_total",      "outcome", "acked") \
-    X(duplicate,       "idemproxy_outcomes_total",      "outcome", "duplicate") \
-    X(dead_lettered,   "idemproxy_outcomes_total",      "outcome", "dead_lettered") \
-    X(skipped,         "idemproxy_outcomes_total",      "outcome", "skipped") \
-    X(deliveries,      "idemproxy_deliveries_total",    NULL,      NULL) \
-    X(dup_before_lock, "idemproxy_duplicates_total",    "stage",   "before_lock") \
-    X(dup_after_lock,  "idemproxy_duplicates_total",    "stage",   "after_lock") \
-    X(lock_busy,       "idemproxy_lock_busy_total",     NULL,      NULL) \
-    X(acks_ack,        "idemproxy_acks_total",          "status",  "ack") \
-    X(acks_retry,      "idemproxy_acks_total",          "status",  "retry") \
-    X(acks_drop,       "idemproxy_acks_total",          "status",  "drop") \
-    X(acks_timeout,    "idemproxy_acks_total",          "status",  "timeout") \
-    X(acks_invalid,    "idemproxy_acks_total",          "status",  "invalid") \
-    X(ack_timeouts,    "idemproxy_ack_timeouts_total",  NULL,      NULL) \
-    X(dead_letters,    "idemproxy_dead_letters_total",  NULL,      NULL) \
-    X(lease_lost,      "idemproxy_lease_lost_total",    NULL,      NULL) \
-    X(trimmed,         "idemproxy_trimmed_total",       NULL,      NULL)
+    X(entries_read,    "idemproxy_entries_read_total",  NULL,      NULL,            \
+      "Entries read from the stream, once each (re-examinations and redeliveries are not reads).") \
+    X(acked,           "idemproxy_outcomes_total",      "outcome", "acked",         \
+      "Entries that left, by outcome; read = sum of outcomes + pending.") \
+    X(duplicate,       "idemproxy_outcomes_total",      "outcome", "duplicate", NULL) \
+    X(dead_lettered,   "idemproxy_outcomes_total",      "outcome", "dead_lettered", NULL) \
+    X(skipped,         "idemproxy_outcomes_total",      "outcome", "skipped", NULL) \
+    X(deliveries,      "idemproxy_deliveries_total",    NULL,      NULL,            \
+      "Deliveries sent to a worker, redeliveries included.") \
+    X(dup_before_lock, "idemproxy_duplicates_total",    "stage",   "before_lock",   \
+      "Copies skipped because their key was done, by when that was seen.") \
+    X(dup_after_lock,  "idemproxy_duplicates_total",    "stage",   "after_lock", NULL) \
+    X(lock_busy,       "idemproxy_lock_busy_total",     NULL,      NULL,            \
+      "Claims that found a lock (dedup or lock_key) held elsewhere.") \
+    X(acks_ack,        "idemproxy_acks_total",          "status",  "ack",           \
+      "Answers from workers, by status; timeout and invalid count as retries.") \
+    X(acks_retry,      "idemproxy_acks_total",          "status",  "retry", NULL) \
+    X(acks_drop,       "idemproxy_acks_total",          "status",  "drop", NULL) \
+    X(acks_timeout,    "idemproxy_acks_total",          "status",  "timeout", NULL) \
+    X(acks_invalid,    "idemproxy_acks_total",          "status",  "invalid", NULL) \
+    X(ack_timeouts,    "idemproxy_ack_timeouts_total",  NULL,      NULL,            \
+      "Deliveries with no answer within ack_timeout_ms.") \
+    X(dead_letters,    "idemproxy_dead_letters_total",  NULL,      NULL,            \
+      "Entries dead-lettered (DROP, max_deliveries, bad input, busy refusal).") \
+    X(lease_lost,      "idemproxy_lease_lost_total",    NULL,      NULL,            \
+      "Leases found gone while the app worked (the fencing token guards that work).") \
+    X(trimmed,         "idemproxy_trimmed_total",       NULL,      NULL,            \
+      "Pending entries trimmed or deleted from the stream, acked away.")
 
 /* A Prometheus histogram with fixed buckets (upper bounds in seconds). */
 #define PX_HIST_BUCKETS 14
@@ -182,7 +106,7 @@ struct px_stream {
     ev_timer        pause;         /* a short wait after an error reply, then read again */
     px_entry       *head;          /* tracked entries of this stream */
     size_t          tracked;
-#define PX_COUNTER_FIELD(n, family, label, value) unsigned long long n;
+#define PX_COUNTER_FIELD(n, family, label, value, help) unsigned long long n;
     struct { PX_STREAM_COUNTERS(PX_COUNTER_FIELD) } c;
 #undef PX_COUNTER_FIELD
     px_hist         ack_latency;   /* delivery sent -> answer received */
@@ -207,8 +131,8 @@ struct px_proxy {
     size_t          waiting_out;   /* of those, copies parked behind another holder's lock */
     size_t          leaving;       /* of those, committed (or copies) and only awaiting XACK */
     px_queue        claim_q, send_q, commit_q, xack_q;
-    void           *deliver;       /* deliver.c state */
-    void           *metrics;       /* metrics.c state; NULL when disabled */
+    px_deliver     *deliver;       /* deliver.c state */
+    px_metrics     *metrics;       /* metrics.c state; NULL when disabled */
     ev_prepare      flush;         /* flushes the queues once per loop iteration */
     ev_signal       sigterm, sigint;
     ev_timer        grace;         /* shutdown grace */
@@ -223,8 +147,7 @@ void px_proxy_destroy(px_proxy *px);
  * may be gone already (bad input skipped or without a dead-letter stream). */
 px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, size_t *page_bytes);
 void px_entry_finish(px_entry *e, px_outcome outcome);   /* after XACK (or none needed) */
-void px_entry_free(px_entry *e);                          /* only when e->io == 0 */
-void px_entry_to(px_entry *e, px_entry_state next);       /* every state change (proxy.c) */
+void px_entry_free(px_entry *e);                          /* only when e->step.io == 0 */
 void px_proxy_claimed(px_entry *e);
 void px_proxy_busy(px_entry *e, bool lock_key_busy);
 void px_proxy_duplicate(px_entry *e, bool after_lock);
@@ -238,55 +161,5 @@ void px_proxy_bad_entry(px_entry *e, const char *why);
 void px_proxy_trimmed(px_stream *st, const char *id, bool ack);
 px_entry *px_proxy_find(px_stream *st, const char *id);
 size_t px_proxy_room(px_proxy *px);
-
-/* metrics.c */
-int  px_metrics_start(px_proxy *px);          /* PX_ERR: cannot listen */
-void px_metrics_stop(px_proxy *px);
-void px_metrics_render(px_proxy *px, px_buf *out);
-bool px_proxy_ready(px_proxy *px);
-void px_hist_observe(const double *bounds, px_hist *h, double seconds);
-extern const double px_ack_latency_bounds[PX_HIST_BUCKETS];
-extern const double px_lock_wait_bounds[PX_HIST_BUCKETS];
-
-/* reader.c */
-void px_reader_start(px_stream *st);
-void px_reader_kick(px_stream *st);
-void px_reader_stop(px_stream *st);
-bool px_reader_live(px_stream *st);           /* connected and reading */
-void px_reader_delivering(px_entry *e);       /* a delivery goes out: Redis counts it */
-
-/* event.c: parse the entry and render its keys; PX_ERR with 'why' for bad input.
- * Reads the entry's id, fields, nfields, payload_idx and bytes, and 'sc' (the
- * templates, payload_field, stream name and key layout), never e->st; sets
- * e->key, lock_name, done_name (and their lengths) and lock_key. */
-int px_event_prepare(px_entry *e, const px_stream_conf *sc, long long max_entry_bytes, char *why,
-                     size_t whylen);
-/* Set e->key to 'key' ('n' bytes) and the names of its Redis keys (lock_name,
- * done_name, with their lengths) as 'sc' lays them out: the one place those
- * names are made (the operator commands in ops.c use it too). */
-void px_event_set_key(px_entry *e, const px_stream_conf *sc, const char *key, size_t n);
-
-/* claim.c */
-#define PX_FENCE_KEY "idemproxy:fence"   /* the one fencing counter, every lock's */
-/* The name of the written-mark of entry 'id''s dead letter (see claim.c),
- * appended to 'b'. 'sc' must have a dead_letter stream. */
-void px_dl_mark_name(const px_stream_conf *sc, const char *id, px_buf *b);
-void px_claim_init(void);
-void px_claim_flush(px_proxy *px);            /* claim_q -> claimed | duplicate | busy */
-void px_claim_lock_key(px_entry *e);          /* retry lock_key within wait_ms */
-void px_claim_release(px_entry *e);           /* give back our locks, fire and forget */
-void px_claim_extend(px_stream *st);          /* extend leases of delivered entries */
-void px_commit_flush(px_proxy *px);           /* commit_q -> done mark / dead letter */
-void px_xack_flush(px_proxy *px);             /* xack_q -> XACK */
-
-/* deliver.c */
-int  px_deliver_init(px_proxy *px);
-void px_deliver_deinit(px_proxy *px);
-void px_deliver_flush(px_proxy *px);          /* send_q -> socket */
-int  px_deliver_workers(px_proxy *px);
-void px_deliver_forget(px_proxy *px, px_entry *e);  /* drop e's slot (shutdown) */
-size_t px_deliver_size(px_proxy *px, px_entry *e);   /* its Delivery's largest encoding */
-size_t px_deliver_window(px_proxy *px);       /* unanswered deliveries allowed now */
-extern unsigned long long px_protocol_errors;
 
 #endif

@@ -20,8 +20,10 @@
 #include <string.h>
 #include <strings.h>
 
+#include "claim.h"
+#include "hooks.h"
 #include "log.h"
-#include "proxy.h"
+#include "reader.h"
 
 #define PX_READER_BLOCK_MS   2000
 #define PX_READER_BATCH      256
@@ -38,7 +40,7 @@
 #define PX_IDLE_CONSUMER_MS  3600000LL
 
 /* Consumers idle this long with nothing pending are removed; tests shorten it
- * with IDEMPROXY_DEBUG_IDLE_CONSUMER_MS instead of waiting an hour. */
+ * with a hook (hooks.h) instead of waiting an hour. */
 static long long idle_consumer_ms = PX_IDLE_CONSUMER_MS;
 
 enum { R_DOWN = 0, R_CREATE, R_HISTORY, R_LIVE, R_STOPPED };
@@ -74,11 +76,8 @@ static void page_seen(px_stream *st, size_t n, size_t bytes)
  * claims: on one server it is in before any of them. On a cluster the
  * claims go to other masters and may be answered, and the entry delivered,
  * first (attempt 1 again, and Redis' count set back to 1): there the batch's
- * claims wait for this reply ('counts_wait', px_claim_flush).
- *
- * Test hook: IDEMPROXY_DEBUG_COUNTS_DELAY_MS sends the XPENDING that much
- * later, as a stream master slower than the lock's would answer it. */
-static long debug_counts_delay_ms = -1;
+ * claims wait for this reply ('delivery.counts_wait', px_claim_flush).
+ * A test hook (hooks.h) can send the XPENDING later. */
 
 typedef struct counts_ask {
     px_stream *st;
@@ -109,15 +108,15 @@ static void counts_reply_cb(px_redis *r, redisReply *reply, void *priv)
         if (p->type != REDIS_REPLY_ARRAY || p->elements < 4 || p->element[0]->type != REDIS_REPLY_STRING ||
             p->element[3]->type != REDIS_REPLY_INTEGER) continue;
         px_entry *e = px_proxy_find(st, p->element[0]->str);
-        if (e == NULL || e->attempt != 0 || p->element[3]->integer < 1) continue;
+        if (e == NULL || e->delivery.attempt != 0 || p->element[3]->integer < 1) continue;
         /* The read that brought it counted the delivery it is about to get:
          * the deliveries before are one fewer. */
-        e->redis_count = (uint32_t)p->element[3]->integer;
-        e->attempt = e->redis_count - 1;
+        e->delivery.redis_count = (uint32_t)p->element[3]->integer;
+        e->delivery.attempt = e->delivery.redis_count - 1;
     }
     /* Answered or lost, the batch's claims go ahead now. */
     for (px_entry *e = st->head; e; e = e->next)
-        if (e->counts_wait == a->seq) e->counts_wait = 0;
+        if (e->delivery.counts_wait == a->seq) e->delivery.counts_wait = 0;
     free(a);
 }
 
@@ -160,12 +159,8 @@ static counts_ask *counts_new(px_stream *st, const char *first, const char *last
 
 static void counts_go(counts_ask *a)
 {
-    if (debug_counts_delay_ms < 0) {
-        const char *dbg = getenv("IDEMPROXY_DEBUG_COUNTS_DELAY_MS");
-        debug_counts_delay_ms = dbg ? atol(dbg) : 0;
-    }
-    if (debug_counts_delay_ms > 0) {
-        ev_timer_init(&a->delay, counts_delay_cb, (double)debug_counts_delay_ms / 1000.0, 0.);
+    if (px_hook.counts_delay_ms > 0) {
+        ev_timer_init(&a->delay, counts_delay_cb, (double)px_hook.counts_delay_ms / 1000.0, 0.);
         a->delay.data = a;
         ev_timer_start(a->st->px->loop, &a->delay);
     } else {
@@ -188,12 +183,12 @@ static void set_count(px_entry *e, uint32_t count)
     size_t lens[9];
     for (int i = 0; i < 9; i++) lens[i] = strlen(argv[i]);
     px_redis_argv(e->st->px->redis, sc->stream, 0, NULL, NULL, 9, argv, lens);
-    e->redis_count = count;
+    e->delivery.redis_count = count;
 }
 
 void px_reader_delivering(px_entry *e)
 {
-    if (e->st->conf->group && e->attempt > e->redis_count) set_count(e, e->attempt);
+    if (e->st->conf->group && e->delivery.attempt > e->delivery.redis_count) set_count(e, e->delivery.attempt);
 }
 
 /* Keep what we track fresh: `XCLAIM ... 0 <ids> JUSTID` resets the idle time
@@ -251,7 +246,7 @@ static size_t take_entries(px_stream *st, redisReply *entries, bool fresh, size_
         if (!fresh) {
             px_entry *known = px_proxy_find(st, id);
             if (known) {   /* still ours: that read counted no delivery, undo it */
-                set_count(known, known->redis_count);
+                set_count(known, known->delivery.redis_count);
                 continue;
             }
         }
@@ -260,8 +255,8 @@ static size_t take_entries(px_stream *st, redisReply *entries, bool fresh, size_
             continue;
         }
         px_entry *e = px_entry_create(st, id, en->element[1], bytes);
-        if (fresh && st->conf->group) e->redis_count = 1;   /* group-less: 'e' may be gone */
-        else if (counts) e->counts_wait = counts->seq;      /* group mode: still here */
+        if (fresh && st->conf->group) e->delivery.redis_count = 1;   /* group-less: 'e' may be gone */
+        else if (counts) e->delivery.counts_wait = counts->seq;      /* group mode: still here */
     }
     if (counts) counts_go(counts);
     return entries->elements;
@@ -521,8 +516,7 @@ void px_reader_start(px_stream *st)
         ev_timer_init(&st->refresh, refresh_cb, fresh, fresh);
         st->refresh.data = st;
         ev_timer_start(st->px->loop, &st->refresh);
-        const char *dbg = getenv("IDEMPROXY_DEBUG_IDLE_CONSUMER_MS");
-        if (dbg) idle_consumer_ms = atoll(dbg);
+        if (px_hook.idle_consumer_ms > 0) idle_consumer_ms = px_hook.idle_consumer_ms;
         double janitor_s = (double)idle_consumer_ms / 1000.0 < PX_JANITOR_S
                            ? (double)idle_consumer_ms / 1000.0 : PX_JANITOR_S;
         if (janitor_s < 0.2) janitor_s = 0.2;

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 pkgs="build-essential pkg-config redis-server redis-tools libhiredis-dev libev-dev libnanomsg-dev
       nanomsg-utils libprotobuf-c-dev protobuf-c-compiler libyaml-dev libjson-c-dev libmicrohttpd-dev
       python3 python3-venv valgrind bc
-      clang libclang-rt-14-dev llvm"
+      clang libclang-rt-14-dev llvm clang-format"
 missing=""
 for p in $pkgs; do
     dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

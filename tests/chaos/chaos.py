@@ -803,7 +803,7 @@ def check(run):
     entry_ev = {eid: ev for eid, ev, _ in run.entries}
     timed_out = defaultdict(set)          # entry -> {(replica, attempt)} the replicas logged
     for i, p in enumerate(run.proxies):
-        for m in re.finditer(r"ack timeout: stream \S+ entry (\S+) key .* attempt (\d+)", p.log_text()):
+        for m in re.finditer(r"stream \S+ entry (\S+) key .* attempt (\d+): ack timeout", p.log_text()):
             timed_out[m.group(1)].add((i, int(m.group(2))))
     by_entry = defaultdict(list)
     by_key = defaultdict(list)

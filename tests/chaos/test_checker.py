@@ -236,8 +236,8 @@ def test_max_deliveries_of_timeouts_no_worker_recorded_is_legitimate():
     dead(run, "1-0", "max_deliveries (2) reached: ack timeout")
     done(run, "k1")
     assert tags(run) == ["bad-cause"]
-    run.proxies[0].text = ("... warn  ack timeout: stream room entry 1-0 key k1 attempt 1\n"
-                           "... warn  ack timeout: stream room entry 1-0 key k1 attempt 2\n")
+    run.proxies[0].text = ("... warn  stream room entry 1-0 key k1 attempt 1: ack timeout\n"
+                           "... warn  stream room entry 1-0 key k1 attempt 2: ack timeout\n")
     assert tags(run) == []
 
 
@@ -251,9 +251,9 @@ def test_recorded_failures_and_unrecorded_timeouts_add_up():
         deliver(run, "k1", "1-0", 1.0 + a, 1.0 + a + 0.1, answer="retry", attempt=a)
     dead(run, "1-0", "max_deliveries (5) reached: ack timeout", t=9.0)
     done(run, "k1")
-    run.proxies[0].text = "".join(f"x warn  ack timeout: stream room entry 1-0 key k1 attempt {a}\n"
+    run.proxies[0].text = "".join(f"x warn  stream room entry 1-0 key k1 attempt {a}: ack timeout\n"
                                   for a in (1, 2, 4, 5))
     assert tags(run) == []
-    run.proxies[0].text = "".join(f"x warn  ack timeout: stream room entry 1-0 key k1 attempt {a}\n"
+    run.proxies[0].text = "".join(f"x warn  stream room entry 1-0 key k1 attempt {a}: ack timeout\n"
                                   for a in (1, 2, 4))
     assert tags(run) == ["bad-cause"]

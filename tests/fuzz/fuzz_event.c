@@ -29,7 +29,7 @@
 #include <string.h>
 
 #include "fuzz.h"
-#include "proxy.h"
+#include "event.h"
 
 #define SEP 0x1f
 

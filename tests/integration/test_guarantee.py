@@ -337,7 +337,7 @@ def test_lease_lost_before_delivery_is_claimed_again_not_delivered(env):
     publish(r, "room", [ev(i) for i in range(1, 9)])
     wait_for(lambda: len(w.inbox) == 1, 5, "the first delivery in hand")
     time.sleep(0.5)                                  # four sent (the window), the rest claimed, waiting
-    sent = set(re.findall(r"delivered stream room entry \S+ key (\S+) attempt", p.log_text()))
+    sent = set(re.findall(r"stream room entry \S+ key (\S+) attempt \d+: delivered", p.log_text()))
     waiting = [f"e{i}" for i in range(1, 9) if f"e{i}" not in sent and
                (r.get(f"idem:e{i}") or "").startswith("L:")]
     assert len(waiting) >= 2, (sent, waiting)

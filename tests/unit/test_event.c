@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proxy.h"
+#include "event.h"
 #include "test.h"
 
 #define MAX_BYTES 1048576

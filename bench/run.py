@@ -1044,8 +1044,10 @@ def report(meta, tp, base, lat, mem, allocs=None):
              f"{meta['load_end']} at the end; CPU time stolen by the hypervisor during the run "
              f"{meta['steal_pct']:.1f} %; {meta['redis']}; idemproxy {meta['rev']} (binary built {meta['binary']}). "
              f"{N} entries, {COPIES:.0%} copies (same seed, so the same keys, for every run), "
-             f"JSON payloads with an eventId; idemproxy in group mode (XREADGROUP, XACK) and group-less "
-             f"(\"plain\": XREAD from 0, nothing acked), "
+             f"JSON payloads with an eventId; idemproxy "
+             + " and ".join({"group": "in group mode (XREADGROUP, XACK)",
+                             "plain": "group-less (\"plain\": XREAD from 0, nothing acked)"}.get(x, x) for x in READS)
+             + "; "
              f"max_inflight {MAX_INFLIGHT}, {WORKERS} C workers (one REP socket each) that ack at once; "
              f"one redis-server for everything, flushed and reloaded before each run. "
              f"Throughput rows: the median of {REPEAT} interleaved rounds (min–max of keys/s in brackets).\n")

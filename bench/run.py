@@ -726,6 +726,7 @@ def latency(b, rate, first):
                       for tid, v in sorted(th1.items())}
     res["redis_usec"] = usec
     res["redis_usec_per_entry"] = sum(usec.values()) / n
+    res["commands"] = b.command_stats(skip=("xadd",))
     res["rss_kib"] = p.rss_kib()
     p.stop()
     wr = w.stop()
@@ -1155,7 +1156,8 @@ def report(meta, tp, base, lat, mem, allocs=None):
         L.append(f"- baseline ({k}): {r['redis_usec_per_key']:.2f} µs = {breakdown(r['redis_usec'], max(r['keys'], 1))}")
     for r in lat:
         L.append(f"- idemproxy at {r['rate']:,} entries/s, per entry (XADD left out): "
-                 f"{r['redis_usec_per_entry']:.2f} µs = {breakdown(r['redis_usec'], r['entries'])}")
+                 f"{r['redis_usec_per_entry']:.2f} µs = {breakdown(r['redis_usec'], r['entries'])}"
+                 + (f"; commands per entry: {breakdown(r['commands'], r['entries'])}" if r.get("commands") else ""))
     L.append("")
     L.append("What the runs saw (median round):\n")
     for t in tp:

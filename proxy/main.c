@@ -216,25 +216,6 @@ out:
     return rc;
 }
 
-/* hiredis resolves host names with a blocking getaddrinfo on every connect:
- * resolve once here, before the loop runs, and hand it a numeric address. */
-static void resolve_host(px_config *c)
-{
-    if (c->redis_host == NULL) return;
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_family = AF_INET;
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(c->redis_host, NULL, &hints, &res) != 0 || res == NULL) {
-        px_log_warn("redis: cannot resolve %s now; hiredis will try on each connect", c->redis_host);
-        return;
-    }
-    char ip[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &((struct sockaddr_in *)res->ai_addr)->sin_addr, ip, sizeof(ip));
-    freeaddrinfo(res);
-    free(c->redis_host);
-    c->redis_host = px_strdup(ip);
-}
-
 static int cmd_run(const char *path)
 {
     /* A SIGTERM or SIGINT that comes before the loop watches for them (a pod
@@ -253,7 +234,6 @@ static int cmd_run(const char *path)
         px_config_destroy(c);
         return 2;
     }
-    resolve_host(c);
     signal(SIGPIPE, SIG_IGN);
     srandom((unsigned)(px_now_ms() ^ (uint64_t)getpid()));
 

@@ -14,6 +14,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "link.h"
 #include "log.h"
 #include "ops.h"
 #include "proxy.h"
@@ -78,12 +79,22 @@ static px_config *load(const char *path)
     return c;
 }
 
+/* redis.tls's files load (the CA, the client pair, which must match), or one
+ * line says which does not and why. */
+static bool tls_files_ok(const px_config *c)
+{
+    char err[512];
+    if (px_link_tls_check(&c->redis_tls, err, sizeof(err))) return true;
+    fprintf(stderr, "%s: redis.tls: %s\n", c->path, err);
+    return false;
+}
+
 static int cmd_check(const char *path)
 {
     px_config *c = load(path);
     if (c == NULL) return 2;
     char *password;
-    bool ok = px_config_password(c, c->path, &password);
+    bool ok = px_config_password(c, c->path, &password) && tls_files_ok(c);
     free(password);
     if (!ok) {
         px_config_destroy(c);
@@ -231,6 +242,11 @@ static int cmd_run(const char *path)
     px_log_setup(c->log_level, c->log_format);
     char *password;
     if (!px_config_password(c, c->path, &password)) {
+        px_config_destroy(c);
+        return 2;
+    }
+    if (!tls_files_ok(c)) {
+        free(password);
         px_config_destroy(c);
         return 2;
     }

@@ -308,7 +308,7 @@ static void resolve_start(px_link *l)
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&attr, 256 * 1024);
+    pthread_attr_setstacksize(&attr, 512 * 1024);      /* NSS modules can be deep */
     pthread_t t;
     int err = pthread_create(&t, &attr, rjob_run, j);
     pthread_attr_destroy(&attr);

@@ -607,6 +607,8 @@ static void readbuf_shrink(redisReader *rd)
     if (had > PX_TRIM_AFTER) malloc_trim(0);
 }
 
+static void read_in(px_link *l);
+
 static void flush_out(px_link *l)
 {
     while (l->out_off < l->out.len) {
@@ -622,8 +624,15 @@ static void flush_out(px_link *l)
                 if (e == SSL_ERROR_WANT_WRITE) { ev_io_start(l->loop, &l->wio); return; }
                 if (e == SSL_ERROR_WANT_READ) { ev_io_stop(l->loop, &l->wio); return; }
                 if (e == SSL_ERROR_SYSCALL && ERR_peek_error() == 0) {
+                    /* The server may have said why before it closed (TLS 1.3: a client
+                     * certificate it wanted, after the handshake): read its alert. */
+                    int err = errno;
+                    unsigned gen = l->gen;
+                    l->busy++;
+                    read_in(l);
+                    if (!leave(l) || l->gen != gen || l->st != ST_OPEN) return;
                     char why[200];
-                    snprintf(why, sizeof(why), "write failed: %s", errno ? strerror(errno) : "closed");
+                    snprintf(why, sizeof(why), "write failed: %s", err ? strerror(err) : "closed");
                     drop(l, why, PX_LOG_WARN);
                     return;
                 }

@@ -37,7 +37,7 @@ METRICS=${IDEMPROXY_METRICS:-tests/deploy/fixtures/metrics.txt}
 passed=0
 failed=0
 tmp=$(mktemp -d)
-trap 'umount "$tmp/pod/proc" 2>/dev/null; rm -rf "$tmp"' EXIT
+trap 'umount "$tmp/pod/proc" "$tmp/pod-tls/proc" 2>/dev/null; rm -rf "$tmp"' EXIT
 started=$(date +%s)
 
 # check NAME CMD...: CMD must succeed.
@@ -199,8 +199,17 @@ except Exception as e: print(getattr(e, "code", 0))' "$1"; }
 # (what fsGroup makes of the emptyDir), the Redis password in a file readable by
 # that group (the Secret), and the config of deploy/k8s/configmap.yaml with only
 # the Redis address and the metrics port changed. A real redis-server.
+# pod_smoke tls: the same with deploy/k8s/tls/configmap.yaml, the CA and the
+# client pair in the Secret's directory (mode 0440, group 10001), and a
+# redis-server that speaks only TLS and wants a client certificate.
 pod_smoke() {
-    local pod=$tmp/pod rport mport rpid="" ppid="" wpid="" ok=1 i
+    local mode=${1:-plain} pod=$tmp/pod rport mport rpid="" ppid="" wpid="" ok=1 i
+    local src=$tmp/k8s-config.yaml scheme=redis tlsargs=() cliargs=()
+    if [ "$mode" = tls ]; then
+        pod=$tmp/pod-tls src=$tmp/k8s-tls-config.yaml scheme=rediss
+        cliargs=(--tls --cacert "$tmp/certs/ca.crt" --cert "$tmp/certs/tls.crt" --key "$tmp/certs/tls.key")
+        tlsargs=(--port 0 --tls-port) # then the port
+    fi
     make_root "$pod" "$stage/idemproxy" && cp -a "$stage/worker/." "$pod/" || return 1
     install -d -o 10001 -g 10001 -m 2770 "$pod/run/idemproxy"
     # A container has /proc (the process_* metrics are read from it).
@@ -209,15 +218,29 @@ pod_smoke() {
     install -d -m 0755 "$pod/etc/idemproxy" "$pod/var/run/secrets/redis"
     printf 'pod-secret\n' >"$pod/var/run/secrets/redis/password"
     chown 0:10001 "$pod/var/run/secrets/redis/password" && chmod 0440 "$pod/var/run/secrets/redis/password"
+    if [ "$mode" = tls ]; then
+        install -d -m 0755 "$pod/var/run/secrets/redis-tls"
+        install -o 0 -g 10001 -m 0440 "$tmp/certs/ca.crt" "$tmp/certs/tls.crt" "$tmp/certs/tls.key" \
+            "$pod/var/run/secrets/redis-tls/" || return 1
+        # The server's certificate, for 127.0.0.1, from the same CA.
+        printf 'subjectAltName=IP:127.0.0.1\n' >"$tmp/certs/server.ext"
+        openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$tmp/certs/server.key" \
+            -out "$tmp/certs/server.csr" -subj /CN=redis 2>/dev/null &&
+            openssl x509 -req -in "$tmp/certs/server.csr" -CA "$tmp/certs/ca.crt" -CAkey "$tmp/certs/ca.key" \
+                -CAcreateserial -extfile "$tmp/certs/server.ext" -out "$tmp/certs/server.crt" -days 2 2>/dev/null ||
+            { echo "cannot make the server's certificate"; return 1; }
+    fi
     rport=$(free_port) && mport=$(free_port) || return 1
-    sed -e "s#url: redis://redis:6379#url: redis://127.0.0.1:$rport#" \
+    [ "$mode" = tls ] && tlsargs+=("$rport" --tls-cert-file "$tmp/certs/server.crt" --tls-key-file "$tmp/certs/server.key"
+        --tls-ca-cert-file "$tmp/certs/ca.crt" --tls-auth-clients yes)
+    sed -e "s#url: $scheme://redis:6379#url: $scheme://127.0.0.1:$rport#" \
         -e "s#listen: 0.0.0.0:9464#listen: 0.0.0.0:$mport#" \
-        "$tmp/k8s-config.yaml" >"$pod/etc/idemproxy/idemproxy.yaml"
-    grep -q "127.0.0.1:$rport" "$pod/etc/idemproxy/idemproxy.yaml" &&
+        "$src" >"$pod/etc/idemproxy/idemproxy.yaml"
+    grep -q "$scheme://127.0.0.1:$rport" "$pod/etc/idemproxy/idemproxy.yaml" &&
         grep -q "0.0.0.0:$mport" "$pod/etc/idemproxy/idemproxy.yaml" || { echo "config not rewritten"; return 1; }
     # Each under timeout: nothing outlives a check that goes wrong.
-    timeout -k 5 90 redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --requirepass pod-secret \
-        --dir "$tmp" >"$tmp/redis.log" 2>&1 &
+    timeout -k 5 90 redis-server --port "$rport" "${tlsargs[@]}" --bind 127.0.0.1 --save '' --appendonly no \
+        --requirepass pod-secret --dir "$tmp" >"$tmp/redis.log" 2>&1 &
     rpid=$!
     HOSTNAME=pod-1 timeout --foreground -k 5 60 chroot --userspec=10001:10001 "$pod" /usr/local/bin/idemproxy \
         -c /etc/idemproxy/idemproxy.yaml >"$tmp/idemproxy.log" 2>&1 &
@@ -227,14 +250,14 @@ pod_smoke() {
     wpid=$!
     for i in $(seq 100); do [ "$(http_code "http://127.0.0.1:$mport/readyz")" = 200 ] && break; sleep 0.1; done
     if [ "$(http_code "http://127.0.0.1:$mport/readyz")" != 200 ]; then
-        echo "/readyz never 200 (Redis with a password from password_file)"; ok=0
+        echo "/readyz never 200 (Redis: $mode, a password from password_file)"; ok=0
     fi
     if ! HOSTNAME=pod-1 chroot --userspec=10001:10001 "$pod" /usr/local/bin/idemproxy health \
             -c /etc/idemproxy/idemproxy.yaml; then
         echo "the HEALTHCHECK command says unhealthy while idemproxy runs"; ok=0
     fi
     for i in 1 2; do
-        redis-cli -p "$rport" -a pod-secret --no-auth-warning \
+        redis-cli -p "$rport" "${cliargs[@]}" -a pod-secret --no-auth-warning \
             XADD room '*' payload '{"eventId":"smoke-1"}' >/dev/null || ok=0
     done
     # The copy leaves as a duplicate once the first is done (a busy copy is
@@ -489,6 +512,7 @@ if [ "$chroot_ok" = 1 ] && command -v redis-server >/dev/null && command -v redi
     check "the live /metrics of that pod passes the dashboard and alert check" \
         "$PY" tests/deploy/check_dashboard.py -q --metrics "$tmp/live-metrics.txt" \
         deploy/grafana/idemproxy.json deploy/prometheus/alerts.yaml
+    check "pod smoke test over mutual TLS: the config of deploy/k8s/tls, its Secret's files, a TLS-only Redis" pod_smoke tls
 else
     skip "pod smoke test (needs root, chroot and redis-server)"
 fi

@@ -1,11 +1,11 @@
 # idemproxy - build, test, demo. `make` builds; `make deps` installs what is missing.
 
 CC       ?= cc
-PKGS      = hiredis nanomsg libprotobuf-c yaml-0.1 json-c libmicrohttpd
+PKGS      = hiredis nanomsg libprotobuf-c yaml-0.1 json-c libmicrohttpd openssl
 WARN      = -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wwrite-strings -Werror
 OPT      ?= -O2 -g
 CFLAGS   += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -MMD -MP -Iproxy -I$(B)/gen
-LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lev -lm
+LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lev -lm -pthread
 ifdef SANITIZE
 CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -DPX_DEBUG
 LDFLAGS  += -fsanitize=$(SANITIZE)

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "link.h"
 #include "log.h"
 
 #define PX_CLUSTER_MAX_REDIRECTS 16
@@ -27,99 +28,13 @@
 
 unsigned long long px_redis_redirects[2];
 
-/* --- pure part ------------------------------------------------------------ */
-
-static uint16_t crc16(const char *p, size_t n)
-{
-    uint16_t crc = 0;
-    for (size_t i = 0; i < n; i++) {
-        crc ^= (uint16_t)((uint8_t)p[i] << 8);
-        for (int b = 0; b < 8; b++)
-            crc = (uint16_t)(crc & 0x8000 ? (crc << 1) ^ 0x1021 : crc << 1);
-    }
-    return crc;
-}
-
-unsigned px_cluster_slot(const char *key, size_t len)
-{
-    /* Only the part between the first '{' and the next '}' is hashed, if non-empty. */
-    const char *open = memchr(key, '{', len);
-    if (open) {
-        size_t rest = len - (size_t)(open - key) - 1;
-        const char *close = memchr(open + 1, '}', rest);
-        if (close && close > open + 1) { key = open + 1; len = (size_t)(close - key); }
-    }
-    return crc16(key, len) & (PX_CLUSTER_SLOTS - 1);
-}
-
-bool px_cluster_split_addr(const char *addr, char *host, size_t hostsize, int *port)
-{
-    const char *colon = strrchr(addr, ':');
-    if (colon == NULL || colon == addr) return false;
-    char *end;
-    long p = strtol(colon + 1, &end, 10);
-    if (*end || end == colon + 1 || p < 1 || p > 65535) return false;
-    const char *h = addr;
-    size_t n = (size_t)(colon - addr);
-    if (n >= 2 && h[0] == '[' && h[n - 1] == ']') { h++; n -= 2; }   /* "[::1]:7000" */
-    if (n == 0 || n >= hostsize) return false;
-    memcpy(host, h, n);
-    host[n] = '\0';
-    *port = (int)p;
-    return true;
-}
-
-bool px_cluster_redirect(const char *err, px_redirect *out)
-{
-    char kind[8], addr[sizeof(out->addr)], host[256];
-    unsigned slot;
-    int port;
-    if (sscanf(err, "%7s %u %279s", kind, &slot, addr) != 3) return false;
-    if (strcmp(kind, "MOVED") != 0 && strcmp(kind, "ASK") != 0) return false;
-    if (slot >= PX_CLUSTER_SLOTS || !px_cluster_split_addr(addr, host, sizeof(host), &port))
-        return false;
-    out->ask = kind[0] == 'A';
-    out->slot = slot;
-    snprintf(out->addr, sizeof(out->addr), "%s", addr);
-    return true;
-}
-
-int px_cluster_parse_slots(const redisReply *r, const char *asked_host, px_slot_range **out)
-{
-    *out = NULL;
-    if (r == NULL || r->type != REDIS_REPLY_ARRAY) return -1;
-    px_slot_range *v = px_calloc(r->elements ? r->elements : 1, sizeof(*v));
-    int n = 0;
-    for (size_t i = 0; i < r->elements; i++) {
-        const redisReply *e = r->element[i];
-        if (e->type != REDIS_REPLY_ARRAY || e->elements < 3) goto bad;
-        const redisReply *s = e->element[0], *t = e->element[1], *m = e->element[2];
-        if (s->type != REDIS_REPLY_INTEGER || t->type != REDIS_REPLY_INTEGER ||
-            s->integer < 0 || t->integer < s->integer || t->integer >= PX_CLUSTER_SLOTS ||
-            m->type != REDIS_REPLY_ARRAY || m->elements < 2 ||
-            m->element[0]->type != REDIS_REPLY_STRING || m->element[1]->type != REDIS_REPLY_INTEGER)
-            goto bad;
-        const char *host = m->element[0]->str;
-        if (host[0] == '\0' || strcmp(host, "?") == 0) host = asked_host;
-        v[n].start = (unsigned)s->integer;
-        v[n].end = (unsigned)t->integer;
-        snprintf(v[n].addr, sizeof(v[n].addr), "%s:%lld", host, m->element[1]->integer);
-        n++;
-    }
-    *out = v;
-    return n;
-bad:
-    free(v);
-    return -1;
-}
-
 /* --- the router ----------------------------------------------------------- */
 
 typedef struct cl_node {
     px_cluster *cl;            /* (ref) */
     char        addr[280];     /* "host:port" */
     char        host[256];
-    px_redis   *link;
+    px_link    *link;
     bool        master;        /* in the current map */
     bool        pointed;       /* gc_cb: a slot points at it */
     struct cl_node *next;
@@ -146,7 +61,9 @@ typedef struct ccmd {
 struct px_cluster {
     struct ev_loop *loop;
     px_redis       *outer;
-    px_redis_opts   opts;        /* (ref) the outer link's copy */
+    px_cluster_state_cb *state_cb;
+    px_redis_opts   opts;        /* strings copied, for the links made later */
+    px_tls_opts     tls;
     cl_node        *nodes;
     cl_node        *slots[PX_CLUSTER_SLOTS];
     bool            have_map;    /* every slot has a master */
@@ -168,11 +85,11 @@ static void update_up(px_cluster *cl)
 {
     bool up = cl->have_map;
     for (cl_node *n = cl->nodes; n && up; n = n->next)
-        if (n->master && !px_redis_is_up(n->link)) up = false;
+        if (n->master && !px_link_is_up(n->link)) up = false;
     if (!up) refresh_soon(cl);
     if (up == cl->up) return;
     cl->up = up;
-    if (!cl->destroying) px_redis_cluster_state(cl->outer, up);
+    if (!cl->destroying) cl->state_cb(cl->outer, up);
 }
 
 static void retry_waiting(px_cluster *cl)
@@ -196,9 +113,9 @@ static void retry_waiting(px_cluster *cl)
     }
 }
 
-static void node_state_cb(px_redis *r, bool up, void *udata)
+static void node_state_cb(px_link *l, bool up, void *udata)
 {
-    (void)r;
+    (void)l;
     cl_node *n = udata;
     px_cluster *cl = n->cl;
     if (cl->destroying) return;
@@ -235,13 +152,13 @@ static cl_node *node_get(px_cluster *cl, const char *addr, bool create)
     o.cluster_node = true;
     n->next = cl->nodes;
     cl->nodes = n;
-    n->link = px_redis_create(cl->loop, &o, node_state_cb, n);
+    n->link = px_link_create(cl->loop, &o, cl->outer, node_state_cb, n);
     return n;
 }
 
 static void node_free(cl_node *n)
 {
-    px_redis_destroy(n->link);
+    px_link_destroy(n->link);
     free(n);
 }
 
@@ -304,23 +221,23 @@ static void ccmd_reply(px_redis *r, redisReply *reply, void *priv)
 static cl_node *any_master(px_cluster *cl)
 {
     for (cl_node *n = cl->nodes; n; n = n->next)
-        if (n->master && px_redis_is_up(n->link)) return n;
+        if (n->master && px_link_is_up(n->link)) return n;
     return NULL;
 }
 
 static void dispatch(px_cluster *cl, ccmd *c)
 {
     cl_node *n = c->ask[0] ? node_get(cl, c->ask, true) : c->any ? any_master(cl) : cl->slots[c->slot];
-    if (n == NULL || !px_redis_is_up(n->link)) { wait_push(cl, c); return; }
+    if (n == NULL || !px_link_is_up(n->link)) { wait_push(cl, c); return; }
     if (c->ask[0]) {
         static const char *asking[] = { "ASKING" };
         static const size_t asking_len[] = { 6 };
-        px_redis_argv(n->link, NULL, 0, NULL, NULL, 1, asking, asking_len);
+        px_link_argv(n->link, 0, NULL, NULL, 1, asking, asking_len);
         c->ask[0] = '\0';
     }
     int rc = c->script
-        ? px_redis_script(n->link, c->script, ccmd_reply, c, c->nkeys, c->argc, c->argv, c->lens)
-        : px_redis_argv(n->link, NULL, c->extra_ms, ccmd_reply, c, c->argc, c->argv, c->lens);
+        ? px_link_script(n->link, c->script, ccmd_reply, c, c->nkeys, c->argc, c->argv, c->lens)
+        : px_link_argv(n->link, c->extra_ms, ccmd_reply, c, c->argc, c->argv, c->lens);
     if (rc != PX_OK) wait_push(cl, c);
 }
 
@@ -328,11 +245,11 @@ bool px_cluster_key_up(const px_cluster *cl, const char *key, size_t len)
 {
     if (key == NULL) {
         for (cl_node *n = cl->nodes; n; n = n->next)
-            if (n->master && px_redis_is_up(n->link)) return true;
+            if (n->master && px_link_is_up(n->link)) return true;
         return false;
     }
     const cl_node *n = cl->slots[px_cluster_slot(key, len)];
-    return n && px_redis_is_up(n->link);
+    return n && px_link_is_up(n->link);
 }
 
 int px_cluster_send(px_cluster *cl, px_script *s, int nkeys, const char *key, size_t keylen,
@@ -383,7 +300,7 @@ static void gc_cb(struct ev_loop *loop, ev_timer *w, int revents)
         if (cl->slots[s]) cl->slots[s]->pointed = true;
     for (cl_node **pp = &cl->nodes; *pp;) {
         cl_node *n = *pp;
-        if (!n->master && !n->pointed && px_redis_pending(n->link) == 0 && cl->have_map) {
+        if (!n->master && !n->pointed && px_link_pending(n->link) == 0 && cl->have_map) {
             *pp = n->next;
             node_free(n);
         } else {
@@ -394,12 +311,11 @@ static void gc_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
 static void slots_reply(px_redis *r, redisReply *reply, void *priv)
 {
-    px_cluster *cl = priv;
+    (void)r;
+    cl_node *asked = priv;       /* the node asked: freed only once idle (gc_cb) */
+    px_cluster *cl = asked->cl;
     cl->refreshing = false;
     if (cl->destroying) return;
-    cl_node *asked = NULL;
-    for (cl_node *n = cl->nodes; n; n = n->next)
-        if (n->link == r) asked = n;
     px_slot_range *v;
     int nr = px_cluster_parse_slots(reply, asked ? asked->host : "127.0.0.1", &v);
     if (nr < 0) {
@@ -440,9 +356,9 @@ static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
     /* Ask a master first, then any node we know; with none up, dial the seeds again. */
     cl_node *n = any_master(cl);
     for (cl_node *m = cl->nodes; n == NULL && m; m = m->next)
-        if (px_redis_is_up(m->link)) n = m;
+        if (px_link_is_up(m->link)) n = m;
     cl->last_refresh = ev_now(loop);
-    if (n && px_redis_argv(n->link, NULL, 0, slots_reply, cl, 2, argv, lens) == PX_OK) {
+    if (n && px_link_argv(n->link, 0, slots_reply, n, 2, argv, lens) == PX_OK) {
         cl->refreshing = true;
         return;
     }
@@ -468,12 +384,25 @@ static void wait_cb(struct ev_loop *loop, ev_timer *w, int revents)
 }
 
 /* A seed's link coming up starts the first refresh (node_state_cb -> update_up). */
-px_cluster *px_cluster_create(struct ev_loop *loop, const px_redis_opts *opts, px_redis *outer)
+px_cluster *px_cluster_create(struct ev_loop *loop, const px_redis_opts *opts, px_redis *outer,
+                              px_cluster_state_cb *state_cb)
 {
     px_cluster *cl = px_calloc(1, sizeof(*cl));
     cl->loop = loop;
     cl->outer = outer;
+    cl->state_cb = state_cb;
     cl->opts = *opts;
+    cl->opts.name = px_strdup(opts->name);
+    cl->opts.user = opts->user ? px_strdup(opts->user) : NULL;
+    cl->opts.password = opts->password ? px_strdup(opts->password) : NULL;
+    cl->opts.password_file = opts->password_file ? px_strdup(opts->password_file) : NULL;
+    char **seeds = px_malloc(sizeof(char *) * (opts->nseeds ? opts->nseeds : 1));
+    for (size_t i = 0; i < opts->nseeds; i++) seeds[i] = px_strdup(opts->seeds[i]);
+    cl->opts.seeds = (const char *const *)seeds;
+    if (opts->tls) {                /* the link copies its files' names again */
+        cl->tls = *opts->tls;
+        cl->opts.tls = &cl->tls;
+    }
     ev_timer_init(&cl->refresh, refresh_cb, 0., 0.);
     cl->refresh.data = cl;
     ev_timer_init(&cl->wait, wait_cb, 0., 0.);
@@ -502,6 +431,12 @@ void px_cluster_destroy(px_cluster *cl)
         if (c->cb) c->cb(cl->outer, NULL, c->priv);
         free(c);
     }
+    for (size_t i = 0; i < cl->opts.nseeds; i++) free((char *)cl->opts.seeds[i]);
+    free((void *)cl->opts.seeds);
+    free((char *)cl->opts.name);
+    free((char *)cl->opts.user);
+    free((char *)cl->opts.password);
+    free((char *)cl->opts.password_file);
     free(cl);
 }
 
@@ -520,6 +455,6 @@ size_t px_cluster_stale_slots(const px_cluster *cl)
 size_t px_cluster_pending(const px_cluster *cl)
 {
     size_t n = cl->nwaiting;
-    for (cl_node *m = cl->nodes; m; m = m->next) n += px_redis_pending(m->link);
+    for (cl_node *m = cl->nodes; m; m = m->next) n += px_link_pending(m->link);
     return n;
 }

@@ -1,9 +1,9 @@
 /*
  * cluster.h - Redis Cluster routing for px_redis (hiredis 0.14 has none).
  *
- * The pure part: the hash slot of a key (CRC16-XMODEM mod 16384, honouring
+ * The pure part (slots.c): the hash slot of a key (CRC16-XMODEM mod 16384, honouring
  * the first non-empty {hash tag}), MOVED/ASK error parsing and CLUSTER SLOTS
- * parsing. The router: one px_redis link per master on the loop, every command
+ * parsing. The router: one link (link.h) per master on the loop, every command
  * sent to the master that owns its key's slot (so each node's link pipelines
  * as a single server's does); MOVED repoints the slot and refreshes the map,
  * ASK sends ASKING and the command to the named node once; TRYAGAIN,
@@ -51,7 +51,13 @@ bool px_cluster_split_addr(const char *addr, char *host, size_t hostsize, int *p
 
 typedef struct px_cluster px_cluster;
 
-px_cluster *px_cluster_create(struct ev_loop *loop, const px_redis_opts *opts, px_redis *outer);
+/* The cluster's readiness changed (every slot mapped, every master linked). */
+typedef void px_cluster_state_cb(px_redis *outer, bool up);
+
+/* One link (link.h) per master, each created from 'opts' (copied); every
+ * command's callback gets 'outer'. */
+px_cluster *px_cluster_create(struct ev_loop *loop, const px_redis_opts *opts, px_redis *outer,
+                              px_cluster_state_cb *state_cb);
 void px_cluster_destroy(px_cluster *cl);
 size_t px_cluster_pending(const px_cluster *cl);
 
@@ -68,8 +74,5 @@ int px_cluster_send(px_cluster *cl, px_script *s, int nkeys, const char *key, si
  * (freed): always 0. */
 px_cluster *px_redis_router(const px_redis *r);
 size_t px_cluster_stale_slots(const px_cluster *cl);
-
-/* redis.c: the cluster's readiness changed (every slot mapped, every master linked). */
-void px_redis_cluster_state(px_redis *outer, bool up);
 
 #endif

@@ -33,7 +33,9 @@
  *   metrics.listen, and is an error for stream, key and endpoint.
  * - No redis.url and no cluster means redis://127.0.0.1:6379. A url and a
  *   non-empty cluster together are an error. unix:// urls carry no user,
- *   password or db; rediss:// and ?query parameters are refused.
+ *   password or db; ?query parameters are refused. rediss:// (or, with
+ *   cluster seeds, a redis.tls mapping) means TLS; redis.tls with a redis://
+ *   or unix:// url is an error (one of them is a mistake).
  * - Beyond SPEC 4, also refused: timeout_ms, ack_timeout_ms, lease_ms and
  *   done_ttl_ms of 0 (a timeout or a Redis expiry of 0 cannot work), durations
  *   over 100 years, max_entry_bytes over INT_MAX, a dead_letter equal to the
@@ -109,7 +111,7 @@ static int cfg_echo_len(const char *s)
     return (int)n;
 }
 
-#define CFG_URL_FORMS "expected redis://[user:password@]host[:port][/db] or unix:///path"
+#define CFG_URL_FORMS "expected redis[s]://[user:password@]host[:port][/db] or unix:///path"
 
 /* String setters: what an empty value means. */
 #define CFG_EMPTY_NULL 1    /* "" is the same as not set (NULL) */
@@ -768,6 +770,7 @@ static void cfg_redis_reset(px_config *c)
     c->redis_host = c->redis_unix = c->redis_user = c->redis_password = NULL;
     c->redis_port = PX_CONFIG_DEFAULT_REDIS_PORT;
     c->redis_db = 0;
+    c->redis_tls.enabled = false;
 }
 
 /*
@@ -794,15 +797,12 @@ static bool cfg_redis_url(px_config *c, const char *url, char *why, size_t whyle
         c->redis_unix = px_strdup(path);
         return true;
     }
-    if (strncmp(url, "rediss://", 9) == 0) {
-        snprintf(why, whylen, "TLS (rediss://) is not supported");
-        return false;
-    }
-    if (strncmp(url, "redis://", 8) != 0) {
+    bool tls = strncmp(url, "rediss://", 9) == 0;
+    if (!tls && strncmp(url, "redis://", 8) != 0) {
         snprintf(why, whylen, "unknown scheme");
         return false;
     }
-    const char *rest = url + 8, *host = rest, *at = strrchr(rest, '@');
+    const char *rest = url + (tls ? 9 : 8), *host = rest, *at = strrchr(rest, '@');
     if (at != NULL) {
         const char *colon = memchr(rest, ':', (size_t)(at - rest));
         const char *uend = colon ? colon : at;
@@ -856,6 +856,7 @@ static bool cfg_redis_url(px_config *c, const char *url, char *why, size_t whyle
         goto fail;
     }
     c->redis_host = px_strndup(hs, (size_t)(he - hs));
+    c->redis_tls.enabled = tls;
     c->redis_port = port;
     c->redis_db = (int)db;
     if (user && *user) c->redis_user = user;
@@ -1270,6 +1271,25 @@ static const char *const cfg_formats[] = { "text", "json", NULL };
                                   .words = (w) }
 #define CFG_BOOL(type, f)     { .name = #f, .set = cfg_set_bool, .offset = offsetof(type, f) }
 
+static const cfg_opt cfg_tls_opts[] = {
+    CFG_STR(px_tls_opts, ca_file, CFG_EMPTY_NULL),
+    CFG_STR(px_tls_opts, cert_file, CFG_EMPTY_NULL),
+    CFG_STR(px_tls_opts, key_file, CFG_EMPTY_NULL),
+    CFG_STR(px_tls_opts, server_name, CFG_EMPTY_NULL),
+    CFG_BOOL(px_tls_opts, verify),
+    { .name = NULL }
+};
+
+static void cfg_set_tls(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                        const char *name)
+{
+    (void)o;
+    px_config *c = obj;
+    cfg_seen seen[CFG_MAX_OPTS] = {{0}};
+    c->redis_tls_block = true;
+    cfg_walk(p, v, cfg_tls_opts, &c->redis_tls, name, seen);
+}
+
 static const cfg_opt cfg_redis_opts[] = {
     { .name = "url", .set = cfg_set_str, .offset = offsetof(px_config, redis_url),
       .flags = CFG_EMPTY_NULL },
@@ -1277,6 +1297,7 @@ static const cfg_opt cfg_redis_opts[] = {
     CFG_STR(px_config, password_file, CFG_EMPTY_NULL),
     CFG_STR(px_config, username, CFG_EMPTY_NULL),
     CFG_MS(px_config, timeout_ms, 1),
+    { .name = "tls", .set = cfg_set_tls },
     { .name = NULL }
 };
 
@@ -1463,6 +1484,25 @@ static void cfg_check_redis(cfg_parser *p)
         c->redis_url = px_strdup(PX_CONFIG_DEFAULT_REDIS_URL);
         (void)cfg_redis_url(c, c->redis_url, why, sizeof why);
     }
+}
+
+/* TLS: rediss://, or cluster seeds with redis.tls; a client certificate
+ * comes with its key. The files themselves are read by check and at every
+ * connect, not here. Runs after the url may have been replaced (env). */
+static void cfg_check_tls(cfg_parser *p)
+{
+    px_config *c = p->c;
+    yaml_node_t *tls = cfg_seen_val(cfg_redis_opts, p->redis_seen, "tls");
+    if (c->ncluster > 0 && c->redis_tls_block) c->redis_tls.enabled = true;
+    if (!c->redis_tls_block) return;
+    if (c->redis_unix)
+        cfg_error(p, tls, "redis.tls: set, but redis.url is a unix socket (TLS is for TCP)");
+    else if (!c->redis_tls.enabled && c->redis_host)
+        cfg_error(p, tls, "redis.tls: set, but redis.url is redis:// (plain text): use "
+                  "rediss:// for TLS, or remove redis.tls");
+    if ((c->redis_tls.cert_file == NULL) != (c->redis_tls.key_file == NULL))
+        cfg_error(p, tls, "redis.tls: cert_file and key_file go together (the client "
+                  "certificate and its private key)");
 }
 
 static void cfg_check_app(cfg_parser *p)
@@ -1709,6 +1749,7 @@ static void cfg_defaults(px_config *c, const char *path)
     c->timeout_ms = PX_CONFIG_DEFAULT_TIMEOUT_MS;
     c->redis_port = PX_CONFIG_DEFAULT_REDIS_PORT;
     c->redis_db = 0;
+    c->redis_tls.verify = true;
     c->endpoint = px_strdup(PX_CONFIG_DEFAULT_ENDPOINT);
     c->max_inflight = PX_CONFIG_DEFAULT_MAX_INFLIGHT;
     c->max_entry_bytes = PX_CONFIG_DEFAULT_MAX_ENTRY_BYTES;
@@ -1790,7 +1831,10 @@ px_config *px_config_parse(const char *path, const char *text, size_t len, px_di
         cfg_check_names(&p);
     }
     cfg_apply_env(&p);
-    if (root && root->type == YAML_MAPPING_NODE) cfg_check_auth(&p);
+    if (root && root->type == YAML_MAPPING_NODE) {
+        cfg_check_auth(&p);
+        cfg_check_tls(&p);
+    }
 
     px_config *c = p.c;
     if (d->nerrors > errors_before) {
@@ -1837,6 +1881,10 @@ void px_config_destroy(px_config *c)
     free(c->cluster);
     free(c->password_file);
     free(c->username);
+    free((char *)c->redis_tls.ca_file);
+    free((char *)c->redis_tls.cert_file);
+    free((char *)c->redis_tls.key_file);
+    free((char *)c->redis_tls.server_name);
     cfg_redis_reset(c);
     free(c->endpoint);
     free(c->metrics_listen);

@@ -10,6 +10,7 @@
 #define PX_CONFIG_H
 
 #include "px.h"
+#include "redis.h"
 #include "template.h"
 
 typedef enum { PX_LAYOUT_SINGLE = 0, PX_LAYOUT_SPLIT } px_layout;
@@ -64,6 +65,9 @@ typedef struct px_config {
     char           *redis_user;       /* redis.username, else the url's; NULL when neither */
     char           *redis_password;   /* NULL when not in the url; never logged */
     int             redis_db;         /* default 0 */
+    bool            redis_tls_block;  /* redis.tls is set (a mapping, maybe empty) */
+    px_tls_opts     redis_tls;        /* enabled by rediss:// or redis.tls; verify defaults to
+                                         true; its strings are owned (NULL when not set) */
 
     /* app */
     char           *endpoint;         /* default "ipc:///tmp/idemproxy.sock" */

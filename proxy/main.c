@@ -14,6 +14,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "link.h"
 #include "log.h"
 #include "ops.h"
 #include "proxy.h"
@@ -78,12 +79,22 @@ static px_config *load(const char *path)
     return c;
 }
 
+/* redis.tls's files load (the CA, the client pair, which must match), or one
+ * line says which does not and why. */
+static bool tls_files_ok(const px_config *c)
+{
+    char err[512];
+    if (px_link_tls_check(&c->redis_tls, err, sizeof(err))) return true;
+    fprintf(stderr, "%s: redis.tls: %s\n", c->path, err);
+    return false;
+}
+
 static int cmd_check(const char *path)
 {
     px_config *c = load(path);
     if (c == NULL) return 2;
     char *password;
-    bool ok = px_config_password(c, c->path, &password);
+    bool ok = px_config_password(c, c->path, &password) && tls_files_ok(c);
     free(password);
     if (!ok) {
         px_config_destroy(c);
@@ -216,25 +227,6 @@ out:
     return rc;
 }
 
-/* hiredis resolves host names with a blocking getaddrinfo on every connect:
- * resolve once here, before the loop runs, and hand it a numeric address. */
-static void resolve_host(px_config *c)
-{
-    if (c->redis_host == NULL) return;
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_family = AF_INET;
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(c->redis_host, NULL, &hints, &res) != 0 || res == NULL) {
-        px_log_warn("redis: cannot resolve %s now; hiredis will try on each connect", c->redis_host);
-        return;
-    }
-    char ip[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &((struct sockaddr_in *)res->ai_addr)->sin_addr, ip, sizeof(ip));
-    freeaddrinfo(res);
-    free(c->redis_host);
-    c->redis_host = px_strdup(ip);
-}
-
 static int cmd_run(const char *path)
 {
     /* A SIGTERM or SIGINT that comes before the loop watches for them (a pod
@@ -253,7 +245,11 @@ static int cmd_run(const char *path)
         px_config_destroy(c);
         return 2;
     }
-    resolve_host(c);
+    if (!tls_files_ok(c)) {
+        free(password);
+        px_config_destroy(c);
+        return 2;
+    }
     signal(SIGPIPE, SIG_IGN);
     srandom((unsigned)(px_now_ms() ^ (uint64_t)getpid()));
 

@@ -668,6 +668,7 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
         .db = conf->redis_db, .timeout_ms = conf->timeout_ms,
         .seeds = (const char *const *)conf->cluster, .nseeds = conf->ncluster,
         .max_array_bytes = (size_t)conf->max_entry_bytes,   /* XAUTOCLAIM's entries */
+        .tls = &conf->redis_tls,
     };
     px->redis = px_redis_create(loop, &o, command_link_cb, px);
 

@@ -499,6 +499,7 @@ void px_reader_start(px_stream *st)
         .password_file = c->password_file, .db = c->redis_db,
         .timeout_ms = c->timeout_ms, .seeds = (const char *const *)c->cluster, .nseeds = c->ncluster,
         .max_array_bytes = (size_t)c->max_entry_bytes,
+        .tls = &c->redis_tls,
     };
     st->rstate = R_DOWN;
     st->page_count = PX_PAGE_FIRST;

@@ -1,10 +1,10 @@
 /*
- * redis.h - one asynchronous Redis connection on the libev loop, with what
- * hiredis 0.14 lacks: a deadline on every command (an ev_timer watches the
- * oldest outstanding one; when it passes, the connection is dropped and every
- * pending callback runs with reply == NULL), reconnection with jittered
- * backoff, AUTH/SELECT on connect, and scripts sent as EVALSHA that fall back
- * to EVAL after NOSCRIPT.
+ * redis.h - Redis on the libev loop: one server, or a Redis Cluster. The
+ * connection itself (link.h) adds what hiredis 0.14 lacks: TLS, the name
+ * resolved again at every connect, a deadline on every command (when it
+ * passes, the connection is dropped and every pending callback runs with
+ * reply == NULL), reconnection with backoff, AUTH/SELECT on connect, and
+ * scripts sent as EVALSHA that fall back to EVAL after NOSCRIPT.
  *
  * Callers route through px_redis_argv with the key the command is about. With
  * cluster seeds in the options, a px_redis is a Redis Cluster client
@@ -25,9 +25,21 @@ typedef struct px_redis px_redis;
  * only for the duration of the callback. */
 typedef void px_redis_cb(px_redis *r, redisReply *reply, void *priv);
 
+/* TLS to the server (redis.tls, a rediss:// url). Files are read again at
+ * every connect, so rotated certificates are picked up. */
+typedef struct px_tls_opts {
+    bool        enabled;
+    const char *ca_file;       /* (ref) NULL: the system's CAs */
+    const char *cert_file;     /* (ref) client certificate (mutual TLS), with key_file */
+    const char *key_file;      /* (ref) */
+    const char *server_name;   /* (ref) the name verified and sent (SNI); NULL: the host */
+    bool        verify;        /* peer verification (default on) */
+} px_tls_opts;
+
 typedef struct px_redis_opts {
     const char *name;          /* (ref) for logs: "commands", "reader room" */
-    const char *host;          /* (ref) numeric address; NULL with 'unix_path' */
+    const char *host;          /* (ref) a name (resolved again at every connect) or a
+                                  numeric address; NULL with 'unix_path' */
     int         port;
     const char *unix_path;     /* (ref) */
     const char *user;          /* (ref) may be NULL */
@@ -43,6 +55,7 @@ typedef struct px_redis_opts {
     bool        cluster_node;  /* a cluster's link to one node: errors are the router's to report */
     size_t      max_array_bytes; /* strings of a reply's array past this many bytes are
                                     elided (reply.h): max_entry_bytes; 0 keeps all */
+    const px_tls_opts *tls;    /* (ref) NULL, or not enabled: plain TCP */
 } px_redis_opts;
 
 /* Called when the link becomes usable (after AUTH/SELECT) and when it is lost. */

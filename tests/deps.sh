@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs="build-essential pkg-config redis-server redis-tools libhiredis-dev libev-dev libnanomsg-dev
+pkgs="build-essential pkg-config redis-server redis-tools libhiredis-dev libev-dev libnanomsg-dev libssl-dev openssl
       nanomsg-utils libprotobuf-c-dev protobuf-c-compiler libyaml-dev libjson-c-dev libmicrohttpd-dev
       python3 python3-venv valgrind bc
       clang libclang-rt-14-dev llvm clang-format"

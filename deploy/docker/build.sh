@@ -28,7 +28,7 @@ cd "$root"
 case "$what" in
 idemproxy)
     pkgs="make gcc libc6-dev pkg-config protobuf-c-compiler libhiredis-dev libev-dev
-          libnanomsg-dev libprotobuf-c-dev libyaml-dev libjson-c-dev libmicrohttpd-dev"
+          libnanomsg-dev libprotobuf-c-dev libyaml-dev libjson-c-dev libmicrohttpd-dev libssl-dev"
     bin=build/idemproxy
     build() { make -j"$(nproc)" build/idemproxy; } ;;
 worker)

@@ -17,7 +17,8 @@
         points) listens on 0.0.0.0:<the metrics containerPort>, the probes GET
         /healthz and /readyz there and the scrape annotations name that port;
         terminationGracePeriodSeconds exceeds shutdown_grace_ms; password_file
-        lies in a Secret volume; the ipc endpoint lies in an emptyDir mounted in
+        and redis.tls's ca_file, cert_file and key_file lie in a Secret volume
+        mounted readOnly (and among its items, if it lists some); the ipc endpoint lies in an emptyDir mounted in
         idemproxy and in every app container, whose IDEMPROXY_ENDPOINT (if set)
         is that endpoint; the pod has an fsGroup (the socket is mode 0660); a
         PodDisruptionBudget selects the pods.
@@ -188,16 +189,22 @@ def consistency(path):
         tgps = int(spec.get("terminationGracePeriodSeconds", 30))
         if tgps * 1000 <= grace_ms:
             say(f"terminationGracePeriodSeconds {tgps} does not exceed shutdown_grace_ms {grace_ms}")
-        # password
-        pw = (cfg.get("redis") or {}).get("password_file")
-        if pw:
-            vol = _mount_volume(px, volumes, os.path.dirname(pw))
+        # the password and the TLS files
+        redis = cfg.get("redis") or {}
+        files = [("password_file", redis.get("password_file"))]
+        files += [(f"tls.{k}", (redis.get("tls") or {}).get(k)) for k in ("ca_file", "cert_file", "key_file")]
+        for what, f in files:
+            if not f:
+                continue
+            vol = _mount_volume(px, volumes, os.path.dirname(f))
             if not vol or "secret" not in vol:
-                say(f"password_file {pw} is not in a Secret volume")
+                say(f"{what} {f} is not in a Secret volume")
             else:
                 items = vol["secret"].get("items")
-                if items and os.path.basename(pw) not in [i.get("path") for i in items]:
-                    say(f"the Secret volume has no item with path {os.path.basename(pw)}")
+                if items and os.path.basename(f) not in [i.get("path") for i in items]:
+                    say(f"the Secret volume {vol['name']} has no item with path {os.path.basename(f)} ({what})")
+                if not next((m for m in px.get("volumeMounts") or [] if m.get("name") == vol["name"]), {}).get("readOnly"):
+                    say(f"the Secret volume {vol['name']} ({what}) is not mounted readOnly")
         # endpoint
         endpoint = (cfg.get("app") or {}).get("endpoint", "ipc:///tmp/idemproxy.sock")
         if not endpoint.startswith("ipc://"):

@@ -37,7 +37,7 @@ METRICS=${IDEMPROXY_METRICS:-tests/deploy/fixtures/metrics.txt}
 passed=0
 failed=0
 tmp=$(mktemp -d)
-trap 'umount "$tmp/pod/proc" 2>/dev/null; rm -rf "$tmp"' EXIT
+trap 'umount "$tmp/pod/proc" "$tmp/pod-tls/proc" 2>/dev/null; rm -rf "$tmp"' EXIT
 started=$(date +%s)
 
 # check NAME CMD...: CMD must succeed.
@@ -199,8 +199,17 @@ except Exception as e: print(getattr(e, "code", 0))' "$1"; }
 # (what fsGroup makes of the emptyDir), the Redis password in a file readable by
 # that group (the Secret), and the config of deploy/k8s/configmap.yaml with only
 # the Redis address and the metrics port changed. A real redis-server.
+# pod_smoke tls: the same with deploy/k8s/tls/configmap.yaml, the CA and the
+# client pair in the Secret's directory (mode 0440, group 10001), and a
+# redis-server that speaks only TLS and wants a client certificate.
 pod_smoke() {
-    local pod=$tmp/pod rport mport rpid="" ppid="" wpid="" ok=1 i
+    local mode=${1:-plain} pod=$tmp/pod rport mport rpid="" ppid="" wpid="" ok=1 i
+    local src=$tmp/k8s-config.yaml scheme=redis tlsargs=() cliargs=()
+    if [ "$mode" = tls ]; then
+        pod=$tmp/pod-tls src=$tmp/k8s-tls-config.yaml scheme=rediss
+        cliargs=(--tls --cacert "$tmp/certs/ca.crt" --cert "$tmp/certs/tls.crt" --key "$tmp/certs/tls.key")
+        tlsargs=(--port 0 --tls-port) # then the port
+    fi
     make_root "$pod" "$stage/idemproxy" && cp -a "$stage/worker/." "$pod/" || return 1
     install -d -o 10001 -g 10001 -m 2770 "$pod/run/idemproxy"
     # A container has /proc (the process_* metrics are read from it).
@@ -209,15 +218,29 @@ pod_smoke() {
     install -d -m 0755 "$pod/etc/idemproxy" "$pod/var/run/secrets/redis"
     printf 'pod-secret\n' >"$pod/var/run/secrets/redis/password"
     chown 0:10001 "$pod/var/run/secrets/redis/password" && chmod 0440 "$pod/var/run/secrets/redis/password"
+    if [ "$mode" = tls ]; then
+        install -d -m 0755 "$pod/var/run/secrets/redis-tls"
+        install -o 0 -g 10001 -m 0440 "$tmp/certs/ca.crt" "$tmp/certs/tls.crt" "$tmp/certs/tls.key" \
+            "$pod/var/run/secrets/redis-tls/" || return 1
+        # The server's certificate, for 127.0.0.1, from the same CA.
+        printf 'subjectAltName=IP:127.0.0.1\n' >"$tmp/certs/server.ext"
+        openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$tmp/certs/server.key" \
+            -out "$tmp/certs/server.csr" -subj /CN=redis 2>/dev/null &&
+            openssl x509 -req -in "$tmp/certs/server.csr" -CA "$tmp/certs/ca.crt" -CAkey "$tmp/certs/ca.key" \
+                -CAcreateserial -extfile "$tmp/certs/server.ext" -out "$tmp/certs/server.crt" -days 2 2>/dev/null ||
+            { echo "cannot make the server's certificate"; return 1; }
+    fi
     rport=$(free_port) && mport=$(free_port) || return 1
-    sed -e "s#url: redis://redis:6379#url: redis://127.0.0.1:$rport#" \
+    [ "$mode" = tls ] && tlsargs+=("$rport" --tls-cert-file "$tmp/certs/server.crt" --tls-key-file "$tmp/certs/server.key"
+        --tls-ca-cert-file "$tmp/certs/ca.crt" --tls-auth-clients yes)
+    sed -e "s#url: $scheme://redis:6379#url: $scheme://127.0.0.1:$rport#" \
         -e "s#listen: 0.0.0.0:9464#listen: 0.0.0.0:$mport#" \
-        "$tmp/k8s-config.yaml" >"$pod/etc/idemproxy/idemproxy.yaml"
-    grep -q "127.0.0.1:$rport" "$pod/etc/idemproxy/idemproxy.yaml" &&
+        "$src" >"$pod/etc/idemproxy/idemproxy.yaml"
+    grep -q "$scheme://127.0.0.1:$rport" "$pod/etc/idemproxy/idemproxy.yaml" &&
         grep -q "0.0.0.0:$mport" "$pod/etc/idemproxy/idemproxy.yaml" || { echo "config not rewritten"; return 1; }
     # Each under timeout: nothing outlives a check that goes wrong.
-    timeout -k 5 90 redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --requirepass pod-secret \
-        --dir "$tmp" >"$tmp/redis.log" 2>&1 &
+    timeout -k 5 90 redis-server --port "$rport" "${tlsargs[@]}" --bind 127.0.0.1 --save '' --appendonly no \
+        --requirepass pod-secret --dir "$tmp" >"$tmp/redis.log" 2>&1 &
     rpid=$!
     HOSTNAME=pod-1 timeout --foreground -k 5 60 chroot --userspec=10001:10001 "$pod" /usr/local/bin/idemproxy \
         -c /etc/idemproxy/idemproxy.yaml >"$tmp/idemproxy.log" 2>&1 &
@@ -227,14 +250,14 @@ pod_smoke() {
     wpid=$!
     for i in $(seq 100); do [ "$(http_code "http://127.0.0.1:$mport/readyz")" = 200 ] && break; sleep 0.1; done
     if [ "$(http_code "http://127.0.0.1:$mport/readyz")" != 200 ]; then
-        echo "/readyz never 200 (Redis with a password from password_file)"; ok=0
+        echo "/readyz never 200 (Redis: $mode, a password from password_file)"; ok=0
     fi
     if ! HOSTNAME=pod-1 chroot --userspec=10001:10001 "$pod" /usr/local/bin/idemproxy health \
             -c /etc/idemproxy/idemproxy.yaml; then
         echo "the HEALTHCHECK command says unhealthy while idemproxy runs"; ok=0
     fi
     for i in 1 2; do
-        redis-cli -p "$rport" -a pod-secret --no-auth-warning \
+        redis-cli -p "$rport" "${cliargs[@]}" -a pod-secret --no-auth-warning \
             XADD room '*' payload '{"eventId":"smoke-1"}' >/dev/null || ok=0
     done
     # The copy leaves as a duplicate once the first is done (a busy copy is
@@ -350,11 +373,13 @@ expect_fail "negative: helm lint fails on a broken template" 'parse error at \(i
 
 # check_config FILE: `idemproxy check` passes, and warns about nothing (an
 # unset ${VAR} would warn). HOSTNAME is what the pod has; check reads the
-# password file, which the pod has mounted from its Secret: a file here.
+# password file and loads the TLS files, which the pod has mounted from its
+# Secrets: files here ($tmp/certs: a CA and a client pair it signed, by openssl).
 check_config() {
     local out cfg="$tmp/checked-$(basename "$1")"
     printf 'pod-secret\n' >"$tmp/password"
-    sed -E "s#^( *password_file: *)[^ ]+#\1$tmp/password#" "$1" >"$cfg"
+    sed -E -e "s#^( *password_file: *)[^ ]+#\1$tmp/password#" \
+        -e "s#^( *(ca|cert|key)_file: *)[^ ]*/([^/ ]+)#\1$tmp/certs/\3#" "$1" >"$cfg"
     out=$(HOSTNAME=idemproxy-7d9c5b6f4-x2x8q "$IDEMPROXY_BIN" check -c "$cfg" 2>&1) || { echo "$out"; return 1; }
     echo "$out"
     ! grep -qi warning <<<"$out"
@@ -376,6 +401,110 @@ sed 's/lease_ms: 5000/lease_ms: 1000/' "$tmp/k8s-config.yaml" >"$tmp/bad-config.
 expect_fail "negative: idemproxy check refuses a broken copy (lease_ms < 2 x timeout_ms)" 'streams\[0\]\.lease_ms: 1000 is less than twice redis\.timeout_ms \(1000\)' \
     broken "lease_ms: 1000" "$tmp/bad-config.yaml" check_config "$tmp/bad-config.yaml"
 
+# --- TLS and the password (issue 16) ---------------------------------------
+
+make_certs() {
+    local d=$tmp/certs ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+    mkdir -p "$d" &&
+        openssl req -x509 "${ec[@]}" -keyout "$d/ca.key" -out "$d/ca.crt" -days 2 -subj /CN=test-redis-ca 2>&1 &&
+        openssl req "${ec[@]}" -keyout "$d/tls.key" -out "$d/tls.csr" -subj /CN=idemproxy 2>&1 &&
+        openssl x509 -req -in "$d/tls.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
+            -out "$d/tls.crt" -days 2 2>&1
+}
+# redis_is CONFIG JSON: the config's redis section (without timeout_ms) is JSON.
+redis_is() {
+    local got; got=$("$PY" -c 'import sys, json, yaml
+r = yaml.safe_load(open(sys.argv[1]))["redis"]; r.pop("timeout_ms", None)
+print(json.dumps(r, sort_keys=True))' "$1") || return 1
+    echo "redis: $got"
+    [ "$got" = "$2" ] || { echo "want:  $2"; return 1; }
+}
+# secrets_are RENDERED JSON: the Secrets the manifests create and the Secret
+# volumes of the idemproxy sidecar (name: [secretName, item keys, mount path,
+# readOnly]) are JSON.
+secrets_are() {
+    local got; got=$("$PY" -c 'import sys, json, yaml
+objs = [o for o in yaml.safe_load_all(open(sys.argv[1])) if o]
+pod = next(o for o in objs if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+px = next(c for c in pod["initContainers"] if c["name"] == "idemproxy")
+mounts = {m["name"]: m for m in px["volumeMounts"]}
+vols = {v["name"]: [v["secret"]["secretName"], [i["key"] for i in v["secret"].get("items", [])],
+                    mounts[v["name"]]["mountPath"], mounts[v["name"]].get("readOnly", False)]
+        for v in pod["volumes"] if "secret" in v}
+print(json.dumps({"created": sorted(o["metadata"]["name"] for o in objs if o["kind"] == "Secret"),
+                  "volumes": vols}, sort_keys=True))' "$1") || return 1
+    echo "secrets: $got"
+    [ "$got" = "$2" ] || { echo "want:    $2"; return 1; }
+}
+check "openssl makes a test CA and a client pair it signed" make_certs
+tlsset=(--set redis.tls.enabled=true --set redis.tls.existingSecret=idemproxy-redis-tls)
+mkdir -p "$tmp/k8s-tls"
+cp deploy/k8s/secret.yaml deploy/k8s/pdb.yaml deploy/k8s/tls/*.yaml "$tmp/k8s-tls/"
+check "deploy/k8s/tls (the TLS variant) validates against the $K8S_MIN_VERSION and $K8S_VERSION schemas" \
+    validate "$tmp/k8s-tls/"
+check "deploy/k8s/tls: the CA and client pair lie in a read-only Secret volume; the rest fits together" \
+    "$PY" tests/deploy/manifests.py consistency "$tmp/k8s-tls"
+"$PY" tests/deploy/manifests.py config "$tmp/k8s-tls" "$tmp/k8s-tls-config.yaml"
+check "idemproxy check: the config of deploy/k8s/tls/configmap.yaml (its TLS files loaded)" \
+    check_config "$tmp/k8s-tls-config.yaml"
+check "the chart renders with redis.tls (mutual TLS)" \
+    render_to "$tmp/tls.yaml" "${tlsset[@]}" --set redis.tls.clientCertificate=true
+check "the chart with redis.tls (mutual TLS) renders the same objects as deploy/k8s/tls" \
+    "$PY" tests/deploy/manifests.py compare "$tmp/k8s-tls" "$tmp/tls.yaml"
+check "the rendered chart (mutual TLS) validates against the $K8S_MIN_VERSION and $K8S_VERSION schemas" \
+    validate "$tmp/tls.yaml"
+"$PY" tests/deploy/manifests.py config "$tmp/tls.yaml" "$tmp/tls-config.yaml"
+check "mutual TLS: url rediss://, ca_file, cert_file, key_file from the Secret, verify on" redis_is "$tmp/tls-config.yaml" \
+    '{"password_file": "/var/run/secrets/redis/password", "tls": {"ca_file": "/var/run/secrets/redis-tls/ca.crt", "cert_file": "/var/run/secrets/redis-tls/tls.crt", "key_file": "/var/run/secrets/redis-tls/tls.key", "verify": true}, "url": "rediss://redis:6379"}'
+check "mutual TLS: the TLS Secret's ca.crt, tls.crt and tls.key mounted read-only beside the password" secrets_are "$tmp/tls.yaml" \
+    '{"created": ["idemproxy-redis"], "volumes": {"redis-password": ["idemproxy-redis", ["password"], "/var/run/secrets/redis", true], "redis-tls": ["idemproxy-redis-tls", ["ca.crt", "tls.crt", "tls.key"], "/var/run/secrets/redis-tls", true]}}'
+check "idemproxy check: the config the chart renders with mutual TLS" check_config "$tmp/tls-config.yaml"
+check "the chart renders with tests/deploy/values/tls.yaml (TLS without a client pair, no password)" \
+    render_to "$tmp/tls-only.yaml" -f tests/deploy/values/tls.yaml
+check "helm lint --strict with tests/deploy/values/tls.yaml" \
+    helm_ lint --strict --kube-version "$K8S_VERSION.0" "$chart" -f tests/deploy/values/tls.yaml
+check "the rendered chart (TLS without a client pair) validates against the $K8S_MIN_VERSION and $K8S_VERSION schemas" \
+    validate "$tmp/tls-only.yaml"
+check "the rendered chart (TLS without a client pair) fits together" \
+    "$PY" tests/deploy/manifests.py consistency "$tmp/tls-only.yaml"
+"$PY" tests/deploy/manifests.py config "$tmp/tls-only.yaml" "$tmp/tls-only-config.yaml"
+check "TLS without a client pair: redis:// made rediss://, only ca_file, server_name, no password_file" redis_is "$tmp/tls-only-config.yaml" \
+    '{"tls": {"ca_file": "/var/run/secrets/redis-tls/ca.crt", "server_name": "redis.data.example.com", "verify": true}, "url": "rediss://redis-master.data.svc:6380/1"}'
+check "TLS without a client pair: only ca.crt mounted, no password Secret created or mounted" secrets_are "$tmp/tls-only.yaml" \
+    '{"created": [], "volumes": {"redis-tls": ["redis-ca", ["ca.crt"], "/var/run/secrets/redis-tls", true]}}'
+check "idemproxy check: the config the chart renders with TLS without a client pair" check_config "$tmp/tls-only-config.yaml"
+render "${tlsset[@]}" --set 'redis.cluster={redis-0.redis:6379,redis-1.redis:6379}' >"$tmp/tls-cluster.yaml" 2>&1
+"$PY" tests/deploy/manifests.py config "$tmp/tls-cluster.yaml" "$tmp/tls-cluster-config.yaml"
+check "TLS with redis.cluster seeds: redis.tls beside the seeds, no url" redis_is "$tmp/tls-cluster-config.yaml" \
+    '{"cluster": ["redis-0.redis:6379", "redis-1.redis:6379"], "password_file": "/var/run/secrets/redis/password", "tls": {"ca_file": "/var/run/secrets/redis-tls/ca.crt", "verify": true}}'
+check "idemproxy check: the config the chart renders with TLS and cluster seeds" check_config "$tmp/tls-cluster-config.yaml"
+check "the chart renders with no password (redis.password empty)" render_to "$tmp/nopw.yaml" --set redis.password=
+check "the rendered chart (no password) validates against the $K8S_MIN_VERSION and $K8S_VERSION schemas" \
+    validate "$tmp/nopw.yaml"
+"$PY" tests/deploy/manifests.py config "$tmp/nopw.yaml" "$tmp/nopw-config.yaml"
+check "no password: no password_file in the config (no AUTH)" redis_is "$tmp/nopw-config.yaml" '{"url": "redis://redis:6379"}'
+check "no password: no Secret created, none mounted" secrets_are "$tmp/nopw.yaml" '{"created": [], "volumes": {}}'
+check "idemproxy check: the config the chart renders with no password" check_config "$tmp/nopw-config.yaml"
+expect_fail "negative: the values schema refuses redis.tls.enabled without a Secret name" \
+    "at '/redis/tls/existingSecret': minLength: got 0, want 1" render --set redis.tls.enabled=true
+expect_fail "negative: the values schema refuses a redis.tls.verify that is not a boolean" \
+    "at '/redis/tls/verify': got string, want boolean" render "${tlsset[@]}" --set redis.tls.verify=maybe
+expect_fail "negative: the values schema refuses an unknown key in redis.tls" \
+    "at '/redis/tls': additional properties 'caFile' not allowed" render "${tlsset[@]}" --set redis.tls.caFile=ca.pem
+expect_fail "negative: the chart refuses a rediss:// url without redis.tls.enabled" \
+    'redis\.url is rediss:// but redis\.tls\.enabled is false' render --set redis.url=rediss://redis:6380
+expect_fail "negative: the chart refuses redis.tls.enabled with a unix:// url" \
+    'redis\.tls\.enabled needs a redis:// or rediss:// url, not unix://' render "${tlsset[@]}" --set redis.url=unix:///run/redis.sock
+expect_fail "negative: the chart refuses redis.username without a password" \
+    'redis\.username needs a password: set redis\.password or redis\.existingSecret' \
+    render --set redis.password= --set redis.username=orders
+mkdir -p "$tmp/bad-tls"
+cp "$tmp/k8s-tls/"*.yaml "$tmp/bad-tls/"
+sed -i 's/^\( *\)- key: ca\.crt$/\1- key: ca.pem/; s/^\( *\)path: ca\.crt$/\1path: ca.pem/' "$tmp/bad-tls/deployment.yaml"
+expect_fail "negative: a ca_file outside the TLS Secret's items is caught" \
+    'the Secret volume redis-tls has no item with path ca\.crt \(tls\.ca_file\)' \
+    broken "path: ca.pem" "$tmp/bad-tls/deployment.yaml" "$PY" tests/deploy/manifests.py consistency "$tmp/bad-tls"
+
 # --- the two images as the pod runs them ------------------------------------
 
 if [ "$chroot_ok" = 1 ] && command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
@@ -383,6 +512,7 @@ if [ "$chroot_ok" = 1 ] && command -v redis-server >/dev/null && command -v redi
     check "the live /metrics of that pod passes the dashboard and alert check" \
         "$PY" tests/deploy/check_dashboard.py -q --metrics "$tmp/live-metrics.txt" \
         deploy/grafana/idemproxy.json deploy/prometheus/alerts.yaml
+    check "pod smoke test over mutual TLS: the config of deploy/k8s/tls, its Secret's files, a TLS-only Redis" pod_smoke tls
 else
     skip "pod smoke test (needs root, chroot and redis-server)"
 fi

@@ -1,6 +1,6 @@
 /*
  * fuzz_cluster.c - libFuzzer target for the pure part of the cluster router
- * (proxy/cluster.c): what Redis sends back is untrusted input.
+ * (proxy/slots.c): what Redis sends back is untrusted input.
  *
  * 1. The input as a key: its slot is below 16384, and a key with a non-empty
  *    first {tag} hashes as the tag alone.

@@ -774,9 +774,38 @@ static void test_urls(void)
     expect_url("unix:///var/run/redis/redis.sock", NULL, 6379, NULL, NULL, 0,
                "/var/run/redis/redis.sock");
 
+    /* TLS: rediss://, or cluster seeds with redis.tls; verification on unless turned off */
+    {
+        px_config *c = expect_ok("rediss url", "redis:\n  url: rediss://cache.example:6380\n" S);
+        test_cond("rediss: TLS on, verified", c && c->redis_tls.enabled && c->redis_tls.verify &&
+                  c->redis_tls.ca_file == NULL && c->redis_port == 6380);
+        px_config_destroy(c);
+        c = expect_ok("rediss with redis.tls", "redis:\n  url: rediss://h\n  tls:\n    ca_file: /ca.crt\n"
+                      "    cert_file: /c.crt\n    key_file: /c.key\n    server_name: redis.internal\n"
+                      "    verify: false\n" S);
+        test_cond("redis.tls read", c && c->redis_tls.enabled && !c->redis_tls.verify &&
+                  strcmp(c->redis_tls.ca_file, "/ca.crt") == 0 &&
+                  strcmp(c->redis_tls.cert_file, "/c.crt") == 0 &&
+                  strcmp(c->redis_tls.key_file, "/c.key") == 0 &&
+                  strcmp(c->redis_tls.server_name, "redis.internal") == 0);
+        px_config_destroy(c);
+        c = expect_ok("cluster with redis.tls", "redis:\n  cluster: [\"a:7000\"]\n  tls: {}\n" S);
+        test_cond("cluster: TLS on with redis.tls", c && c->redis_tls.enabled && c->redis_tls.verify);
+        px_config_destroy(c);
+        c = expect_ok("plain url", "redis:\n  url: redis://h\n" S);
+        test_cond("redis://: no TLS", c && !c->redis_tls.enabled);
+        px_config_destroy(c);
+    }
+    expect_error("redis.tls with redis://", "redis:\n  url: redis://h\n  tls:\n    ca_file: /ca\n" S,
+                 "t.yaml:4:5: ", "redis.tls: set, but redis.url is redis:// (plain text)");
+    expect_error("redis.tls cert without key", "redis:\n  url: rediss://h\n  tls:\n    cert_file: /c\n" S,
+                 "t.yaml:4:5: ", "redis.tls: cert_file and key_file go together");
+    expect_error("redis.tls unknown key", "redis:\n  url: rediss://h\n  tls:\n    ca: /c\n" S,
+                 "t.yaml:4:5: ", "redis.tls: unknown key 'ca'");
+
     static const char *const bad[][2] = {
         { "http://u:" SECRET "@h", "unknown scheme" },
-        { "rediss://u:" SECRET "@h", "TLS (rediss://) is not supported" },
+        { "rediss://u:" SECRET "@h:0", "bad port" },
         { "redis://u:" SECRET "@h:99999", "bad port" },
         { "redis://u:" SECRET "@h:0", "bad port" },
         { "redis://u:" SECRET "@h:", "bad port" },

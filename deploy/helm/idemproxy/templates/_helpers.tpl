@@ -45,22 +45,63 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 /var/run/secrets/redis
 {{- end }}
 
+{{- define "idemproxy.tlsDir" -}}
+/var/run/secrets/redis-tls
+{{- end }}
+
+{{/* "true" when a password is configured (a Secret to mount), else empty: no AUTH. */}}
+{{- define "idemproxy.hasPassword" -}}
+{{- if or .Values.redis.existingSecret .Values.redis.password }}true{{ end }}
+{{- end }}
+
+{{- define "idemproxy.tlsEnabled" -}}
+{{- if (.Values.redis.tls | default dict).enabled }}true{{ end }}
+{{- end }}
+
 {{/*
 The idemproxy config: .Values.config with the stream rules and what the pod
-spec decides (the Redis URL and password file, the endpoint on the shared
-emptyDir, the metrics address the probes use).
+spec decides (the Redis URL, password file and TLS files, the endpoint on the
+shared emptyDir, the metrics address the probes use).
 */}}
 {{- define "idemproxy.config" -}}
 {{- $cfg := deepCopy (.Values.config | default dict) }}
 {{- $redis := deepCopy (get $cfg "redis" | default dict) }}
+{{- $tls := .Values.redis.tls | default dict }}
 {{- if .Values.redis.cluster }}
 {{- $_ := set $redis "cluster" .Values.redis.cluster }}
 {{- else }}
-{{- $_ := set $redis "url" (required "redis.url is required" .Values.redis.url) }}
+{{- $url := required "redis.url is required" .Values.redis.url }}
+{{- if and $tls.enabled (hasPrefix "unix://" $url) }}
+{{- fail "redis.tls.enabled needs a redis:// or rediss:// url, not unix://" }}
 {{- end }}
+{{- if and (not $tls.enabled) (hasPrefix "rediss://" $url) }}
+{{- fail "redis.url is rediss:// but redis.tls.enabled is false: the image has no system CA bundle; set redis.tls.enabled and redis.tls.existingSecret (a Secret with the CA's ca.crt)" }}
+{{- end }}
+{{- if $tls.enabled }}
+{{- $url = printf "rediss://%s" (trimPrefix "rediss://" (trimPrefix "redis://" $url)) }}
+{{- end }}
+{{- $_ := set $redis "url" $url }}
+{{- end }}
+{{- if include "idemproxy.hasPassword" . }}
 {{- $_ := set $redis "password_file" (printf "%s/password" (include "idemproxy.passwordDir" .)) }}
+{{- else if .Values.redis.username }}
+{{- fail "redis.username needs a password: set redis.password or redis.existingSecret" }}
+{{- end }}
 {{- if .Values.redis.username }}
 {{- $_ := set $redis "username" .Values.redis.username }}
+{{- end }}
+{{- if $tls.enabled }}
+{{- $dir := include "idemproxy.tlsDir" . }}
+{{- $t := dict "ca_file" (printf "%s/ca.crt" $dir) }}
+{{- if $tls.clientCertificate }}
+{{- $_ := set $t "cert_file" (printf "%s/tls.crt" $dir) }}
+{{- $_ := set $t "key_file" (printf "%s/tls.key" $dir) }}
+{{- end }}
+{{- if $tls.serverName }}
+{{- $_ := set $t "server_name" $tls.serverName }}
+{{- end }}
+{{- $_ := set $t "verify" (ternary $tls.verify true (hasKey $tls "verify")) }}
+{{- $_ := set $redis "tls" $t }}
 {{- end }}
 {{- $_ := set $cfg "redis" $redis }}
 {{- $app := deepCopy (get $cfg "app" | default dict) }}

@@ -1,0 +1,96 @@
+/*
+ * slots.c - the pure part of Redis Cluster routing (declared in cluster.h):
+ * the hash slot of a key, MOVED/ASK errors, CLUSTER SLOTS replies and
+ * "host:port" addresses. No loop, no connection: tests/unit/test_cluster.c
+ * checks it on replies built by hiredis' own reader.
+ */
+#include "cluster.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint16_t crc16(const char *p, size_t n)
+{
+    uint16_t crc = 0;
+    for (size_t i = 0; i < n; i++) {
+        crc ^= (uint16_t)((uint8_t)p[i] << 8);
+        for (int b = 0; b < 8; b++)
+            crc = (uint16_t)(crc & 0x8000 ? (crc << 1) ^ 0x1021 : crc << 1);
+    }
+    return crc;
+}
+
+unsigned px_cluster_slot(const char *key, size_t len)
+{
+    /* Only the part between the first '{' and the next '}' is hashed, if non-empty. */
+    const char *open = memchr(key, '{', len);
+    if (open) {
+        size_t rest = len - (size_t)(open - key) - 1;
+        const char *close = memchr(open + 1, '}', rest);
+        if (close && close > open + 1) { key = open + 1; len = (size_t)(close - key); }
+    }
+    return crc16(key, len) & (PX_CLUSTER_SLOTS - 1);
+}
+
+bool px_cluster_split_addr(const char *addr, char *host, size_t hostsize, int *port)
+{
+    const char *colon = strrchr(addr, ':');
+    if (colon == NULL || colon == addr) return false;
+    char *end;
+    long p = strtol(colon + 1, &end, 10);
+    if (*end || end == colon + 1 || p < 1 || p > 65535) return false;
+    const char *h = addr;
+    size_t n = (size_t)(colon - addr);
+    if (n >= 2 && h[0] == '[' && h[n - 1] == ']') { h++; n -= 2; }   /* "[::1]:7000" */
+    if (n == 0 || n >= hostsize) return false;
+    memcpy(host, h, n);
+    host[n] = '\0';
+    *port = (int)p;
+    return true;
+}
+
+bool px_cluster_redirect(const char *err, px_redirect *out)
+{
+    char kind[8], addr[sizeof(out->addr)], host[256];
+    unsigned slot;
+    int port;
+    if (sscanf(err, "%7s %u %279s", kind, &slot, addr) != 3) return false;
+    if (strcmp(kind, "MOVED") != 0 && strcmp(kind, "ASK") != 0) return false;
+    if (slot >= PX_CLUSTER_SLOTS || !px_cluster_split_addr(addr, host, sizeof(host), &port))
+        return false;
+    out->ask = kind[0] == 'A';
+    out->slot = slot;
+    snprintf(out->addr, sizeof(out->addr), "%s", addr);
+    return true;
+}
+
+int px_cluster_parse_slots(const redisReply *r, const char *asked_host, px_slot_range **out)
+{
+    *out = NULL;
+    if (r == NULL || r->type != REDIS_REPLY_ARRAY) return -1;
+    px_slot_range *v = px_calloc(r->elements ? r->elements : 1, sizeof(*v));
+    int n = 0;
+    for (size_t i = 0; i < r->elements; i++) {
+        const redisReply *e = r->element[i];
+        if (e->type != REDIS_REPLY_ARRAY || e->elements < 3) goto bad;
+        const redisReply *s = e->element[0], *t = e->element[1], *m = e->element[2];
+        if (s->type != REDIS_REPLY_INTEGER || t->type != REDIS_REPLY_INTEGER ||
+            s->integer < 0 || t->integer < s->integer || t->integer >= PX_CLUSTER_SLOTS ||
+            m->type != REDIS_REPLY_ARRAY || m->elements < 2 ||
+            m->element[0]->type != REDIS_REPLY_STRING || m->element[1]->type != REDIS_REPLY_INTEGER)
+            goto bad;
+        const char *host = m->element[0]->str;
+        if (host[0] == '\0' || strcmp(host, "?") == 0) host = asked_host;
+        v[n].start = (unsigned)s->integer;
+        v[n].end = (unsigned)t->integer;
+        snprintf(v[n].addr, sizeof(v[n].addr), "%s:%lld", host, m->element[1]->integer);
+        n++;
+    }
+    *out = v;
+    return n;
+bad:
+    free(v);
+    return -1;
+}
+

@@ -56,3 +56,41 @@ def run(cmd, cwd, timeout=900, env=None, **kw):
 def exported(tmp_path):
     """exported("clients/python") -> a fresh folder holding only what git tracks."""
     return lambda path: export(path, tmp_path / "export")
+
+
+# The stream every outside worker reads: a dead-letter stream to show nothing
+# went there, a short backoff so the retried key comes back at once.
+ROOM = {"stream": "room", "group": "g", "consumer": "c1", "payload_field": "payload",
+        "key": "#event.eventId", "dead_letter": "dlq", "retry_backoff_ms": 50}
+
+
+def run_worker(env, tmp_path, cmd, cwd, keys, want, exits_zero=True):
+    """Starts the outside worker `cmd ENDPOINT` (it prints '<key> attempt=<n>'
+    per delivery), then idemproxy reading ROOM, publishes one event per key,
+    waits for `want` (sorted lines) and nothing pending, ends the worker with
+    SIGTERM (it must still be running, and with exits_zero exit 0), and asserts
+    every key done and no dead letter. Returns the worker's stderr."""
+    import time
+    from pxtest import pending, publish, wait_for
+    ep = env.endpoint()
+    out, err = tmp_path / "worker.out", tmp_path / "worker.err"
+    with open(out, "wb") as fo, open(err, "wb") as fe:
+        w = subprocess.Popen([*map(str, cmd), ep], cwd=str(cwd), stdout=fo, stderr=fe)
+    try:
+        env.proxy([ROOM], endpoint=ep)
+        publish(env.r, "room", [{"eventId": k} for k in keys])
+        lines = lambda: out.read_text().splitlines()  # noqa: E731
+        wait_for(lambda: len(lines()) >= len(want), timeout=30,
+                 what=f"worker lines (stderr: {err.read_text()[-1000:]})")
+        wait_for(lambda: pending(env.r, "room", "g") == 0, timeout=30, what="nothing pending")
+        time.sleep(0.3)
+        assert w.poll() is None, err.read_text()
+    finally:
+        w.terminate()
+        w.wait(15)
+    assert w.returncode == 0 or not exits_zero, err.read_text()
+    assert sorted(lines()) == want            # each key once, the failed one again
+    for k in keys:
+        assert env.r.get("idem:" + k) == "D", k
+    assert env.r.xlen("dlq") == 0
+    return err.read_text()

@@ -5,11 +5,8 @@ a real idemproxy. A handler's error reaches log/slog's default logger."""
 import json
 import os
 import re
-import subprocess
-import time
 
-from conftest import run
-from pxtest import pending, publish, wait_for
+from conftest import run, run_worker
 
 MODULE = "github.com/idemproxy/idemproxy/clients/go"
 LINE = re.compile(r"^(\S+) attempt=(\d+)$")
@@ -77,34 +74,13 @@ def test_go_module_from_clean_export(env, exported, tmp_path):
     run(["go", "mod", "tidy"], app, env=go_env())
     run(["go", "build", "-o", "worker", "."], app, env=go_env())
 
-    ep = env.endpoint()
-    out, err = tmp_path / "worker.out", tmp_path / "worker.err"
-    with open(out, "wb") as fo, open(err, "wb") as fe:
-        w = subprocess.Popen([str(app / "worker"), ep], cwd=app, stdout=fo, stderr=fe)
-    try:
-        env.proxy([{"stream": "room", "group": "g", "consumer": "c1", "payload_field": "payload",
-                    "key": "#event.eventId", "dead_letter": "dlq", "retry_backoff_ms": 50}],
-                  endpoint=ep)
-        keys = ["k1", "k2", "k3", "fail-once"]
-        publish(env.r, "room", [{"eventId": k} for k in keys])
-        want = sorted([f"{k} attempt=1" for k in keys] + ["fail-once attempt=2"])
-        lines = lambda: out.read_text().splitlines()
-        wait_for(lambda: len(lines()) >= len(want), timeout=30,
-                 what=f"worker lines (stderr: {err.read_text()[-1000:]})")
-        wait_for(lambda: pending(env.r, "room", "g") == 0, timeout=30, what="nothing pending")
-        time.sleep(0.3)
-    finally:
-        w.terminate()
-        w.wait(15)
-    assert w.returncode == 0, err.read_text()
-    assert sorted(lines()) == want            # each key once, the failed one again
-    for k in keys:
-        assert env.r.get("idem:" + k) == "D", k
-    assert env.r.xlen("dlq") == 0
+    keys = ["k1", "k2", "k3", "fail-once"]
+    want = sorted([f"{k} attempt=1" for k in keys] + ["fail-once attempt=2"])
+    log = run_worker(env, tmp_path, [app / "worker"], app, keys, want)
 
     # Everything on stderr came through slog (the library printed nothing of
     # its own), and the handler's error is one WARN record about that delivery.
-    records = [json.loads(l) for l in err.read_text().splitlines()]
+    records = [json.loads(l) for l in log.splitlines()]
     failed = [r for r in records if r.get("key") == "fail-once"]
     assert len(failed) == 1, records
     assert failed[0]["level"] == "WARN" and failed[0]["err"] == "first try fails on purpose"

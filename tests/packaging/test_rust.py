@@ -5,12 +5,9 @@ repository, its worker run against a real idemproxy. A handler's error
 reaches the `log` facade, through the application's logger."""
 import os
 import re
-import subprocess
 import tarfile
-import time
 
-from conftest import ROOT, run
-from pxtest import pending, publish, wait_for
+from conftest import ROOT, run, run_worker
 
 # Third-party artifacts are shared with the client-rust suite (cargo's own
 # cache, keyed by package, version, source and features): the crate under
@@ -91,35 +88,14 @@ def test_rust_crate_from_clean_export(env, exported, tmp_path):
     (app / "src" / "main.rs").write_text(MAIN_RS)
     run(["cargo", "build"], app, env=cargo_env(), timeout=1200)
 
-    ep = env.endpoint()
-    out, err = tmp_path / "worker.out", tmp_path / "worker.err"
-    with open(out, "wb") as fo, open(err, "wb") as fe:
-        w = subprocess.Popen([str(TARGET / "debug" / "outside-worker"), ep], cwd=app,
-                             stdout=fo, stderr=fe)
-    try:
-        env.proxy([{"stream": "room", "group": "g", "consumer": "c1", "payload_field": "payload",
-                    "key": "#event.eventId", "dead_letter": "dlq", "retry_backoff_ms": 50}],
-                  endpoint=ep)
-        keys = ["k1", "k2", "k3", "fail-once"]
-        publish(env.r, "room", [{"eventId": k} for k in keys])
-        want = sorted([f"{k} attempt=1" for k in keys] + ["fail-once attempt=2"])
-        lines = lambda: out.read_text().splitlines()
-        wait_for(lambda: len(lines()) >= len(want), timeout=30,
-                 what=f"worker lines (stderr: {err.read_text()[-1000:]})")
-        wait_for(lambda: pending(env.r, "room", "g") == 0, timeout=30, what="nothing pending")
-        time.sleep(0.3)
-        assert w.poll() is None, err.read_text()
-    finally:
-        w.terminate()
-        w.wait(15)
-    assert sorted(lines()) == want            # each key once, the failed one again
-    for k in keys:
-        assert env.r.get("idem:" + k) == "D", k
-    assert env.r.xlen("dlq") == 0
+    keys = ["k1", "k2", "k3", "fail-once"]
+    want = sorted([f"{k} attempt=1" for k in keys] + ["fail-once attempt=2"])
+    log = run_worker(env, tmp_path, [TARGET / "debug" / "outside-worker"], app, keys, want,
+                     exits_zero=False)   # its main() leaves SIGTERM to the default
 
     # Everything on stderr came through the application's logger (the library
     # printed nothing of its own), and the handler's error is one WARN record.
-    logs = err.read_text().splitlines()
+    logs = log.splitlines()
     assert all(l.startswith("LOG ") for l in logs), logs
     failed = [l for l in logs if " key=fail-once " in l]
     assert len(failed) == 1, logs

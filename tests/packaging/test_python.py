@@ -18,7 +18,7 @@ from conftest import export, run
 from pxtest import pending, publish, wait_for
 
 PROGRAM = r'''
-import asyncio, logging, sys
+import asyncio, logging, sys, threading
 import idemproxy_worker
 from idemproxy_worker import AsyncWorker, Delivery, Worker
 
@@ -27,8 +27,11 @@ logging.basicConfig(stream=sys.stderr, level=logging.INFO,
 mode, endpoint = sys.argv[1], sys.argv[2]
 print("imported from", idemproxy_worker.__file__, file=sys.stderr, flush=True)
 
+out = threading.Lock()   # two handler threads: print() writes the line and its newline apart
+
 def work(d: Delivery) -> None:
-    print(f"{d.key} attempt={d.attempt} n={d.json()['n']}", flush=True)
+    with out:
+        print(f"{d.key} attempt={d.attempt} n={d.json()['n']}", flush=True)
     if d.key == "fail-once" and d.attempt == 1:
         raise RuntimeError("boom on first try")
 

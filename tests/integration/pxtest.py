@@ -411,7 +411,11 @@ class PyWorker:
         return self.keys()
 
     def close(self):
+        # The thread leaves its loop within one recv timeout (100 ms); the socket
+        # is closed after that, not under its recv: NNG aborted the whole test
+        # process once (SIGABRT in CI) when a close raced a recv in progress.
         self.stopped = True
+        self.thread.join(2)
         self.sock.close()
         self.thread.join(2)
 

@@ -328,7 +328,7 @@ class ChaosCluster(RedisCluster):
         try:
             for m in self.masters():
                 if self.slots_of(m):
-                    self.replica_of(m)
+                    self.replica_of(m, timeout=0.05)
         except (AssertionError, redis_lib.exceptions.RedisError):
             return False
         return True
@@ -539,10 +539,12 @@ class Run:
     def cluster_fault(self, f):
         """A fault of the cluster's topology (the fault's 'node' picks the master)."""
         cl, kind = self.redis, f["kind"]
+        # The victim is chosen once the topology has settled: chosen before, it
+        # could be a master that a previous fault had just turned into a replica.
+        wait_for(cl.ready, timeout=30, what="every replica in sync before a topology change")
         stream_master = cl.owner(STREAM)
         others = [m for m in cl.masters() if m != stream_master]
         victim = stream_master if f["node"] == "stream" or not others else others[0]
-        wait_for(cl.ready, timeout=30, what="every replica in sync before a topology change")
         if kind == "failover":
             self.log(f"failed over {victim} to {cl.failover(victim)}")
         elif kind == "master_kill":

@@ -207,16 +207,22 @@ class RedisCluster:
     def live_port(self):
         return next(p for p, proc in self.procs.items() if proc.poll() is None)
 
-    def replica_of(self, master_port):
+    def replica_of(self, master_port, timeout=20.0):
+        """A live replica of the master. A node restarted a moment ago (a killed
+        master coming back) takes a while to call itself its new master's
+        replica: wait for one (chaos seed 12 under ASan failed over at once)."""
         mid = self.node_id(master_port)
-        for port in self.procs:
-            if self.procs[port].poll() is not None:
-                continue
-            for line in self.node(port).execute_command("CLUSTER", "NODES").splitlines():
-                f = line.split()
-                if "myself" in f[2] and f[3] == mid:
-                    return port
-        raise AssertionError(f"no replica of {master_port}")
+
+        def find():
+            for port in self.procs:
+                if self.procs[port].poll() is not None:
+                    continue
+                for line in self.node(port).execute_command("CLUSTER", "NODES").splitlines():
+                    f = line.split()
+                    if "myself" in f[2] and f[3] == mid:
+                        return port
+            return None
+        return wait_for(find, timeout=timeout, what=f"a replica of {master_port}")
 
     def reshard(self, from_port, to_port, slots):
         subprocess.run(["redis-cli", "--cluster", "reshard", f"127.0.0.1:{from_port}",

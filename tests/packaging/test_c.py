@@ -5,7 +5,7 @@ against the installed prefix, run against a real idemproxy."""
 import os
 import subprocess
 
-from conftest import run
+from conftest import ROOM, run
 from pxtest import pending, publish, wait_for
 
 # A worker as a user writes it: only the installed header and library. The
@@ -109,9 +109,7 @@ def test_installed_c_client_serves_a_worker_outside_the_repository(env, exported
     assert f"libidemproxy_client.so.0 => {lib}/libidemproxy_client.so.0" in ldd, ldd
 
     ep = env.endpoint()
-    p = env.proxy([{"stream": "room", "group": "g", "consumer": "c1", "payload_field": "payload",
-                    "key": "#event.eventId", "dead_letter": "dlq", "retry_backoff_ms": 50}],
-                  endpoint=ep)
+    p = env.proxy([ROOM], endpoint=ep)
     out, err = app / "worker.out", app / "worker.err"
     with open(out, "wb") as fo, open(err, "wb") as fe:
         w = subprocess.Popen(["./worker", ep], cwd=app, stdout=fo, stderr=fe, env=renv)

@@ -13,7 +13,7 @@ import subprocess
 import zipfile
 from pathlib import Path
 
-from conftest import run
+from conftest import ROOM, run
 from pxtest import pending, publish, wait_for
 
 VERSION = "0.1.0"
@@ -137,8 +137,7 @@ def test_installed_java_client_serves_a_maven_project_outside_the_repository(env
         ".level=INFO\n")
 
     ep = env.endpoint()
-    p = env.proxy([{"stream": "room", "group": "g", "consumer": "c1", "payload_field": "payload",
-                    "key": "#event.eventId", "dead_letter": "dlq", "retry_backoff_ms": 50}],
+    p = env.proxy([ROOM],
                   endpoint=ep)
     out, err = app / "worker.out", app / "worker.err"
     with open(out, "wb") as fo, open(err, "wb") as fe:

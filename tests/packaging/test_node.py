@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import run
+from conftest import ROOM, run
 from pxtest import pending, publish, wait_for
 
 WORKER = r'''// @ts-check
@@ -123,8 +123,7 @@ def test_installed_worker_against_idemproxy(env, app):
     w = subprocess.Popen(["node", "worker.mjs", ep], cwd=str(app), stdout=open(out, "w"),
                          stderr=open(err, "w"), start_new_session=True)
     try:
-        env.proxy([{"stream": "room", "group": "g", "consumer": "c1", "payload_field": "payload",
-                    "key": "#event.eventId", "dead_letter": "dlq", "retry_backoff_ms": 50}],
+        env.proxy([ROOM],
                   endpoint=ep, ack_timeout_ms=2000)
         publish(env.r, "room", [{"eventId": k, "n": i} for i, k in enumerate(KEYS)])
         want = sorted([f"{k} attempt=1 n={i}" for i, k in enumerate(KEYS)] +

@@ -14,7 +14,7 @@ from email.parser import Parser
 
 import pytest
 
-from conftest import export, run
+from conftest import ROOM, export, run
 from pxtest import pending, publish, wait_for
 
 PROGRAM = r'''
@@ -126,8 +126,7 @@ def test_installed_worker_against_idemproxy(env, venv, tmp_path, mode):
     w = subprocess.Popen([str(py), "worker.py", mode, ep], cwd=str(app), env=clean,
                          stdout=open(out, "w"), stderr=open(err, "w"), start_new_session=True)
     try:
-        env.proxy([{"stream": "room", "group": "g", "consumer": "c1", "payload_field": "payload",
-                    "key": "#event.eventId", "dead_letter": "dlq", "retry_backoff_ms": 50}], endpoint=ep)
+        env.proxy([ROOM], endpoint=ep)
         publish(env.r, "room", [{"eventId": k, "n": i} for i, k in enumerate(KEYS)])
         want = sorted([f"{k} attempt=1 n={i}" for i, k in enumerate(KEYS)] + ["fail-once attempt=2 n=3"])
         lines = lambda: sorted(l for l in out.read_text().splitlines() if "attempt=" in l)  # noqa: E731

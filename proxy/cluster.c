@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "addr.h"
 #include "link.h"
 #include "log.h"
 
@@ -33,7 +34,7 @@ unsigned long long px_redis_redirects[2];
 typedef struct cl_node {
     px_cluster *cl;            /* (ref) */
     char        addr[280];     /* "host:port" */
-    char        host[256];
+    char        host[PX_ADDR_HOST_MAX];
     px_link    *link;
     bool        master;        /* in the current map */
     bool        pointed;       /* gc_cb: a slot points at it */
@@ -133,9 +134,10 @@ static cl_node *node_get(px_cluster *cl, const char *addr, bool create)
     for (cl_node *n = cl->nodes; n; n = n->next)
         if (strcmp(n->addr, addr) == 0) return n;
     if (!create) return NULL;
-    char host[256];
+    char host[PX_ADDR_HOST_MAX];
     int port;
-    if (!px_cluster_split_addr(addr, host, sizeof(host), &port)) return NULL;
+    /* A seed ("[::1]:7000") or what Redis sent ("::1:7000", unbracketed). */
+    if (!px_addr_split(addr, host, sizeof(host), &port, PX_ADDR_BARE_IPV6)) return NULL;
     cl_node *n = px_calloc(1, sizeof(*n));
     n->cl = cl;
     snprintf(n->addr, sizeof(n->addr), "%s", addr);

@@ -35,6 +35,7 @@
 
 #include <microhttpd.h>
 
+#include "addr.h"
 #include "deliver.h"
 #include "log.h"
 #include "metrics.h"
@@ -458,31 +459,19 @@ static void mhd_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
     rearm(px);
 }
 
-/* Split "host:port" ("[::1]:9464" too). Returns PX_ERR when malformed. */
-static int split_listen(const char *listen, char *host, size_t hsize, char *port, size_t psize)
-{
-    const char *colon = strrchr(listen, ':');
-    if (colon == NULL || colon[1] == '\0') return PX_ERR;
-    const char *h = listen;
-    size_t hl = (size_t)(colon - listen);
-    if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') { h++; hl -= 2; }
-    if (hl >= hsize || strlen(colon + 1) >= psize) return PX_ERR;
-    memcpy(host, h, hl);
-    host[hl] = '\0';
-    strcpy(port, colon + 1);
-    return PX_OK;
-}
-
+/* metrics.listen as config.c checked it: "host:port", "[v6]:port" or ":port" (every interface). */
 int px_metrics_start(px_proxy *px)
 {
     const char *listen = px->conf->metrics_listen;
     if (listen == NULL || listen[0] == '\0') return PX_OK;
-    char host[256], port[16];
+    char host[PX_ADDR_HOST_MAX], port[8] = "";
+    int portno;
     struct addrinfo hints = {0}, *res = NULL;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_PASSIVE;
-    if (split_listen(listen, host, sizeof(host), port, sizeof(port)) != PX_OK ||
-        getaddrinfo(host[0] ? host : NULL, port, &hints, &res) != 0) {
+    bool split = px_addr_split(listen, host, sizeof(host), &portno, PX_ADDR_HOST_OPTIONAL);
+    if (split) snprintf(port, sizeof(port), "%d", portno);
+    if (!split || getaddrinfo(host[0] ? host : NULL, port, &hints, &res) != 0) {
         px_log_error("metrics: cannot resolve listen address %s", listen);
         return PX_ERR;
     }

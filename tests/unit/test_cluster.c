@@ -51,7 +51,8 @@ static void test_redirect(void)
     test_cond("IPv6 host", px_cluster_redirect("MOVED 1 ::1:7000", &r) && strcmp(r.addr, "::1:7000") == 0);
     static const char *bad[] = {
         "MOVED", "MOVED 12", "MOVED x 127.0.0.1:1", "MOVED 16384 127.0.0.1:1", "MOVED 1 host",
-        "MOVED 1 host:0", "MOVED 1 host:70000", "MOVED 1 :7000", "ERR unknown command", "MOVEDX 1 a:1",
+        "MOVED 1 host:0", "MOVED 1 host:70000", "MOVED 1 :7000", "MOVED 1 host:+7000",
+        "ERR unknown command", "MOVEDX 1 a:1",
         "TRYAGAIN Multiple keys request during rehashing of slot", "CLUSTERDOWN The cluster is down",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) test_cond(bad[i], !px_cluster_redirect(bad[i], &r));
@@ -112,23 +113,6 @@ static void test_parse_slots(void)
     }
     test_cond("NULL reply (link lost)", px_cluster_parse_slots(NULL, "h", &v) == -1);
 }
-
-static void test_split_addr(void)
-{
-    char host[64];
-    int port;
-    test_cond("host:port", px_cluster_split_addr("redis-0.redis:6379", host, sizeof(host), &port) &&
-                           strcmp(host, "redis-0.redis") == 0 && port == 6379);
-    test_cond("IPv6", px_cluster_split_addr("fe80::1:7000", host, sizeof(host), &port) &&
-                      strcmp(host, "fe80::1") == 0 && port == 7000);
-    test_cond("[IPv6]", px_cluster_split_addr("[::1]:7002", host, sizeof(host), &port) &&
-                        strcmp(host, "::1") == 0 && port == 7002);
-    test_cond("no port", !px_cluster_split_addr("localhost", host, sizeof(host), &port));
-    test_cond("port 0", !px_cluster_split_addr("h:0", host, sizeof(host), &port));
-    test_cond("port junk", !px_cluster_split_addr("h:12a", host, sizeof(host), &port));
-    test_cond("host too long", !px_cluster_split_addr("abcdefghij:1", host, 8, &port));
-}
-
 
 /* --- fake cluster nodes ------------------------------------------------------
  * A listening socket on the test's loop; each connection's commands (RESP
@@ -355,7 +339,6 @@ int main(void)
     test_slots();
     test_redirect();
     test_parse_slots();
-    test_split_addr();
     test_moved_to_unmapped_node();
     return test_report();
 }

@@ -403,7 +403,7 @@ static void incr_fence(px_entry *e)
  * is claimed afresh. Without the look, a copy that claimed the key after our
  * lease ran out would be delivered after our ack. */
 
-static void on_recheck_lock(px_entry *e, redisReply *r)
+static void on_lock_value(px_entry *e, redisReply *r)
 {
     char mine[32];
     lock_value(e, mine, sizeof(mine));
@@ -419,7 +419,7 @@ static void recheck_dedup(px_entry *e)
     size_t lens[2] = { 3, e->lock_name_len };
     e->claim.done = false;
     e->claim.recheck_mine = false;
-    px_step_cmd(e, on_recheck_lock, 2, argv, lens);
+    px_step_cmd(e, on_lock_value, 2, argv, lens);
     if (e->st->conf->layout == PX_LAYOUT_SPLIT) exists_done(e);
 }
 
@@ -560,7 +560,7 @@ static void on_done_set(px_entry *e, redisReply *r)
     }
 }
 
-static void on_split_release(px_entry *e, redisReply *r)
+static void on_released(px_entry *e, redisReply *r)
 {
     if (e->outcome == PX_OUT_ACKED) on_extended(e, r);   /* 0: not our lock any more */
 }
@@ -682,7 +682,7 @@ static void commit_release(px_entry *e)
 {
     if (e->claim.has_dedup && e->st->conf->layout == PX_LAYOUT_SPLIT) {
             char val[32];
-        px_step_script(e, &release_script, on_split_release, true, e->lock_name,
+        px_step_script(e, &release_script, on_released, true, e->lock_name,
                      lock_value(e, val, sizeof(val)), NULL);
         e->claim.has_dedup = false;
         }

@@ -187,7 +187,7 @@ static void wait_push(px_cluster *cl, ccmd *c)
     }
 }
 
-static void ccmd_reply(px_redis *r, redisReply *reply, void *priv)
+static void command_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
     ccmd *c = priv;
@@ -238,8 +238,8 @@ static void dispatch(px_cluster *cl, ccmd *c)
         c->ask[0] = '\0';
     }
     int rc = c->script
-        ? px_link_script(n->link, c->script, ccmd_reply, c, c->nkeys, c->argc, c->argv, c->lens)
-        : px_link_argv(n->link, c->extra_ms, ccmd_reply, c, c->argc, c->argv, c->lens);
+        ? px_link_script(n->link, c->script, command_reply_cb, c, c->nkeys, c->argc, c->argv, c->lens)
+        : px_link_argv(n->link, c->extra_ms, command_reply_cb, c, c->argc, c->argv, c->lens);
     if (rc != PX_OK) wait_push(cl, c);
 }
 
@@ -311,7 +311,7 @@ static void gc_cb(struct ev_loop *loop, ev_timer *w, int revents)
     }
 }
 
-static void slots_reply(px_redis *r, redisReply *reply, void *priv)
+static void slots_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
     cl_node *asked = priv;       /* the node asked: freed only once idle (gc_cb) */
@@ -360,7 +360,7 @@ static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
     for (cl_node *m = cl->nodes; n == NULL && m; m = m->next)
         if (px_link_is_up(m->link)) n = m;
     cl->last_refresh = ev_now(loop);
-    if (n && px_link_argv(n->link, 0, slots_reply, n, 2, argv, lens) == PX_OK) {
+    if (n && px_link_argv(n->link, 0, slots_reply_cb, n, 2, argv, lens) == PX_OK) {
         cl->refreshing = true;
         return;
     }

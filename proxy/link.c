@@ -908,10 +908,10 @@ static int send_rcmd(px_link *l, px_rcmd *c, int argc, const char **argv, const 
     return PX_OK;
 }
 
-static void version_cb(px_redis *r, redisReply *reply, void *priv);
-static void script_loaded_cb(px_redis *r, redisReply *reply, void *priv);
-static void auth_cb(px_redis *r, redisReply *reply, void *priv);
-static void hello_cb(px_redis *r, redisReply *reply, void *priv);
+static void version_reply_cb(px_redis *r, redisReply *reply, void *priv);
+static void script_load_reply_cb(px_redis *r, redisReply *reply, void *priv);
+static void auth_reply_cb(px_redis *r, redisReply *reply, void *priv);
+static void handshake_reply_cb(px_redis *r, redisReply *reply, void *priv);
 
 /* The handshake's callbacks get their link through 'priv' (their commands are
  * sent with priv = the link, or a script). */
@@ -931,8 +931,8 @@ static void complete(px_link *l, px_rcmd *c, redisReply *rep)
         rcmd_free(c);
         return;
     }
-    if (rep && rep->type == REDIS_REPLY_ERROR && open && c->cb != version_cb &&
-        c->cb != script_loaded_cb && acl_refusal(rep->str)) {
+    if (rep && rep->type == REDIS_REPLY_ERROR && open && c->cb != version_reply_cb &&
+        c->cb != script_load_reply_cb && acl_refusal(rep->str)) {
         /* A missing ACL permission: not ready until the command goes through.
          * HELLO (the version check) and SCRIPT LOAD (EVAL works without it)
          * may be refused. The link is dropped, quietly: this line says why. */
@@ -965,8 +965,8 @@ static void complete(px_link *l, px_rcmd *c, redisReply *rep)
         return;
     }
     if ((rep == NULL || rep->type == REDIS_REPLY_ERROR) && !l->opts.cluster_node &&
-        c->cb != auth_cb && !(rep && strncmp(rep->str, "NOAUTH", 6) == 0)) {
-        /* (a NOAUTH is the handshake's to say, once: hello_cb) */
+        c->cb != auth_reply_cb && !(rep && strncmp(rep->str, "NOAUTH", 6) == 0)) {
+        /* (a NOAUTH is the handshake's to say, once: handshake_reply_cb) */
         px_redis_errors++;
         static px_log_limit limit;
         if (rep) px_log_limited(&limit, 1.0, PX_LOG_WARN, "redis %s: %s", l->opts.name, rep->str);
@@ -1015,7 +1015,7 @@ void px_script_init(px_script *s)
     if (nscripts < sizeof(scripts) / sizeof(scripts[0])) scripts[nscripts++] = s;
 }
 
-static void script_loaded_cb(px_redis *r, redisReply *reply, void *priv)
+static void script_load_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
     px_script *s = priv;
@@ -1055,7 +1055,7 @@ px_server_check px_redis_server_check(const redisReply *hello, char *ver, size_t
  * after a good server). */
 static char refused_ver[80];
 
-static void version_cb(px_redis *r, redisReply *reply, void *priv)
+static void version_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
     px_link *l = priv;
@@ -1083,7 +1083,7 @@ static void version_cb(px_redis *r, redisReply *reply, void *priv)
 /* AUTH refused (WRONGPASS, a disabled user...): one line for the process at
  * most every PX_REFUSED_LOG_S, not one per link and reconnect; not ready,
  * connecting again with backoff (the password file is read again then). */
-static void auth_cb(px_redis *r, redisReply *reply, void *priv)
+static void auth_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
     px_link *l = priv;
@@ -1096,7 +1096,7 @@ static void auth_cb(px_redis *r, redisReply *reply, void *priv)
     drop(l, "AUTH refused", PX_LOG_DEBUG);
 }
 
-static void hello_cb(px_redis *r, redisReply *reply, void *priv)
+static void handshake_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
     px_link *l = priv;
@@ -1197,15 +1197,15 @@ static void connect_start(px_link *l)
     if (l->opts.password_file) reread_password(l);
     if (l->opts.password) {
         if (l->opts.user)
-            link_cmd(l, auth_cb, l, "AUTH %s %s", l->opts.user, l->opts.password);
+            link_cmd(l, auth_reply_cb, l, "AUTH %s %s", l->opts.user, l->opts.password);
         else
-            link_cmd(l, auth_cb, l, "AUTH %s", l->opts.password);
+            link_cmd(l, auth_reply_cb, l, "AUTH %s", l->opts.password);
     }
-    if (l->opts.db) link_cmd(l, hello_cb, l, "SELECT %d", l->opts.db);
-    link_cmd(l, version_cb, l, "HELLO 2");
+    if (l->opts.db) link_cmd(l, handshake_reply_cb, l, "SELECT %d", l->opts.db);
+    link_cmd(l, version_reply_cb, l, "HELLO 2");
     for (size_t i = 0; i < nscripts; i++)
-        link_cmd(l, script_loaded_cb, scripts[i], "SCRIPT LOAD %s", scripts[i]->body);
-    link_cmd(l, hello_cb, l, "PING");
+        link_cmd(l, script_load_reply_cb, scripts[i], "SCRIPT LOAD %s", scripts[i]->body);
+    link_cmd(l, handshake_reply_cb, l, "PING");
 
     if (l->opts.unix_path) connect_unix(l);
     else resolve_start(l);

@@ -536,7 +536,7 @@ void px_proxy_trimmed(px_stream *st, const char *id, bool ack)
     px_log_info("stream %s: pending entry %s was trimmed or deleted; acked away", st->conf->stream, id);
     if (ack) {
         const char *argv[] = { "XACK", st->conf->stream, st->conf->group, id };
-        px_redis_strv(st->px->redis, NULL, NULL, 4, argv);
+        px_redis_strv(st->px->redis, st->conf->stream, NULL, NULL, 4, argv);
     }
 }
 

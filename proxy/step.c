@@ -113,17 +113,12 @@ static void ctx_unsent(cmd_ctx *ctx)
     ctx_put(ctx);
 }
 
-void px_step_cmd_at(px_entry *e, const char *key, px_reply_fn *on, int argc, const char **argv,
-                    const size_t *lens)
+void px_step_cmd(px_entry *e, const char *key, px_reply_fn *on, int argc, const char **argv,
+                 const size_t *lens)
 {
     cmd_ctx *ctx = ctx_new(e, on, true);
     if (px_redis_argv(e->st->px->redis, key, 0, entry_reply_cb, ctx, argc, argv, lens) != PX_OK)
         ctx_unsent(ctx);
-}
-
-void px_step_cmd(px_entry *e, px_reply_fn *on, int argc, const char **argv, const size_t *lens)
-{
-    px_step_cmd_at(e, argv[1], on, argc, argv, lens);
 }
 
 void px_step_script(px_entry *e, px_script *s, px_reply_fn *on, bool step, const char *key,

@@ -318,18 +318,83 @@ static void test_moved_to_unmapped_node(void)
     size_t stale = 0;
     m.hold_slots = true;               /* the refresh that MOVED j causes: held */
     const char *j[] = { "GET", "j" }, *k[] = { "GET", "k" };
-    test_cond("GET j sent", px_redis_strv(r, got_cb, &gj, 2, j) == PX_OK);
+    test_cond("GET j sent", px_redis_strv(r, "j", got_cb, &gj, 2, j) == PX_OK);
     run_until(loop, &gj.done, 3.0, r, &stale);
     for (int i = 0; i < 3000 && !m.held[0]; i++) run_until(loop, NULL, 0.001, NULL, NULL);
     test_cond("GET j answered after its MOVED", gj.done && gj.nil);
     test_cond("a map reply held back", m.held[0] != '\0');
-    test_cond("GET k sent", px_redis_strv(r, got_cb, &gk, 2, k) == PX_OK);
+    test_cond("GET k sent", px_redis_strv(r, "k", got_cb, &gk, 2, k) == PX_OK);
     run_until(loop, &gk.done, 3.0, r, &stale);
     test_cond("GET k answered once the map is asked again", gk.done && gk.nil);
     test_cond("no slot ever pointed at a freed node", stale == 0);
     if (stale) fprintf(stderr, "  %zu slots pointed at a freed node\n", stale);
     px_redis_destroy(r);
     fake_close(loop, &p);
+    run_until(loop, NULL, 0.05, NULL, NULL);
+}
+
+/* Issue 16: a command routes by the key its caller names, never by its second
+ * argument. Two masters, each with half the slots; XINFO GROUPS <stream> must
+ * reach the stream's master, though "GROUPS" hashes to the other one. */
+typedef struct route_map { int port[2]; } route_map;
+typedef struct route_node { route_map *map; int xinfo; } route_node;
+
+static void node_half(fake_node *n, fake_conn *c, int argc, char **argv)
+{
+    route_node *rn = n->data;
+    if (argc >= 1 && strcasecmp(argv[0], "PING") == 0) {
+        fake_send(c, "+PONG\r\n");
+    } else if (argc >= 2 && strcasecmp(argv[0], "CLUSTER") == 0) {
+        char map[300];
+        snprintf(map, sizeof(map), "*2\r\n*3\r\n:0\r\n:8191\r\n*2\r\n$9\r\n127.0.0.1\r\n:%d\r\n"
+                 "*3\r\n:8192\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:%d\r\n",
+                 rn->map->port[0], rn->map->port[1]);
+        fake_send(c, map);
+    } else if (argc >= 1 && strcasecmp(argv[0], "XINFO") == 0) {
+        rn->xinfo++;
+        fake_send(c, "*0\r\n");
+    } else {
+        fake_send(c, "$-1\r\n");
+    }
+}
+
+static void test_explicit_routing_key(void)
+{
+    struct ev_loop *loop = EV_DEFAULT;
+    route_map map;
+    route_node ra = { &map, 0 }, rb = { &map, 0 };
+    fake_node a = { .on_cmd = node_half, .data = &ra }, b = { .on_cmd = node_half, .data = &rb };
+    fake_listen(loop, &a);
+    fake_listen(loop, &b);
+    map.port[0] = a.port;
+    map.port[1] = b.port;
+    /* A stream on the other half from "GROUPS". */
+    bool groups_on_a = px_cluster_slot("GROUPS", 6) < 8192;
+    char stream[16] = "";
+    for (int i = 0; i < 100 && !stream[0]; i++) {
+        char s[16];
+        snprintf(s, sizeof(s), "orders-%d", i);
+        if ((px_cluster_slot(s, strlen(s)) < 8192) != groups_on_a) snprintf(stream, sizeof(stream), "%s", s);
+    }
+    char sa[32];
+    snprintf(sa, sizeof(sa), "127.0.0.1:%d", a.port);
+    const char *seeds[] = { sa };
+    px_redis_opts o = { .name = "test", .timeout_ms = 5000, .seeds = seeds, .nseeds = 1 };
+    px_redis *r = px_redis_create(loop, &o, NULL, NULL);
+    for (int i = 0; i < 5000 && !px_redis_is_up(r); i++) run_until(loop, NULL, 0.001, NULL, NULL);
+    test_cond("two-master cluster up", px_redis_is_up(r));
+    got g = {0};
+    const char *xinfo[] = { "XINFO", "GROUPS", stream };
+    test_cond("XINFO GROUPS sent", px_redis_strv(r, stream, got_cb, &g, 3, xinfo) == PX_OK);
+    run_until(loop, &g.done, 3.0, NULL, NULL);
+    route_node *owner = groups_on_a ? &rb : &ra, *other = groups_on_a ? &ra : &rb;
+    test_cond("XINFO GROUPS answered", g.done);
+    test_cond("XINFO GROUPS went to the stream's master", owner->xinfo == 1 && other->xinfo == 0);
+    if (!(owner->xinfo == 1 && other->xinfo == 0))
+        fprintf(stderr, "  stream %s: its master saw %d, the other %d\n", stream, owner->xinfo, other->xinfo);
+    px_redis_destroy(r);
+    fake_close(loop, &a);
+    fake_close(loop, &b);
     run_until(loop, NULL, 0.05, NULL, NULL);
 }
 
@@ -340,5 +405,6 @@ int main(void)
     test_redirect();
     test_parse_slots();
     test_moved_to_unmapped_node();
+    test_explicit_routing_key();
     return test_report();
 }

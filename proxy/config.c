@@ -707,9 +707,9 @@ static bool cfg_endpoint_ok(const char *ep, bool allow_remote, char *why, size_t
         snprintf(why, whylen, "'%.*s' must start with ipc:// or tcp://", cfg_echo_len(ep), ep);
         return false;
     }
-    /* The port follows the last ':' (a bare IPv6 host is accepted, as it always
-     * was); the host is nanomsg's to read (nn_tcp(7): "*" or an interface name
-     * on a bind), so only loopback is checked here. */
+    /* The port follows the last ':': nn_tcp(7) takes an IPv6 address with or
+     * without brackets, and "*" on a bind. The host is nanomsg's to read, so
+     * only loopback is checked here. */
     char host[PX_ADDR_HOST_MAX];
     int port;
     if (!px_addr_split(ep + 6, host, sizeof host, &port, PX_ADDR_BARE_IPV6)) {

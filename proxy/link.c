@@ -777,8 +777,9 @@ static void rio_cb(struct ev_loop *loop, ev_io *w, int revents)
         flush_out(l);     /* an SSL_write that wanted to read first */
 }
 
-/* Last of the loop turn's prepare watchers (EV_MINPRI: after the proxy's
- * flush_cb, which queues most commands): write what this turn queued, unless
+/* Among the last of the loop turn's prepare watchers (EV_MINPRI + 1: after
+ * the proxy's flush_cb, which queues most commands; before its loop-busy
+ * measure at EV_MINPRI): write what this turn queued, unless
  * the write watcher or TLS is already waiting to. Always active, so a command
  * queued by another prepare watcher in this same turn is still written
  * before the loop sleeps (a prepare started during the prepare phase would
@@ -1286,7 +1287,7 @@ px_link *px_link_create(struct ev_loop *loop, const px_redis_opts *opts, px_redi
     l->wio.data = l;
     ev_prepare_init(&l->flush, flush_prepare_cb);
     l->flush.data = l;
-    ev_set_priority(&l->flush, EV_MINPRI);
+    ev_set_priority(&l->flush, EV_MINPRI + 1);
     ev_prepare_start(loop, &l->flush);
     ev_timer_init(&l->deadline, deadline_cb, 0., 0.);
     l->deadline.data = l;

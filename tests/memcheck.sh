@@ -112,9 +112,9 @@ done
 # (their own time, durations under ASan on the 2-core dev machine, 2026-11-25)
 # whose code paths kept tests run too. Every proxy/*.c module stays exercised by
 # what is left: TLS (test_tls: verified, mutual, a missing client certificate, a
-# wrong CA, a plain server behind rediss://, a restart, the TLS files
-# loaded by check, a Cluster over TLS), Cluster (test_cluster: MOVED/ASK, a
-# master killed, every master, a dead letter's slot), auth (test_auth: the
+# wrong CA, a restart, the TLS files loaded by check, a Cluster over TLS), Cluster
+# (test_cluster: MOVED/ASK, every master, a dead letter's slot; a master killed and
+# failovers: the chaos cluster seeds under ASan below), auth (test_auth: the
 # minimal ACL scenario, no AUTH, a wrong password, every node's link), the
 # guarantee (test_guarantee, test_faults: busy, lease loss, the SIGTERM drain,
 # refused XACKs, Redis errors), operator commands (test_operator), metrics and

@@ -85,6 +85,11 @@ Knobs (environment, default):
                              or empty (not counted; saves a run per rate)
   BENCH_CLUSTER_N 100000     entries in the Redis Cluster rows (bench/cluster.py): 1, 2
                              and 3 idemproxy replicas against a local 3-master cluster
+  BENCH_TLS group/single      read modes/layouts of the TLS throughput rows: idemproxy on
+                             rediss:// to a TLS port of the same redis-server (a CA and
+                             a server pair made by the openssl CLI; TLS 1.3, the server's
+                             default ciphers), in the same rounds as the plain rows. (b)
+                             has no TLS row: it is built on hiredis 0.14, which has none.
   BENCH_AB_BIN ""             a second idemproxy binary for the A/B rows (unset or empty: no A/B)
   BENCH_AB_VARIANT group/single  read mode and layout of the A/B runs
   BENCH_AB_CONCURRENCY 16    handler threads of the one-connection worker
@@ -95,7 +100,7 @@ Knobs (environment, default):
   BENCH_AB_REPEAT (= BENCH_REPEAT)  A/B rounds
   BENCH_TIMEOUT 300          seconds any one wait may take
   IDEMPROXY_BIN build/idemproxy (copied first: a rebuild meanwhile is harmless)
-An empty BENCH_RATES, BENCH_LAYOUTS or BENCH_READS, or 0 for BENCH_SAMPLE_A, BENCH_HOLD or
+An empty BENCH_RATES, BENCH_LAYOUTS, BENCH_READS or BENCH_TLS, or 0 for BENCH_SAMPLE_A, BENCH_HOLD or
 BENCH_CLUSTER_N, skips that part: e.g. only the A/B rows,
   BENCH_AB_BIN=/tmp/before/build/idemproxy BENCH_N=50000 BENCH_READS= BENCH_SAMPLE_A=0 \
   BENCH_RATES= BENCH_HOLD=0 BENCH_CLUSTER_N=0 make -C bench run Prints the table and writes build/bench/results.md and
@@ -146,6 +151,7 @@ HOLD_INFLIGHT = HOLD + 256
 LAYOUTS = [x for x in env("BENCH_LAYOUTS", "single,split").split(",") if x]
 READS = [x for x in env("BENCH_READS", "group,plain").split(",") if x]
 VARIANTS = [f"{read}/{layout}" for read in READS for layout in LAYOUTS]   # "group/single", ...
+TLS_VARIANTS = [x for x in env("BENCH_TLS", "group/single").split(",") if x]
 LAT_LAYOUT = env("BENCH_LAT_LAYOUT", "single")
 BATCH = env("BENCH_BATCH", 256, int)
 PERF = env("BENCH_PERF", "")
@@ -239,12 +245,32 @@ class Bench:
         self.bin = self.tmp / "idemproxy"
         shutil.copy2(src, self.bin)
         self.port = free_port()
+        self.tls_port = free_port() if TLS_VARIANTS else 0
         self.redis_proc = spawn(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.tmp),
-             "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             "--save", "", "--appendonly", "no", *self.tls_args()],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.r = redis_lib.Redis(port=self.port, decode_responses=True)
         self.wait(self._ping, 10, "redis-server")
         self.nproxy = 0
+
+    def tls_args(self):
+        """The same redis-server also serves TLS on tls_port (no client certificate
+        wanted), with a CA and a server pair the openssl CLI makes here."""
+        if not self.tls_port:
+            return []
+        def openssl(*args):
+            subprocess.run(["openssl", *args], cwd=self.tmp, check=True, capture_output=True, timeout=60)
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=bench-ca",
+                "-keyout", "ca.key", "-out", "ca.crt")
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", "server.key",
+                "-out", "server.csr")
+        (self.tmp / "server.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+        openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                "-days", "2", "-extfile", "server.ext", "-out", "server.crt")
+        return ["--tls-port", str(self.tls_port), "--tls-cert-file", str(self.tmp / "server.crt"),
+                "--tls-key-file", str(self.tmp / "server.key"), "--tls-ca-cert-file", str(self.tmp / "ca.crt"),
+                "--tls-auth-clients", "no"]
 
     def _ping(self):
         try:
@@ -302,15 +328,18 @@ class Bench:
 
     # --- processes --------------------------------------------------------
 
-    def proxy(self, layout, max_inflight=MAX_INFLIGHT, ack_timeout_ms=30000, read="group", binary=None):
+    def proxy(self, layout, max_inflight=MAX_INFLIGHT, ack_timeout_ms=30000, read="group", binary=None,
+              tls=False):
         self.nproxy += 1
         name = f"proxy{self.nproxy}"
         endpoint = f"ipc://{self.tmp}/app.sock"
         mport = free_port()
         cfg = self.tmp / f"{name}.yaml"
         group = f"    group: {GROUP}\n" if read == "group" else ""
+        url = (f"rediss://127.0.0.1:{self.tls_port}\n  tls: {{ca_file: '{self.tmp / 'ca.crt'}'}}" if tls
+               else f"redis://127.0.0.1:{self.port}")
         cfg.write_text(f"""redis:
-  url: redis://127.0.0.1:{self.port}
+  url: {url}
 app:
   endpoint: {endpoint}
   max_inflight: {max_inflight}
@@ -454,15 +483,16 @@ def spread(r):
     return f"{r['keys_per_s']:,.0f}" + (f" ({lo:,.0f}–{hi:,.0f})" if hi > lo else "")
 
 
-def throughput(b, variant, data, perf=None):
+def throughput(b, variant, data, perf=None, tls=False):
     read, layout = variant.split("/")
-    log(f"throughput, {read} read, layout {layout}: {N} entries loaded, {data['unique']} unique keys")
+    log(f"throughput, {read} read, layout {layout}{', TLS' if tls else ''}: {N} entries loaded, "
+        f"{data['unique']} unique keys")
     b.reset_stats()
     rcpu0 = b.redis_cpu()
     w = b.worker(f"ipc://{b.tmp}/app.sock", expect=data["unique"])
     time.sleep(0.2)                                      # let the worker's sockets exist
-    p = b.proxy(layout, read=read)
-    perf = perf if variant == VARIANTS[0] else None
+    p = b.proxy(layout, read=read, tls=tls)
+    perf = perf if variant == VARIANTS[0] and not tls else None
     p.start(perf, OUT / f"perf{'-stat' if perf == 'stat' else ''}-{layout}")
     m = b.wait(lambda: p.finished(N), TIMEOUT, f"{N} entries done ({variant})")
     t_all = time.monotonic() - p.t0
@@ -475,7 +505,7 @@ def throughput(b, variant, data, perf=None):
     wr = w.stop()
     t_keys = (wr["expect_mono"] / 1e6 - p.t0) if wr["expect_mono"] else float("nan")
     res = {
-        "variant": variant, "read": read, "layout": layout, "entries": N, "unique": data["unique"], "load": loadavg(),
+        "variant": variant + (" tls" if tls else ""), "tls": tls, "read": read, "layout": layout, "entries": N, "unique": data["unique"], "load": loadavg(),
         "t_keys": t_keys, "t_all": t_all,
         "keys_per_s": data["unique"] / t_keys, "entries_per_s": N / t_all,
         "cpu_s": cpu, "cpu_per_1k": cpu / (N / 1000), "vmhwm_kib": hwm,
@@ -510,7 +540,7 @@ def throughput(b, variant, data, perf=None):
     if read == "group":
         b.r.xgroup_setid(STREAM, GROUP, "0")
     b.reset_stats()
-    p = b.proxy(layout, read=read)
+    p = b.proxy(layout, read=read, tls=tls)
     p.start()
     m = b.wait(lambda: p.finished(N), TIMEOUT, f"{N} copies skipped ({variant})")
     t_copy = time.monotonic() - p.t0
@@ -980,7 +1010,7 @@ def redis_cost_section(tp, base, a):
                      f"{pods_per_core(t['redis_cpu_us_per_key'] * fr):,.0f} / "
                      f"{pods_per_core(bb['redis_cpu_us_per_key'] * bfr):,.0f} |")
         else:
-            L.append(f"| {t['read']}, {t['layout']} | {t['redis_usec_per_key']:.2f} | | | {aa} | "
+            L.append(f"| {t['read']}, {t['layout']}{', TLS' if t.get('tls') else ''} | {t['redis_usec_per_key']:.2f} | | | {aa} | "
                      f"{t['redis_cpu_us_per_key']:.1f} / | {pods_per_core(t['redis_usec_per_entry']):,.0f} / | "
                      f"{pods_per_core(t['redis_cpu_us_per_key'] * fr):,.0f} / |")
     if a:
@@ -1093,7 +1123,8 @@ def report(meta, tp, base, lat, mem, allocs=None):
     L.append("| run | unique keys | keys/s | entries/s | copies/s | proxy CPU s / 1k entries | Redis commands / key |")
     L.append("|---|---:|---:|---:|---:|---:|---:|")
     for t in tp:
-        L.append(f"| idemproxy, {t['read']} read, layout {t['layout']} | {t['unique']} | {spread(t)} | "
+        L.append(f"| idemproxy, {t['read']} read, layout {t['layout']}{', TLS' if t.get('tls') else ''} | "
+                 f"{t['unique']} | {spread(t)} | "
                  f"{t['entries_per_s']:,.0f} | {t['copies_per_s']:,.0f} | {t['cpu_per_1k']:.3f} | "
                  f"{t['cmds_per_key']:.2f} |")
     a = base.get("a")
@@ -1106,6 +1137,8 @@ def report(meta, tp, base, lat, mem, allocs=None):
         if r:
             L.append(f"| (b) no proxy, pipelined ({BATCH}/batch), {read} read, layout {layout} | {r['keys']} | "
                      f"{spread(r)} | {r['entries_per_s']:,.0f} | | | {r['cmds_per_key']:.2f} |")
+    if TLS_VARIANTS:
+        L.append("| (b) over TLS | | not measured: bench_baseline is built on hiredis 0.14, which has no TLS | | | | |")
     L.append("")
     L.append("keys/s: unique keys / time from the proxy's start until the worker received the last one. "
              "entries/s: entries / time until every entry was done and XACKed (/metrics: read = N, "
@@ -1115,7 +1148,9 @@ def report(meta, tp, base, lat, mem, allocs=None):
              "consumer group, as seed 000 does. (b) reads as idemproxy does in the same read mode: "
              "group, XREADGROUP and one XACK per page after its done marks; plain, XRANGE and no XACK. "
              "Redis commands counted by INFO commandstats, which also "
-             "counts the GET/DEL a compare-and-delete script runs.\n")
+             "counts the GET/DEL a compare-and-delete script runs. TLS rows: idemproxy on rediss:// "
+             "to a TLS port of the same redis-server (the proxy verifies the server's certificate; "
+             "no client certificate), in the same rounds as the plain rows.\n")
 
     by = {t["variant"]: t for t in tp}
     L.append("| ratio | " + " | ".join(v.replace("/", " read, ") for v in VARIANTS) + " |")
@@ -1134,6 +1169,9 @@ def report(meta, tp, base, lat, mem, allocs=None):
     L.append("| idemproxy / (a), keys/s (no target: (a) is bound by the loopback round trip) | "
              + " | ".join(f"{ratio(v, a):.1f}" for v in VARIANTS) + " |")
     L.append("| copies/s / keys/s | " + " | ".join(f"{copy_ratio(v):.2f}" for v in VARIANTS) + " |")
+    L.append("| idemproxy over TLS / over plain TCP, keys/s | "
+             + " | ".join(f"{ratio(v + ' tls', by.get(v)):.2f}" if v in TLS_VARIANTS else ""
+                          for v in VARIANTS) + " |")
     L.append("")
 
     L += redis_cost_section(tp, base, a)
@@ -1167,7 +1205,8 @@ def report(meta, tp, base, lat, mem, allocs=None):
                  f"{mem['held_cmds_per_s']:,.0f} Redis commands/s while holding) | {mem['rss_later_kib'] / 1024:.1f} |")
         L.append(f"| the same, peak (VmHWM) | {mem['hwm_kib'] / 1024:.1f} |")
     for t in tp:
-        L.append(f"| peak (VmHWM) in the throughput run, {t['read']} read, layout {t['layout']} | "
+        L.append(f"| peak (VmHWM) in the throughput run, {t['read']} read, layout {t['layout']}"
+                 f"{', TLS' if t.get('tls') else ''} | "
                  f"{t['vmhwm_kib'] / 1024:.1f} |")
     L.append("")
 
@@ -1256,7 +1295,8 @@ def main():
                 Path(os.environ.get("IDEMPROXY_BIN", ROOT / "build" / "idemproxy")).stat().st_mtime)),
             "redis": subprocess.run(["redis-server", "--version"], capture_output=True,
                                     text=True).stdout.split(" sha=")[0]}
-    log(f"N={N} copies={COPIES} rates={RATES} variants={VARIANTS}; load average {meta['load_start']}")
+    log(f"N={N} copies={COPIES} rates={RATES} variants={VARIANTS} tls={TLS_VARIANTS}; "
+        f"load average {meta['load_start']}")
     tmp = tempfile.mkdtemp(prefix="idemproxy-bench-")
     b = Bench(tmp)
     failed = True
@@ -1265,10 +1305,12 @@ def main():
         # machine's load hits them alike; each row reports its median round.
         tp_runs = {v: [] for v in VARIANTS}
         base_runs = {}
-        for rnd in range(REPEAT if VARIANTS or SAMPLE_A else 0):
+        for rnd in range(REPEAT if VARIANTS or TLS_VARIANTS or SAMPLE_A else 0):
             log(f"round {rnd + 1} of {REPEAT}")
             for v in VARIANTS:
                 tp_runs[v].append(throughput(b, v, b.fresh(), perf=PERF if rnd == 0 else None))
+            for v in TLS_VARIANTS:
+                tp_runs.setdefault(v + " tls", []).append(throughput(b, v, b.fresh(), tls=True))
             if SAMPLE_A:
                 base_runs.setdefault("a", []).append(baseline(b, "a", "split", limit=min(SAMPLE_A, N)))
             for v in VARIANTS:

@@ -13,6 +13,8 @@
 #   STAGE/usr/lib/<multiarch>/<soname>                 each shared library ldd
 #                                                      lists, except glibc's
 #   STAGE/usr/share/doc/<package>/copyright            the licence of each
+#   STAGE/etc/ssl/certs/ca-certificates.crt            idemproxy: Debian's CA bundle,
+#   STAGE/usr/lib/ssl/cert.pem -> that bundle          where OpenSSL looks by default
 # glibc (libc6: libc, libm, ld-linux, ...) is left out: the runtime base image
 # has it. The libraries go where their Debian packages put them (usr-merged
 # paths), so the loader finds them without LD_LIBRARY_PATH or ldconfig.
@@ -28,7 +30,8 @@ cd "$root"
 case "$what" in
 idemproxy)
     pkgs="make gcc libc6-dev pkg-config protobuf-c-compiler libhiredis-dev libev-dev
-          libnanomsg-dev libprotobuf-c-dev libyaml-dev libjson-c-dev libmicrohttpd-dev libssl-dev"
+          libnanomsg-dev libprotobuf-c-dev libyaml-dev libjson-c-dev libmicrohttpd-dev libssl-dev
+          ca-certificates"
     bin=build/idemproxy
     build() { make -j"$(nproc)" build/idemproxy; } ;;
 worker)
@@ -93,5 +96,22 @@ ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | while read -r son
     fi
     echo "build.sh: staged $soname ($pkg)" >&2
 done
+
+# 4. idemproxy: the system CA store. Without redis.tls.ca_file, proxy/link.c calls
+# SSL_CTX_set_default_verify_paths, which reads OPENSSLDIR/cert.pem (Debian's
+# libssl3: /usr/lib/ssl/cert.pem, a link the openssl package makes to the bundle
+# ca-certificates builds). The slim base has neither package, and the runtime stage
+# installs nothing: the bundle and the link are staged, so rediss:// to a managed
+# Redis whose certificate a public CA signed works with no ca_file.
+if [ "$what" = idemproxy ]; then
+    bundle=/etc/ssl/certs/ca-certificates.crt
+    grep -q "BEGIN CERTIFICATE" "$bundle" 2>/dev/null ||
+        { echo "build.sh: no CA bundle at $bundle (package ca-certificates)" >&2; exit 1; }
+    mkdir -p "$stage/etc/ssl/certs" "$stage/usr/lib/ssl" "$stage/usr/share/doc/ca-certificates"
+    cp "$bundle" "$stage/etc/ssl/certs/ca-certificates.crt"
+    ln -s /etc/ssl/certs/ca-certificates.crt "$stage/usr/lib/ssl/cert.pem"
+    cp /usr/share/doc/ca-certificates/copyright "$stage/usr/share/doc/ca-certificates/copyright"
+    echo "build.sh: staged the CA bundle ($(grep -c "BEGIN CERTIFICATE" "$bundle") certificates)" >&2
+fi
 
 echo "build.sh: $what staged in $stage ($(du -sh "$stage" | cut -f1))" >&2

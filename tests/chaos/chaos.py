@@ -45,12 +45,19 @@ import pxtest  # noqa: E402
 from pxtest import RedisServer, RedisCluster, Proxy, pb, wait_for  # noqa: E402
 import redis as redis_lib  # noqa: E402
 from redis.crc import key_slot  # noqa: E402
+import test_tls  # noqa: E402 (the CA and pair makers, the TLS redis-server options)
 
 # The seeds `make test` runs (tests/run, suite "chaos"): chosen because each
 # reaches one of issue 15's defects on the code before its fix (README.md).
 FIXED_SEEDS = [0, 2, 4, 8, 14, 1003]
 # ... and against a Redis Cluster, with failovers, a master killed and slots migrated.
 FIXED_CLUSTER_SEEDS = [5, 12]
+# ... and over mutual TLS (--fixed --tls, suite "chaos-tls"): Redis restarted twice
+# with AOF (8), and a cluster's master killed and failed over (12).
+FIXED_TLS_SEEDS = [8]
+FIXED_TLS_CLUSTER_SEEDS = [12]
+# --tls: every proxy reaches Redis over mutual TLS (set by main()).
+TLS = False
 FIXED_BUDGET_S = 120
 SETTLE_CAP_S = 180
 FINAL_RSS_KB = 32 * 1024
@@ -312,8 +319,24 @@ class Worker(threading.Thread):
 class ChaosCluster(RedisCluster):
     """Three masters with a replica each, and the faults chaos does to them."""
 
-    def __init__(self, tmp):
-        super().__init__(tmp, masters=3, replicas=1, node_timeout=1000)
+    def __init__(self, tmp, pki=None):
+        # With a pki (--tls) each node also serves TLS clients on a port of its own,
+        # wanting a client certificate, and talks TLS on the bus and to its replica
+        # (tls-cluster, tls-replication); the plain ports stay for the harness.
+        self.pki, self.tls_ports = pki, {}
+        extra = ["--tls-cluster", "yes", "--tls-replication", "yes"] if pki else []
+        super().__init__(tmp, masters=3, replicas=1, node_timeout=1000, extra=extra)
+
+    def start_node(self, port):
+        if not self.pki:
+            return super().start_node(port)
+        tp = self.tls_ports.setdefault(port, pxtest.free_port())   # the same port after a restart
+        saved = self.extra
+        self.extra = [*saved, *test_tls.tls_server_args(self.pki, tp, "yes")]
+        try:
+            super().start_node(port)
+        finally:
+            self.extra = saved
 
     def connect(self):
         from redis.cluster import ClusterNode
@@ -390,6 +413,9 @@ class Run:
         self.unexpected = []
         self.entries = []         # (entry id, event)
         self.asan = _is_asan(binary)
+        self.c["tls"] = TLS
+        self.pki = None
+        self.not_tls = []         # --tls: what check_tls found not over TLS
 
     def log(self, *a):
         if self.verbose:
@@ -399,10 +425,16 @@ class Run:
     def start_redis(self):
         d = self.tmp / "redis"
         d.mkdir()
+        if self.c["tls"]:
+            self.pki = self.tmp / "pki"
+            self.pki.mkdir()
+            test_tls.make_ca(self.pki, "ca")
+            test_tls.make_pair(self.pki, "ca", "server", "redis.test", "DNS:localhost,IP:127.0.0.1")
+            test_tls.make_pair(self.pki, "ca", "client", "idemproxy")
         if self.c["cluster"]:
-            self.redis = ChaosCluster(d)
+            self.redis = ChaosCluster(d, self.pki)
             return
-        self.redis = RedisServer(d)
+        self.redis = test_tls.TLSRedis(d, self.pki, "yes") if self.pki else RedisServer(d)
         self.redis.stop()
         self.redis.start(extra=AOF)       # a restart keeps what was acknowledged
 
@@ -412,7 +444,17 @@ class Run:
         return redis_lib.Redis(port=self.redis.port, socket_timeout=10)
 
     def redis_address(self):
+        if self.pki and self.c["cluster"]:
+            return [f"127.0.0.1:{self.redis.tls_ports[p]}" for p in self.redis.ports[:2]]
+        if self.pki:
+            return f"rediss://127.0.0.1:{self.redis.tls_port}"
         return self.redis.seeds[:2] if self.c["cluster"] else self.redis.url
+
+    def redis_options(self):
+        if not self.pki:
+            return {}
+        return {"tls": test_tls.tls_flow(ca_file=self.pki / "ca.crt", cert_file=self.pki / "client.crt",
+                                         key_file=self.pki / "client.key")}
 
     def stream_conf(self, i):
         c = self.c
@@ -436,7 +478,8 @@ class Run:
             p = Proxy(self.tmp, f"replica{i}", self.redis_address(), ep, [self.stream_conf(i)],
                       timeout_ms=300, ack_timeout_ms=c["ack_timeout_ms"],
                       max_inflight=c["max_inflight"], max_entry_bytes=c["max_entry_bytes"],
-                      log_level="info", shutdown_grace_ms=c["shutdown_grace_ms"])
+                      log_level="info", shutdown_grace_ms=c["shutdown_grace_ms"],
+                      redis=self.redis_options())
             self.start_proxy(p)
             self.proxies.append(p)
             for j in range(c["workers_per_replica"]):
@@ -642,6 +685,24 @@ class Run:
             i_ = i
         self.hist.fault(kind, i_, t0, time.time())
 
+    def check_tls(self):
+        """--tls: the run was over TLS. The replicas still run: every Redis node that
+        serves the stream (a cluster's masters) counts a client on its TLS port, and
+        only the replicas (and a cluster's own replication links) connect there."""
+        if self.c["cluster"]:
+            nodes = [(self.redis.node(p), self.redis.tls_ports[p]) for p in self.redis.masters()]
+        else:
+            nodes = [(self.control(), self.redis.tls_port)]
+        for r, tls_port in nodes:
+            try:
+                # (a replica's replication link, flag S, comes there too: not counted)
+                ok = any(c.get("laddr", "").endswith(f":{tls_port}") and "S" not in c.get("flags", "")
+                         for c in r.client_list())
+            except redis_lib.exceptions.RedisError as e:
+                ok = f"{e!r}"
+            if ok is not True:
+                self.not_tls.append(f"no replica connected on TLS port {tls_port} ({ok})")
+
     def check_alive(self):
         for i, p in enumerate(self.proxies):
             if p.proc is not None and p.proc.poll() is not None:
@@ -712,6 +773,8 @@ class Run:
         while time.time() - t_mem < 3.0 and any(v and v[-1][1] > FINAL_RSS_KB for v in self.rss.values()):
             time.sleep(0.1)
         self.final_rss = {i: (v[-1][1] if v else 0) for i, v in self.rss.items()}
+        if self.pki:
+            self.check_tls()
         for i in range(len(self.proxies)):
             self.stop_replica(i, signal.SIGTERM)
         self.stopping.set()
@@ -791,6 +854,8 @@ def check(run):
 
     for f in run.unexpected:
         v.append(f"crash: {f}")
+    for f in getattr(run, "not_tls", []):
+        v.append(f"tls: {f}")
     for i, how, rc in run.exits:
         if how == "SIGTERM" and rc != 0:
             v.append(f"exit: replica{i} exited {rc} after SIGTERM (want 0)")
@@ -979,7 +1044,8 @@ def check(run):
 # --- driving seeds ------------------------------------------------------------------
 
 def describe(c):
-    parts = ["CLUSTER" if c["cluster"] else "", c["layout"], "group" if c["group"] else "group-less",
+    parts = ["CLUSTER" if c["cluster"] else "", "TLS" if c.get("tls") else "", c["layout"],
+             "group" if c["group"] else "group-less",
              f"lock_key/{c['on_busy']}" if c["lock_key"] else "no-lock_key",
              f"lease={c['lease_ms']}", f"wait={c['wait_ms']}", f"ack_to={c['ack_timeout_ms']}",
              f"inflight={c['max_inflight']}", f"replicas={c['replicas']}", f"mix={c['mix']}",
@@ -994,7 +1060,7 @@ def describe(c):
 def replay_cmd(seed, binary, cluster=False):
     b = Path(binary).resolve()
     default = (ROOT / "build" / "idemproxy").resolve()
-    cmd = f"make chaos SEED={seed}" + (" CLUSTER=1" if cluster else "")
+    cmd = f"make chaos SEED={seed}" + (" CLUSTER=1" if cluster else "") + (" TLS=1" if TLS else "")
     if b == default:
         return cmd
     rel = os.path.relpath(b.parent, ROOT)
@@ -1060,7 +1126,8 @@ def run_parallel(a, seeds):
         if a.fixed and time.time() - t0 > a.budget:
             return s, cluster, False, f"seed {s}{'c' if cluster else ''}: not run, the {a.budget:.0f} s budget is spent: counted failed\n"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--bin", str(pxtest.BIN), "--seeds", "1",
-               "--from", str(s)] + (["--cluster"] if cluster else []) + (["--keep"] if a.keep else [])
+               "--from", str(s)] + (["--cluster"] if cluster else []) + (["--keep"] if a.keep else []) \
+            + (["--tls"] if TLS else [])
         res = subprocess.run(cmd, capture_output=True, text=True)
         out = "".join(l + "\n" for l in res.stdout.splitlines()
                       if l.strip() and not l.startswith(("chaos:", "failed seeds:", "replay one:"))
@@ -1101,8 +1168,12 @@ def main():
                     help="run this many seeds at a time, each in its own process (default 1)")
     ap.add_argument("--cluster", action="store_true",
                     help="run the seeds against a Redis Cluster, with topology faults")
+    ap.add_argument("--tls", action="store_true",
+                    help="every proxy reaches Redis over mutual TLS; with --fixed, the fixed TLS seeds")
     a = ap.parse_args()
     pxtest.BIN = Path(a.bin).resolve()
+    global TLS
+    TLS = a.tls
     if a.show:
         seed = a.seed if a.seed is not None else a.first
         c = generate(seed)
@@ -1110,6 +1181,8 @@ def main():
         return 0
     if a.seed is not None:
         seeds, verbose = [(a.seed, a.cluster)], True
+    elif a.fixed and a.tls:
+        seeds, verbose = [(s, False) for s in FIXED_TLS_SEEDS] + [(s, True) for s in FIXED_TLS_CLUSTER_SEEDS], False
     elif a.fixed:
         seeds, verbose = [(s, False) for s in FIXED_SEEDS] + [(s, True) for s in FIXED_CLUSTER_SEEDS], False
     else:

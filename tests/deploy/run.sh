@@ -37,7 +37,7 @@ METRICS=${IDEMPROXY_METRICS:-tests/deploy/fixtures/metrics.txt}
 passed=0
 failed=0
 tmp=$(mktemp -d)
-trap 'umount "$tmp/pod/proc" "$tmp/pod-tls/proc" 2>/dev/null; rm -rf "$tmp"' EXIT
+trap 'umount "$tmp"/pod*/proc 2>/dev/null; rm -rf "$tmp"' EXIT
 started=$(date +%s)
 
 # check NAME CMD...: CMD must succeed.
@@ -174,6 +174,23 @@ only_staged_libs() {
 check "idemproxy needs no library beyond the staged ones and glibc" only_staged_libs "$root/$stage/idemproxy" usr/local/bin/idemproxy
 check "example_worker needs no library beyond the staged ones and glibc" only_staged_libs "$root/$stage/worker" usr/local/bin/example_worker
 
+# The system CA store in the idemproxy image (a rediss:// url with no ca_file):
+# Debian's bundle, and OPENSSLDIR/cert.pem, where SSL_CTX_set_default_verify_paths
+# looks, pointing at it. The pod smoke tests below show OpenSSL reading it.
+ca_store() {  # ca_store TREE
+    local tree=$1 dir n
+    dir=$(strings "$tree"/usr/lib/"$multiarch"/libcrypto.so.* | sed -n 's/^OPENSSLDIR: "\(.*\)"$/\1/p' | head -1)
+    echo "OPENSSLDIR of the staged libcrypto: ${dir:-none}"
+    [ "$(readlink "$tree$dir/cert.pem")" = /etc/ssl/certs/ca-certificates.crt ] ||
+        { echo "$dir/cert.pem is not a link to /etc/ssl/certs/ca-certificates.crt"; return 1; }
+    n=$(grep -c "BEGIN CERTIFICATE" "$tree/etc/ssl/certs/ca-certificates.crt" 2>/dev/null)
+    echo "/etc/ssl/certs/ca-certificates.crt: ${n:-0} certificates"
+    [ "${n:-0}" -ge 100 ]
+}
+check "the idemproxy image holds Debian's CA bundle where OpenSSL looks by default" ca_store "$root/$stage/idemproxy"
+mkdir -p "$tmp/no-ca" && cp -a "$stage/idemproxy/." "$tmp/no-ca/" && rm -f "$tmp/no-ca/etc/ssl/certs/ca-certificates.crt"
+expect_fail "negative: a tree without the bundle is refused" 'ca-certificates\.crt: 0 certificates' ca_store "$tmp/no-ca"
+
 # The runtime stage without Docker: a root holding only glibc (as the slim base
 # has it) and the staged tree. Needs root for chroot.
 make_root() {  # make_root DIR STAGED_TREE
@@ -202,11 +219,14 @@ except Exception as e: print(getattr(e, "code", 0))' "$1"; }
 # pod_smoke tls: the same with deploy/k8s/tls/configmap.yaml, the CA and the
 # client pair in the Secret's directory (mode 0440, group 10001), and a
 # redis-server that speaks only TLS and wants a client certificate.
+# pod_smoke tls-system-ca: the same with no ca_file in the config and the test CA
+# added to the image's bundle, as a public CA is there: the system store is read.
+# pod_smoke tls-system-ca-unknown: no ca_file and the bundle as staged: refused.
 pod_smoke() {
     local mode=${1:-plain} pod=$tmp/pod rport mport rpid="" ppid="" wpid="" ok=1 i
     local src=$tmp/k8s-config.yaml scheme=redis tlsargs=() cliargs=()
-    if [ "$mode" = tls ]; then
-        pod=$tmp/pod-tls src=$tmp/k8s-tls-config.yaml scheme=rediss
+    if [ "$mode" != plain ]; then
+        pod=$tmp/pod-$mode src=$tmp/k8s-tls-config.yaml scheme=rediss
         cliargs=(--tls --cacert "$tmp/certs/ca.crt" --cert "$tmp/certs/tls.crt" --key "$tmp/certs/tls.key")
         tlsargs=(--port 0 --tls-port) # then the port
     fi
@@ -218,7 +238,7 @@ pod_smoke() {
     install -d -m 0755 "$pod/etc/idemproxy" "$pod/var/run/secrets/redis"
     printf 'pod-secret\n' >"$pod/var/run/secrets/redis/password"
     chown 0:10001 "$pod/var/run/secrets/redis/password" && chmod 0440 "$pod/var/run/secrets/redis/password"
-    if [ "$mode" = tls ]; then
+    if [ "$mode" != plain ]; then
         install -d -m 0755 "$pod/var/run/secrets/redis-tls"
         install -o 0 -g 10001 -m 0440 "$tmp/certs/ca.crt" "$tmp/certs/tls.crt" "$tmp/certs/tls.key" \
             "$pod/var/run/secrets/redis-tls/" || return 1
@@ -231,11 +251,15 @@ pod_smoke() {
             { echo "cannot make the server's certificate"; return 1; }
     fi
     rport=$(free_port) && mport=$(free_port) || return 1
-    [ "$mode" = tls ] && tlsargs+=("$rport" --tls-cert-file "$tmp/certs/server.crt" --tls-key-file "$tmp/certs/server.key"
+    [ "$mode" != plain ] && tlsargs+=("$rport" --tls-cert-file "$tmp/certs/server.crt" --tls-key-file "$tmp/certs/server.key"
         --tls-ca-cert-file "$tmp/certs/ca.crt" --tls-auth-clients yes)
     sed -e "s#url: $scheme://redis:6379#url: $scheme://127.0.0.1:$rport#" \
         -e "s#listen: 0.0.0.0:9464#listen: 0.0.0.0:$mport#" \
         "$src" >"$pod/etc/idemproxy/idemproxy.yaml"
+    if [ "$mode" = tls-system-ca ] || [ "$mode" = tls-system-ca-unknown ]; then
+        sed -i '/^ *ca_file:/d' "$pod/etc/idemproxy/idemproxy.yaml"
+        [ "$mode" = tls-system-ca ] && cat "$tmp/certs/ca.crt" >>"$pod/etc/ssl/certs/ca-certificates.crt"
+    fi
     grep -q "$scheme://127.0.0.1:$rport" "$pod/etc/idemproxy/idemproxy.yaml" &&
         grep -q "0.0.0.0:$mport" "$pod/etc/idemproxy/idemproxy.yaml" || { echo "config not rewritten"; return 1; }
     # Each under timeout: nothing outlives a check that goes wrong.
@@ -251,6 +275,14 @@ pod_smoke() {
     for i in $(seq 100); do [ "$(http_code "http://127.0.0.1:$mport/readyz")" = 200 ] && break; sleep 0.1; done
     if [ "$(http_code "http://127.0.0.1:$mport/readyz")" != 200 ]; then
         echo "/readyz never 200 (Redis: $mode, a password from password_file)"; ok=0
+    fi
+    # Refused as it should be: the rest (copies, metrics, drain) would only wait out
+    # its timeouts (about 100 s of CI time); stop here with the log.
+    if [ "$mode" = tls-system-ca-unknown ] && [ "$ok" = 0 ]; then
+        kill -TERM "$wpid" "$ppid" "$rpid" 2>/dev/null; wait "$wpid" "$ppid" "$rpid" 2>/dev/null
+        umount "$pod/proc"
+        echo "--- idemproxy log"; tail -20 "$tmp/idemproxy.log"
+        return 1
     fi
     if ! HOSTNAME=pod-1 chroot --userspec=10001:10001 "$pod" /usr/local/bin/idemproxy health \
             -c /etc/idemproxy/idemproxy.yaml; then
@@ -513,6 +545,10 @@ if [ "$chroot_ok" = 1 ] && command -v redis-server >/dev/null && command -v redi
         "$PY" tests/deploy/check_dashboard.py -q --metrics "$tmp/live-metrics.txt" \
         deploy/grafana/idemproxy.json deploy/prometheus/alerts.yaml
     check "pod smoke test over mutual TLS: the config of deploy/k8s/tls, its Secret's files, a TLS-only Redis" pod_smoke tls
+    check "pod smoke test over mutual TLS with no ca_file: the server's CA found in the image's CA bundle" \
+        pod_smoke tls-system-ca
+    expect_fail "negative: with no ca_file and a CA the image's bundle lacks, the handshake is refused" \
+        'link lost: TLS handshake: certificate verify failed' pod_smoke tls-system-ca-unknown
 else
     skip "pod smoke test (needs root, chroot and redis-server)"
 fi

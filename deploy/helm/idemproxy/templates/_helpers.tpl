@@ -75,7 +75,7 @@ shared emptyDir, the metrics address the probes use).
 {{- fail "redis.tls.enabled needs a redis:// or rediss:// url, not unix://" }}
 {{- end }}
 {{- if and (not $tls.enabled) (hasPrefix "rediss://" $url) }}
-{{- fail "redis.url is rediss:// but redis.tls.enabled is false: the image has no system CA bundle; set redis.tls.enabled and redis.tls.existingSecret (a Secret with the CA's ca.crt)" }}
+{{- fail "redis.url is rediss:// but redis.tls.enabled is false: set redis.tls.enabled and redis.tls.existingSecret (a Secret with the CA's ca.crt)" }}
 {{- end }}
 {{- if $tls.enabled }}
 {{- $url = printf "rediss://%s" (trimPrefix "rediss://" (trimPrefix "redis://" $url)) }}

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from pxtest import Proxy, free_port, pending, publish, settled, wait_for
+from slowlink import SlowLink
 
 def proxy_at(env, url, stream, **app):
     """A proxy on 'url' (a forwarder, a host name) instead of env's Redis."""
@@ -128,6 +129,41 @@ def test_a_slow_history_read_never_counts_as_deliveries(env):
         assert pending(r, "room", "game-server") == 0
     finally:
         slow.close()
+
+
+def test_a_read_whose_reply_was_lost_is_not_a_delivery(env):
+    """Finding 1, its everyday form (harm: the first delivery of an entry says
+    attempt 2, and each lost read eats one of max_deliveries; SPEC 5.2
+    "attempt counts idemproxy's real deliveries").
+
+    The live XREADGROUP ... > is applied (the entries go to c1's pending list,
+    delivery count 1) and the link drops before its reply is in: a deadline,
+    a reset connection. The reader starts over with its history (XREADGROUP
+    from 0), which counts a second delivery, and counts_reply_cb takes that
+    count minus one as the attempts so far: the worker's first delivery of
+    the entry carries attempt 2 although no worker ever saw it.
+
+    Fix proposed: the reader remembers that a read's reply was lost (link.c
+    answers it with NULL) and, when its history read brings entries it never
+    handled, sets their count back by one with XCLAIM ... RETRYCOUNT JUSTID
+    (set_count) before taking the count as attempts; or, simpler, takes
+    count - 2 for the entries of the first history page after a lost read."""
+    r = env.r
+    r.xgroup_create("room", "game-server", id="0", mkstream=True)
+    link = SlowLink(env.redis.port, 0)
+    try:
+        p = proxy_at(env, link.url, STREAM)
+        # the live read (its last argument ">"), not the history read from 0
+        link.cut_reply_to(b"$1\r\n>\r\n",
+                          lambda: pending(r, "room", "game-server") == 1)
+        time.sleep(0.5)
+        publish(r, "room", [{"eventId": "e1"}])
+        w = env.worker(p.endpoint)
+        wait_for(lambda: w.keys() == ["e1"], timeout=15, what="delivered after the lost read")
+        assert link.cuts == 1
+        assert w.got[0].attempt == 1, f"first delivery sent as attempt {w.got[0].attempt}"
+    finally:
+        link.close()
 
 
 class Blackhole:

@@ -38,6 +38,7 @@
 
 #define PX_LINK_BACKOFF_MIN_MS 100
 #define PX_LINK_BACKOFF_MAX_MS 5000
+#define PX_ADDR_MIN_MS         50   /* the least a connect to one address of several gets */
 #define PX_SCRIPT_ARGC_MAX     8    /* EVALSHA sha numkeys + keys and arguments */
 #define PX_REFUSED_LOG_S       10.0 /* an AUTH or ACL refusal: one line at most this often */
 #define PX_REFUSED_MAX         8    /* commands remembered as refused (NOPERM) */
@@ -82,6 +83,7 @@ struct px_link {
     bool                tls_wants_read;  /* SSL_write waits for the socket to be readable */
     ev_timer            deadline;  /* the earliest pending command's deadline */
     ev_timer            retry;     /* reconnect backoff */
+    ev_timer            addr_wait; /* the connect to one address of several (try_next_addr) */
     ev_async            resolved;  /* the resolver thread is done */
     rjob               *job;       /* the lookup in flight */
     struct addrinfo    *addrs, *next_addr;   /* the lookup's answer, the next to try */
@@ -366,6 +368,47 @@ static void watch_fd(px_link *l)
 static void tls_start(px_link *l);
 static void opened(px_link *l);
 
+/* The address being tried: the one before next_addr. */
+static void tried_addr_text(px_link *l, char *at, size_t len)
+{
+    struct addrinfo *a = l->addrs, *prev = NULL;
+    for (; a && a != l->next_addr; a = a->ai_next) prev = a;
+    if (prev) addr_text(prev->ai_addr, at, len);
+}
+
+/* A connect that is never answered (a dead host, a firewall that drops) would
+ * hold the handshake's whole deadline and hide the addresses after it: each
+ * address but the last gets its share of the time left (at least
+ * PX_ADDR_MIN_MS), then its socket is closed and the next one tried, as after
+ * a refused connect. The last one has what is left: the deadline (deadline_cb). */
+static void addr_wait_start(px_link *l)
+{
+    size_t left = 0;
+    for (struct addrinfo *a = l->next_addr; a; a = a->ai_next) left++;
+    if (left == 0 || l->head == NULL) return;
+    double rest = l->head->deadline - ev_now(l->loop);
+    double share = rest / (double)(left + 1);
+    if (share < PX_ADDR_MIN_MS / 1000.0) share = PX_ADDR_MIN_MS / 1000.0;
+    ev_timer_set(&l->addr_wait, share, 0.);
+    ev_timer_start(l->loop, &l->addr_wait);
+}
+
+static void try_next_addr(px_link *l);
+
+static void addr_wait_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop; (void)revents;
+    px_link *l = w->data;
+    if (l->st != ST_CONNECTING || l->fd < 0) return;
+    char at[120] = "?";
+    tried_addr_text(l, at, sizeof(at));
+    snprintf(l->last_err, sizeof(l->last_err), "%s: connect timed out", at);
+    ev_io_stop(l->loop, &l->wio);
+    close(l->fd);
+    l->fd = -1;
+    try_next_addr(l);
+}
+
 /* Start a connect to the next address of the lookup; when none is left, the
  * link is lost with the last address's error. */
 static void try_next_addr(px_link *l)
@@ -389,6 +432,7 @@ static void try_next_addr(px_link *l)
         l->st = ST_CONNECTING;
         watch_fd(l);
         ev_io_start(l->loop, &l->wio);
+        addr_wait_start(l);
         return;
     }
     char why[400];
@@ -403,15 +447,11 @@ static void connect_done(px_link *l)
     if (getsockopt(l->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
     if (err == EINPROGRESS) return;
     ev_io_stop(l->loop, &l->wio);
+    ev_timer_stop(l->loop, &l->addr_wait);
     if (err) {
         char at[120] = "?";
         if (l->opts.unix_path) snprintf(at, sizeof(at), "%s", l->opts.unix_path);
-        else if (l->addrs) {
-            /* the address just tried is the one before next_addr */
-            struct addrinfo *a = l->addrs, *prev = NULL;
-            for (; a && a != l->next_addr; a = a->ai_next) prev = a;
-            if (prev) addr_text(prev->ai_addr, at, sizeof(at));
-        }
+        else tried_addr_text(l, at, sizeof(at));
         snprintf(l->last_err, sizeof(l->last_err), "%s: %s", at, strerror(err));
         close(l->fd);
         l->fd = -1;
@@ -823,6 +863,7 @@ static void close_conn(px_link *l)
 {
     ev_io_stop(l->loop, &l->rio);
     ev_io_stop(l->loop, &l->wio);
+    ev_timer_stop(l->loop, &l->addr_wait);
     l->tls_wants_read = false;
     rjob_abandon(l);
     if (l->addrs) freeaddrinfo(l->addrs);
@@ -1293,6 +1334,8 @@ px_link *px_link_create(struct ev_loop *loop, const px_redis_opts *opts, px_redi
     l->deadline.data = l;
     ev_timer_init(&l->retry, retry_cb, 0., 0.);
     l->retry.data = l;
+    ev_timer_init(&l->addr_wait, addr_wait_cb, 0., 0.);
+    l->addr_wait.data = l;
     ev_async_init(&l->resolved, resolved_cb);
     l->resolved.data = l;
     ev_async_start(loop, &l->resolved);
@@ -1325,6 +1368,7 @@ void px_link_destroy(px_link *l)
     l->dead = true;
     ev_timer_stop(l->loop, &l->deadline);
     ev_timer_stop(l->loop, &l->retry);
+    ev_timer_stop(l->loop, &l->addr_wait);
     ev_prepare_stop(l->loop, &l->flush);
     ev_async_stop(l->loop, &l->resolved);
     l->busy++;

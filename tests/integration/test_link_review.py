@@ -1,0 +1,241 @@
+"""An adversarial review of proxy/link.c (the connection to Redis) against the
+guarantee (SPEC 5.7) and the fault rules (SPEC 5.2, 5.6). Each test shows one
+finding, red on the code it was written against; its docstring names the
+finding and the fix proposed. Real redis-server, real idemproxy; a throttling
+TCP forwarder (Throttle, below) and a SYN-dropping listener (Blackhole) stand
+in for a slow network and a dead address."""
+import json
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from pxtest import Proxy, free_port, pending, publish, settled, wait_for
+from slowlink import SlowLink
+
+def proxy_at(env, url, stream, **app):
+    """A proxy on 'url' (a forwarder, a host name) instead of env's Redis."""
+    p = Proxy(env.tmp, f"proxy{len(env.proxies) + 1}", url, env.endpoint(), [stream], **app)
+    env.proxies.append(p)
+    return p.start()
+
+
+STREAM = {"stream": "room", "payload_field": "payload", "key": "#event.eventId",
+          "layout": "single", "group": "game-server", "consumer": "c1"}
+
+
+class Throttle:
+    """A TCP forwarder ('at', 127.0.0.1 by default) whose server-to-client direction carries at
+    most 'rate' bytes a second (None: as fast as it can). 'rate' may be changed
+    while connections are open: a network brownout that ends."""
+
+    def __init__(self, target_port, rate, at=("127.0.0.1", 0)):
+        self.target = ("127.0.0.1", target_port)
+        self.rate = rate
+        self.lsock = socket.socket()
+        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.lsock.bind(at)
+        self.lsock.listen(64)
+        self.port = self.lsock.getsockname()[1]
+        self.conns = []
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self):
+        return f"redis://127.0.0.1:{self.port}"
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                c, _ = self.lsock.accept()
+                u = socket.create_connection(self.target)
+            except OSError:
+                continue
+            self.conns += [c, u]
+            threading.Thread(target=self._pump, args=(c, u, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(u, c, True), daemon=True).start()
+
+    def _pump(self, src, dst, slow):
+        while True:
+            try:
+                data = src.recv(4096 if slow else 65536)
+                if not data:
+                    break
+                if slow and self.rate:
+                    time.sleep(len(data) / self.rate)
+                dst.sendall(data)
+            except OSError:
+                break
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self):
+        self.closed = True
+        self.lsock.close()
+        for s in self.conns:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+def test_a_slow_history_read_never_counts_as_deliveries(env):
+    """Finding 1 (harm: entries dead-lettered as exhausted that no worker ever
+    saw; SPEC 5.2 "attempt counts idemproxy's real deliveries", 5.5).
+
+    A read's reply that takes longer than its deadline to arrive (a large page
+    over a slow link) drops the link (link.c deadline_cb) after Redis has
+    applied the read. The group reader then starts over with its history,
+    XREADGROUP from 0 with the same COUNT (reader.c: page_seen only adapts after
+    a reply that arrived, and a history read has no BLOCK allowance), which
+    times out the same way, at every reconnect; and every history read raises
+    Redis' delivery count of each entry in the page, which idemproxy takes as
+    its attempt number. When the network recovers, the page's entries are
+    past max_deliveries and go to the dead-letter stream without a single
+    delivery.
+
+    Here: 16 entries of ~150 KB pending for c1 (a restart), the link to Redis
+    carries 300 KB/s for 8 s (a page takes 8 s, timeout_ms is 500), then full
+    speed. Every entry must reach the worker, none may be dead-lettered.
+
+    Fix proposed: a read lost to its deadline halves the stream's page_count
+    (to 1 at least), as a page over PX_PAGE_BYTES does, so the reader finds a
+    page that fits; and a history replay does not take Redis' count at face
+    value after reads this process lost (e.g. remember the ids of a lost
+    history page and set their count back with XCLAIM ... RETRYCOUNT JUSTID,
+    as set_count does for a re-read tracked entry)."""
+    r = env.r
+    r.xgroup_create("room", "game-server", id="0", mkstream=True)
+    pad = "x" * 150_000
+    keys = [f"big-{i}" for i in range(16)]
+    publish(r, "room", [{"eventId": k, "pad": pad} for k in keys])
+    r.xreadgroup("game-server", "c1", {"room": ">"}, count=16)     # c1's, before a restart
+    slow = Throttle(env.redis.port, 300_000)
+    try:
+        p = proxy_at(env, slow.url, dict(STREAM, max_deliveries=3, dead_letter="dlq"),
+                     timeout_ms=500)
+        w = env.worker(p.endpoint)
+        time.sleep(8)
+        slow.rate = None                                           # the brownout ends
+        wait_for(lambda: settled(p, "room", 16), timeout=30, what="every entry's outcome")
+        assert r.xlen("dlq") == 0, [f["idemproxy-reason"] for _, f in r.xrange("dlq")][:2]
+        assert sorted(w.keys()) == sorted(keys)
+        assert pending(r, "room", "game-server") == 0
+    finally:
+        slow.close()
+
+
+def test_a_read_whose_reply_was_lost_is_not_a_delivery(env):
+    """Finding 1, its everyday form (harm: the first delivery of an entry says
+    attempt 2, and each lost read eats one of max_deliveries; SPEC 5.2
+    "attempt counts idemproxy's real deliveries").
+
+    The live XREADGROUP ... > is applied (the entries go to c1's pending list,
+    delivery count 1) and the link drops before its reply is in: a deadline,
+    a reset connection. The reader starts over with its history (XREADGROUP
+    from 0), which counts a second delivery, and counts_reply_cb takes that
+    count minus one as the attempts so far: the worker's first delivery of
+    the entry carries attempt 2 although no worker ever saw it.
+
+    Fix proposed: the reader remembers that a read's reply was lost (link.c
+    answers it with NULL) and, when its history read brings entries it never
+    handled, sets their count back by one with XCLAIM ... RETRYCOUNT JUSTID
+    (set_count) before taking the count as attempts; or, simpler, takes
+    count - 2 for the entries of the first history page after a lost read."""
+    r = env.r
+    r.xgroup_create("room", "game-server", id="0", mkstream=True)
+    link = SlowLink(env.redis.port, 0)
+    try:
+        p = proxy_at(env, link.url, STREAM)
+        # the live read (its last argument ">"), not the history read from 0
+        link.cut_reply_to(b"$1\r\n>\r\n",
+                          lambda: pending(r, "room", "game-server") == 1)
+        time.sleep(0.5)
+        publish(r, "room", [{"eventId": "e1"}])
+        w = env.worker(p.endpoint)
+        wait_for(lambda: w.keys() == ["e1"], timeout=15, what="delivered after the lost read")
+        assert link.cuts == 1
+        assert w.got[0].attempt == 1, f"first delivery sent as attempt {w.got[0].attempt}"
+    finally:
+        link.close()
+
+
+class Blackhole:
+    """A listener on 'addr' whose accept queue is full: a connect to it is
+    never answered (the SYN is dropped), as with a dead host or a firewall
+    that drops. Linux only."""
+
+    def __init__(self, addr, port):
+        self.l = socket.socket()
+        self.l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.l.bind((addr, port))
+        self.l.listen(0)
+        self.fill = []
+        for _ in range(2):                  # take the one slot of the queue
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex((addr, port))
+            self.fill.append(s)
+        time.sleep(0.2)
+
+    def close(self):
+        for s in self.fill + [self.l]:
+            s.close()
+
+
+HOSTS = "/etc/hosts"
+MARK = "# idemproxy test_link_review"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access(HOSTS, os.W_OK),
+                    reason="rewrites /etc/hosts: needs root (CI runs as root)")
+def test_an_address_that_never_answers_does_not_hide_the_next(env, tmp_path):
+    """Finding 2 (harm: not ready for ever while Redis is reachable; SPEC 5.6).
+
+    link.c tries the next address of a lookup only when a connect fails
+    (connect_done, an error in SO_ERROR). A connect that is never answered
+    (a dead host, a dropping firewall, a stale DNS record) runs into the
+    handshake's deadline instead, which drops the link as a whole
+    (deadline_cb, ST_CONNECTING): the next address is never tried, and the
+    reconnect resolves the same answer in the same order and waits on the same
+    address again, for ever.
+
+    Here the name resolves to 127.0.0.1 (SYNs dropped) and 127.0.0.2 (Redis,
+    through a forwarder), in that order (RFC 6724 puts 127.0.0.1 first). The
+    proxy must connect and deliver.
+
+    Fix proposed: give each address its own connect timeout (a share of
+    timeout_ms, or timeout_ms / addresses left), and on it close that socket
+    and try_next_addr, as on a refused connect; or race them (Happy Eyeballs,
+    RFC 8305). Dropping the link only when the last address has failed."""
+    port = free_port()
+    name = "redis-review.test"
+    hole = Blackhole("127.0.0.1", port)
+    fwd = Throttle(env.redis.port, None, at=("127.0.0.2", port))
+    with open(HOSTS) as f:
+        before = f.read()
+    try:
+        with open(HOSTS, "r+") as f:      # in place: /etc/hosts may be a bind mount
+            f.seek(0)
+            f.write(before + f"127.0.0.1 {name} {MARK}\n127.0.0.2 {name} {MARK}\n")
+            f.truncate()
+        assert [a[4][0] for a in socket.getaddrinfo(name, port, socket.AF_INET,
+                                                     socket.SOCK_STREAM)] == ["127.0.0.1",
+                                                                              "127.0.0.2"]
+        p = proxy_at(env, f"redis://{name}:{port}", STREAM, timeout_ms=500)
+        w = env.worker(p.endpoint)
+        publish(env.r, "room", [{"eventId": "e1"}])
+        wait_for(lambda: w.keys() == ["e1"], timeout=15, what="delivered over the second address")
+    finally:
+        with open(HOSTS, "r+") as f:
+            f.seek(0)
+            f.write(before)
+            f.truncate()
+        hole.close()
+        fwd.close()

@@ -698,6 +698,22 @@ def latency_floor(b, rate):
     return json.loads(out)
 
 
+def loop_busy(m0, m1, n):
+    """idemproxy_loop_busy_seconds between two scrapes: loop iterations per
+    entry and the busy time per iteration at p50, p99, p99.9 and the largest,
+    each as its bucket's upper bound in µs (None: a binary without the metric)."""
+    name = "idemproxy_loop_busy_seconds"
+    b = sorted((float(k.split('le="')[1].rstrip('"}').replace("+Inf", "inf")), m1[k] - m0.get(k, 0))
+               for k in m1 if k.startswith(name + "_bucket{"))
+    if not b or not b[-1][1]:
+        return None
+    total = b[-1][1]
+    q = lambda x: next(le for le, c in b if c >= x * total) * 1e6
+    top = next(le for le, c in b if c >= total) * 1e6
+    return {"iterations_per_entry": total / n, "p50_us": q(0.5), "p99_us": q(0.99), "p999_us": q(0.999),
+            "max_us": top, "busy_s": m1.get(name + "_sum", 0) - m0.get(name + "_sum", 0)}
+
+
 def latency(b, rate, first):
     floor = latency_floor(b, rate)
     b.r.flushall()
@@ -713,6 +729,7 @@ def latency(b, rate, first):
     b.reset_stats()
     pid = p.proc.pid
     th0 = thread_stats(pid)
+    lb0 = p.metrics()
     cpu0 = p.cpu()
     data = b.load(rate=rate, seconds=RATE_SECONDS, prefix=f"r{rate}", copies=LAT_COPIES)
     m = b.wait(lambda: p.finished(data["entries"]), TIMEOUT, f"rate {rate} drained")
@@ -728,6 +745,7 @@ def latency(b, rate, first):
     res["redis_usec_per_entry"] = sum(usec.values()) / n
     res["commands"] = b.command_stats(skip=("xadd",))
     res["rss_kib"] = p.rss_kib()
+    res["loop_busy"] = loop_busy(lb0, m, n)
     p.stop()
     wr = w.stop()
     res.update(achieved=data["rate"], entries=data["entries"], unique=data["unique"],
@@ -742,6 +760,11 @@ def latency(b, rate, first):
     log(f"  per entry: proxy CPU {res['cpu_per_1k'] * 1000:.0f} µs; context switches (voluntary + not) "
         + ", ".join(f"{k} {v['voluntary']:.2f} + {v['nonvoluntary']:.2f}" for k, v in res["threads"].items())
         + f"; Redis {res['redis_usec_per_entry']:.2f} µs (commandstats, XADD left out)")
+    if res["loop_busy"]:
+        lb = res["loop_busy"]
+        log(f"  loop: {lb['iterations_per_entry']:.2f} iterations per entry; busy per iteration (bucket bounds) "
+            f"p50 ≤ {lb['p50_us']:g} µs, p99 ≤ {lb['p99_us']:g} µs, p99.9 ≤ {lb['p999_us']:g} µs, "
+            f"max ≤ {lb['max_us']:g} µs")
     if SYSCALLS:
         res["syscalls"] = syscalls(b, rate)
     return res
@@ -1022,6 +1045,14 @@ def tax_section(lat):
                          if by.get(k, 0) / x["entries"] >= 0.01]
                 cells.append(f"{t.get(k, 0):.2f}" + (f" ({', '.join(split)})" if len(x["by_thread"]) > 1 else ""))
             L.append(f"| `{k}` | " + " | ".join(cells) + " |")
+    lbs = [r.get("loop_busy") for r in lat]
+    if any(lbs):
+        L.append("| loop iterations (wake-ups of the main loop) | " + " | ".join(
+            f"{x['iterations_per_entry']:.2f}" if x else "" for x in lbs) + " |")
+        L.append("| loop busy µs per iteration, p50 / p99 / p99.9 / max (≤ bucket bound; "
+                 "idemproxy_loop_busy_seconds) | " + " | ".join(
+                     f"{x['p50_us']:g} / {x['p99_us']:g} / {x['p999_us']:g} / {x['max_us']:g}" if x else ""
+                     for x in lbs) + " |")
     L.append("| Redis µs (commandstats) | " + " | ".join(f"{r['redis_usec_per_entry']:.2f}" for r in lat) + " |")
     L.append("| pods per Redis core, each at this rate (commandstats) | " + " | ".join(
         f"{pods_per_core(r['redis_usec_per_entry'], r['rate']):,.0f}" for r in lat) + " |")

@@ -167,7 +167,7 @@ static void set_nx_get(px_entry *e, px_reply_fn *on, const char *key, const char
     const char *px = e->st->lease_s;
     const char *argv[] = { "SET", key, value, "NX", "PX", px, "GET" };
     size_t lens[] = { 3, strlen(key), strlen(value), 2, 2, strlen(px), 3 };
-    px_step_cmd(e, on, 7, argv, lens);
+    px_step_cmd(e, key, on, 7, argv, lens);
 }
 
 static void incr_fence(px_entry *e);
@@ -208,7 +208,7 @@ static void exists_mark(px_entry *e)
     dl_mark_name(e, &b);
     const char *argv[2] = { "EXISTS", b.data };
     size_t lens[2] = { 6, b.len };
-    px_step_cmd(e, on_mark_exists, 2, argv, lens);
+    px_step_cmd(e, b.data, on_mark_exists, 2, argv, lens);
     px_buf_deinit(&b);
 }
 
@@ -238,7 +238,7 @@ static void exists_done(px_entry *e)
 {
     const char *argv[2] = { "EXISTS", e->done_name };
     size_t lens[2] = { 6, e->done_name_len };
-    px_step_cmd(e, on_done_exists, 2, argv, lens);
+    px_step_cmd(e, e->done_name, on_done_exists, 2, argv, lens);
 }
 
 static void on_extended(px_entry *e, redisReply *r);
@@ -391,7 +391,7 @@ static void incr_fence(px_entry *e)
 {
     const char *argv[] = { "INCR", PX_FENCE_KEY };
     size_t lens[] = { 4, sizeof(PX_FENCE_KEY) - 1 };
-    px_step_cmd(e, on_fence, 2, argv, lens);
+    px_step_cmd(e, PX_FENCE_KEY, on_fence, 2, argv, lens);
 }
 
 /* --- lock_key -------------------------------------------------------------
@@ -403,7 +403,7 @@ static void incr_fence(px_entry *e)
  * is claimed afresh. Without the look, a copy that claimed the key after our
  * lease ran out would be delivered after our ack. */
 
-static void on_recheck_lock(px_entry *e, redisReply *r)
+static void on_lock_value(px_entry *e, redisReply *r)
 {
     char mine[32];
     lock_value(e, mine, sizeof(mine));
@@ -419,7 +419,7 @@ static void recheck_dedup(px_entry *e)
     size_t lens[2] = { 3, e->lock_name_len };
     e->claim.done = false;
     e->claim.recheck_mine = false;
-    px_step_cmd(e, on_recheck_lock, 2, argv, lens);
+    px_step_cmd(e, e->lock_name, on_lock_value, 2, argv, lens);
     if (e->st->conf->layout == PX_LAYOUT_SPLIT) exists_done(e);
 }
 
@@ -560,7 +560,7 @@ static void on_done_set(px_entry *e, redisReply *r)
     }
 }
 
-static void on_split_release(px_entry *e, redisReply *r)
+static void on_released(px_entry *e, redisReply *r)
 {
     if (e->outcome == PX_OUT_ACKED) on_extended(e, r);   /* 0: not our lock any more */
 }
@@ -669,7 +669,7 @@ static void dead_letter_add(px_entry *e, const char *reason)
     ARG("idemproxy-entry-id", 18);      ARG(e->id, strlen(e->id));
     ARG("idemproxy-attempts", 18);      ARG(attempts, strlen(attempts));
 #undef ARG
-    px_step_cmd_at(e, sc->dead_letter, on_dl_added, (int)n, argv, lens);
+    px_step_cmd(e, sc->dead_letter, on_dl_added, (int)n, argv, lens);
     px_buf_deinit(&mark);
     free(argv);
     free(lens);
@@ -682,7 +682,7 @@ static void commit_release(px_entry *e)
 {
     if (e->claim.has_dedup && e->st->conf->layout == PX_LAYOUT_SPLIT) {
             char val[32];
-        px_step_script(e, &release_script, on_split_release, true, e->lock_name,
+        px_step_script(e, &release_script, on_released, true, e->lock_name,
                      lock_value(e, val, sizeof(val)), NULL);
         e->claim.has_dedup = false;
         }
@@ -717,7 +717,8 @@ static void commit_one(px_entry *e)
         const char *argv[] = { "SET", e->done_name, val, "PX", ttl, "GET" };
         size_t lens[] = { 3, e->done_name_len, 1, 2, strlen(ttl), 3 };
         if (sc->layout == PX_LAYOUT_SINGLE && e->claim.done_sets < 255) e->claim.done_sets++;
-        px_step_cmd(e, on_done_set, sc->layout == PX_LAYOUT_SINGLE ? 6 : 5, argv, lens);
+        px_step_cmd(e, e->done_name, on_done_set, sc->layout == PX_LAYOUT_SINGLE ? 6 : 5, argv,
+                    lens);
         if (sc->layout == PX_LAYOUT_SINGLE) e->claim.has_dedup = false;  /* the done mark replaced it */
     }
     if (ordered) commit_release(e);

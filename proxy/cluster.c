@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "addr.h"
 #include "link.h"
 #include "log.h"
 
@@ -33,7 +34,7 @@ unsigned long long px_redis_redirects[2];
 typedef struct cl_node {
     px_cluster *cl;            /* (ref) */
     char        addr[280];     /* "host:port" */
-    char        host[256];
+    char        host[PX_ADDR_HOST_MAX];
     px_link    *link;
     bool        master;        /* in the current map */
     bool        pointed;       /* gc_cb: a slot points at it */
@@ -133,9 +134,10 @@ static cl_node *node_get(px_cluster *cl, const char *addr, bool create)
     for (cl_node *n = cl->nodes; n; n = n->next)
         if (strcmp(n->addr, addr) == 0) return n;
     if (!create) return NULL;
-    char host[256];
+    char host[PX_ADDR_HOST_MAX];
     int port;
-    if (!px_cluster_split_addr(addr, host, sizeof(host), &port)) return NULL;
+    /* A seed ("[::1]:7000") or what Redis sent ("::1:7000", unbracketed). */
+    if (!px_addr_split(addr, host, sizeof(host), &port, PX_ADDR_BARE_IPV6)) return NULL;
     cl_node *n = px_calloc(1, sizeof(*n));
     n->cl = cl;
     snprintf(n->addr, sizeof(n->addr), "%s", addr);
@@ -185,7 +187,7 @@ static void wait_push(px_cluster *cl, ccmd *c)
     }
 }
 
-static void ccmd_reply(px_redis *r, redisReply *reply, void *priv)
+static void command_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
     ccmd *c = priv;
@@ -236,8 +238,8 @@ static void dispatch(px_cluster *cl, ccmd *c)
         c->ask[0] = '\0';
     }
     int rc = c->script
-        ? px_link_script(n->link, c->script, ccmd_reply, c, c->nkeys, c->argc, c->argv, c->lens)
-        : px_link_argv(n->link, c->extra_ms, ccmd_reply, c, c->argc, c->argv, c->lens);
+        ? px_link_script(n->link, c->script, command_reply_cb, c, c->nkeys, c->argc, c->argv, c->lens)
+        : px_link_argv(n->link, c->extra_ms, command_reply_cb, c, c->argc, c->argv, c->lens);
     if (rc != PX_OK) wait_push(cl, c);
 }
 
@@ -309,7 +311,7 @@ static void gc_cb(struct ev_loop *loop, ev_timer *w, int revents)
     }
 }
 
-static void slots_reply(px_redis *r, redisReply *reply, void *priv)
+static void slots_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
     cl_node *asked = priv;       /* the node asked: freed only once idle (gc_cb) */
@@ -358,7 +360,7 @@ static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
     for (cl_node *m = cl->nodes; n == NULL && m; m = m->next)
         if (px_link_is_up(m->link)) n = m;
     cl->last_refresh = ev_now(loop);
-    if (n && px_link_argv(n->link, 0, slots_reply, n, 2, argv, lens) == PX_OK) {
+    if (n && px_link_argv(n->link, 0, slots_reply_cb, n, 2, argv, lens) == PX_OK) {
         cl->refreshing = true;
         return;
     }

@@ -43,10 +43,6 @@ typedef struct px_slot_range {
  * Returns the number of ranges, or -1 when the reply is not a slot map. */
 int px_cluster_parse_slots(const redisReply *r, const char *asked_host, px_slot_range **out);
 
-/* Split "host:port" (IPv6 hosts may contain ':', the port follows the last).
- * False when there is no port in 1..65535. */
-bool px_cluster_split_addr(const char *addr, char *host, size_t hostsize, int *port);
-
 /* --- the router (used by redis.c only) ----------------------------------- */
 
 typedef struct px_cluster px_cluster;

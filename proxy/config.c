@@ -69,6 +69,8 @@
 #include <unistd.h>
 #include <yaml.h>
 
+#include "addr.h"
+
 #define PX_CONFIG_DEFAULT_REDIS_URL         "redis://127.0.0.1:6379"
 #define PX_CONFIG_DEFAULT_REDIS_PORT        6379
 #define PX_CONFIG_DEFAULT_TIMEOUT_MS        1000
@@ -665,23 +667,17 @@ static bool cfg_ipv6ish(const char *s, size_t n)
 /*
  * 's' is "host:port" with host a name, an IPv4 address or a bracketed IPv6
  * address. With 'host_optional', ":port" (every interface) is accepted too.
+ * px_addr_split splits it as the daemon will (metrics.c, cluster.c), so a
+ * host too long for the daemon's buffers is refused here, not dropped later.
  */
 static bool cfg_host_port(const char *s, bool host_optional)
 {
-    const char *port;
-    if (s[0] == '[') {
-        const char *close = strchr(s, ']');
-        if (close == NULL || close[1] != ':' || !cfg_ipv6ish(s + 1, (size_t)(close - s - 1)))
-            return false;
-        port = close + 2;
-    } else {
-        const char *colon = strchr(s, ':');
-        if (colon == NULL) return false;
-        size_t hlen = (size_t)(colon - s);
-        if (!(hlen == 0 && host_optional) && !cfg_hostname(s, hlen)) return false;
-        port = colon + 1;
-    }
-    return cfg_port(port, strlen(port), NULL);
+    char host[PX_ADDR_HOST_MAX];
+    int port;
+    if (!px_addr_split(s, host, sizeof host, &port, host_optional ? PX_ADDR_HOST_OPTIONAL : 0))
+        return false;
+    size_t n = strlen(host);
+    return n == 0 || (s[0] == '[' ? cfg_ipv6ish(host, n) : cfg_hostname(host, n));
 }
 
 /* "localhost", 127.x.x.x or ::1, decided without resolving anything. */
@@ -713,19 +709,16 @@ static bool cfg_endpoint_ok(const char *ep, bool allow_remote, char *why, size_t
         snprintf(why, whylen, "'%.*s' must start with ipc:// or tcp://", cfg_echo_len(ep), ep);
         return false;
     }
-    const char *addr = ep + 6, *colon = strrchr(addr, ':');
-    if (colon == NULL || colon == addr || !cfg_port(colon + 1, strlen(colon + 1), NULL)) {
+    /* The port follows the last ':': nn_tcp(7) takes an IPv6 address with or
+     * without brackets, and "*" on a bind. The host is nanomsg's to read, so
+     * only loopback is checked here. */
+    char host[PX_ADDR_HOST_MAX];
+    int port;
+    if (!px_addr_split(ep + 6, host, sizeof host, &port, PX_ADDR_BARE_IPV6)) {
         snprintf(why, whylen, "'%.*s' needs a host and a port, as in tcp://127.0.0.1:5555",
                  cfg_echo_len(ep), ep);
         return false;
     }
-    size_t hlen = (size_t)(colon - addr);
-    if (hlen >= 2 && addr[0] == '[' && addr[hlen - 1] == ']') {
-        addr++;
-        hlen -= 2;
-    }
-    char host[256];
-    snprintf(host, sizeof host, "%.*s", (int)(hlen < sizeof host ? hlen : sizeof host - 1), addr);
     if (!allow_remote && !cfg_loopback(host)) {
         snprintf(why, whylen, "'%.*s' is not on a loopback address (127.0.0.1, localhost, "
                  "[::1]); set app.allow_remote: true to let remote workers connect",

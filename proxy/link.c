@@ -78,7 +78,9 @@ struct px_link {
     int                 fd;        /* -1 while down or resolving */
     SSL_CTX            *ctx;
     SSL                *ssl;
-    ev_io               rio, wio;
+    ev_io               rio, wio;  /* wio only while a write would block (EAGAIN) */
+    ev_prepare          flush;     /* writes 'out' once per loop turn (queue_out) */
+    bool                tls_wants_read;  /* SSL_write waits for the socket to be readable */
     ev_timer            deadline;  /* the earliest pending command's deadline */
     ev_timer            retry;     /* reconnect backoff */
     ev_async            resolved;  /* the resolver thread is done */
@@ -201,11 +203,14 @@ static bool leave(px_link *l)
     return !l->dead;
 }
 
-/* Queue RESP and have it written on the next loop turn (many commands of one
- * turn go in one write). */
+/* Queue RESP and have it written at the end of this loop turn, by the link's
+ * ev_prepare (flush_prepare_cb): many commands of one turn go in one write.
+ * The write is tried at once there and the write watcher started only when
+ * the socket is full (EAGAIN): starting and stopping it per write cost two
+ * epoll_ctl calls and an epoll_wait per command at low rates (issue 18). */
 static void queue_out(px_link *l)
 {
-    if (l->st == ST_OPEN && !ev_is_active(&l->wio)) ev_io_start(l->loop, &l->wio);
+    (void)l;
 }
 
 /* --- the resolver thread ------------------------------------------------- */
@@ -616,6 +621,7 @@ static void read_in(px_link *l);
 
 static void flush_out(px_link *l)
 {
+    l->tls_wants_read = false;
     while (l->out_off < l->out.len) {
         const char *p = l->out.data + l->out_off;
         size_t n = l->out.len - l->out_off;
@@ -627,7 +633,11 @@ static void flush_out(px_link *l)
             if (ret <= 0) {
                 int e = SSL_get_error(l->ssl, ret);
                 if (e == SSL_ERROR_WANT_WRITE) { ev_io_start(l->loop, &l->wio); return; }
-                if (e == SSL_ERROR_WANT_READ) { ev_io_stop(l->loop, &l->wio); return; }
+                if (e == SSL_ERROR_WANT_READ) {
+                    ev_io_stop(l->loop, &l->wio);
+                    l->tls_wants_read = true;     /* rio_cb writes again */
+                    return;
+                }
                 if (e == SSL_ERROR_SYSCALL && ERR_peek_error() == 0) {
                     /* The server may have said why before it closed (TLS 1.3: a client
                      * certificate it wanted, after the handshake): read its alert. */
@@ -786,6 +796,23 @@ static void rio_cb(struct ev_loop *loop, ev_io *w, int revents)
         flush_out(l);     /* an SSL_write that wanted to read first */
 }
 
+/* Among the last of the loop turn's prepare watchers (EV_MINPRI + 1: after
+ * the proxy's flush_cb, which queues most commands; before its loop-busy
+ * measure at EV_MINPRI): write what this turn queued, unless
+ * the write watcher or TLS is already waiting to. Always active, so a command
+ * queued by another prepare watcher in this same turn is still written
+ * before the loop sleeps (a prepare started during the prepare phase would
+ * only run on the next turn). */
+static void flush_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+    (void)loop; (void)revents;
+    px_link *l = w->data;
+    if (l->st != ST_OPEN || l->out_off >= l->out.len || ev_is_active(&l->wio) || l->tls_wants_read) return;
+    l->busy++;
+    flush_out(l);
+    leave(l);
+}
+
 static void wio_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
     (void)loop; (void)revents;
@@ -815,6 +842,7 @@ static void close_conn(px_link *l)
 {
     ev_io_stop(l->loop, &l->rio);
     ev_io_stop(l->loop, &l->wio);
+    l->tls_wants_read = false;
     rjob_abandon(l);
     if (l->addrs) freeaddrinfo(l->addrs);
     l->addrs = l->next_addr = NULL;
@@ -927,11 +955,11 @@ static int send_rcmd(px_link *l, px_rcmd *c, int argc, const char **argv, const 
     return PX_OK;
 }
 
-static void version_cb(px_redis *r, redisReply *reply, void *priv);
-static void script_loaded_cb(px_redis *r, redisReply *reply, void *priv);
-static void auth_cb(px_redis *r, redisReply *reply, void *priv);
-static void hello_cb(px_redis *r, redisReply *reply, void *priv);
-static void role_cb(px_redis *r, redisReply *reply, void *priv);
+static void version_reply_cb(px_redis *r, redisReply *reply, void *priv);
+static void script_load_reply_cb(px_redis *r, redisReply *reply, void *priv);
+static void auth_reply_cb(px_redis *r, redisReply *reply, void *priv);
+static void handshake_reply_cb(px_redis *r, redisReply *reply, void *priv);
+static void role_reply_cb(px_redis *r, redisReply *reply, void *priv);
 
 /* The handshake's callbacks get their link through 'priv' (their commands are
  * sent with priv = the link, or a script). */
@@ -951,8 +979,8 @@ static void complete(px_link *l, px_rcmd *c, redisReply *rep)
         rcmd_free(c);
         return;
     }
-    if (rep && rep->type == REDIS_REPLY_ERROR && open && c->cb != version_cb &&
-        c->cb != script_loaded_cb && acl_refusal(rep->str)) {
+    if (rep && rep->type == REDIS_REPLY_ERROR && open && c->cb != version_reply_cb &&
+        c->cb != script_load_reply_cb && acl_refusal(rep->str)) {
         /* A missing ACL permission: not ready until the command goes through.
          * HELLO (the version check) and SCRIPT LOAD (EVAL works without it)
          * may be refused. The link is dropped, quietly: this line says why. */
@@ -1000,8 +1028,8 @@ static void complete(px_link *l, px_rcmd *c, redisReply *rep)
         return;
     }
     if ((rep == NULL || rep->type == REDIS_REPLY_ERROR) && !l->opts.cluster_node &&
-        !l->opts.sentinel_peer && c->cb != auth_cb && !(rep && strncmp(rep->str, "NOAUTH", 6) == 0)) {
-        /* (a NOAUTH is the handshake's to say, once: hello_cb) */
+        !l->opts.sentinel_peer && c->cb != auth_reply_cb && !(rep && strncmp(rep->str, "NOAUTH", 6) == 0)) {
+        /* (a NOAUTH is the handshake's to say, once: handshake_reply_cb) */
         px_redis_errors++;
         static px_log_limit limit;
         if (rep) px_log_limited(&limit, 1.0, PX_LOG_WARN, "redis %s: %s", l->opts.name, rep->str);
@@ -1050,7 +1078,7 @@ void px_script_init(px_script *s)
     if (nscripts < sizeof(scripts) / sizeof(scripts[0])) scripts[nscripts++] = s;
 }
 
-static void script_loaded_cb(px_redis *r, redisReply *reply, void *priv)
+static void script_load_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
     px_script *s = priv;
@@ -1090,7 +1118,7 @@ px_server_check px_redis_server_check(const redisReply *hello, char *ver, size_t
  * after a good server). */
 static char refused_ver[80];
 
-static void version_cb(px_redis *r, redisReply *reply, void *priv)
+static void version_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
     px_link *l = priv;
@@ -1118,7 +1146,7 @@ static void version_cb(px_redis *r, redisReply *reply, void *priv)
 /* AUTH refused (WRONGPASS, a disabled user...): one line for the process at
  * most every PX_REFUSED_LOG_S, not one per link and reconnect; not ready,
  * connecting again with backoff (the password file is read again then). */
-static void auth_cb(px_redis *r, redisReply *reply, void *priv)
+static void auth_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
     px_link *l = priv;
@@ -1137,7 +1165,7 @@ static void auth_cb(px_redis *r, redisReply *reply, void *priv)
     drop(l, "AUTH refused", PX_LOG_DEBUG);
 }
 
-static void hello_cb(px_redis *r, redisReply *reply, void *priv)
+static void handshake_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
     px_link *l = priv;
@@ -1172,7 +1200,7 @@ static void hello_cb(px_redis *r, redisReply *reply, void *priv)
 /* ROLE of a master the sentinels named: anything but "master" (a replica
  * not yet promoted, or an address gone stale) is refused before a command is
  * written to it; the sentinels are asked again after the backoff. */
-static void role_cb(px_redis *r, redisReply *reply, void *priv)
+static void role_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
     px_link *l = priv;
@@ -1264,18 +1292,18 @@ static void connect_start(px_link *l)
     if (l->opts.password_file) reread_password(l);
     if (l->opts.password) {
         if (l->opts.user)
-            link_cmd(l, auth_cb, l, "AUTH %s %s", l->opts.user, l->opts.password);
+            link_cmd(l, auth_reply_cb, l, "AUTH %s %s", l->opts.user, l->opts.password);
         else
-            link_cmd(l, auth_cb, l, "AUTH %s", l->opts.password);
+            link_cmd(l, auth_reply_cb, l, "AUTH %s", l->opts.password);
     }
     if (!l->opts.sentinel_peer) {      /* a sentinel is not a data node */
-        if (l->opts.db) link_cmd(l, hello_cb, l, "SELECT %d", l->opts.db);
-        if (l->opts.check_role) link_cmd(l, role_cb, l, "ROLE");
-        link_cmd(l, version_cb, l, "HELLO 2");
+        if (l->opts.db) link_cmd(l, handshake_reply_cb, l, "SELECT %d", l->opts.db);
+        if (l->opts.check_role) link_cmd(l, role_reply_cb, l, "ROLE");
+        link_cmd(l, version_reply_cb, l, "HELLO 2");
         for (size_t i = 0; i < nscripts; i++)
-            link_cmd(l, script_loaded_cb, scripts[i], "SCRIPT LOAD %s", scripts[i]->body);
+            link_cmd(l, script_load_reply_cb, scripts[i], "SCRIPT LOAD %s", scripts[i]->body);
     }
-    link_cmd(l, hello_cb, l, "PING");
+    link_cmd(l, handshake_reply_cb, l, "PING");
 
     if (l->opts.unix_path) connect_unix(l);
     else resolve_start(l);
@@ -1327,6 +1355,10 @@ static px_link *link_new(struct ev_loop *loop, const px_redis_opts *opts, px_red
     l->rio.data = l;
     ev_io_init(&l->wio, wio_cb, -1, EV_WRITE);
     l->wio.data = l;
+    ev_prepare_init(&l->flush, flush_prepare_cb);
+    l->flush.data = l;
+    ev_set_priority(&l->flush, EV_MINPRI + 1);
+    ev_prepare_start(loop, &l->flush);
     ev_timer_init(&l->deadline, deadline_cb, 0., 0.);
     l->deadline.data = l;
     ev_timer_init(&l->retry, retry_cb, 0., 0.);
@@ -1404,6 +1436,7 @@ void px_link_destroy(px_link *l)
     l->dead = true;
     ev_timer_stop(l->loop, &l->deadline);
     ev_timer_stop(l->loop, &l->retry);
+    ev_prepare_stop(l->loop, &l->flush);
     ev_async_stop(l->loop, &l->resolved);
     l->busy++;
     if (l->st != ST_DOWN) {

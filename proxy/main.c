@@ -14,6 +14,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "addr.h"
 #include "link.h"
 #include "log.h"
 #include "ops.h"
@@ -202,15 +203,13 @@ static int cmd_health(const char *path)
         listen = c->metrics_listen;
     }
     int rc = 1;
-    char host[256] = "", port[16] = "";
-    const char *colon = listen ? strrchr(listen, ':') : NULL;
-    if (colon == NULL || (size_t)(colon - listen) >= sizeof(host) || strlen(colon + 1) >= sizeof(port)) {
+    char host[PX_ADDR_HOST_MAX], port[8];
+    int portno;
+    if (!px_addr_split(listen, host, sizeof(host), &portno, PX_ADDR_HOST_OPTIONAL)) {
         fprintf(stderr, "idemproxy health: metrics are disabled or metrics.listen is malformed\n");
         goto out;
     }
-    memcpy(host, listen, (size_t)(colon - listen));
-    strcpy(port, colon + 1);
-    if (host[0] == '[') { memmove(host, host + 1, strlen(host)); host[strcspn(host, "]")] = '\0'; }
+    snprintf(port, sizeof(port), "%d", portno);
     /* A wildcard listen address is reached on loopback. */
     if (host[0] == '\0' || strcmp(host, "0.0.0.0") == 0 || strcmp(host, "*") == 0) strcpy(host, "127.0.0.1");
     if (strcmp(host, "::") == 0) strcpy(host, "::1");

@@ -35,6 +35,7 @@
 
 #include <microhttpd.h>
 
+#include "addr.h"
 #include "deliver.h"
 #include "log.h"
 #include "metrics.h"
@@ -63,6 +64,9 @@ const double px_ack_latency_bounds[PX_HIST_BUCKETS] = {
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 30 };
 const double px_lock_wait_bounds[PX_HIST_BUCKETS] = {
     0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30 };
+const double px_loop_busy_bounds[PX_HIST_BUCKETS] = {
+    0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+    0.025, 0.1, 1 };
 
 typedef struct px_metrics {
     struct MHD_Daemon *mhd;
@@ -107,6 +111,20 @@ static void series(px_buf *b, const char *family, const px_stream *st)
     label(b, st->conf->stream);
     px_buf_appends(b, "\",group=\"");
     label(b, st->conf->group ? st->conf->group : "");
+}
+
+/* A histogram of the whole process: no labels. */
+static void hist_process(px_buf *b, const char *name, const char *help, const px_hist *h,
+                         const double *bounds)
+{
+    px_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    unsigned long long cum = 0;
+    for (size_t i = 0; i <= PX_HIST_BUCKETS; i++) {
+        cum += h->counts[i];
+        if (i < PX_HIST_BUCKETS) px_buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], cum);
+        else px_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, cum);
+    }
+    px_buf_printf(b, "%s_sum %.6f\n%s_count %llu\n", name, h->sum, name, h->count);
 }
 
 static void hist(px_buf *b, px_proxy *px, const char *name, const char *help, size_t offset,
@@ -288,6 +306,9 @@ void px_metrics_render(px_proxy *px, px_buf *b)
          offsetof(px_stream, ack_latency), px_ack_latency_bounds);
     hist(b, px, "idemproxy_lock_wait_seconds", "From the first claim attempt to the locks held.",
          offsetof(px_stream, lock_wait), px_lock_wait_bounds);
+    hist_process(b, "idemproxy_loop_busy_seconds",
+                 "Per event-loop iteration, the time from waking up to waiting again.",
+                 &px->loop_busy, px_loop_busy_bounds);
 }
 
 bool px_metrics_ready(px_proxy *px)
@@ -458,31 +479,19 @@ static void mhd_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
     rearm(px);
 }
 
-/* Split "host:port" ("[::1]:9464" too). Returns PX_ERR when malformed. */
-static int split_listen(const char *listen, char *host, size_t hsize, char *port, size_t psize)
-{
-    const char *colon = strrchr(listen, ':');
-    if (colon == NULL || colon[1] == '\0') return PX_ERR;
-    const char *h = listen;
-    size_t hl = (size_t)(colon - listen);
-    if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') { h++; hl -= 2; }
-    if (hl >= hsize || strlen(colon + 1) >= psize) return PX_ERR;
-    memcpy(host, h, hl);
-    host[hl] = '\0';
-    strcpy(port, colon + 1);
-    return PX_OK;
-}
-
+/* metrics.listen as config.c checked it: "host:port", "[v6]:port" or ":port" (every interface). */
 int px_metrics_start(px_proxy *px)
 {
     const char *listen = px->conf->metrics_listen;
     if (listen == NULL || listen[0] == '\0') return PX_OK;
-    char host[256], port[16];
+    char host[PX_ADDR_HOST_MAX], port[8] = "";
+    int portno;
     struct addrinfo hints = {0}, *res = NULL;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_PASSIVE;
-    if (split_listen(listen, host, sizeof(host), port, sizeof(port)) != PX_OK ||
-        getaddrinfo(host[0] ? host : NULL, port, &hints, &res) != 0) {
+    bool split = px_addr_split(listen, host, sizeof(host), &portno, PX_ADDR_HOST_OPTIONAL);
+    if (split) snprintf(port, sizeof(port), "%d", portno);
+    if (!split || getaddrinfo(host[0] ? host : NULL, port, &hints, &res) != 0) {
         px_log_error("metrics: cannot resolve listen address %s", listen);
         return PX_ERR;
     }

@@ -24,7 +24,7 @@
 #include <hiredis/hiredis.h>
 
 #include "claim.h"
-#include "cluster.h"
+#include "addr.h"
 #include "event.h"
 #include "sentinel.h"
 
@@ -96,7 +96,7 @@ static bool sentinel_master(const px_config *c, const char *cmd, struct timeval 
     for (size_t i = 0; i < sn->nsentinels && !found; i++) {
         char shost[256], why[200] = "";
         int sport;
-        if (!px_cluster_split_addr(sn->sentinels[i], shost, sizeof(shost), &sport)) continue;
+        if (!px_addr_split(sn->sentinels[i], shost, sizeof(shost), &sport, 0)) continue;
         redisContext *ctx = redisConnectWithTimeout(shost, sport, tv);
         redisReply *r = NULL;
         if (ctx == NULL || ctx->err) {

@@ -134,6 +134,10 @@ struct px_proxy {
     px_deliver     *deliver;       /* deliver.c state */
     px_metrics     *metrics;       /* metrics.c state; NULL when disabled */
     ev_prepare      flush;         /* flushes the queues once per loop iteration */
+    ev_check        woke;          /* loop_busy: the loop is back from epoll_wait ... */
+    ev_prepare      sleeps;        /* ... and about to wait again (its last prepare) */
+    double          woke_at;       /* monotonic seconds; 0 before the first wake-up */
+    px_hist         loop_busy;     /* per loop iteration: woke -> sleeps */
     ev_signal       sigterm, sigint;
     ev_timer        grace;         /* shutdown grace */
     bool            stopping;

@@ -336,7 +336,7 @@ static void read_next(px_stream *st)
             rc = px_redis_argv(st->link, sc->stream, 0, create_reply_cb, st, 6, argv, lens);
         } else if (strcmp(sc->start, "$") == 0) {
             const char *argv[] = { "XREVRANGE", sc->stream, "+", "-", "COUNT", "1" };
-            rc = px_redis_strv(st->link, create_reply_cb, st, 6, argv);
+            rc = px_redis_strv(st->link, sc->stream, create_reply_cb, st, 6, argv);
         } else {
             snprintf(st->last_id, sizeof(st->last_id), "%s", sc->start);
             st->rstate = R_LIVE;

@@ -113,12 +113,13 @@ int px_redis_argv(px_redis *r, const char *key, long long extra_ms, px_redis_cb 
     return px_link_argv(r->link, extra_ms, cb, priv, argc, argv, lens);
 }
 
-int px_redis_strv(px_redis *r, px_redis_cb *cb, void *priv, int argc, const char **argv)
+int px_redis_strv(px_redis *r, const char *key, px_redis_cb *cb, void *priv, int argc,
+                  const char **argv)
 {
     size_t lens[16];
     if (argc > 16) return PX_ERR;
     for (int i = 0; i < argc; i++) lens[i] = strlen(argv[i]);
-    return px_redis_argv(r, argc > 1 ? argv[1] : NULL, 0, cb, priv, argc, argv, lens);
+    return px_redis_argv(r, key, 0, cb, priv, argc, argv, lens);
 }
 
 int px_redis_script(px_redis *r, px_script *s, px_redis_cb *cb, void *priv, int nkeys,

@@ -114,10 +114,15 @@ size_t px_redis_pending(const px_redis *r);
 int px_redis_argv(px_redis *r, const char *key, long long extra_ms, px_redis_cb *cb,
                   void *priv, int argc, const char **argv, const size_t *lens);
 
-/* px_redis_argv for NUL-terminated arguments, routed by argv[1]. */
-int px_redis_strv(px_redis *r, px_redis_cb *cb, void *priv, int argc, const char **argv);
+/* px_redis_argv for NUL-terminated arguments (at most 16), routed by 'key' as
+ * px_redis_argv is: the key whose slot holds the data (the stream of an XACK
+ * or an XINFO GROUPS), never an argument's position. */
+int px_redis_strv(px_redis *r, const char *key, px_redis_cb *cb, void *priv, int argc,
+                  const char **argv);
 
 /* Run script 's' with 'nkeys' keys followed by args; argv excludes EVALSHA/sha/numkeys.
+ * Routed by KEYS[1], argv[0] (any master when 'nkeys' is 0): a script declares
+ * its keys, and every one of them must share KEYS[1]'s slot on a cluster.
  * At most 5 keys and args together (PX_ERR otherwise). */
 int px_redis_script(px_redis *r, px_script *s, px_redis_cb *cb, void *priv, int nkeys,
                     int argc, const char **argv, const size_t *lens);

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cluster.h" /* px_cluster_split_addr */
+#include "addr.h"
 #include "log.h"
 
 #define PX_SN_ASK_AGAIN_S 1.0 /* every sentinel failed to answer: ask again after */
@@ -134,7 +134,7 @@ static void sub_want_cb(px_link *l, void *udata)
     char host[256];
     int port;
     const char *addr = s->addrs[s->sub_next++ % s->npeers];
-    if (px_cluster_split_addr(addr, host, sizeof(host), &port)) px_link_connect_to(l, host, port);
+    if (px_addr_split(addr, host, sizeof(host), &port, 0)) px_link_connect_to(l, host, port);
 }
 
 static void subscribed_cb(px_redis *r, redisReply *reply, void *priv)
@@ -206,7 +206,7 @@ px_sentinel *px_sentinel_create(struct ev_loop *loop, const px_redis_opts *opts,
         char host[256], name[300];
         int port = 0;
         s->addrs[i] = px_strdup(opts->sentinels[i]);
-        if (!px_cluster_split_addr(opts->sentinels[i], host, sizeof(host), &port))
+        if (!px_addr_split(opts->sentinels[i], host, sizeof(host), &port, 0))
             snprintf(host, sizeof(host), "%s", opts->sentinels[i]); /* config.c checked it */
         snprintf(name, sizeof(name), "sentinel %s", opts->sentinels[i]);
         p.name = name;

@@ -1,14 +1,16 @@
 /*
  * slots.c - the pure part of Redis Cluster routing (declared in cluster.h):
- * the hash slot of a key, MOVED/ASK errors, CLUSTER SLOTS replies and
- * "host:port" addresses. No loop, no connection: tests/unit/test_cluster.c
- * checks it on replies built by hiredis' own reader.
+ * the hash slot of a key, MOVED/ASK errors and CLUSTER SLOTS replies (their
+ * "host:port" addresses split by addr.c). No loop, no connection:
+ * tests/unit/test_cluster.c checks it on replies built by hiredis' own reader.
  */
 #include "cluster.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "addr.h"
 
 static uint16_t crc16(const char *p, size_t n)
 {
@@ -33,31 +35,14 @@ unsigned px_cluster_slot(const char *key, size_t len)
     return crc16(key, len) & (PX_CLUSTER_SLOTS - 1);
 }
 
-bool px_cluster_split_addr(const char *addr, char *host, size_t hostsize, int *port)
-{
-    const char *colon = strrchr(addr, ':');
-    if (colon == NULL || colon == addr) return false;
-    char *end;
-    long p = strtol(colon + 1, &end, 10);
-    if (*end || end == colon + 1 || p < 1 || p > 65535) return false;
-    const char *h = addr;
-    size_t n = (size_t)(colon - addr);
-    if (n >= 2 && h[0] == '[' && h[n - 1] == ']') { h++; n -= 2; }   /* "[::1]:7000" */
-    if (n == 0 || n >= hostsize) return false;
-    memcpy(host, h, n);
-    host[n] = '\0';
-    *port = (int)p;
-    return true;
-}
-
 bool px_cluster_redirect(const char *err, px_redirect *out)
 {
-    char kind[8], addr[sizeof(out->addr)], host[256];
+    char kind[8], addr[sizeof(out->addr)], host[PX_ADDR_HOST_MAX];
     unsigned slot;
     int port;
     if (sscanf(err, "%7s %u %279s", kind, &slot, addr) != 3) return false;
     if (strcmp(kind, "MOVED") != 0 && strcmp(kind, "ASK") != 0) return false;
-    if (slot >= PX_CLUSTER_SLOTS || !px_cluster_split_addr(addr, host, sizeof(host), &port))
+    if (slot >= PX_CLUSTER_SLOTS || !px_addr_split(addr, host, sizeof(host), &port, PX_ADDR_BARE_IPV6))
         return false;
     out->ask = kind[0] == 'A';
     out->slot = slot;

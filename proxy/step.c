@@ -65,7 +65,7 @@ void px_step_end(px_entry *e)
     step_check(e);
 }
 
-static void reply_cb(px_redis *r, redisReply *reply, void *priv)
+static void entry_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
     cmd_ctx ctx = *(cmd_ctx *)priv;
@@ -113,17 +113,12 @@ static void ctx_unsent(cmd_ctx *ctx)
     ctx_put(ctx);
 }
 
-void px_step_cmd_at(px_entry *e, const char *key, px_reply_fn *on, int argc, const char **argv,
-                    const size_t *lens)
+void px_step_cmd(px_entry *e, const char *key, px_reply_fn *on, int argc, const char **argv,
+                 const size_t *lens)
 {
     cmd_ctx *ctx = ctx_new(e, on, true);
-    if (px_redis_argv(e->st->px->redis, key, 0, reply_cb, ctx, argc, argv, lens) != PX_OK)
+    if (px_redis_argv(e->st->px->redis, key, 0, entry_reply_cb, ctx, argc, argv, lens) != PX_OK)
         ctx_unsent(ctx);
-}
-
-void px_step_cmd(px_entry *e, px_reply_fn *on, int argc, const char **argv, const size_t *lens)
-{
-    px_step_cmd_at(e, argv[1], on, argc, argv, lens);
 }
 
 void px_step_script(px_entry *e, px_script *s, px_reply_fn *on, bool step, const char *key,
@@ -132,6 +127,6 @@ void px_step_script(px_entry *e, px_script *s, px_reply_fn *on, bool step, const
     cmd_ctx *ctx = ctx_new(e, on, step);
     const char *argv[3] = { key, arg1, arg2 };
     size_t lens[3] = { strlen(key), strlen(arg1), arg2 ? strlen(arg2) : 0 };
-    if (px_redis_script(e->st->px->redis, s, reply_cb, ctx, 1, arg2 ? 3 : 2, argv, lens) != PX_OK)
+    if (px_redis_script(e->st->px->redis, s, entry_reply_cb, ctx, 1, arg2 ? 3 : 2, argv, lens) != PX_OK)
         ctx_unsent(ctx);
 }

@@ -34,11 +34,11 @@ typedef void px_reply_fn(px_entry *e, redisReply *r);
 void px_step_begin(px_entry *e, px_step_fn *done);
 void px_step_end(px_entry *e);
 
-/* A step's command about argv[1] ('key' for px_step_cmd_at), routed by that
- * key in a cluster. */
-void px_step_cmd(px_entry *e, px_reply_fn *on, int argc, const char **argv, const size_t *lens);
-void px_step_cmd_at(px_entry *e, const char *key, px_reply_fn *on, int argc, const char **argv,
-                    const size_t *lens);
+/* A step's command about 'key', routed by it in a cluster: the key whose slot
+ * holds what the command reads or writes, named by the caller, never found at
+ * an argument's position (an EVAL's key is its fourth). */
+void px_step_cmd(px_entry *e, const char *key, px_reply_fn *on, int argc, const char **argv,
+                 const size_t *lens);
 /* Script 's' on KEYS[1] 'key' with ARGV 'arg1' and 'arg2' (NULL: one ARGV);
  * part of the current step when 'step', else counted in io only. */
 void px_step_script(px_entry *e, px_script *s, px_reply_fn *on, bool step, const char *key,

@@ -14,6 +14,7 @@
  */
 #include <hiredis/hiredis.h>
 
+#include "addr.h"
 #include "cluster.h"
 #include "fuzz.h"
 #include "reply.h"
@@ -62,7 +63,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int port;
     if (px_cluster_redirect(text, &rd)) {
         FUZZ_CHECK(rd.slot < PX_CLUSTER_SLOTS, "redirect slot %u", rd.slot);
-        FUZZ_CHECK(px_cluster_split_addr(rd.addr, host, sizeof(host), &port), "addr %s", rd.addr);
+        FUZZ_CHECK(px_addr_split(rd.addr, host, sizeof(host), &port, PX_ADDR_BARE_IPV6), "addr %s",
+                   rd.addr);
     }
     free(text);
 

@@ -13,6 +13,7 @@ FAMILIES = ["idemproxy_entries_read_total", "idemproxy_outcomes_total", "idempro
             "idemproxy_protocol_errors_total",
             "idemproxy_inflight", "idemproxy_entries_pending", "idemproxy_redis_up",
             "idemproxy_workers_connected", "idemproxy_ack_latency_seconds", "idemproxy_lock_wait_seconds",
+            "idemproxy_loop_busy_seconds",
             "idemproxy_delivery_window", "idemproxy_group_lag", "idemproxy_group_pending",
             "idemproxy_build_info", "process_cpu_seconds_total", "process_resident_memory_bytes",
             "process_open_fds", "process_max_fds", "process_start_time_seconds"]
@@ -71,6 +72,36 @@ def test_numbers_add_up_after_copies_a_drop_and_a_bad_entry(env):
     assert m["idemproxy_workers_connected"] == 1
     assert m["idemproxy_redis_up"] == 1
     assert m["idemproxy_inflight"] == 0
+
+
+def test_loop_busy_counts_iterations_and_not_their_sleep(env):
+    """idemproxy_loop_busy_seconds (issue 18): one observation per loop iteration,
+    the time from waking up to waiting again. Entries handled add iterations; an
+    idle second adds a few (timers) but almost no busy time: the sleep in
+    epoll_wait is not counted."""
+    p = env.proxy([conf("room")])
+    env.worker(p.endpoint)
+    wait_for(lambda: has_group(env.r, "room", "g"), what="the group")
+    H = "idemproxy_loop_busy_seconds"
+
+    def hist():
+        m = p.metrics()
+        buckets = [(k, v) for k, v in m.items() if k.startswith(H + "_bucket{")]
+        return m[H + "_count"], m[H + "_sum"], buckets
+
+    c0, s0, _ = hist()
+    t0 = time.monotonic()
+    publish(env.r, "room", [{"eventId": f"k{i}"} for i in range(20)])
+    wait_for(lambda: pending(env.r, "room", "g") == 0 and env.r.xlen("room") == 20, what="all done")
+    c1, s1, buckets = hist()
+    assert c1 - c0 >= 5                       # reads, claims, deliveries, commits: several turns
+    assert 0 < s1 - s0 < time.monotonic() - t0
+    counts = [v for _, v in buckets]
+    assert counts == sorted(counts) and buckets[-1] == (H + '_bucket{le="+Inf"}', c1)
+    time.sleep(1.0)                           # idle: the lease timer still ticks
+    c2, s2, _ = hist()
+    assert c2 > c1
+    assert s2 - s1 < 0.1
 
 
 def test_readyz_follows_redis(env):

@@ -51,7 +51,8 @@ static void test_redirect(void)
     test_cond("IPv6 host", px_cluster_redirect("MOVED 1 ::1:7000", &r) && strcmp(r.addr, "::1:7000") == 0);
     static const char *bad[] = {
         "MOVED", "MOVED 12", "MOVED x 127.0.0.1:1", "MOVED 16384 127.0.0.1:1", "MOVED 1 host",
-        "MOVED 1 host:0", "MOVED 1 host:70000", "MOVED 1 :7000", "ERR unknown command", "MOVEDX 1 a:1",
+        "MOVED 1 host:0", "MOVED 1 host:70000", "MOVED 1 :7000", "MOVED 1 host:+7000",
+        "ERR unknown command", "MOVEDX 1 a:1",
         "TRYAGAIN Multiple keys request during rehashing of slot", "CLUSTERDOWN The cluster is down",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) test_cond(bad[i], !px_cluster_redirect(bad[i], &r));
@@ -112,23 +113,6 @@ static void test_parse_slots(void)
     }
     test_cond("NULL reply (link lost)", px_cluster_parse_slots(NULL, "h", &v) == -1);
 }
-
-static void test_split_addr(void)
-{
-    char host[64];
-    int port;
-    test_cond("host:port", px_cluster_split_addr("redis-0.redis:6379", host, sizeof(host), &port) &&
-                           strcmp(host, "redis-0.redis") == 0 && port == 6379);
-    test_cond("IPv6", px_cluster_split_addr("fe80::1:7000", host, sizeof(host), &port) &&
-                      strcmp(host, "fe80::1") == 0 && port == 7000);
-    test_cond("[IPv6]", px_cluster_split_addr("[::1]:7002", host, sizeof(host), &port) &&
-                        strcmp(host, "::1") == 0 && port == 7002);
-    test_cond("no port", !px_cluster_split_addr("localhost", host, sizeof(host), &port));
-    test_cond("port 0", !px_cluster_split_addr("h:0", host, sizeof(host), &port));
-    test_cond("port junk", !px_cluster_split_addr("h:12a", host, sizeof(host), &port));
-    test_cond("host too long", !px_cluster_split_addr("abcdefghij:1", host, 8, &port));
-}
-
 
 /* --- fake cluster nodes ------------------------------------------------------
  * A listening socket on the test's loop; each connection's commands (RESP
@@ -334,12 +318,12 @@ static void test_moved_to_unmapped_node(void)
     size_t stale = 0;
     m.hold_slots = true;               /* the refresh that MOVED j causes: held */
     const char *j[] = { "GET", "j" }, *k[] = { "GET", "k" };
-    test_cond("GET j sent", px_redis_strv(r, got_cb, &gj, 2, j) == PX_OK);
+    test_cond("GET j sent", px_redis_strv(r, "j", got_cb, &gj, 2, j) == PX_OK);
     run_until(loop, &gj.done, 3.0, r, &stale);
     for (int i = 0; i < 3000 && !m.held[0]; i++) run_until(loop, NULL, 0.001, NULL, NULL);
     test_cond("GET j answered after its MOVED", gj.done && gj.nil);
     test_cond("a map reply held back", m.held[0] != '\0');
-    test_cond("GET k sent", px_redis_strv(r, got_cb, &gk, 2, k) == PX_OK);
+    test_cond("GET k sent", px_redis_strv(r, "k", got_cb, &gk, 2, k) == PX_OK);
     run_until(loop, &gk.done, 3.0, r, &stale);
     test_cond("GET k answered once the map is asked again", gk.done && gk.nil);
     test_cond("no slot ever pointed at a freed node", stale == 0);
@@ -349,13 +333,78 @@ static void test_moved_to_unmapped_node(void)
     run_until(loop, NULL, 0.05, NULL, NULL);
 }
 
+/* Issue 16: a command routes by the key its caller names, never by its second
+ * argument. Two masters, each with half the slots; XINFO GROUPS <stream> must
+ * reach the stream's master, though "GROUPS" hashes to the other one. */
+typedef struct route_map { int port[2]; } route_map;
+typedef struct route_node { route_map *map; int xinfo; } route_node;
+
+static void node_half(fake_node *n, fake_conn *c, int argc, char **argv)
+{
+    route_node *rn = n->data;
+    if (argc >= 1 && strcasecmp(argv[0], "PING") == 0) {
+        fake_send(c, "+PONG\r\n");
+    } else if (argc >= 2 && strcasecmp(argv[0], "CLUSTER") == 0) {
+        char map[300];
+        snprintf(map, sizeof(map), "*2\r\n*3\r\n:0\r\n:8191\r\n*2\r\n$9\r\n127.0.0.1\r\n:%d\r\n"
+                 "*3\r\n:8192\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:%d\r\n",
+                 rn->map->port[0], rn->map->port[1]);
+        fake_send(c, map);
+    } else if (argc >= 1 && strcasecmp(argv[0], "XINFO") == 0) {
+        rn->xinfo++;
+        fake_send(c, "*0\r\n");
+    } else {
+        fake_send(c, "$-1\r\n");
+    }
+}
+
+static void test_explicit_routing_key(void)
+{
+    struct ev_loop *loop = EV_DEFAULT;
+    route_map map;
+    route_node ra = { &map, 0 }, rb = { &map, 0 };
+    fake_node a = { .on_cmd = node_half, .data = &ra }, b = { .on_cmd = node_half, .data = &rb };
+    fake_listen(loop, &a);
+    fake_listen(loop, &b);
+    map.port[0] = a.port;
+    map.port[1] = b.port;
+    /* A stream on the other half from "GROUPS". */
+    bool groups_on_a = px_cluster_slot("GROUPS", 6) < 8192;
+    char stream[16] = "";
+    for (int i = 0; i < 100 && !stream[0]; i++) {
+        char s[16];
+        snprintf(s, sizeof(s), "orders-%d", i);
+        if ((px_cluster_slot(s, strlen(s)) < 8192) != groups_on_a) snprintf(stream, sizeof(stream), "%s", s);
+    }
+    char sa[32];
+    snprintf(sa, sizeof(sa), "127.0.0.1:%d", a.port);
+    const char *seeds[] = { sa };
+    px_redis_opts o = { .name = "test", .timeout_ms = 5000, .seeds = seeds, .nseeds = 1 };
+    px_redis *r = px_redis_create(loop, &o, NULL, NULL);
+    for (int i = 0; i < 5000 && !px_redis_is_up(r); i++) run_until(loop, NULL, 0.001, NULL, NULL);
+    test_cond("two-master cluster up", px_redis_is_up(r));
+    got g = {0};
+    const char *xinfo[] = { "XINFO", "GROUPS", stream };
+    test_cond("XINFO GROUPS sent", px_redis_strv(r, stream, got_cb, &g, 3, xinfo) == PX_OK);
+    run_until(loop, &g.done, 3.0, NULL, NULL);
+    route_node *owner = groups_on_a ? &rb : &ra, *other = groups_on_a ? &ra : &rb;
+    test_cond("XINFO GROUPS answered", g.done);
+    test_cond("XINFO GROUPS went to the stream's master", owner->xinfo == 1 && other->xinfo == 0);
+    if (!(owner->xinfo == 1 && other->xinfo == 0))
+        fprintf(stderr, "  stream %s: its master saw %d, the other %d\n", stream, owner->xinfo, other->xinfo);
+    px_redis_destroy(r);
+    fake_close(loop, &a);
+    fake_close(loop, &b);
+    run_until(loop, NULL, 0.05, NULL, NULL);
+}
+
 int main(void)
 {
     px_log_setup(PX_LOG_WARN, PX_LOG_TEXT);
     test_slots();
     test_redirect();
     test_parse_slots();
-    test_split_addr();
     test_moved_to_unmapped_node();
+    test_explicit_routing_key();
     return test_report();
 }

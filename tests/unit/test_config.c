@@ -929,6 +929,35 @@ static void test_names(void)
     px_config_destroy(c);
 }
 
+/* A host the daemon cannot hold (PX_ADDR_HOST_MAX: a DNS name is at most 253
+ * characters) is refused by check. It used to pass: then metrics.listen failed
+ * at start and a cluster seed was silently left out (cluster.c's node_get). */
+static void test_long_hosts(void)
+{
+    char host[300], yaml[700];
+    for (int len = 253; len <= 256; len += 3) {
+        memset(host, 'h', (size_t)len);
+        host[len] = '\0';
+        bool fits = len < 256;
+        snprintf(yaml, sizeof yaml, "metrics:\n  listen: \"%s:9464\"\n" S, host);
+        if (fits) px_config_destroy(expect_ok("metrics.listen, a 253-character host", yaml));
+        else expect_error("metrics.listen, a 256-character host", yaml, "t.yaml:2:11: ",
+                          "metrics.listen: expected host:port");
+        snprintf(yaml, sizeof yaml, "redis:\n  cluster: [\"a:1\", \"%s:7000\"]\n" S, host);
+        if (fits) px_config_destroy(expect_ok("cluster seed, a 253-character host", yaml));
+        else expect_error("cluster seed, a 256-character host", yaml, "t.yaml:2:20: ",
+                          "redis.cluster[1]: expected host:port");
+        snprintf(yaml, sizeof yaml, "app:\n  allow_remote: true\n  endpoint: tcp://%s:5555\n" S, host);
+        if (fits) px_config_destroy(expect_ok("endpoint, a 253-character host", yaml));
+        else expect_error("endpoint, a 256-character host", yaml, "t.yaml:3:13: ",
+                          "needs a host and a port");
+    }
+    /* The endpoint's port follows the last ':', as it always did. */
+    px_config_destroy(expect_ok("endpoint, a bare IPv6 host", "app:\n  endpoint: tcp://::1:5555\n" S));
+    expect_error("endpoint, a stray bracket", "app:\n  allow_remote: true\n  endpoint: \"tcp://[::1]x:5555\"\n" S,
+                 "t.yaml:3:13: ", "needs a host and a port");
+}
+
 int main(void)
 {
     clear_env();
@@ -942,6 +971,7 @@ int main(void)
     test_env_overrides();
     test_urls();
     test_username();
+    test_long_hosts();
     px_diags_deinit(&diags);
     return test_report();
 }

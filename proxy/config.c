@@ -158,6 +158,7 @@ typedef struct cfg_parser {
     cfg_seen         top_seen[CFG_MAX_OPTS];
     cfg_seen         redis_seen[CFG_MAX_OPTS];
     cfg_seen         app_seen[CFG_MAX_OPTS];
+    bool             sentinel_used; /* redis.sentinel set to something (not {} or all empty) */
     cfg_stream_aux  *aux;        /* parallel to c->streams */
     char            *consumer;   /* the default consumer name, made once */
 } cfg_parser;
@@ -1337,11 +1338,20 @@ static void cfg_set_sentinel(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, vo
     }
     cfg_walk(p, v, cfg_sentinel_opts, &c->sentinel, name, seen);
     yaml_node_t *list = cfg_seen_val(cfg_sentinel_opts, seen, "sentinels");
+    bool no_list = list == NULL || (list->type == YAML_SEQUENCE_NODE &&
+                                    list->data.sequence.items.top == list->data.sequence.items.start);
+    /* {} or every value empty is no sentinel, as cluster: [] is no cluster
+     * (SPEC 4 shows the block with its empty defaults). */
+    p->sentinel_used = c->sentinel.master_name || !no_list || c->sentinel.username ||
+                       c->sentinel.password_file;
+    if (!p->sentinel_used) return;
+    if (c->sentinel.username && !c->sentinel.password_file)
+        cfg_error(p, v, "%s.username: set without %s.password_file (a user needs a password, as "
+                  "redis.username does)", name, name);
     if (c->sentinel.master_name == NULL)
         cfg_error(p, v, "%s.master_name: required (the name the sentinels know the master by, "
                   "as in SENTINEL get-master-addr-by-name)", name);
-    if (list == NULL || (list->type == YAML_SEQUENCE_NODE &&
-                         list->data.sequence.items.top == list->data.sequence.items.start))
+    if (no_list)
         cfg_error(p, list ? list : v, "%s.sentinels: at least one sentinel host:port is required",
                   name);
 }
@@ -1525,13 +1535,14 @@ static const cfg_opt cfg_top_opts[] = {
 
 /* ------------------------------------------------- checks after the walk */
 
-/* redis.url against redis.cluster, then the url itself. */
+/* redis.url against redis.cluster and redis.sentinel, then the url itself. */
 static void cfg_check_redis(cfg_parser *p)
 {
     px_config *c = p->c;
     yaml_node_t *url = cfg_seen_val(cfg_redis_opts, p->redis_seen, "url");
     char why[128];
-    yaml_node_t *sentinel = cfg_seen_val(cfg_redis_opts, p->redis_seen, "sentinel");
+    yaml_node_t *sentinel = p->sentinel_used ? cfg_seen_val(cfg_redis_opts, p->redis_seen,
+                                                            "sentinel") : NULL;
     if (sentinel != NULL && (c->redis_url != NULL || c->ncluster > 0)) {
         /* one way to find the data node: a url, cluster seeds or sentinels */
         cfg_error(p, sentinel, "redis.sentinel: cannot be used together with redis.%s; use "

@@ -1402,7 +1402,16 @@ void px_link_connect_to(px_link *l, const char *host, int port)
 
 void px_link_reset(px_link *l, const char *why)
 {
-    if (!l->dead && l->st != ST_DOWN) drop(l, why, PX_LOG_WARN);
+    if (l->dead) return;
+    if (l->st != ST_DOWN) {
+        drop(l, why, PX_LOG_WARN);
+    } else if (ev_is_active(&l->retry)) {
+        /* Down, waiting out a backoff grown against an address that is gone
+         * (a killed master): there is news now, so dial again at once. */
+        ev_timer_stop(l->loop, &l->retry);
+        l->backoff_ms = PX_LINK_BACKOFF_MIN_MS;
+        retry_cb(l->loop, &l->retry, 0);
+    }
 }
 
 void px_link_on_message(px_link *l, px_redis_cb *cb, void *priv)

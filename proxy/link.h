@@ -44,7 +44,8 @@ px_link *px_link_create_deferred(struct ev_loop *loop, const px_redis_opts *opts
  * want_cb asked; otherwise it is kept for the next connect. */
 void px_link_connect_to(px_link *l, const char *host, int port);
 
-/* Drop the connection (if any) saying 'why', and reconnect with backoff. */
+/* Drop the connection (if any) saying 'why', and reconnect with backoff; a
+ * link already down and waiting out its backoff reconnects at once. */
 void px_link_reset(px_link *l, const char *why);
 
 /* Pub/sub messages (["message", channel, text] after a SUBSCRIBE) go to 'cb'

@@ -2,6 +2,7 @@
 master, a replica and three sentinels (redis-server --sentinel) started in a
 temp dir. The master is asked of the sentinels, ROLE is checked, +switch-master
 is followed through a SENTINEL FAILOVER and a kill -9 under load, sentinel AUTH,
+the sentinel and the master over TLS,
 and `check` of the block."""
 import json
 import socket
@@ -464,3 +465,40 @@ def test_readonly_from_a_demoted_master_makes_it_ask_again(tmp_path, pair):
             e.close()
     finally:
         fake.close()
+
+
+def test_sentinel_and_master_over_tls(tmp_path):
+    """redis.tls with redis.sentinel: the sentinel and the master it names are
+    reached over TLS, verified against the test's CA (each keeps a plain port
+    for the test's own client; idemproxy is given only TLS ones)."""
+    from test_tls import make_ca, make_pair, tls_server_args
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    make_ca(pki, "ca")
+    make_pair(pki, "ca", "server", "redis.test", "IP:127.0.0.1")
+    m, m_tls, s, s_tls = free_ports(4)
+    args = tls_server_args(pki, 0)[2:]             # the files, and no client certificate
+    tls = [f"{args[i][2:]} {args[i + 1]}" for i in range(0, len(args), 2)]
+    procs = [redis_proc(tmp_path / "m", m, [f"tls-port {m_tls}", *tls])]
+    wait_for(lambda: ping(m), what="the master")
+    procs.append(redis_proc(tmp_path / "s", s, [
+        f"tls-port {s_tls}", *tls, "tls-replication yes",      # a sentinel dials masters with it
+        f"sentinel monitor {MASTER} 127.0.0.1 {m_tls} 1"], sentinel=True))
+    try:
+        wait_for(lambda: ping(s), what="the sentinel")
+        r = redis_lib.Redis(port=m, decode_responses=True)
+        e = SentinelEnv(tmp_path, r, [f"127.0.0.1:{s_tls}"])
+        try:
+            p = e.proxy([STREAM], redis={"tls": f"{{ca_file: '{pki / 'ca.crt'}'}}"})
+            w = e.worker(p.endpoint)
+            wait_for(lambda: ready(p), timeout=15, what="ready over TLS")
+            xadd(r, ["t1", "t2"])
+            wait_for(lambda: sorted(w.keys()) == ["t1", "t2"] and pending(r, "room", "g") == 0,
+                     timeout=10, what="delivered and acked")
+            assert f"says master {MASTER} is at 127.0.0.1:{m_tls}" in p.log_text()
+        finally:
+            e.close()
+    finally:
+        for pr in procs:
+            pr.kill()
+            pr.wait()

@@ -1,9 +1,8 @@
 """idemproxy behind Redis Sentinel (issue 16, SPEC 4 redis.sentinel): a real
 master, a replica and three sentinels (redis-server --sentinel) started in a
 temp dir. The master is asked of the sentinels, ROLE is checked, +switch-master
-is followed through a SENTINEL FAILOVER and a kill -9 under load, sentinel AUTH,
-the sentinel and the master over TLS,
-and `check` of the block."""
+is followed through a SENTINEL FAILOVER and a kill -9 under load; sentinel AUTH,
+TLS to the sentinel and the master, and `check` of the block."""
 import json
 import socket
 import subprocess

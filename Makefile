@@ -56,6 +56,7 @@ $(B)/tests/test_reply:    $(B)/proxy/reply.o $(B)/proxy/px.o
 $(B)/tests/test_jscan:    $(B)/proxy/jscan.o $(B)/proxy/px.o
 $(B)/tests/test_event:    $(B)/proxy/event.o $(B)/proxy/jscan.o $(B)/proxy/template.o $(B)/proxy/px.o
 $(B)/tests/test_addr:     $(B)/proxy/addr.o
+$(B)/tests/test_sentinel: $(B)/proxy/sentinel_reply.o
 $(B)/tests/test_cluster:  $(LIB_OBJ)
 $(B)/tests/test_redis:    $(LIB_OBJ)
 $(B)/tests/test_%: tests/unit/test_%.c

@@ -36,6 +36,8 @@
  *   password or db; ?query parameters are refused. rediss:// (or, with
  *   cluster seeds, a redis.tls mapping) means TLS; redis.tls with a redis://
  *   or unix:// url is an error (one of them is a mistake).
+ * - redis.sentinel (master_name, sentinels) stands for url and cluster and
+ *   goes with neither; redis.tls then means TLS to the sentinels and master.
  * - Beyond SPEC 4, also refused: timeout_ms, ack_timeout_ms, lease_ms and
  *   done_ttl_ms of 0 (a timeout or a Redis expiry of 0 cannot work), durations
  *   over 100 years, max_entry_bytes over INT_MAX, a dead_letter equal to the
@@ -156,6 +158,7 @@ typedef struct cfg_parser {
     cfg_seen         top_seen[CFG_MAX_OPTS];
     cfg_seen         redis_seen[CFG_MAX_OPTS];
     cfg_seen         app_seen[CFG_MAX_OPTS];
+    bool             sentinel_used; /* redis.sentinel set to something (not {} or all empty) */
     cfg_stream_aux  *aux;        /* parallel to c->streams */
     char            *consumer;   /* the default consumer name, made once */
 } cfg_parser;
@@ -1283,10 +1286,81 @@ static void cfg_set_tls(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *o
     cfg_walk(p, v, cfg_tls_opts, &c->redis_tls, name, seen);
 }
 
+/* redis.sentinel.sentinels: a list of "host:port" (as redis.cluster's seeds). */
+static void cfg_set_sentinels(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                              const char *name)
+{
+    px_sentinel_conf *sn = obj;
+    (void)o;
+    if (v->type != YAML_SEQUENCE_NODE) {
+        cfg_error(p, v, "%s: expected a list of host:port, got %s", name, cfg_kind(v));
+        return;
+    }
+    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    sn->sentinels = px_calloc(n ? n : 1, sizeof *sn->sentinels);
+    sn->nsentinels = 0;
+    for (size_t i = 0; i < n; i++) {
+        yaml_node_t *item = yaml_document_get_node(&p->doc, v->data.sequence.items.start[i]);
+        char iname[64];
+        cfg_scalar sc;
+        if (item == NULL) continue;
+        snprintf(iname, sizeof iname, "%s[%zu]", name, i);
+        if (!cfg_scalar_get(p, item, iname, "host:port", &sc)) continue;
+        if (cfg_host_port(sc.s, false)) {
+            sn->sentinels[sn->nsentinels++] = sc.s;
+            sc.s = NULL;
+        } else {
+            cfg_error(p, item, "%s: expected host:port, got '%.*s'", iname, cfg_echo_len(sc.s), sc.s);
+        }
+        cfg_scalar_free(&sc);
+    }
+}
+
+static const cfg_opt cfg_sentinel_opts[] = {
+    CFG_STR(px_sentinel_conf, master_name, CFG_EMPTY_NULL),
+    { .name = "sentinels", .set = cfg_set_sentinels },
+    CFG_STR(px_sentinel_conf, username, CFG_EMPTY_NULL),
+    CFG_STR(px_sentinel_conf, password_file, CFG_EMPTY_NULL),
+    { .name = NULL }
+};
+
+/* redis.sentinel: the block, then what it must hold (master_name, a sentinel). */
+static void cfg_set_sentinel(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                             const char *name)
+{
+    (void)o;
+    px_config *c = obj;
+    cfg_seen seen[CFG_MAX_OPTS] = {{0}};
+    if (v->type != YAML_MAPPING_NODE) {
+        cfg_error(p, v, "%s: expected a mapping (master_name, sentinels, username, "
+                  "password_file), got %s", name, cfg_kind(v));
+        return;
+    }
+    cfg_walk(p, v, cfg_sentinel_opts, &c->sentinel, name, seen);
+    yaml_node_t *list = cfg_seen_val(cfg_sentinel_opts, seen, "sentinels");
+    bool no_list = list == NULL || (list->type == YAML_SEQUENCE_NODE &&
+                                    list->data.sequence.items.top == list->data.sequence.items.start);
+    /* {} or every value empty is no sentinel, as cluster: [] is no cluster
+     * (SPEC 4 shows the block with its empty defaults). */
+    p->sentinel_used = c->sentinel.master_name || !no_list || c->sentinel.username ||
+                       c->sentinel.password_file;
+    if (!p->sentinel_used) return;
+    if (c->sentinel.username && !c->sentinel.password_file)
+        cfg_error(p, v, "%s.username: set without %s.password_file (a user needs a password, as "
+                  "redis.username does)", name, name);
+    if (c->sentinel.master_name == NULL)
+        cfg_error(p, v, "%s.master_name: required (the name the sentinels know the master by, "
+                  "as in SENTINEL get-master-addr-by-name)", name);
+    if (no_list)
+        cfg_error(p, list ? list : v, "%s.sentinels: at least one sentinel host:port is required",
+                  name);
+}
+
 static const cfg_opt cfg_redis_opts[] = {
     { .name = "url", .set = cfg_set_str, .offset = offsetof(px_config, redis_url),
       .flags = CFG_EMPTY_NULL },
     { .name = "cluster", .set = cfg_set_cluster },
+    { .name = "sentinel", .set = cfg_set_sentinel },
     CFG_STR(px_config, password_file, CFG_EMPTY_NULL),
     CFG_STR(px_config, username, CFG_EMPTY_NULL),
     CFG_MS(px_config, timeout_ms, 1),
@@ -1461,13 +1535,22 @@ static const cfg_opt cfg_top_opts[] = {
 
 /* ------------------------------------------------- checks after the walk */
 
-/* redis.url against redis.cluster, then the url itself. */
+/* redis.url against redis.cluster and redis.sentinel, then the url itself. */
 static void cfg_check_redis(cfg_parser *p)
 {
     px_config *c = p->c;
     yaml_node_t *url = cfg_seen_val(cfg_redis_opts, p->redis_seen, "url");
     char why[128];
-    if (c->redis_url != NULL && c->ncluster > 0) {
+    yaml_node_t *sentinel = p->sentinel_used ? cfg_seen_val(cfg_redis_opts, p->redis_seen,
+                                                            "sentinel") : NULL;
+    if (sentinel != NULL && (c->redis_url != NULL || c->ncluster > 0)) {
+        /* one way to find the data node: a url, cluster seeds or sentinels */
+        cfg_error(p, sentinel, "redis.sentinel: cannot be used together with redis.%s; use "
+                  "url for one server, cluster for Redis Cluster or sentinel for a master the "
+                  "sentinels follow", c->redis_url ? "url" : "cluster");
+    } else if (sentinel != NULL) {
+        return;
+    } else if (c->redis_url != NULL && c->ncluster > 0) {
         cfg_error(p, url, "redis.url: redis.url and a non-empty redis.cluster are both set; "
                   "use url for one server or cluster for Redis Cluster seeds");
     } else if (c->redis_url != NULL) {
@@ -1486,7 +1569,8 @@ static void cfg_check_tls(cfg_parser *p)
 {
     px_config *c = p->c;
     yaml_node_t *tls = cfg_seen_val(cfg_redis_opts, p->redis_seen, "tls");
-    if (c->ncluster > 0 && c->redis_tls_block) c->redis_tls.enabled = true;
+    if ((c->ncluster > 0 || c->sentinel.master_name) && c->redis_tls_block)
+        c->redis_tls.enabled = true;
     if (!c->redis_tls_block) return;
     if (c->redis_unix)
         cfg_error(p, tls, "redis.tls: set, but redis.url is a unix socket (TLS is for TCP)");
@@ -1664,6 +1748,9 @@ static void cfg_apply_env(cfg_parser *p)
         if (c->ncluster > 0)
             cfg_env_error(p, "IDEMPROXY_REDIS_URL", "cannot be used with redis.cluster "
                           "(the file lists cluster seeds)");
+        else if (c->sentinel.master_name)
+            cfg_env_error(p, "IDEMPROXY_REDIS_URL", "cannot be used with redis.sentinel "
+                          "(the file names sentinels)");
         else if (!cfg_redis_url(c, url, why, sizeof why))
             cfg_env_error(p, "IDEMPROXY_REDIS_URL", "invalid Redis url (%s); " CFG_URL_FORMS,
                           why);
@@ -1873,6 +1960,11 @@ void px_config_destroy(px_config *c)
     for (size_t i = 0; i < c->ncluster; i++) free(c->cluster[i]);
     free(c->cluster);
     free(c->password_file);
+    for (size_t i = 0; i < c->sentinel.nsentinels; i++) free(c->sentinel.sentinels[i]);
+    free(c->sentinel.sentinels);
+    free(c->sentinel.master_name);
+    free(c->sentinel.username);
+    free(c->sentinel.password_file);
     free(c->username);
     free((char *)c->redis_tls.ca_file);
     free((char *)c->redis_tls.cert_file);

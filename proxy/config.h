@@ -47,6 +47,17 @@ typedef struct px_stream_conf {
     int            line;            /* line of the block in the file, for messages */
 } px_stream_conf;
 
+/* redis.sentinel: the master named 'master_name' is asked of these Sentinels
+ * (SPEC 4). Their own credentials; the data node's (password_file, username)
+ * apply to the master. */
+typedef struct px_sentinel_conf {
+    char           *master_name;      /* NULL when redis.sentinel is not set */
+    char          **sentinels;        /* "host:port" */
+    size_t          nsentinels;
+    char           *username;         /* NULL: the default user */
+    char           *password_file;    /* NULL: no AUTH to the sentinels */
+} px_sentinel_conf;
+
 typedef struct px_config {
     char           *path;             /* the file, as given */
 
@@ -54,6 +65,7 @@ typedef struct px_config {
     char           *redis_url;        /* as configured (may hold a password: never log it) */
     char          **cluster;          /* seed nodes "host:port"; ncluster == 0 when unused */
     size_t          ncluster;
+    px_sentinel_conf sentinel;        /* redis.sentinel; master_name NULL when unused */
     char           *password_file;    /* NULL when not set; read by the daemon and check,
                                          not here */
     char           *username;         /* redis.username (ACL user); NULL when not set. Once

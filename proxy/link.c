@@ -35,6 +35,7 @@
 
 #include "log.h"
 #include "reply.h"
+#include "sentinel.h"
 
 #define PX_LINK_BACKOFF_MIN_MS 100
 #define PX_LINK_BACKOFF_MAX_MS 5000
@@ -97,6 +98,10 @@ struct px_link {
     unsigned            gen;       /* bumped at every drop */
     int                 busy;      /* callbacks running: a destroy waits for them */
     bool                dead;      /* destroyed while busy */
+    px_link_want_cb    *want_cb;   /* the owner sets the target (px_link_connect_to) */
+    bool                waiting;   /* down, waiting for px_link_connect_to */
+    px_redis_cb        *msg_cb;    /* pub/sub messages (px_link_on_message) */
+    void               *msg_priv;
 };
 
 unsigned long long px_redis_errors;
@@ -710,6 +715,14 @@ static void flush_out(px_link *l)
 
 static void complete(px_link *l, px_rcmd *c, redisReply *rep);
 
+/* A pub/sub message: ["message", channel, text]; the command FIFO has no
+ * entry for it. */
+static bool pubsub_message(const redisReply *r)
+{
+    return r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
+           r->element[0]->type == REDIS_REPLY_STRING && strcmp(r->element[0]->str, "message") == 0;
+}
+
 /* Hand every complete reply in the reader to its command. */
 static void dispatch_replies(px_link *l)
 {
@@ -726,6 +739,12 @@ static void dispatch_replies(px_link *l)
         if (reply == NULL) {
             readbuf_shrink(l->reader);
             break;
+        }
+        if (l->msg_cb && pubsub_message(reply)) {
+            redisReplyObjectFunctions *mfn = l->reader->fn;
+            l->msg_cb(l->owner, reply, l->msg_priv);
+            mfn->freeObject(reply);
+            continue;
         }
         px_rcmd *c = l->head;
         if (c == NULL) {
@@ -981,6 +1000,7 @@ static void version_reply_cb(px_redis *r, redisReply *reply, void *priv);
 static void script_load_reply_cb(px_redis *r, redisReply *reply, void *priv);
 static void auth_reply_cb(px_redis *r, redisReply *reply, void *priv);
 static void handshake_reply_cb(px_redis *r, redisReply *reply, void *priv);
+static void role_reply_cb(px_redis *r, redisReply *reply, void *priv);
 
 /* The handshake's callbacks get their link through 'priv' (their commands are
  * sent with priv = the link, or a script). */
@@ -1018,6 +1038,21 @@ static void complete(px_link *l, px_rcmd *c, redisReply *rep)
         rcmd_free(c);
         return;
     }
+    if (rep && rep->type == REDIS_REPLY_ERROR && open && l->opts.check_role &&
+        strncmp(rep->str, "READONLY", 8) == 0) {
+        /* A master the sentinels named has become a replica (a failover):
+         * nothing is written to it; the sentinels are asked again, and the
+         * command runs as after a lost link (SPEC 5.7). */
+        static px_log_limit limit;
+        px_redis_errors++;
+        px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_WARN, "redis %s: %s:%d answered READONLY: "
+                       "it is no longer the master; asking the sentinels again",
+                       l->opts.name, l->opts.host, l->opts.port);
+        drop(l, "not the master (READONLY)", PX_LOG_DEBUG);
+        if (c->cb) c->cb(l->owner, NULL, c->priv);
+        rcmd_free(c);
+        return;
+    }
     if (nrefused && rep && rep->type != REDIS_REPLY_ERROR && c->verb[0])
         refused_set(c->verb, false);
 
@@ -1034,7 +1069,7 @@ static void complete(px_link *l, px_rcmd *c, redisReply *rep)
         return;
     }
     if ((rep == NULL || rep->type == REDIS_REPLY_ERROR) && !l->opts.cluster_node &&
-        c->cb != auth_reply_cb && !(rep && strncmp(rep->str, "NOAUTH", 6) == 0)) {
+        !l->opts.sentinel_peer && c->cb != auth_reply_cb && !(rep && strncmp(rep->str, "NOAUTH", 6) == 0)) {
         /* (a NOAUTH is the handshake's to say, once: handshake_reply_cb) */
         px_redis_errors++;
         static px_log_limit limit;
@@ -1157,11 +1192,17 @@ static void auth_reply_cb(px_redis *r, redisReply *reply, void *priv)
     (void)r;
     px_link *l = priv;
     if (reply == NULL || l->st != ST_OPEN || reply->type != REDIS_REPLY_ERROR) return;
-    static px_log_limit limit;
+    static px_log_limit limit, sentinel_limit;
     char ub[160];
     px_redis_errors++;
-    px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_ERROR, "redis: AUTH refused for %s: %s "
-                   "(not ready; retrying with backoff)", user_text(l, ub, sizeof(ub)), reply->str);
+    if (l->opts.sentinel_peer)      /* its own credentials: redis.sentinel.* */
+        px_log_limited(&sentinel_limit, PX_REFUSED_LOG_S, PX_LOG_ERROR, "redis %s: AUTH refused "
+                       "by sentinel %s:%d for %s: %s (redis.sentinel.username, password_file; not "
+                       "ready; retrying with backoff)", l->opts.name, l->opts.host, l->opts.port,
+                       user_text(l, ub, sizeof(ub)), reply->str);
+    else
+        px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_ERROR, "redis: AUTH refused for %s: %s "
+                       "(not ready; retrying with backoff)", user_text(l, ub, sizeof(ub)), reply->str);
     drop(l, "AUTH refused", PX_LOG_DEBUG);
 }
 
@@ -1174,9 +1215,11 @@ static void handshake_reply_cb(px_redis *r, redisReply *reply, void *priv)
         /* No password configured, and the server wants one: as a refused AUTH. */
         static px_log_limit limit;
         px_redis_errors++;
-        px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_ERROR, "redis: the server wants a "
-                       "password and none is configured (redis.password_file): %s (not ready; "
-                       "retrying with backoff)", reply->str);
+        px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_ERROR, "redis%s%s: the server wants a "
+                       "password and none is configured (redis.%spassword_file): %s (not ready; "
+                       "retrying with backoff)", l->opts.sentinel_peer ? " " : "",
+                       l->opts.sentinel_peer ? l->opts.name : "",
+                       l->opts.sentinel_peer ? "sentinel." : "", reply->str);
         drop(l, "no password", PX_LOG_DEBUG);
         return;
     }
@@ -1188,17 +1231,41 @@ static void handshake_reply_cb(px_redis *r, redisReply *reply, void *priv)
     if (reply->type != REDIS_REPLY_STATUS || strcmp(reply->str, "PONG") != 0) return;
     /* While a command is refused the backoff keeps growing: each connect
      * would be refused again, and must not spin. */
-    bool quiet = l->opts.cluster_node || nrefused;
+    bool quiet = l->opts.cluster_node || l->opts.sentinel_peer || nrefused;
     if (!nrefused) l->backoff_ms = PX_LINK_BACKOFF_MIN_MS;
     if (quiet) px_log_debug("redis %s: connected", l->opts.name);
     else px_log_info("redis %s: connected", l->opts.name);
     set_up(l, true);
 }
 
+/* ROLE of a master the sentinels named: anything but "master" (a replica
+ * not yet promoted, or an address gone stale) is refused before a command is
+ * written to it; the sentinels are asked again after the backoff. */
+static void role_reply_cb(px_redis *r, redisReply *reply, void *priv)
+{
+    (void)r;
+    px_link *l = priv;
+    char role[32];
+    if (reply == NULL || l->st != ST_OPEN || reply->type == REDIS_REPLY_ERROR) return;
+    if (px_sentinel_role_master(reply, role, sizeof(role))) return;
+    static px_log_limit limit;
+    px_redis_errors++;
+    px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_ERROR, "redis %s: %s:%d is not the master "
+                   "(ROLE says %s): nothing is written to it; asking the sentinels again "
+                   "(not ready)", l->opts.name, l->opts.host, l->opts.port, role);
+    drop(l, "not the master (ROLE)", PX_LOG_DEBUG);
+}
+
 static void retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop; (void)revents;
-    connect_start(w->data);
+    px_link *l = w->data;
+    if (l->want_cb) {
+        l->waiting = true;
+        l->want_cb(l, l->udata);
+        return;
+    }
+    connect_start(l);
 }
 
 int px_redis_read_password(const char *path, char **out)
@@ -1270,10 +1337,13 @@ static void connect_start(px_link *l)
         else
             link_cmd(l, auth_reply_cb, l, "AUTH %s", l->opts.password);
     }
-    if (l->opts.db) link_cmd(l, handshake_reply_cb, l, "SELECT %d", l->opts.db);
-    link_cmd(l, version_reply_cb, l, "HELLO 2");
-    for (size_t i = 0; i < nscripts; i++)
-        link_cmd(l, script_load_reply_cb, scripts[i], "SCRIPT LOAD %s", scripts[i]->body);
+    if (!l->opts.sentinel_peer) {      /* a sentinel is not a data node */
+        if (l->opts.db) link_cmd(l, handshake_reply_cb, l, "SELECT %d", l->opts.db);
+        if (l->opts.check_role) link_cmd(l, role_reply_cb, l, "ROLE");
+        link_cmd(l, version_reply_cb, l, "HELLO 2");
+        for (size_t i = 0; i < nscripts; i++)
+            link_cmd(l, script_load_reply_cb, scripts[i], "SCRIPT LOAD %s", scripts[i]->body);
+    }
     link_cmd(l, handshake_reply_cb, l, "PING");
 
     if (l->opts.unix_path) connect_unix(l);
@@ -1287,8 +1357,8 @@ static char *dup_or_null(const char *s)
     return s ? px_strdup(s) : NULL;
 }
 
-px_link *px_link_create(struct ev_loop *loop, const px_redis_opts *opts, px_redis *owner,
-                        px_link_state_cb *state_cb, void *udata)
+static px_link *link_new(struct ev_loop *loop, const px_redis_opts *opts, px_redis *owner,
+                         px_link_state_cb *state_cb, void *udata)
 {
     px_link *l = px_calloc(1, sizeof(*l));
     l->loop = loop;
@@ -1339,8 +1409,58 @@ px_link *px_link_create(struct ev_loop *loop, const px_redis_opts *opts, px_redi
     ev_async_init(&l->resolved, resolved_cb);
     l->resolved.data = l;
     ev_async_start(loop, &l->resolved);
+    return l;
+}
+
+px_link *px_link_create(struct ev_loop *loop, const px_redis_opts *opts, px_redis *owner,
+                        px_link_state_cb *state_cb, void *udata)
+{
+    px_link *l = link_new(loop, opts, owner, state_cb, udata);
     connect_start(l);
     return l;
+}
+
+px_link *px_link_create_deferred(struct ev_loop *loop, const px_redis_opts *opts,
+                                 px_redis *owner, px_link_state_cb *state_cb,
+                                 px_link_want_cb *want_cb, void *udata)
+{
+    px_link *l = link_new(loop, opts, owner, state_cb, udata);
+    l->want_cb = want_cb;
+    l->waiting = true;
+    return l;
+}
+
+void px_link_connect_to(px_link *l, const char *host, int port)
+{
+    if (l->dead) return;
+    if (l->opts.host != host) {
+        free((char *)l->opts.host);
+        l->opts.host = px_strdup(host);
+    }
+    l->opts.port = port;
+    if (!l->waiting) return;
+    l->waiting = false;
+    connect_start(l);
+}
+
+void px_link_reset(px_link *l, const char *why)
+{
+    if (l->dead) return;
+    if (l->st != ST_DOWN) {
+        drop(l, why, PX_LOG_WARN);
+    } else if (ev_is_active(&l->retry)) {
+        /* Down, waiting out a backoff grown against an address that is gone
+         * (a killed master): there is news now, so dial again at once. */
+        ev_timer_stop(l->loop, &l->retry);
+        l->backoff_ms = PX_LINK_BACKOFF_MIN_MS;
+        retry_cb(l->loop, &l->retry, 0);
+    }
+}
+
+void px_link_on_message(px_link *l, px_redis_cb *cb, void *priv)
+{
+    l->msg_cb = cb;
+    l->msg_priv = priv;
 }
 
 static void link_free(px_link *l)

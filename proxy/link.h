@@ -31,6 +31,27 @@ typedef void px_link_state_cb(px_link *l, bool up, void *udata);
 px_link *px_link_create(struct ev_loop *loop, const px_redis_opts *opts, px_redis *owner,
                         px_link_state_cb *state_cb, void *udata);
 
+/* A link told where to connect by its owner (a sentinel-followed one): it
+ * does not connect at once, and each time it wants to (at first, and after
+ * every drop, once the backoff has passed) it calls 'want_cb' instead; the
+ * owner answers, now or later, with px_link_connect_to. */
+typedef void px_link_want_cb(px_link *l, void *udata);
+px_link *px_link_create_deferred(struct ev_loop *loop, const px_redis_opts *opts,
+                                 px_redis *owner, px_link_state_cb *state_cb,
+                                 px_link_want_cb *want_cb, void *udata);
+
+/* Connect to 'host' ('port') now if the link waits for a target, as its
+ * want_cb asked; otherwise it is kept for the next connect. */
+void px_link_connect_to(px_link *l, const char *host, int port);
+
+/* Drop the connection (if any) saying 'why', and reconnect with backoff; a
+ * link already down and waiting out its backoff reconnects at once. */
+void px_link_reset(px_link *l, const char *why);
+
+/* Pub/sub messages (["message", channel, text] after a SUBSCRIBE) go to 'cb'
+ * instead of the command FIFO; 'reply' is valid during the call. */
+void px_link_on_message(px_link *l, px_redis_cb *cb, void *priv);
+
 /* Pending callbacks run with reply == NULL; the state callback does not. */
 void px_link_destroy(px_link *l);
 

@@ -90,12 +90,30 @@ static bool tls_files_ok(const px_config *c)
     return false;
 }
 
+/* redis.sentinel.password_file reads, as redis.password_file must (its
+ * first line is the sentinels' password; the daemon reads it again at every
+ * connect to a sentinel). */
+static bool sentinel_password_ok(const px_config *c)
+{
+    char *pw;
+    const char *f = c->sentinel.password_file;
+    if (f == NULL) return true;
+    if (px_redis_read_password(f, &pw) != 0) {
+        fprintf(stderr, "%s: redis.sentinel.password_file %s: cannot read it: %s\n", c->path, f,
+                strerror(errno));
+        return false;
+    }
+    free(pw);
+    return true;
+}
+
 static int cmd_check(const char *path)
 {
     px_config *c = load(path);
     if (c == NULL) return 2;
     char *password;
-    bool ok = px_config_password(c, c->path, &password) && tls_files_ok(c);
+    bool ok = px_config_password(c, c->path, &password) && tls_files_ok(c) &&
+              sentinel_password_ok(c);
     free(password);
     if (!ok) {
         px_config_destroy(c);

@@ -24,7 +24,9 @@
 #include <hiredis/hiredis.h>
 
 #include "claim.h"
+#include "addr.h"
 #include "event.h"
+#include "sentinel.h"
 
 #define OPS_PAGE        1000      /* entries per XRANGE */
 #define OPS_SCAN_MAX    100000    /* inspect: dead letters looked at, at most */
@@ -78,6 +80,52 @@ static px_stream_conf *find_stream(px_config *c, const px_ops_args *a, const cha
     return found;
 }
 
+/* redis.sentinel: the master's address, asked of each sentinel in turn
+ * (as the daemon does); false after saying why none answered. */
+static bool sentinel_master(const px_config *c, const char *cmd, struct timeval tv, char *host,
+                            size_t hostsize, int *port)
+{
+    const px_sentinel_conf *sn = &c->sentinel;
+    char *pw = NULL;
+    if (sn->password_file && px_redis_read_password(sn->password_file, &pw) != 0) {
+        fprintf(stderr, "idemproxy %s: redis.sentinel.password_file %s: cannot read it: %s\n",
+                cmd, sn->password_file, strerror(errno));
+        return false;
+    }
+    bool found = false;
+    for (size_t i = 0; i < sn->nsentinels && !found; i++) {
+        char shost[256], why[200] = "";
+        int sport;
+        if (!px_addr_split(sn->sentinels[i], shost, sizeof(shost), &sport, 0)) continue;
+        redisContext *ctx = redisConnectWithTimeout(shost, sport, tv);
+        redisReply *r = NULL;
+        if (ctx == NULL || ctx->err) {
+            snprintf(why, sizeof(why), "%s", ctx ? ctx->errstr : "out of memory");
+        } else {
+            if (pw) {
+                r = sn->username ? redisCommand(ctx, "AUTH %s %s", sn->username, pw)
+                                 : redisCommand(ctx, "AUTH %s", pw);
+                if (r == NULL || r->type == REDIS_REPLY_ERROR)
+                    snprintf(why, sizeof(why), "AUTH refused: %s", r ? r->str : ctx->errstr);
+                if (r) freeReplyObject(r);
+                r = NULL;
+            }
+            if (!why[0]) {
+                r = redisCommand(ctx, "SENTINEL get-master-addr-by-name %s", sn->master_name);
+                found = px_sentinel_parse_addr(r, host, hostsize, port, why, sizeof(why)) ==
+                        PX_SN_ADDR_OK;
+            }
+        }
+        if (!found)
+            fprintf(stderr, "idemproxy %s: sentinel %s: no address for master %s: %s\n", cmd,
+                    sn->sentinels[i], sn->master_name, why);
+        if (r) freeReplyObject(r);
+        if (ctx) redisFree(ctx);
+    }
+    free(pw);
+    return found;
+}
+
 /* A connected, authenticated context in *out, or the exit code (1: Redis
  * unreachable or refusing, 2: the config cannot be used). */
 static int connect_redis(px_config *c, const char *cmd, redisContext **out)
@@ -93,8 +141,15 @@ static int connect_redis(px_config *c, const char *cmd, redisContext **out)
     snprintf(who, sizeof(who), "idemproxy %s", cmd);
     if (!px_config_password(c, who, &password)) return 2;
     struct timeval tv = { (time_t)(c->timeout_ms / 1000), (suseconds_t)(c->timeout_ms % 1000) * 1000 };
-    redisContext *ctx = c->redis_unix ? redisConnectUnixWithTimeout(c->redis_unix, tv)
-                                      : redisConnectWithTimeout(c->redis_host, c->redis_port, tv);
+    char mhost[256];
+    int mport = 0;
+    if (c->sentinel.master_name && !sentinel_master(c, cmd, tv, mhost, sizeof(mhost), &mport)) {
+        free(password);
+        return 1;
+    }
+    redisContext *ctx = c->sentinel.master_name ? redisConnectWithTimeout(mhost, mport, tv)
+                        : c->redis_unix ? redisConnectUnixWithTimeout(c->redis_unix, tv)
+                                        : redisConnectWithTimeout(c->redis_host, c->redis_port, tv);
     int rc = 1;
     redisReply *r = NULL;
     if (ctx == NULL || ctx->err) {

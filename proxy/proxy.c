@@ -698,6 +698,10 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
         .seeds = (const char *const *)conf->cluster, .nseeds = conf->ncluster,
         .max_array_bytes = (size_t)conf->max_entry_bytes,   /* XAUTOCLAIM's entries */
         .tls = &conf->redis_tls,
+        .master_name = conf->sentinel.master_name,
+        .sentinels = (const char *const *)conf->sentinel.sentinels,
+        .nsentinels = conf->sentinel.nsentinels, .sentinel_user = conf->sentinel.username,
+        .sentinel_password_file = conf->sentinel.password_file,
     };
     px->redis = px_redis_create(loop, &o, command_link_cb, px);
 

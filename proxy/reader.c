@@ -529,6 +529,10 @@ void px_reader_start(px_stream *st)
         .timeout_ms = c->timeout_ms, .seeds = (const char *const *)c->cluster, .nseeds = c->ncluster,
         .max_array_bytes = (size_t)c->max_entry_bytes,
         .tls = &c->redis_tls,
+        .master_name = c->sentinel.master_name,
+        .sentinels = (const char *const *)c->sentinel.sentinels,
+        .nsentinels = c->sentinel.nsentinels, .sentinel_user = c->sentinel.username,
+        .sentinel_password_file = c->sentinel.password_file,
     };
     st->rstate = R_DOWN;
     st->page_count = PX_PAGE_FIRST;

@@ -1,7 +1,7 @@
 /*
  * redis.c - see redis.h. A thin front: a px_redis is one link (link.h) to a
  * single server, or one Redis Cluster router (cluster.h) over a link per
- * master. The routing key of every command is the caller's, explicitly.
+ * master, or the link to the master the sentinels name (sentinel.h). The routing key of every command is the caller's, explicitly.
  */
 #include "redis.h"
 
@@ -11,11 +11,13 @@
 #include "cluster.h"
 #include "link.h"
 #include "log.h"
+#include "sentinel.h"
 
 struct px_redis {
     char               *name;
     px_link            *link;      /* a single server */
     px_cluster         *cl;        /* or a cluster */
+    px_sentinel        *sn;        /* or a master the sentinels name: link is its data link */
     bool                up;
     bool                destroying;
     px_redis_state_cb  *state_cb;
@@ -49,7 +51,10 @@ px_redis *px_redis_create(struct ev_loop *loop, const px_redis_opts *opts,
     r->state_cb = state_cb;
     r->udata = udata;
     if (opts->nseeds) r->cl = px_cluster_create(loop, opts, r, cluster_state_cb);
-    else r->link = px_link_create(loop, opts, r, link_state_cb, r);
+    else if (opts->master_name) {
+        r->sn = px_sentinel_create(loop, opts, r, link_state_cb, r);
+        r->link = px_sentinel_link(r->sn);
+    } else r->link = px_link_create(loop, opts, r, link_state_cb, r);
     return r;
 }
 
@@ -58,7 +63,8 @@ void px_redis_destroy(px_redis *r)
     if (r == NULL) return;
     r->destroying = true;
     px_cluster_destroy(r->cl);
-    px_link_destroy(r->link);
+    if (r->sn) px_sentinel_destroy(r->sn);   /* and its data link */
+    else px_link_destroy(r->link);
     free(r->name);
     free(r);
 }

@@ -9,7 +9,8 @@
  * Callers route through px_redis_argv with the key the command is about. With
  * cluster seeds in the options, a px_redis is a Redis Cluster client
  * (cluster.c) behind the same calls: each command goes to the master that owns
- * its key's slot.
+ * its key's slot. With a master_name, it is one link to the master the
+ * sentinels name (sentinel.c), followed across failovers.
  */
 #ifndef PX_REDIS_H
 #define PX_REDIS_H
@@ -56,6 +57,17 @@ typedef struct px_redis_opts {
     size_t      max_array_bytes; /* strings of a reply's array past this many bytes are
                                     elided (reply.h): max_entry_bytes; 0 keeps all */
     const px_tls_opts *tls;    /* (ref) NULL, or not enabled: plain TCP */
+    /* Redis Sentinel (sentinel.h): with master_name set, the master is asked of
+     * these sentinels at every connect; host/port unused. */
+    const char *master_name;   /* (ref) NULL: no sentinels */
+    const char *const *sentinels; /* (ref) "host:port" */
+    size_t      nsentinels;
+    const char *sentinel_user; /* (ref) the sentinels' own credentials; may be NULL */
+    const char *sentinel_password_file; /* (ref) may be NULL: no AUTH to the sentinels */
+    bool        sentinel_peer; /* a link to a sentinel: AUTH and PING only (no SELECT,
+                                  HELLO version check or SCRIPT LOAD: not a data node) */
+    bool        check_role;    /* a master found by the sentinels: ROLE must say master at
+                                  connect, and a READONLY reply drops the link */
 } px_redis_opts;
 
 /* Called when the link becomes usable (after AUTH/SELECT) and when it is lost. */

@@ -8,7 +8,7 @@
 # the check. HELD lists the files that hold to it; a new file joins the list.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-HELD="proxy/event.c proxy/jscan.h proxy/reply.h proxy/log.c proxy/log.h proxy/hooks.c proxy/hooks.h proxy/step.c proxy/step.h proxy/addr.c proxy/addr.h"
+HELD="proxy/event.c proxy/jscan.h proxy/reply.h proxy/log.c proxy/log.h proxy/hooks.c proxy/hooks.h proxy/step.c proxy/step.h proxy/addr.c proxy/addr.h proxy/sentinel.c proxy/sentinel.h proxy/sentinel_reply.c"
 pass=0 fail=0
 ok() { echo "-- $1"; pass=$((pass + 1)); }
 bad() { echo "!! $1"; fail=$((fail + 1)); }

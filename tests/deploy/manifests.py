@@ -191,7 +191,8 @@ def consistency(path):
             say(f"terminationGracePeriodSeconds {tgps} does not exceed shutdown_grace_ms {grace_ms}")
         # the password and the TLS files
         redis = cfg.get("redis") or {}
-        files = [("password_file", redis.get("password_file"))]
+        files = [("password_file", redis.get("password_file")),
+                 ("sentinel.password_file", (redis.get("sentinel") or {}).get("password_file"))]
         files += [(f"tls.{k}", (redis.get("tls") or {}).get(k)) for k in ("ca_file", "cert_file", "key_file")]
         for what, f in files:
             if not f:

@@ -517,6 +517,38 @@ check "the rendered chart (no password) validates against the $K8S_MIN_VERSION a
 check "no password: no password_file in the config (no AUTH)" redis_is "$tmp/nopw-config.yaml" '{"url": "redis://redis:6379"}'
 check "no password: no Secret created, none mounted" secrets_are "$tmp/nopw.yaml" '{"created": [], "volumes": {}}'
 check "idemproxy check: the config the chart renders with no password" check_config "$tmp/nopw-config.yaml"
+check "the chart renders with tests/deploy/values/sentinel.yaml (Redis Sentinel)" \
+    render_to "$tmp/sentinel.yaml" -f tests/deploy/values/sentinel.yaml
+check "helm lint --strict with tests/deploy/values/sentinel.yaml" \
+    helm_ lint --strict --kube-version "$K8S_VERSION.0" "$chart" -f tests/deploy/values/sentinel.yaml
+check "the rendered chart (Sentinel) validates against the $K8S_MIN_VERSION and $K8S_VERSION schemas" \
+    validate "$tmp/sentinel.yaml"
+check "the rendered chart (Sentinel) fits together (the sentinels' password in a read-only Secret volume)" \
+    "$PY" tests/deploy/manifests.py consistency "$tmp/sentinel.yaml"
+"$PY" tests/deploy/manifests.py config "$tmp/sentinel.yaml" "$tmp/sentinel-config.yaml"
+check "Sentinel: redis.sentinel instead of url, the sentinels' own password_file beside the master's" \
+    redis_is "$tmp/sentinel-config.yaml" \
+    '{"password_file": "/var/run/secrets/redis/password", "sentinel": {"master_name": "mymaster", "password_file": "/var/run/secrets/redis-sentinel/password", "sentinels": ["redis-node-0.redis-headless:26379", "redis-node-1.redis-headless:26379", "redis-node-2.redis-headless:26379"], "username": "sentinel-reader"}}'
+check "Sentinel: the existing Secret's key mounted read-only as the sentinels' password" secrets_are "$tmp/sentinel.yaml" \
+    '{"created": ["idemproxy-redis"], "volumes": {"redis-password": ["idemproxy-redis", ["password"], "/var/run/secrets/redis", true], "redis-sentinel-password": ["redis-sentinel", ["sentinel-password"], "/var/run/secrets/redis-sentinel", true]}}'
+check "idemproxy check: the config the chart renders with Redis Sentinel" check_config "$tmp/sentinel-config.yaml"
+render_to "$tmp/sentinel-pw.yaml" --set redis.sentinel.masterName=mymaster \
+    --set 'redis.sentinel.sentinels={redis:26379}' --set redis.sentinel.password=s3cret >/dev/null 2>&1
+check "Sentinel with redis.sentinel.password: the chart creates and mounts <fullname>-redis-sentinel" \
+    secrets_are "$tmp/sentinel-pw.yaml" \
+    '{"created": ["idemproxy-redis", "idemproxy-redis-sentinel"], "volumes": {"redis-password": ["idemproxy-redis", ["password"], "/var/run/secrets/redis", true], "redis-sentinel-password": ["idemproxy-redis-sentinel", ["password"], "/var/run/secrets/redis-sentinel", true]}}'
+expect_fail "negative: the values schema refuses redis.sentinel.masterName without sentinels" \
+    "at '/redis/sentinel/sentinels': minItems: got 0, want 1" render --set redis.sentinel.masterName=mymaster
+expect_fail "negative: the values schema refuses a sentinel without a port" "'redis-0\.redis' does not match pattern" \
+    render --set redis.sentinel.masterName=m --set 'redis.sentinel.sentinels={redis-0.redis}'
+expect_fail "negative: the values schema refuses the config's spelling master_name in the chart's values" \
+    "at '/redis/sentinel': additional properties 'master_name' not allowed" render --set redis.sentinel.master_name=m
+expect_fail "negative: the chart refuses redis.sentinel with redis.cluster" \
+    'redis\.sentinel\.masterName and redis\.cluster are both set' \
+    render --set redis.sentinel.masterName=m --set 'redis.sentinel.sentinels={s:26379}' --set 'redis.cluster={c:6379}'
+expect_fail "negative: the chart refuses redis.sentinel.username without a sentinel password" \
+    'redis\.sentinel\.username needs a password' \
+    render --set redis.sentinel.masterName=m --set 'redis.sentinel.sentinels={s:26379}' --set redis.sentinel.username=u
 expect_fail "negative: the values schema refuses redis.tls.enabled without a Secret name" \
     "at '/redis/tls/existingSecret': minLength: got 0, want 1" render --set redis.tls.enabled=true
 expect_fail "negative: the values schema refuses a redis.tls.verify that is not a boolean" \

@@ -932,6 +932,51 @@ static void test_names(void)
 /* A host the daemon cannot hold (PX_ADDR_HOST_MAX: a DNS name is at most 253
  * characters) is refused by check. It used to pass: then metrics.listen failed
  * at start and a cluster seed was silently left out (cluster.c's node_get). */
+/* redis.sentinel (SPEC 4): the block, and what check refuses with the field named. */
+static void test_sentinel(void)
+{
+    px_config *c = expect_ok("sentinel block",
+                             "redis:\n  sentinel:\n    master_name: mymaster\n"
+                             "    sentinels: [\"10.0.0.1:26379\", \"s2:26379\", \"[::1]:26380\"]\n"
+                             "    username: sn\n    password_file: /run/sn\n  tls: {}\n" S);
+    if (c) {
+        test_streq("master_name", c->sentinel.master_name, "mymaster");
+        test_cond("3 sentinels, no url, no cluster", c->sentinel.nsentinels == 3 &&
+                  c->redis_url == NULL && c->ncluster == 0);
+        test_streq("sentinel 2", c->sentinel.sentinels[2], "[::1]:26380");
+        test_streq("sentinel user", c->sentinel.username, "sn");
+        test_streq("sentinel password_file", c->sentinel.password_file, "/run/sn");
+        test_cond("redis.tls turns TLS on with sentinels", c->redis_tls.enabled);
+    }
+    px_config_destroy(c);
+    c = expect_ok("an empty sentinel block is none (as cluster: [])",
+                  "redis:\n  url: redis://h\n  sentinel: {master_name: \"\", sentinels: []}\n" S);
+    test_cond("empty block: the url", c && c->sentinel.master_name == NULL &&
+              c->redis_host && strcmp(c->redis_host, "h") == 0);
+    px_config_destroy(c);
+
+    expect_error("sentinel without master_name", "redis:\n  sentinel: {sentinels: [\"a:1\"]}\n" S,
+                 "t.yaml:2:13: ", "redis.sentinel.master_name: required");
+    expect_error("sentinel without sentinels", "redis:\n  sentinel: {master_name: m}\n" S,
+                 "t.yaml:2:13: ", "redis.sentinel.sentinels: at least one sentinel");
+    expect_error("sentinel with an empty list", "redis:\n  sentinel: {master_name: m, sentinels: []}\n" S,
+                 "t.yaml:2:41: ", "redis.sentinel.sentinels: at least one sentinel");
+    expect_error("a bad sentinel address", "redis:\n  sentinel: {master_name: m, sentinels: [\"a:1\", b]}\n" S,
+                 "t.yaml:2:49: ", "redis.sentinel.sentinels[1]: expected host:port, got 'b'");
+    expect_error("a sentinel port out of range", "redis:\n  sentinel: {master_name: m, sentinels: [\"a:65536\"]}\n" S,
+                 "t.yaml:2:42: ", "redis.sentinel.sentinels[0]: expected host:port, got 'a:65536'");
+    expect_error("sentinel and url", "redis:\n  url: redis://h\n  sentinel: {master_name: m, sentinels: [\"a:1\"]}\n" S,
+                 "t.yaml:3:13: ", "redis.sentinel: cannot be used together with redis.url");
+    expect_error("sentinel and cluster", "redis:\n  cluster: [\"a:1\"]\n  sentinel: {master_name: m, sentinels: [\"a:1\"]}\n" S,
+                 "t.yaml:3:13: ", "redis.sentinel: cannot be used together with redis.cluster");
+    expect_error("sentinel user without a password", "redis:\n  sentinel: {master_name: m, sentinels: [\"a:1\"], username: u}\n" S,
+                 "t.yaml:2:13: ", "redis.sentinel.username: set without redis.sentinel.password_file");
+    expect_error("sentinel not a mapping", "redis:\n  sentinel: [\"a:1\"]\n" S,
+                 "t.yaml:2:13: ", "redis.sentinel: expected a mapping");
+    expect_error("an unknown key in the block", "redis:\n  sentinel: {master_name: m, sentinels: [\"a:1\"], port: 1}\n" S,
+                 "t.yaml:2:", "unknown key 'port'");
+}
+
 static void test_long_hosts(void)
 {
     char host[300], yaml[700];
@@ -972,6 +1017,7 @@ int main(void)
     test_urls();
     test_username();
     test_long_hosts();
+    test_sentinel();
     px_diags_deinit(&diags);
     return test_report();
 }

@@ -45,6 +45,25 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 /var/run/secrets/redis
 {{- end }}
 
+{{- define "idemproxy.sentinelPasswordDir" -}}
+/var/run/secrets/redis-sentinel
+{{- end }}
+
+{{- define "idemproxy.sentinelSecretName" -}}
+{{- .Values.redis.sentinel.existingSecret | default (printf "%s-redis-sentinel" (include "idemproxy.fullname" .)) }}
+{{- end }}
+
+{{/* "true" when redis.sentinel.masterName is set: the sentinels name the master. */}}
+{{- define "idemproxy.sentinelEnabled" -}}
+{{- if (.Values.redis.sentinel | default dict).masterName }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the sentinels have a password (a Secret to mount), else empty. */}}
+{{- define "idemproxy.sentinelHasPassword" -}}
+{{- $s := .Values.redis.sentinel | default dict }}
+{{- if and $s.masterName (or $s.existingSecret $s.password) }}true{{ end }}
+{{- end }}
+
 {{- define "idemproxy.tlsDir" -}}
 /var/run/secrets/redis-tls
 {{- end }}
@@ -67,7 +86,22 @@ shared emptyDir, the metrics address the probes use).
 {{- $cfg := deepCopy (.Values.config | default dict) }}
 {{- $redis := deepCopy (get $cfg "redis" | default dict) }}
 {{- $tls := .Values.redis.tls | default dict }}
+{{- if include "idemproxy.sentinelEnabled" . }}
+{{- $s := .Values.redis.sentinel }}
 {{- if .Values.redis.cluster }}
+{{- fail "redis.sentinel.masterName and redis.cluster are both set: use one" }}
+{{- end }}
+{{- $sn := dict "master_name" $s.masterName "sentinels" (required "redis.sentinel.sentinels: at least one host:port is needed with redis.sentinel.masterName" $s.sentinels) }}
+{{- if $s.username }}
+{{- $_ := set $sn "username" $s.username }}
+{{- end }}
+{{- if include "idemproxy.sentinelHasPassword" . }}
+{{- $_ := set $sn "password_file" (printf "%s/password" (include "idemproxy.sentinelPasswordDir" .)) }}
+{{- else if $s.username }}
+{{- fail "redis.sentinel.username needs a password: set redis.sentinel.password or redis.sentinel.existingSecret" }}
+{{- end }}
+{{- $_ := set $redis "sentinel" $sn }}
+{{- else if .Values.redis.cluster }}
 {{- $_ := set $redis "cluster" .Values.redis.cluster }}
 {{- else }}
 {{- $url := required "redis.url is required" .Values.redis.url }}

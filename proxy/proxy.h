@@ -96,6 +96,7 @@ struct px_stream {
     size_t          page_count;    /* COUNT of the next read, adapted to the bytes of the last */
     bool            reading;       /* a read is in flight */
     unsigned        lost_reads;    /* group: reads lost since the last whole history replay */
+    struct counts_ask *counts_waiting; /* reader.c: XPENDING asks on their retry timer */
     char            last_id[64];   /* group-less: last id read; group: history cursor */
     ev_timer        autoclaim;     /* group mode: periodic XAUTOCLAIM */
     ev_timer        refresh;       /* group mode: tracked entries kept fresh (JUSTID) */

@@ -84,11 +84,31 @@ typedef struct counts_ask {
     uint32_t   seq;               /* the batch: its entries' counts_wait */
     size_t     n;
     unsigned   lost;              /* history: reads lost before it (px_stream.lost_reads) */
-    ev_timer   delay;             /* the test hook */
+    ev_timer   delay;             /* the test hook, or a retry */
+    struct counts_ask *next;      /* in st->counts_waiting while 'delay' runs */
     char       first[64], last[64];
 } counts_ask;
 
 static void counts_delay_cb(struct ev_loop *loop, ev_timer *w, int revents);
+
+/* An ask waits on its timer in st->counts_waiting, so that a stop that ends
+ * the loop before the timer fires still answers and frees it. */
+static void counts_later(counts_ask *a, double after)
+{
+    ev_timer_init(&a->delay, counts_delay_cb, after, 0.);
+    a->delay.data = a;
+    ev_timer_start(a->st->px->loop, &a->delay);
+    a->next = a->st->counts_waiting;
+    a->st->counts_waiting = a;
+}
+
+static void counts_unwait(counts_ask *a)
+{
+    for (counts_ask **p = &a->st->counts_waiting; *p; p = &(*p)->next)
+        if (*p == a) { *p = a->next; break; }
+    ev_timer_stop(a->st->px->loop, &a->delay);
+}
+
 static void set_count(px_entry *e, uint32_t count);
 
 static void counts_reply_cb(px_redis *r, redisReply *reply, void *priv)
@@ -100,9 +120,7 @@ static void counts_reply_cb(px_redis *r, redisReply *reply, void *priv)
         /* Not sent (the command link is not up yet: a restart's history
          * read can come first) or lost: asked again shortly, and the batch's
          * claims wait, or they would go out as first deliveries. */
-        ev_timer_init(&a->delay, counts_delay_cb, 0.1, 0.);
-        a->delay.data = a;
-        ev_timer_start(st->px->loop, &a->delay);
+        counts_later(a, 0.1);
         return;
     }
     for (size_t i = 0; reply && reply->type == REDIS_REPLY_ARRAY && i < reply->elements; i++) {
@@ -146,6 +164,7 @@ static void counts_delay_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop; (void)revents;
     counts_ask *a = w->data;
+    counts_unwait(a);
     if (a->st->px->stopping) { counts_reply_cb(a->st->px->redis, NULL, a); return; }
     counts_send(a);
 }
@@ -171,9 +190,7 @@ static counts_ask *counts_new(px_stream *st, const char *first, const char *last
 static void counts_go(counts_ask *a)
 {
     if (px_hook.counts_delay_ms > 0) {
-        ev_timer_init(&a->delay, counts_delay_cb, (double)px_hook.counts_delay_ms / 1000.0, 0.);
-        a->delay.data = a;
-        ev_timer_start(a->st->px->loop, &a->delay);
+        counts_later(a, (double)px_hook.counts_delay_ms / 1000.0);
     } else {
         counts_send(a);      /* a link down: asked again shortly (counts_reply_cb) */
     }
@@ -577,6 +594,11 @@ void px_reader_stop(px_stream *st)
     ev_timer_stop(st->px->loop, &st->autoclaim);
     ev_timer_stop(st->px->loop, &st->refresh);
     ev_timer_stop(st->px->loop, &st->janitor);
+    while (st->counts_waiting) {          /* answered as lost: 'stopping' frees them */
+        counts_ask *a = st->counts_waiting;
+        counts_unwait(a);
+        counts_reply_cb(st->px->redis, NULL, a);
+    }
     px_redis_destroy(st->link);
     st->link = NULL;
 }

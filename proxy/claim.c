@@ -51,20 +51,22 @@
 
 static px_script release_script = {
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end "
-    "return 0", ""
+    "return 0",
+    ""
 };
 static px_script extend_script = {
     "if redis.call('get', KEYS[1]) == ARGV[1] then "
-    "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0", ""
+    "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0",
+    ""
 };
 
-static uint64_t token_state[2];   /* see new_token */
+static uint64_t token_state[2]; /* see new_token */
 
 void px_claim_init(void)
 {
     if (getrandom(token_state, sizeof(token_state), 0) != (ssize_t)sizeof(token_state) ||
         (token_state[0] | token_state[1]) == 0) {
-        struct timespec ts;   /* no getrandom: time to the ns, pid and an address */
+        struct timespec ts; /* no getrandom: time to the ns, pid and an address */
         clock_gettime(CLOCK_REALTIME, &ts);
         token_state[0] = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 40);
         token_state[1] = 0x9E3779B97F4A7C15ull ^ (uint64_t)(uintptr_t)&ts;
@@ -79,7 +81,7 @@ void px_claim_init(void)
  * check; done mark before the release). */
 static bool split_ordered(px_entry *e)
 {
-    if (!px_redis_clustered(e->st->px->redis)) return true;   /* one server: one connection */
+    if (!px_redis_clustered(e->st->px->redis)) return true; /* one server: one connection */
     bool same = px_redis_same_slot(e->st->px->redis, e->lock_name, e->done_name);
     return same;
 }
@@ -114,7 +116,7 @@ static void flush_up(px_proxy *px, px_queue *q, void (*fn)(px_entry *), bool cou
 {
     bool all = px_redis_is_up(px->redis);
     if (q->n == 0 || (!all && !px_redis_clustered(px->redis))) return;
-    px_queue keep = {0};
+    px_queue keep = { 0 };
     px_entry *e;
     while ((e = px_queue_pop(q)) != NULL) {
         if ((counts && e->delivery.counts_wait) || (!all && !entry_up(e))) px_queue_push(&keep, e);
@@ -129,7 +131,7 @@ static const char *lock_value(px_entry *e, char *buf, size_t size)
     /* Copied, not printed: this runs for every claim and commit and its reply,
      * and snprintf was 7% of the daemon's instructions. */
     size_t off = e->st->conf->layout == PX_LAYOUT_SINGLE ? 2 : 0, n = strlen(e->claim.token);
-    if (off + n >= size) n = size - off - 1;   /* never: 20 digits into 32 bytes */
+    if (off + n >= size) n = size - off - 1; /* never: 20 digits into 32 bytes */
     memcpy(buf, "L:", off);
     memcpy(buf + off, e->claim.token, n);
     buf[off + n] = '\0';
@@ -204,7 +206,7 @@ static void on_mark_exists(px_entry *e, redisReply *r)
 
 static void exists_mark(px_entry *e)
 {
-    px_buf b = {0};
+    px_buf b = { 0 };
     dl_mark_name(e, &b);
     const char *argv[2] = { "EXISTS", b.data };
     size_t lens[2] = { 6, b.len };
@@ -258,7 +260,7 @@ static void extend_now(px_entry *e, const char *key, bool dedup)
 {
     char val[32];
     px_step_script(e, &extend_script, on_extended, false, key,
-                 dedup ? lock_value(e, val, sizeof(val)) : e->claim.token, e->st->lease_s);
+                   dedup ? lock_value(e, val, sizeof(val)) : e->claim.token, e->st->lease_s);
 }
 
 /* The last reply of a claim round trip is in: decide. */
@@ -273,15 +275,18 @@ static void claim_decided(px_entry *e)
         return;
     }
     if (refusals_final(e) && !e->claim.mark_asked && e->claim.set == PX_LOCK_TAKEN && !e->claim.done) {
-        e->claim.mark_asked = true;       /* the lock is ours: was the entry refused meanwhile? */
+        e->claim.mark_asked = true; /* the lock is ours: was the entry refused meanwhile? */
         e->claim.in_io = true;
         px_step_begin(e, claim_decided);
         exists_mark(e);
         px_step_end(e);
         return;
     }
-    if (e->claim.marked) {          /* refused already, by us or another replica */
-        if (e->claim.set == PX_LOCK_TAKEN) { e->claim.has_dedup = true; px_claim_release(e); }
+    if (e->claim.marked) { /* refused already, by us or another replica */
+        if (e->claim.set == PX_LOCK_TAKEN) {
+            e->claim.has_dedup = true;
+            px_claim_release(e);
+        }
         px_proxy_already_dead(e);
         return;
     }
@@ -292,7 +297,7 @@ static void claim_decided(px_entry *e)
         px_proxy_duplicate(e, false);
         break;
     case PX_CLAIM_DUP_RELEASE:
-        e->claim.has_dedup = true;               /* done under our lock: the double check */
+        e->claim.has_dedup = true; /* done under our lock: the double check */
         px_claim_release(e);
         px_proxy_duplicate(e, true);
         break;
@@ -319,16 +324,23 @@ static void claim_split_lock_now(px_entry *e);
 
 static void claim_resume_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     claim_split_lock_now(w->data);
 }
 
 /* Split layout, second half: the lock, then done again. */
 static void claim_split_lock(px_entry *e)
 {
-    if (e->step.failed) { claim_decided(e); return; }
-    if (e->claim.done) { claim_decided(e); return; }   /* no lock needed */
-    if (px_hook.claim_pause_ms > 0) {   /* the test hook (hooks.h) */
+    if (e->step.failed) {
+        claim_decided(e);
+        return;
+    }
+    if (e->claim.done) {
+        claim_decided(e);
+        return;
+    }                                 /* no lock needed */
+    if (px_hook.claim_pause_ms > 0) { /* the test hook (hooks.h) */
         px_log_info("debug: claim of key %s paused for %ld ms after the first check", e->key,
                     px_hook.claim_pause_ms);
         ev_timer_stop(e->st->px->loop, &e->timer);
@@ -344,7 +356,10 @@ static void claim_split_lock(px_entry *e)
 /* Unordered slots: the lock's reply is in; now the second done check. */
 static void claim_split_recheck(px_entry *e)
 {
-    if (e->step.failed) { claim_decided(e); return; }
+    if (e->step.failed) {
+        claim_decided(e);
+        return;
+    }
     px_step_begin(e, claim_decided);
     exists_done(e);
     px_step_end(e);
@@ -364,7 +379,10 @@ static void claim_split_lock_now(px_entry *e)
 static void claim_one(px_entry *e)
 {
     char val[32];
-    if (!e->claim.has_dedup) { new_token(e); e->claim.lease_lost = false; }
+    if (!e->claim.has_dedup) {
+        new_token(e);
+        e->claim.lease_lost = false;
+    }
     e->claim.set = PX_LOCK_NONE;
     e->claim.own = false;
     e->claim.done = false;
@@ -427,7 +445,7 @@ static void lock_key_decided(px_entry *e)
 {
     e->claim.in_io = false;
     if (e->step.failed) {
-        e->claim.has_lock = true;   /* maybe; the release compares tokens */
+        e->claim.has_lock = true; /* maybe; the release compares tokens */
         px_proxy_claim_failed(e);
         return;
     }
@@ -438,14 +456,14 @@ static void lock_key_decided(px_entry *e)
     }
     e->claim.has_lock = true;
     if (e->claim.own) extend_now(e, e->lock_key, false);
-    if (e->claim.lock_waited && e->claim.done) {                 /* done while we waited */
+    if (e->claim.lock_waited && e->claim.done) { /* done while we waited */
         px_claim_release(e);
         px_proxy_duplicate(e, true);
     } else if (e->claim.lock_waited && !e->claim.recheck_mine) { /* our dedup lease ran out */
         px_log_entry(PX_LOG_INFO, e, "dedup lock lost while waiting for %s; claiming again",
                      e->lock_key);
-        e->claim.has_dedup = true;                               /* release compares tokens */
-        px_claim_release(e);                                     /* the room too: claimed afresh */
+        e->claim.has_dedup = true; /* release compares tokens */
+        px_claim_release(e);       /* the room too: claimed afresh */
         px_proxy_busy(e, false);
     } else {
         px_proxy_claimed(e);
@@ -455,7 +473,10 @@ static void lock_key_decided(px_entry *e)
 /* Unordered (cluster, different nodes): lock_key's reply is in; now the look. */
 static void lock_key_recheck(px_entry *e)
 {
-    if (e->step.failed || e->claim.set != PX_LOCK_TAKEN) { lock_key_decided(e); return; }
+    if (e->step.failed || e->claim.set != PX_LOCK_TAKEN) {
+        lock_key_decided(e);
+        return;
+    }
     px_step_begin(e, lock_key_decided);
     recheck_dedup(e);
     px_step_end(e);
@@ -471,7 +492,10 @@ static void on_lock_key_set(px_entry *e, redisReply *r)
 
 void px_claim_lock_key(px_entry *e)
 {
-    if (!entry_up(e)) { px_proxy_claim_failed(e); return; }
+    if (!entry_up(e)) {
+        px_proxy_claim_failed(e);
+        return;
+    }
     e->claim.set = PX_LOCK_NONE;
     e->claim.own = false;
     e->claim.in_io = true;
@@ -493,11 +517,11 @@ void px_claim_release(px_entry *e)
 {
     px_redis *r = e->st->px->redis;
     if (e->claim.has_dedup) {
-            char val[32];
+        char val[32];
         const char *argv[] = { e->lock_name, lock_value(e, val, sizeof(val)) };
         size_t lens[] = { e->lock_name_len, strlen(val) };
         px_redis_script(r, &release_script, NULL, NULL, 1, 2, argv, lens);
-            e->claim.has_dedup = false;
+        e->claim.has_dedup = false;
     }
     if (e->claim.has_lock) {
         const char *argv[] = { e->lock_key, e->claim.token };
@@ -562,7 +586,7 @@ static void on_done_set(px_entry *e, redisReply *r)
 
 static void on_released(px_entry *e, redisReply *r)
 {
-    if (e->outcome == PX_OUT_ACKED) on_extended(e, r);   /* 0: not our lock any more */
+    if (e->outcome == PX_OUT_ACKED) on_extended(e, r); /* 0: not our lock any more */
 }
 
 static void on_dl_added(px_entry *e, redisReply *r)
@@ -607,17 +631,17 @@ static const char dead_letter_lua[] =
 static void mark_tag(const char *dl, px_buf *b)
 {
     const char *open = strchr(dl, '{'), *close = open ? strchr(open + 1, '}') : NULL;
-    if (close && close > open + 1) {                 /* its own hash tag */
+    if (close && close > open + 1) { /* its own hash tag */
         px_buf_append(b, open + 1, (size_t)(close - open - 1));
         return;
     }
-    if (dl[0] && strchr(dl, '}') == NULL) {          /* no tag: the whole name hashes */
+    if (dl[0] && strchr(dl, '}') == NULL) { /* no tag: the whole name hashes */
         px_buf_appends(b, dl);
         return;
     }
     unsigned slot = px_cluster_slot(dl, strlen(dl));
     char num[16];
-    for (unsigned i = 0;; i++) {                     /* every slot is reached within 2^17 */
+    for (unsigned i = 0;; i++) { /* every slot is reached within 2^17 */
         int n = snprintf(num, sizeof(num), "%u", i);
         if (px_cluster_slot(num, (size_t)n) == slot) break;
     }
@@ -650,10 +674,15 @@ static void dead_letter_add(px_entry *e, const char *reason)
     size_t *lens = px_malloc(sizeof(size_t) * argc);
     char attempts[16];
     snprintf(attempts, sizeof(attempts), "%u", e->delivery.attempt);
-    px_buf mark = {0};
+    px_buf mark = { 0 };
     dl_mark_name(e, &mark);
     size_t n = 0;
-#define ARG(p, l) do { argv[n] = (p); lens[n] = (l); n++; } while (0)
+#define ARG(p, l) \
+    do { \
+        argv[n] = (p); \
+        lens[n] = (l); \
+        n++; \
+    } while (0)
     ARG("EVAL", 4);
     ARG(dead_letter_lua, sizeof(dead_letter_lua) - 1);
     ARG("2", 1);
@@ -664,10 +693,14 @@ static void dead_letter_add(px_entry *e, const char *reason)
         ARG(e->fields[i].name, e->fields[i].name_len);
         ARG(e->fields[i].value, e->fields[i].value_len);
     }
-    ARG("idemproxy-reason", 16);        ARG(reason, strlen(reason));
-    ARG("idemproxy-stream", 16);        ARG(sc->stream, strlen(sc->stream));
-    ARG("idemproxy-entry-id", 18);      ARG(e->id, strlen(e->id));
-    ARG("idemproxy-attempts", 18);      ARG(attempts, strlen(attempts));
+    ARG("idemproxy-reason", 16);
+    ARG(reason, strlen(reason));
+    ARG("idemproxy-stream", 16);
+    ARG(sc->stream, strlen(sc->stream));
+    ARG("idemproxy-entry-id", 18);
+    ARG(e->id, strlen(e->id));
+    ARG("idemproxy-attempts", 18);
+    ARG(attempts, strlen(attempts));
 #undef ARG
     px_step_cmd(e, sc->dead_letter, on_dl_added, (int)n, argv, lens);
     px_buf_deinit(&mark);
@@ -681,18 +714,21 @@ static void dead_letter_add(px_entry *e, const char *reason)
 static void commit_release(px_entry *e)
 {
     if (e->claim.has_dedup && e->st->conf->layout == PX_LAYOUT_SPLIT) {
-            char val[32];
+        char val[32];
         px_step_script(e, &release_script, on_released, true, e->lock_name,
-                     lock_value(e, val, sizeof(val)), NULL);
+                       lock_value(e, val, sizeof(val)), NULL);
         e->claim.has_dedup = false;
-        }
+    }
     px_claim_release(e);
 }
 
 /* Unordered slots: the done mark's reply is in; now the releases. */
 static void commit_release_after(px_entry *e)
 {
-    if (e->step.failed) { commit_decided(e); return; }
+    if (e->step.failed) {
+        commit_decided(e);
+        return;
+    }
     px_step_begin(e, commit_decided);
     commit_release(e);
     px_step_end(e);
@@ -719,7 +755,7 @@ static void commit_one(px_entry *e)
         if (sc->layout == PX_LAYOUT_SINGLE && e->claim.done_sets < 255) e->claim.done_sets++;
         px_step_cmd(e, e->done_name, on_done_set, sc->layout == PX_LAYOUT_SINGLE ? 6 : 5, argv,
                     lens);
-        if (sc->layout == PX_LAYOUT_SINGLE) e->claim.has_dedup = false;  /* the done mark replaced it */
+        if (sc->layout == PX_LAYOUT_SINGLE) e->claim.has_dedup = false; /* the done mark replaced it */
     }
     if (ordered) commit_release(e);
     px_step_end(e);
@@ -732,7 +768,10 @@ void px_claim_commit_flush(px_proxy *px)
 
 /* --- XACK ------------------------------------------------------------------ */
 
-typedef struct xack_batch { px_entry **v; size_t n; } xack_batch;
+typedef struct xack_batch {
+    px_entry **v;
+    size_t n;
+} xack_batch;
 
 /* A batch holds its entries (step.h: px_step_io_hold), like any command
  * about an entry: shutdown may finish them while the XACK is in flight, and
@@ -747,7 +786,7 @@ static void xack_reply_cb(px_redis *r, redisReply *reply, void *priv)
         e->claim.in_io = false;
         if (!px_step_io_done(e)) continue;
         if (ok) px_entry_finish(e, e->outcome);
-        else px_proxy_xack_failed(e);   /* written again after a pause */
+        else px_proxy_xack_failed(e); /* written again after a pause */
     }
     free(b->v);
     free(b);
@@ -765,31 +804,37 @@ void px_claim_xack_flush(px_proxy *px)
         if (!all && !key_up(px->redis, st->conf->stream)) continue;
         xack_batch *b = px_calloc(1, sizeof(*b));
         b->v = px_malloc(sizeof(px_entry *) * px->xack_q.n);
-        px_queue keep = {0};
+        px_queue keep = { 0 };
         px_entry *e;
         while ((e = px_queue_pop(&px->xack_q)) != NULL) {
             if (e->st == st) b->v[b->n++] = e;
             else px_queue_push(&keep, e);
         }
         px->xack_q = keep;
-        if (b->n == 0) { free(b->v); free(b); continue; }
+        if (b->n == 0) {
+            free(b->v);
+            free(b);
+            continue;
+        }
         size_t argc = 3 + b->n;
         const char **argv = px_malloc(sizeof(char *) * argc);
         size_t *lens = px_malloc(sizeof(size_t) * argc);
-        argv[0] = "XACK"; lens[0] = 4;
-        argv[1] = st->conf->stream; lens[1] = strlen(st->conf->stream);
-        argv[2] = st->conf->group; lens[2] = strlen(st->conf->group);
+        argv[0] = "XACK";
+        lens[0] = 4;
+        argv[1] = st->conf->stream;
+        lens[1] = strlen(st->conf->stream);
+        argv[2] = st->conf->group;
+        lens[2] = strlen(st->conf->group);
         for (size_t i = 0; i < b->n; i++) {
             argv[3 + i] = b->v[i]->id;
             lens[3 + i] = strlen(b->v[i]->id);
             b->v[i]->claim.in_io = true;
             px_step_io_hold(b->v[i]);
         }
-        if (px_redis_argv(px->redis, st->conf->stream, 0, xack_reply_cb, b, (int)argc, argv, lens)
-            != PX_OK) {
+        if (px_redis_argv(px->redis, st->conf->stream, 0, xack_reply_cb, b, (int)argc, argv, lens) != PX_OK) {
             for (size_t i = 0; i < b->n; i++) {
                 b->v[i]->claim.in_io = false;
-                bool kept = px_step_io_done(b->v[i]);   /* never sent: not finished meanwhile */
+                bool kept = px_step_io_done(b->v[i]); /* never sent: not finished meanwhile */
                 PX_ASSERT(kept);
                 (void)kept;
                 px_queue_push(&px->xack_q, b->v[i]);

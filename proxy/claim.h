@@ -6,16 +6,16 @@
 
 #include "proxy.h"
 
-#define PX_FENCE_KEY "idemproxy:fence"   /* the one fencing counter, every lock's */
+#define PX_FENCE_KEY "idemproxy:fence" /* the one fencing counter, every lock's */
 /* The name of the written-mark of entry 'id''s dead letter (see claim.c),
  * appended to 'b'. 'sc' must have a dead_letter stream. */
 void px_dl_mark_name(const px_stream_conf *sc, const char *id, px_buf *b);
 void px_claim_init(void);
-void px_claim_flush(px_proxy *px);            /* claim_q -> claimed | duplicate | busy */
-void px_claim_lock_key(px_entry *e);          /* retry lock_key within wait_ms */
-void px_claim_release(px_entry *e);           /* give back our locks, fire and forget */
-void px_claim_extend(px_stream *st);          /* extend leases of delivered entries */
-void px_claim_commit_flush(px_proxy *px);     /* commit_q -> done mark / dead letter */
-void px_claim_xack_flush(px_proxy *px);       /* xack_q -> XACK */
+void px_claim_flush(px_proxy *px);        /* claim_q -> claimed | duplicate | busy */
+void px_claim_lock_key(px_entry *e);      /* retry lock_key within wait_ms */
+void px_claim_release(px_entry *e);       /* give back our locks, fire and forget */
+void px_claim_extend(px_stream *st);      /* extend leases of delivered entries */
+void px_claim_commit_flush(px_proxy *px); /* commit_q -> done mark / dead letter */
+void px_claim_xack_flush(px_proxy *px);   /* xack_q -> XACK */
 
 #endif

@@ -23,60 +23,60 @@
 #include "log.h"
 
 #define PX_CLUSTER_MAX_REDIRECTS 16
-#define PX_CLUSTER_WAIT_S        0.05    /* TRYAGAIN/CLUSTERDOWN and waiting commands retry */
-#define PX_CLUSTER_REFRESH_S     0.5     /* map refresh while not ready */
-#define PX_CLUSTER_REFRESH_MIN_S 0.1     /* at most this often */
+#define PX_CLUSTER_WAIT_S        0.05 /* TRYAGAIN/CLUSTERDOWN and waiting commands retry */
+#define PX_CLUSTER_REFRESH_S     0.5  /* map refresh while not ready */
+#define PX_CLUSTER_REFRESH_MIN_S 0.1  /* at most this often */
 
 unsigned long long px_redis_redirects[2];
 
 /* --- the router ----------------------------------------------------------- */
 
 typedef struct cl_node {
-    px_cluster *cl;            /* (ref) */
-    char        addr[280];     /* "host:port" */
-    char        host[PX_ADDR_HOST_MAX];
-    px_link    *link;
-    bool        master;        /* in the current map */
-    bool        pointed;       /* gc_cb: a slot points at it */
+    px_cluster *cl; /* (ref) */
+    char addr[280]; /* "host:port" */
+    char host[PX_ADDR_HOST_MAX];
+    px_link *link;
+    bool master;  /* in the current map */
+    bool pointed; /* gc_cb: a slot points at it */
     struct cl_node *next;
 } cl_node;
 
 typedef struct ccmd {
-    px_cluster  *cl;
+    px_cluster *cl;
     px_redis_cb *cb;
-    void        *priv;
-    px_script   *script;
-    int          nkeys;
-    long long    extra_ms;
-    unsigned     slot;
-    bool         any;          /* no key: any master */
-    int          redirects;
-    char         ask[280];     /* one-shot ASK target, "" when none */
-    ev_tstamp    deadline;     /* given up (reply NULL) after this, while waiting */
-    struct ccmd *next;         /* waiting list */
-    int          argc;
-    const char **argv;         /* into the same allocation */
-    size_t      *lens;
+    void *priv;
+    px_script *script;
+    int nkeys;
+    long long extra_ms;
+    unsigned slot;
+    bool any; /* no key: any master */
+    int redirects;
+    char ask[280];      /* one-shot ASK target, "" when none */
+    ev_tstamp deadline; /* given up (reply NULL) after this, while waiting */
+    struct ccmd *next;  /* waiting list */
+    int argc;
+    const char **argv; /* into the same allocation */
+    size_t *lens;
 } ccmd;
 
 struct px_cluster {
     struct ev_loop *loop;
-    px_redis       *outer;
+    px_redis *outer;
     px_cluster_state_cb *state_cb;
-    px_redis_opts   opts;        /* strings copied, for the links made later */
-    px_tls_opts     tls;
-    cl_node        *nodes;
-    cl_node        *slots[PX_CLUSTER_SLOTS];
-    bool            have_map;    /* every slot has a master */
-    bool            up;
-    bool            refreshing;  /* a CLUSTER SLOTS in flight */
-    ev_tstamp       last_refresh;
-    ev_timer        refresh;
-    ev_timer        wait;        /* retries waiting commands */
-    ev_timer        gc;          /* drops idle non-master nodes */
-    ccmd           *wait_head, *wait_tail;
-    size_t          nwaiting;
-    bool            destroying;
+    px_redis_opts opts; /* strings copied, for the links made later */
+    px_tls_opts tls;
+    cl_node *nodes;
+    cl_node *slots[PX_CLUSTER_SLOTS];
+    bool have_map; /* every slot has a master */
+    bool up;
+    bool refreshing; /* a CLUSTER SLOTS in flight */
+    ev_tstamp last_refresh;
+    ev_timer refresh;
+    ev_timer wait; /* retries waiting commands */
+    ev_timer gc;   /* drops idle non-master nodes */
+    ccmd *wait_head, *wait_tail;
+    size_t nwaiting;
+    bool destroying;
 };
 
 static void dispatch(px_cluster *cl, ccmd *c);
@@ -121,7 +121,7 @@ static void node_state_cb(px_link *l, bool up, void *udata)
     px_cluster *cl = n->cl;
     if (cl->destroying) return;
     if (up && !cl->up && !cl->refreshing) {
-        ev_timer_stop(cl->loop, &cl->refresh);   /* a node to ask: ask now */
+        ev_timer_stop(cl->loop, &cl->refresh); /* a node to ask: ask now */
         cl->last_refresh = 0;
     }
     update_up(cl);
@@ -178,7 +178,8 @@ static void finish(ccmd *c, redisReply *reply)
 static void wait_push(px_cluster *cl, ccmd *c)
 {
     c->next = NULL;
-    if (cl->wait_tail) cl->wait_tail->next = c; else cl->wait_head = c;
+    if (cl->wait_tail) cl->wait_tail->next = c;
+    else cl->wait_head = c;
     cl->wait_tail = c;
     cl->nwaiting++;
     if (!ev_is_active(&cl->wait)) {
@@ -192,7 +193,10 @@ static void command_reply_cb(px_redis *r, redisReply *reply, void *priv)
     (void)r;
     ccmd *c = priv;
     px_cluster *cl = c->cl;
-    if (cl->destroying) { finish(c, NULL); return; }
+    if (cl->destroying) {
+        finish(c, NULL);
+        return;
+    }
     if (reply == NULL) {
         refresh_soon(cl);
     } else if (reply->type == REDIS_REPLY_ERROR) {
@@ -229,8 +233,12 @@ static cl_node *any_master(px_cluster *cl)
 
 static void dispatch(px_cluster *cl, ccmd *c)
 {
-    cl_node *n = c->ask[0] ? node_get(cl, c->ask, true) : c->any ? any_master(cl) : cl->slots[c->slot];
-    if (n == NULL || !px_link_is_up(n->link)) { wait_push(cl, c); return; }
+    cl_node *n = c->ask[0] ? node_get(cl, c->ask, true) : c->any ? any_master(cl)
+                                                                 : cl->slots[c->slot];
+    if (n == NULL || !px_link_is_up(n->link)) {
+        wait_push(cl, c);
+        return;
+    }
     if (c->ask[0]) {
         static const char *asking[] = { "ASKING" };
         static const size_t asking_len[] = { 6 };
@@ -238,8 +246,8 @@ static void dispatch(px_cluster *cl, ccmd *c)
         c->ask[0] = '\0';
     }
     int rc = c->script
-        ? px_link_script(n->link, c->script, command_reply_cb, c, c->nkeys, c->argc, c->argv, c->lens)
-        : px_link_argv(n->link, c->extra_ms, command_reply_cb, c, c->argc, c->argv, c->lens);
+                 ? px_link_script(n->link, c->script, command_reply_cb, c, c->nkeys, c->argc, c->argv, c->lens)
+                 : px_link_argv(n->link, c->extra_ms, command_reply_cb, c, c->argc, c->argv, c->lens);
     if (rc != PX_OK) wait_push(cl, c);
 }
 
@@ -292,7 +300,8 @@ int px_cluster_send(px_cluster *cl, px_script *s, int nkeys, const char *key, si
 
 static void gc_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_cluster *cl = w->data;
     /* A MOVED may have pointed a slot at a node the map does not list, after
      * the map that made this cleanup due (issue 15, item 10): such a node
@@ -314,7 +323,7 @@ static void gc_cb(struct ev_loop *loop, ev_timer *w, int revents)
 static void slots_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
-    cl_node *asked = priv;       /* the node asked: freed only once idle (gc_cb) */
+    cl_node *asked = priv; /* the node asked: freed only once idle (gc_cb) */
     px_cluster *cl = asked->cl;
     cl->refreshing = false;
     if (cl->destroying) return;
@@ -340,7 +349,7 @@ static void slots_reply_cb(px_redis *r, redisReply *reply, void *priv)
     if (unmapped && (cl->have_map || !cl->last_refresh))
         px_log_warn("redis %s: %zu slots have no master", cl->opts.name, unmapped);
     cl->have_map = unmapped == 0;
-    if (!ev_is_active(&cl->gc)) {     /* two maps in one loop turn: one cleanup */
+    if (!ev_is_active(&cl->gc)) { /* two maps in one loop turn: one cleanup */
         ev_timer_set(&cl->gc, 0., 0.);
         ev_timer_start(cl->loop, &cl->gc);
     }
@@ -373,15 +382,15 @@ static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
 static void refresh_soon(px_cluster *cl)
 {
     if (cl->destroying || cl->refreshing || ev_is_active(&cl->refresh)) return;
-    ev_tstamp after = cl->last_refresh + (cl->up ? PX_CLUSTER_REFRESH_MIN_S : PX_CLUSTER_REFRESH_S)
-                      - ev_now(cl->loop);
+    ev_tstamp after = cl->last_refresh + (cl->up ? PX_CLUSTER_REFRESH_MIN_S : PX_CLUSTER_REFRESH_S) - ev_now(cl->loop);
     ev_timer_set(&cl->refresh, after > 0 ? after : 0., 0.);
     ev_timer_start(cl->loop, &cl->refresh);
 }
 
 static void wait_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     retry_waiting(w->data);
 }
 
@@ -401,7 +410,7 @@ px_cluster *px_cluster_create(struct ev_loop *loop, const px_redis_opts *opts, p
     char **seeds = px_malloc(sizeof(char *) * (opts->nseeds ? opts->nseeds : 1));
     for (size_t i = 0; i < opts->nseeds; i++) seeds[i] = px_strdup(opts->seeds[i]);
     cl->opts.seeds = (const char *const *)seeds;
-    if (opts->tls) {                /* the link copies its files' names again */
+    if (opts->tls) { /* the link copies its files' names again */
         cl->tls = *opts->tls;
         cl->opts.tls = &cl->tls;
     }

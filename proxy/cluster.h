@@ -25,17 +25,17 @@
 unsigned px_cluster_slot(const char *key, size_t len);
 
 typedef struct px_redirect {
-    bool     ask;          /* ASK (one-shot) rather than MOVED */
+    bool ask; /* ASK (one-shot) rather than MOVED */
     unsigned slot;
-    char     addr[280];    /* "host:port" */
+    char addr[280]; /* "host:port" */
 } px_redirect;
 
 /* Parse "MOVED <slot> <host>:<port>" or "ASK ..."; false for any other text. */
 bool px_cluster_redirect(const char *err, px_redirect *out);
 
 typedef struct px_slot_range {
-    unsigned start, end;   /* inclusive */
-    char     addr[280];    /* the master's "host:port" */
+    unsigned start, end; /* inclusive */
+    char addr[280];      /* the master's "host:port" */
 } px_slot_range;
 
 /* Parse a CLUSTER SLOTS reply into '*out' (malloc'd; caller frees). A master

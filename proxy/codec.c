@@ -39,11 +39,11 @@ static void delivery_fill(const px_delivery_view *d, Idemproxy__V1__Delivery *m,
  * wants NUL-terminated names; stream field names are binary-safe, so they are
  * copied into one block. */
 static struct {
-    Idemproxy__V1__Field  *fields;
+    Idemproxy__V1__Field *fields;
     Idemproxy__V1__Field **ptrs;
-    char                 **names;
-    size_t                 cap;
-    px_buf                 text;
+    char **names;
+    size_t cap;
+    px_buf text;
 } scratch;
 
 static size_t encode(const px_delivery_view *d, px_buf *out)
@@ -59,7 +59,7 @@ static size_t encode(const px_delivery_view *d, px_buf *out)
         px_buf_append(&scratch.text, d->fields[i].name, d->fields[i].name_len);
         px_buf_append(&scratch.text, "", 1);
     }
-    for (size_t i = 0, off = 0; i < d->nfields; i++) {   /* the block no longer moves */
+    for (size_t i = 0, off = 0; i < d->nfields; i++) { /* the block no longer moves */
         scratch.names[i] = scratch.text.data + off;
         off += d->fields[i].name_len + 1;
     }
@@ -126,9 +126,9 @@ px_ack_status px_codec_ack_decode(const void *data, size_t len, const char *stre
     }
     px_ack_status st = PX_ACK_INVALID;
     switch (a->status) {
-    case IDEMPROXY__V1__ACK__STATUS__ACK:   st = PX_ACK_ACK; break;
+    case IDEMPROXY__V1__ACK__STATUS__ACK: st = PX_ACK_ACK; break;
     case IDEMPROXY__V1__ACK__STATUS__RETRY: st = PX_ACK_RETRY; break;
-    case IDEMPROXY__V1__ACK__STATUS__DROP:  st = PX_ACK_DROP; break;
+    case IDEMPROXY__V1__ACK__STATUS__DROP: st = PX_ACK_DROP; break;
     default: *why = "ack status is unspecified"; break;
     }
     if (st != PX_ACK_INVALID && a->stream && a->stream[0] && strcmp(a->stream, stream) != 0) {
@@ -141,7 +141,7 @@ px_ack_status px_codec_ack_decode(const void *data, size_t len, const char *stre
     }
     if (a->reason) {
         size_t n = strlen(a->reason);
-        if (n > reason_size - 1) {      /* cut at a character boundary */
+        if (n > reason_size - 1) { /* cut at a character boundary */
             n = reason_size - 1;
             while (n > 0 && ((unsigned char)a->reason[n] & 0xC0) == 0x80) n--;
         }

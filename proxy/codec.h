@@ -10,17 +10,20 @@
 
 /* One stream field: borrowed bytes (ref). */
 typedef struct px_field {
-    const char *name;  size_t name_len;
-    const char *value; size_t value_len;
+    const char *name;
+    size_t name_len;
+    const char *value;
+    size_t value_len;
 } px_field;
 
 typedef struct px_delivery_view {
-    const char *stream;              /* (ref) */
-    const char *entry_id;            /* (ref) */
-    const char *key;                 /* (ref) */
-    const px_field *fields;          /* (ref) fields except the payload field */
+    const char *stream;     /* (ref) */
+    const char *entry_id;   /* (ref) */
+    const char *key;        /* (ref) */
+    const px_field *fields; /* (ref) fields except the payload field */
     size_t nfields;
-    const char *payload;  size_t payload_len;  /* (ref) */
+    const char *payload;
+    size_t payload_len; /* (ref) */
     uint32_t attempt;
     uint64_t fencing_token;
     uint64_t deadline_unix_ms;
@@ -33,8 +36,11 @@ size_t px_codec_delivery_size(const px_delivery_view *d);
 void px_codec_delivery_encode(const px_delivery_view *d, px_buf *out);
 
 typedef enum {
-    PX_ACK_INVALID = 0, PX_ACK_ACK = 1, PX_ACK_RETRY = 2, PX_ACK_DROP = 3,
-    PX_ACK_TIMEOUT = 4,   /* not on the wire: no reply by ack_timeout_ms */
+    PX_ACK_INVALID = 0,
+    PX_ACK_ACK = 1,
+    PX_ACK_RETRY = 2,
+    PX_ACK_DROP = 3,
+    PX_ACK_TIMEOUT = 4, /* not on the wire: no reply by ack_timeout_ms */
 } px_ack_status;
 
 /*

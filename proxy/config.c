@@ -100,8 +100,8 @@
  */
 #define CFG_MAX_MS 3153600000000LL
 
-#define CFG_MAX_OPTS 24     /* keys in the largest table (a stream block) */
-#define CFG_ECHO_MAX 48     /* at most this much of a bad value is quoted back */
+#define CFG_MAX_OPTS 24 /* keys in the largest table (a stream block) */
+#define CFG_ECHO_MAX 48 /* at most this much of a bad value is quoted back */
 
 /* How much of 's' to quote back: at most CFG_ECHO_MAX bytes, cut at a
  * character boundary so a message stays valid UTF-8 (found by fuzz_config). */
@@ -118,8 +118,8 @@ static int cfg_echo_len(const char *s)
 #define CFG_URL_FORMS "expected redis[s]://[user:password@]host[:port][/db] or unix:///path"
 
 /* String setters: what an empty value means. */
-#define CFG_EMPTY_NULL 1    /* "" is the same as not set (NULL) */
-#define CFG_EMPTY_ERR  2    /* "" is an error */
+#define CFG_EMPTY_NULL 1 /* "" is the same as not set (NULL) */
+#define CFG_EMPTY_ERR  2 /* "" is an error */
 
 /* The enums are written through an int pointer by cfg_set_enum. */
 _Static_assert(sizeof(px_layout) == sizeof(int), "enum size");
@@ -130,46 +130,46 @@ _Static_assert(sizeof(px_log_format) == sizeof(int), "enum size");
 
 /* The key and value nodes of one key of a mapping, once seen. */
 typedef struct cfg_seen {
-    yaml_node_t *key;   /* (ref) NULL: the key is absent */
-    yaml_node_t *val;   /* (ref) */
+    yaml_node_t *key; /* (ref) NULL: the key is absent */
+    yaml_node_t *val; /* (ref) */
 } cfg_seen;
 
 /* What the checks after the walk need to know about one stream block. */
 typedef struct cfg_stream_aux {
-    yaml_node_t *block;        /* (ref) the block's mapping */
-    yaml_node_t *lease;        /* (ref) lease_ms value, NULL when defaulted */
-    yaml_node_t *lock_prefix;  /* (ref) or NULL */
-    yaml_node_t *done_prefix;  /* (ref) or NULL */
-    yaml_node_t *dead_letter;  /* (ref) or NULL */
-    yaml_node_t *lock_key;     /* (ref) or NULL */
-    char         name[32];     /* "streams[N]", for messages */
+    yaml_node_t *block;       /* (ref) the block's mapping */
+    yaml_node_t *lease;       /* (ref) lease_ms value, NULL when defaulted */
+    yaml_node_t *lock_prefix; /* (ref) or NULL */
+    yaml_node_t *done_prefix; /* (ref) or NULL */
+    yaml_node_t *dead_letter; /* (ref) or NULL */
+    yaml_node_t *lock_key;    /* (ref) or NULL */
+    char name[32];            /* "streams[N]", for messages */
 } cfg_stream_aux;
 
 /* One parse: the text, its document, and where the results go. */
 typedef struct cfg_parser {
-    const char      *path;       /* (ref) FILE in messages */
-    const char      *text;       /* (ref) the YAML source */
-    size_t           len;
-    size_t          *lines;      /* byte offset of the start of each line */
-    size_t           nlines;
-    yaml_document_t  doc;
-    px_diags        *d;          /* (ref) */
-    px_config       *c;          /* the config being built */
-    cfg_seen         top_seen[CFG_MAX_OPTS];
-    cfg_seen         redis_seen[CFG_MAX_OPTS];
-    cfg_seen         app_seen[CFG_MAX_OPTS];
-    bool             sentinel_used; /* redis.sentinel set to something (not {} or all empty) */
-    cfg_stream_aux  *aux;        /* parallel to c->streams */
-    char            *consumer;   /* the default consumer name, made once */
+    const char *path; /* (ref) FILE in messages */
+    const char *text; /* (ref) the YAML source */
+    size_t len;
+    size_t *lines; /* byte offset of the start of each line */
+    size_t nlines;
+    yaml_document_t doc;
+    px_diags *d;  /* (ref) */
+    px_config *c; /* the config being built */
+    cfg_seen top_seen[CFG_MAX_OPTS];
+    cfg_seen redis_seen[CFG_MAX_OPTS];
+    cfg_seen app_seen[CFG_MAX_OPTS];
+    bool sentinel_used;  /* redis.sentinel set to something (not {} or all empty) */
+    cfg_stream_aux *aux; /* parallel to c->streams */
+    char *consumer;      /* the default consumer name, made once */
 } cfg_parser;
 
 /* A scalar value, read and expanded. */
 typedef struct cfg_scalar {
-    char   *s;       /* the value after ${} expansion; owned, NUL-terminated */
-    size_t  len;
-    size_t *map;     /* s[i] came from text[map[i]]; map[len] is just past the value;
+    char *s; /* the value after ${} expansion; owned, NUL-terminated */
+    size_t len;
+    size_t *map; /* s[i] came from text[map[i]]; map[len] is just past the value;
                         NULL when the source position is not known (multi-line) */
-    bool    quoted;  /* quoted or a block scalar: never a number or a boolean */
+    bool quoted; /* quoted or a block scalar: never a number or a boolean */
 } cfg_scalar;
 
 typedef struct cfg_opt cfg_opt;
@@ -178,13 +178,13 @@ typedef void (*cfg_set_fn)(cfg_parser *p, const cfg_opt *o, yaml_node_t *v,
 
 /* One key of a section: its name, its setter and the field it sets. */
 struct cfg_opt {
-    const char        *name;
-    cfg_set_fn         set;
-    size_t             offset;   /* the field in px_config / px_stream_conf */
-    size_t             offset2;  /* templates: the px_template * field */
-    long long          min, max; /* integers */
-    const char *const *words;    /* enums: the allowed words, in enum order */
-    int                flags;    /* strings: CFG_EMPTY_* */
+    const char *name;
+    cfg_set_fn set;
+    size_t offset;            /* the field in px_config / px_stream_conf */
+    size_t offset2;           /* templates: the px_template * field */
+    long long min, max;       /* integers */
+    const char *const *words; /* enums: the allowed words, in enum order */
+    int flags;                /* strings: CFG_EMPTY_* */
 };
 
 /* ---------------------------------------------------------------- diags */
@@ -223,7 +223,7 @@ static void diag_addv(px_diags *d, bool warning, const char *prefix, const char 
                       va_list ap)
 {
     char *body = cfg_vformat(fmt, ap);
-    px_buf b = {0};
+    px_buf b = { 0 };
     px_buf_printf(&b, "%s: %s%s", prefix, warning ? "warning: " : "", body);
     free(body);
     diag_push(d, warning, b.data);
@@ -324,7 +324,10 @@ static void cfg_index_lines(cfg_parser *p)
         else if (t[i] == 0xC2 && i + 1 < n && t[i + 1] == 0x85) w = 2;
         else if (t[i] == 0xE2 && i + 2 < n && t[i + 1] == 0x80 &&
                  (t[i + 2] == 0xA8 || t[i + 2] == 0xA9)) w = 3;
-        if (w == 0) { i++; continue; }
+        if (w == 0) {
+            i++;
+            continue;
+        }
         i += w;
         if (k == cap) {
             cap *= 2;
@@ -391,10 +394,24 @@ static size_t cfg_escape_width(const char *t, size_t avail, size_t *srclen)
     case 'x': hex = 2; break;
     case 'u': hex = 4; break;
     case 'U': hex = 8; break;
-    case 'N': case '_': *srclen = 2; return 2;      /* U+0085, U+00A0 */
-    case 'L': case 'P': *srclen = 2; return 3;      /* U+2028, U+2029 */
-    case '0': case 'a': case 'b': case 't': case '\t': case 'n': case 'v':
-    case 'f': case 'r': case 'e': case ' ': case '"': case '/': case '\\':
+    case 'N':
+    case '_': *srclen = 2; return 2; /* U+0085, U+00A0 */
+    case 'L':
+    case 'P': *srclen = 2; return 3; /* U+2028, U+2029 */
+    case '0':
+    case 'a':
+    case 'b':
+    case 't':
+    case '\t':
+    case 'n':
+    case 'v':
+    case 'f':
+    case 'r':
+    case 'e':
+    case ' ':
+    case '"':
+    case '/':
+    case '\\':
         *srclen = 2;
         return 1;
     default:
@@ -408,7 +425,9 @@ static size_t cfg_escape_width(const char *t, size_t avail, size_t *srclen)
         cp = cp * 16 + (unsigned long)h;
     }
     *srclen = 2 + hex;
-    return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+    return cp < 0x80 ? 1 : cp < 0x800 ? 2
+                       : cp < 0x10000 ? 3
+                                      : 4;
 }
 
 /*
@@ -430,7 +449,7 @@ static size_t *cfg_raw_map(const cfg_parser *p, const yaml_node_t *n)
     const char *t = p->text;
     size_t *map = px_malloc((len + 1) * sizeof *map);
     size_t i = 0;
-    if (style != YAML_PLAIN_SCALAR_STYLE) s++;                /* the opening quote */
+    if (style != YAML_PLAIN_SCALAR_STYLE) s++; /* the opening quote */
     while (i < len) {
         if (s >= p->len) goto fail;
         if (style == YAML_SINGLE_QUOTED_SCALAR_STYLE && t[s] == '\'') {
@@ -470,9 +489,9 @@ static bool cfg_is_null(const yaml_node_t *n)
 static const char *cfg_kind(const yaml_node_t *n)
 {
     switch (n->type) {
-    case YAML_MAPPING_NODE:  return "a mapping";
+    case YAML_MAPPING_NODE: return "a mapping";
     case YAML_SEQUENCE_NODE: return "a list";
-    default:                 return cfg_is_null(n) ? "null" : "a scalar";
+    default: return cfg_is_null(n) ? "null" : "a scalar";
     }
 }
 
@@ -508,7 +527,7 @@ static void cfg_emit(px_buf *out, px_buf *map, const size_t *inmap, const char *
 static bool cfg_expand(cfg_parser *p, const yaml_node_t *n, const char *name,
                        const char *in, size_t len, const size_t *inmap, cfg_scalar *sc)
 {
-    px_buf out = {0}, map = {0};
+    px_buf out = { 0 }, map = { 0 };
     size_t i = 0;
     while (i < len) {
         if (in[i] != '$' || i + 1 >= len || (in[i + 1] != '$' && in[i + 1] != '{')) {
@@ -526,7 +545,8 @@ static bool cfg_expand(cfg_parser *p, const yaml_node_t *n, const char *name,
             for (j++; j < len && cfg_name_char(in[j]); j++) {}
         if (j == at) {
             cfg_error(p, n, "%s: expected a variable name after '${' "
-                      "(write $$ for a literal $)", name);
+                            "(write $$ for a literal $)",
+                      name);
             goto fail;
         }
         char *var = px_strndup(in + at, j - at);
@@ -557,7 +577,8 @@ static bool cfg_expand(cfg_parser *p, const yaml_node_t *n, const char *name,
         } else {
             if (val == NULL) {
                 cfg_warning(p, n, "%s: environment variable %s is not set; "
-                            "using the empty string", name, var);
+                                  "using the empty string",
+                            name, var);
                 val = "";
             }
             cfg_emit(&out, &map, inmap, val, strlen(val), i, false);
@@ -565,7 +586,7 @@ static bool cfg_expand(cfg_parser *p, const yaml_node_t *n, const char *name,
         free(var);
         i = j;
     }
-    px_buf_append(&out, "", 0);                 /* allocated and terminated */
+    px_buf_append(&out, "", 0); /* allocated and terminated */
     sc->s = out.data;
     sc->len = out.len;
     sc->map = NULL;
@@ -722,7 +743,7 @@ static bool cfg_endpoint_ok(const char *ep, bool allow_remote, char *why, size_t
     }
     if (!allow_remote && !cfg_loopback(host)) {
         snprintf(why, whylen, "'%.*s' is not on a loopback address (127.0.0.1, localhost, "
-                 "[::1]); set app.allow_remote: true to let remote workers connect",
+                              "[::1]); set app.allow_remote: true to let remote workers connect",
                  cfg_echo_len(ep), ep);
         return false;
     }
@@ -739,7 +760,7 @@ static bool cfg_percent_decode(const char *s, size_t n, char **out)
             o[k++] = s[i++];
             continue;
         }
-        if (i + 2 >= n) {                       /* fewer than two hex digits follow */
+        if (i + 2 >= n) { /* fewer than two hex digits follow */
             free(o);
             return false;
         }
@@ -873,7 +894,7 @@ static const char *cfg_default_consumer(cfg_parser *p)
         char host[256];
         if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "localhost");
         host[sizeof host - 1] = '\0';
-        px_buf b = {0};
+        px_buf b = { 0 };
         px_buf_printf(&b, "%s-%ld", host, (long)getpid());
         p->consumer = b.data;
     }
@@ -978,7 +999,9 @@ static void cfg_set_bool(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *
 static void cfg_words(px_buf *b, const char *const *words)
 {
     for (size_t i = 0; words[i]; i++)
-        px_buf_printf(b, "%s%s", i == 0 ? "" : words[i + 1] ? ", " : " or ", words[i]);
+        px_buf_printf(b, "%s%s", i == 0 ? "" : words[i + 1] ? ", "
+                                                            : " or ",
+                      words[i]);
 }
 
 /* The index of 'word' in the NULL-terminated 'words', or -1. */
@@ -993,7 +1016,7 @@ static void cfg_set_enum(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *
                          const char *name)
 {
     cfg_scalar sc;
-    px_buf b = {0};
+    px_buf b = { 0 };
     cfg_words(&b, o->words);
     if (cfg_scalar_get(p, v, name, b.data, &sc)) {
         int i = cfg_word_index(o->words, sc.s);
@@ -1051,7 +1074,8 @@ static void cfg_set_start(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void 
         sc.s = NULL;
     } else {
         cfg_error(p, v, "%s: expected \"0\", \"$\" or an entry id such as 1700000000000-0, "
-                  "got '%.*s'", name, cfg_echo_len(sc.s), sc.s);
+                        "got '%.*s'",
+                  name, cfg_echo_len(sc.s), sc.s);
     }
     cfg_scalar_free(&sc);
 }
@@ -1069,7 +1093,8 @@ static void cfg_set_listen(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void
         sc.s = NULL;
     } else {
         cfg_error(p, v, "%s: expected host:port such as 127.0.0.1:9464 (or \"\" to disable), "
-                  "got '%.*s'", name, cfg_echo_len(sc.s), sc.s);
+                        "got '%.*s'",
+                  name, cfg_echo_len(sc.s), sc.s);
     }
     cfg_scalar_free(&sc);
 }
@@ -1218,7 +1243,10 @@ static void cfg_walk(cfg_parser *p, yaml_node_t *map, const cfg_opt *opts, void 
             size_t best = 3;
             for (size_t j = 0; j < nopts; j++) {
                 size_t dist = cfg_distance(key, klen, opts[j].name);
-                if (dist < best) { best = dist; near = opts[j].name; }
+                if (dist < best) {
+                    best = dist;
+                    near = opts[j].name;
+                }
             }
             cfg_error(p, k, "%s%sunknown key '%.*s'%s%s%s", prefix ? prefix : "",
                       prefix ? ": " : "", cfg_echo_len(key), key,
@@ -1257,15 +1285,30 @@ static const char *const cfg_missing[] = { "dead_letter", "skip", NULL };
 static const char *const cfg_levels[] = { "error", "warn", "info", "debug", NULL };
 static const char *const cfg_formats[] = { "text", "json", NULL };
 
-#define CFG_STR(type, f, fl)  { .name = #f, .set = cfg_set_str, .offset = offsetof(type, f), \
-                                .flags = (fl) }
-#define CFG_MS(type, f, lo)   { .name = #f, .set = cfg_set_ms, .offset = offsetof(type, f), \
-                                .min = (lo), .max = CFG_MAX_MS }
-#define CFG_INT(type, f, lo)  { .name = #f, .set = cfg_set_int, .offset = offsetof(type, f), \
-                                .min = (lo), .max = INT_MAX }
-#define CFG_ENUM(n, type, f, w) { .name = n, .set = cfg_set_enum, .offset = offsetof(type, f), \
-                                  .words = (w) }
-#define CFG_BOOL(type, f)     { .name = #f, .set = cfg_set_bool, .offset = offsetof(type, f) }
+#define CFG_STR(type, f, fl) \
+    { \
+        .name = #f, .set = cfg_set_str, .offset = offsetof(type, f), \
+        .flags = (fl) \
+    }
+#define CFG_MS(type, f, lo) \
+    { \
+        .name = #f, .set = cfg_set_ms, .offset = offsetof(type, f), \
+        .min = (lo), .max = CFG_MAX_MS \
+    }
+#define CFG_INT(type, f, lo) \
+    { \
+        .name = #f, .set = cfg_set_int, .offset = offsetof(type, f), \
+        .min = (lo), .max = INT_MAX \
+    }
+#define CFG_ENUM(n, type, f, w) \
+    { \
+        .name = n, .set = cfg_set_enum, .offset = offsetof(type, f), \
+        .words = (w) \
+    }
+#define CFG_BOOL(type, f) \
+    { \
+        .name = #f, .set = cfg_set_bool, .offset = offsetof(type, f) \
+    }
 
 static const cfg_opt cfg_tls_opts[] = {
     CFG_STR(px_tls_opts, ca_file, CFG_EMPTY_NULL),
@@ -1281,7 +1324,7 @@ static void cfg_set_tls(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *o
 {
     (void)o;
     px_config *c = obj;
-    cfg_seen seen[CFG_MAX_OPTS] = {{0}};
+    cfg_seen seen[CFG_MAX_OPTS] = { { 0 } };
     c->redis_tls_block = true;
     cfg_walk(p, v, cfg_tls_opts, &c->redis_tls, name, seen);
 }
@@ -1330,10 +1373,11 @@ static void cfg_set_sentinel(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, vo
 {
     (void)o;
     px_config *c = obj;
-    cfg_seen seen[CFG_MAX_OPTS] = {{0}};
+    cfg_seen seen[CFG_MAX_OPTS] = { { 0 } };
     if (v->type != YAML_MAPPING_NODE) {
         cfg_error(p, v, "%s: expected a mapping (master_name, sentinels, username, "
-                  "password_file), got %s", name, cfg_kind(v));
+                        "password_file), got %s",
+                  name, cfg_kind(v));
         return;
     }
     cfg_walk(p, v, cfg_sentinel_opts, &c->sentinel, name, seen);
@@ -1347,18 +1391,19 @@ static void cfg_set_sentinel(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, vo
     if (!p->sentinel_used) return;
     if (c->sentinel.username && !c->sentinel.password_file)
         cfg_error(p, v, "%s.username: set without %s.password_file (a user needs a password, as "
-                  "redis.username does)", name, name);
+                        "redis.username does)",
+                  name, name);
     if (c->sentinel.master_name == NULL)
         cfg_error(p, v, "%s.master_name: required (the name the sentinels know the master by, "
-                  "as in SENTINEL get-master-addr-by-name)", name);
+                        "as in SENTINEL get-master-addr-by-name)",
+                  name);
     if (no_list)
         cfg_error(p, list ? list : v, "%s.sentinels: at least one sentinel host:port is required",
                   name);
 }
 
 static const cfg_opt cfg_redis_opts[] = {
-    { .name = "url", .set = cfg_set_str, .offset = offsetof(px_config, redis_url),
-      .flags = CFG_EMPTY_NULL },
+    { .name = "url", .set = cfg_set_str, .offset = offsetof(px_config, redis_url), .flags = CFG_EMPTY_NULL },
     { .name = "cluster", .set = cfg_set_cluster },
     { .name = "sentinel", .set = cfg_set_sentinel },
     CFG_STR(px_config, password_file, CFG_EMPTY_NULL),
@@ -1370,10 +1415,8 @@ static const cfg_opt cfg_redis_opts[] = {
 
 static const cfg_opt cfg_app_opts[] = {
     CFG_STR(px_config, endpoint, CFG_EMPTY_ERR),
-    { .name = "max_inflight", .set = cfg_set_int, .offset = offsetof(px_config, max_inflight),
-      .min = 1, .max = 1 << 20 },     /* a request id's slot bits (deliver.c) */
-    { .name = "max_entry_bytes", .set = cfg_set_llong,
-      .offset = offsetof(px_config, max_entry_bytes), .min = 1, .max = INT_MAX },
+    { .name = "max_inflight", .set = cfg_set_int, .offset = offsetof(px_config, max_inflight), .min = 1, .max = 1 << 20 }, /* a request id's slot bits (deliver.c) */
+    { .name = "max_entry_bytes", .set = cfg_set_llong, .offset = offsetof(px_config, max_entry_bytes), .min = 1, .max = INT_MAX },
     CFG_MS(px_config, ack_timeout_ms, 1),
     { .name = "socket_mode", .set = cfg_set_mode, .offset = offsetof(px_config, socket_mode) },
     CFG_BOOL(px_config, allow_remote),
@@ -1397,10 +1440,8 @@ static const cfg_opt cfg_stream_opts[] = {
     CFG_STR(px_stream_conf, consumer, CFG_EMPTY_NULL),
     { .name = "start", .set = cfg_set_start, .offset = offsetof(px_stream_conf, start) },
     CFG_STR(px_stream_conf, payload_field, CFG_EMPTY_NULL),
-    { .name = "key", .set = cfg_set_template, .offset = offsetof(px_stream_conf, key),
-      .offset2 = offsetof(px_stream_conf, key_tpl) },
-    { .name = "lock_key", .set = cfg_set_template, .offset = offsetof(px_stream_conf, lock_key),
-      .offset2 = offsetof(px_stream_conf, lock_tpl), .flags = CFG_EMPTY_NULL },
+    { .name = "key", .set = cfg_set_template, .offset = offsetof(px_stream_conf, key), .offset2 = offsetof(px_stream_conf, key_tpl) },
+    { .name = "lock_key", .set = cfg_set_template, .offset = offsetof(px_stream_conf, lock_key), .offset2 = offsetof(px_stream_conf, lock_tpl), .flags = CFG_EMPTY_NULL },
     CFG_ENUM("layout", px_stream_conf, layout, cfg_layouts),
     CFG_STR(px_stream_conf, prefix, 0),
     CFG_STR(px_stream_conf, lock_prefix, 0),
@@ -1414,7 +1455,7 @@ static const cfg_opt cfg_stream_opts[] = {
     CFG_STR(px_stream_conf, dead_letter, CFG_EMPTY_NULL),
     CFG_ENUM("on_missing_key", px_stream_conf, on_missing_key, cfg_missing),
     CFG_BOOL(px_stream_conf, fencing),
-    CFG_MS(px_stream_conf, claim_idle_ms, 100),  /* kept fresh every third of it (reader.c) */
+    CFG_MS(px_stream_conf, claim_idle_ms, 100), /* kept fresh every third of it (reader.c) */
     CFG_BOOL(px_stream_conf, hash_tag),
     { .name = NULL }
 };
@@ -1441,7 +1482,7 @@ static void cfg_set_app(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *o
 static void cfg_set_metrics(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
                             const char *name)
 {
-    cfg_seen seen[CFG_MAX_OPTS] = {{0}};
+    cfg_seen seen[CFG_MAX_OPTS] = { { 0 } };
     (void)o;
     cfg_walk(p, v, cfg_metrics_opts, obj, name, seen);
 }
@@ -1449,7 +1490,7 @@ static void cfg_set_metrics(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, voi
 static void cfg_set_log(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
                         const char *name)
 {
-    cfg_seen seen[CFG_MAX_OPTS] = {{0}};
+    cfg_seen seen[CFG_MAX_OPTS] = { { 0 } };
     (void)o;
     cfg_walk(p, v, cfg_log_opts, obj, name, seen);
 }
@@ -1504,11 +1545,12 @@ static void cfg_set_streams(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, voi
         snprintf(aux->name, sizeof aux->name, "%s[%zu]", name, i);
         if (b->type != YAML_MAPPING_NODE) {
             cfg_error(p, b, "%s: expected a stream block (a mapping with at least 'stream'), "
-                      "got %s", aux->name, cfg_kind(b));
+                            "got %s",
+                      aux->name, cfg_kind(b));
             continue;
         }
         px_stream_conf *s = &c->streams[c->nstreams++];
-        cfg_seen seen[CFG_MAX_OPTS] = {{0}};
+        cfg_seen seen[CFG_MAX_OPTS] = { { 0 } };
         cfg_stream_defaults(p, s, b, aux->name);
         cfg_walk(p, b, cfg_stream_opts, s, aux->name, seen);
         if (s->stream == NULL && cfg_seen_val(cfg_stream_opts, seen, "stream") == NULL)
@@ -1542,17 +1584,19 @@ static void cfg_check_redis(cfg_parser *p)
     yaml_node_t *url = cfg_seen_val(cfg_redis_opts, p->redis_seen, "url");
     char why[128];
     yaml_node_t *sentinel = p->sentinel_used ? cfg_seen_val(cfg_redis_opts, p->redis_seen,
-                                                            "sentinel") : NULL;
+                                                            "sentinel")
+                                             : NULL;
     if (sentinel != NULL && (c->redis_url != NULL || c->ncluster > 0)) {
         /* one way to find the data node: a url, cluster seeds or sentinels */
         cfg_error(p, sentinel, "redis.sentinel: cannot be used together with redis.%s; use "
-                  "url for one server, cluster for Redis Cluster or sentinel for a master the "
-                  "sentinels follow", c->redis_url ? "url" : "cluster");
+                               "url for one server, cluster for Redis Cluster or sentinel for a master the "
+                               "sentinels follow",
+                  c->redis_url ? "url" : "cluster");
     } else if (sentinel != NULL) {
         return;
     } else if (c->redis_url != NULL && c->ncluster > 0) {
         cfg_error(p, url, "redis.url: redis.url and a non-empty redis.cluster are both set; "
-                  "use url for one server or cluster for Redis Cluster seeds");
+                          "use url for one server or cluster for Redis Cluster seeds");
     } else if (c->redis_url != NULL) {
         if (!cfg_redis_url(c, c->redis_url, why, sizeof why))
             cfg_error(p, url, "redis.url: invalid Redis url (%s); " CFG_URL_FORMS, why);
@@ -1576,10 +1620,10 @@ static void cfg_check_tls(cfg_parser *p)
         cfg_error(p, tls, "redis.tls: set, but redis.url is a unix socket (TLS is for TCP)");
     else if (!c->redis_tls.enabled && c->redis_host)
         cfg_error(p, tls, "redis.tls: set, but redis.url is redis:// (plain text): use "
-                  "rediss:// for TLS, or remove redis.tls");
+                          "rediss:// for TLS, or remove redis.tls");
     if ((c->redis_tls.cert_file == NULL) != (c->redis_tls.key_file == NULL))
         cfg_error(p, tls, "redis.tls: cert_file and key_file go together (the client "
-                  "certificate and its private key)");
+                          "certificate and its private key)");
 }
 
 static void cfg_check_app(cfg_parser *p)
@@ -1619,7 +1663,7 @@ static bool cfg_prefix_overlap(const char *a, size_t alen, const char *b, size_t
 static void cfg_check_names(cfg_parser *p)
 {
     px_config *c = p->c;
-    px_buf lp = {0}, kp = {0}, d = {0};
+    px_buf lp = { 0 }, kp = { 0 }, d = { 0 };
     for (size_t i = 0; i < c->nstreams; i++) {
         px_stream_conf *s = &c->streams[i];
         cfg_stream_aux *a = &p->aux[i];
@@ -1631,10 +1675,13 @@ static void cfg_check_names(cfg_parser *p)
             const char *names[2], *what[2];
             int nn = 0;
             if (t->layout == PX_LAYOUT_SINGLE) {
-                names[nn] = t->prefix; what[nn++] = "dedup keys (prefix";
+                names[nn] = t->prefix;
+                what[nn++] = "dedup keys (prefix";
             } else {
-                names[nn] = t->lock_prefix; what[nn++] = "dedup locks (lock_prefix";
-                names[nn] = t->done_prefix; what[nn++] = "done marks (done_prefix";
+                names[nn] = t->lock_prefix;
+                what[nn++] = "dedup locks (lock_prefix";
+                names[nn] = t->done_prefix;
+                what[nn++] = "done marks (done_prefix";
             }
             if (t->key_tpl) px_template_literal_prefix(t->key_tpl, &kp);
             else px_buf_reset(&kp);
@@ -1651,15 +1698,15 @@ static void cfg_check_names(cfg_parser *p)
                          t->hash_tag ? "'{' + " : "", t->hash_tag ? " + '}'" : "");
                 if (lp.len == 0)
                     cfg_error(p, a->lock_key, "%s.lock_key: it starts with no literal text, so "
-                              "a name it renders can equal one of %s, which start with '%.*s'; "
-                              "begin it with text that neither begins with a dedup name's "
-                              "prefix nor is the beginning of one (such as room-lock:#{...})",
+                                              "a name it renders can equal one of %s, which start with '%.*s'; "
+                                              "begin it with text that neither begins with a dedup name's "
+                                              "prefix nor is the beginning of one (such as room-lock:#{...})",
                               a->name, who, cfg_echo_len(d.data), d.data);
                 else
                     cfg_error(p, a->lock_key, "%s.lock_key: its names start with '%.*s' and "
-                              "%s start with '%.*s', so one name can be both; a lock_key's "
-                              "literal prefix must neither begin with a dedup name's prefix nor "
-                              "be the beginning of one",
+                                              "%s start with '%.*s', so one name can be both; a lock_key's "
+                                              "literal prefix must neither begin with a dedup name's prefix nor "
+                                              "be the beginning of one",
                               a->name, cfg_echo_len(lp.data), lp.data, who,
                               cfg_echo_len(d.data), d.data);
             }
@@ -1667,7 +1714,7 @@ static void cfg_check_names(cfg_parser *p)
         if (!refused && cfg_prefix_overlap(lp.data, lp.len, CFG_OWN_PREFIX,
                                            sizeof CFG_OWN_PREFIX - 1))
             cfg_error(p, a->lock_key, "%s.lock_key: its names start with '%.*s' and can equal "
-                      "idemproxy's own keys, which start with '" CFG_OWN_PREFIX "'",
+                                      "idemproxy's own keys, which start with '" CFG_OWN_PREFIX "'",
                       a->name, cfg_echo_len(lp.data), lp.data);
     }
     px_buf_deinit(&lp);
@@ -1687,7 +1734,7 @@ static void cfg_check_streams(cfg_parser *p, yaml_node_t *root)
         if (streams->key == NULL)
             cfg_error(p, root, "missing 'streams': at least one stream block is required");
         else if (cfg_is_null(streams->val) || (streams->val->type == YAML_SEQUENCE_NODE &&
-                 streams->val->data.sequence.items.top == streams->val->data.sequence.items.start))
+                                               streams->val->data.sequence.items.top == streams->val->data.sequence.items.start))
             cfg_error(p, streams->key, "streams: at least one stream block is required");
         return;
     }
@@ -1696,17 +1743,20 @@ static void cfg_check_streams(cfg_parser *p, yaml_node_t *root)
         cfg_stream_aux *a = &p->aux[i];
         /* lease < 2 * timeout, written so that it cannot overflow */
         if (c->timeout_ms > s->lease_ms / 2) {
-            yaml_node_t *at = a->lease ? a->lease : timeout ? timeout : a->block;
+            yaml_node_t *at = a->lease ? a->lease : timeout ? timeout
+                                                            : a->block;
             cfg_error(p, at, "%s.lease_ms: %s%lld is less than twice redis.timeout_ms (%lld): "
-                      "a lease must outlive two Redis round trips", a->name,
+                             "a lease must outlive two Redis round trips",
+                      a->name,
                       a->lease ? "" : "the default ", s->lease_ms, c->timeout_ms);
         }
         if (s->layout == PX_LAYOUT_SPLIT && s->lock_prefix && s->done_prefix &&
             strcmp(s->lock_prefix, s->done_prefix) == 0) {
-            yaml_node_t *at = a->done_prefix ? a->done_prefix :
-                              a->lock_prefix ? a->lock_prefix : a->block;
+            yaml_node_t *at = a->done_prefix ? a->done_prefix : a->lock_prefix ? a->lock_prefix
+                                                                               : a->block;
             cfg_error(p, at, "%s: lock_prefix and done_prefix must differ in the split layout "
-                      "(the lock and the done mark would be one key)", a->name);
+                             "(the lock and the done mark would be one key)",
+                      a->name);
         }
         if (s->stream && s->dead_letter && strcmp(s->stream, s->dead_letter) == 0)
             cfg_error(p, a->dead_letter, "%s.dead_letter: must not be the stream being read",
@@ -1719,11 +1769,13 @@ static void cfg_check_streams(cfg_parser *p, yaml_node_t *root)
             if (t->group && strcmp(t->group, s->group) != 0) continue;
             if (s->group)
                 cfg_error(p, a->block, "%s: duplicate stream block: stream '%s' with group "
-                          "'%s' is already configured at line %d", a->name, s->stream,
+                                       "'%s' is already configured at line %d",
+                          a->name, s->stream,
                           s->group, t->line);
             else
                 cfg_error(p, a->block, "%s: duplicate stream block: stream '%s' without a "
-                          "group is already configured at line %d", a->name, s->stream,
+                                       "group is already configured at line %d",
+                          a->name, s->stream,
                           t->line);
             break;
         }
@@ -1747,10 +1799,10 @@ static void cfg_apply_env(cfg_parser *p)
         c->redis_url = px_strdup(url);
         if (c->ncluster > 0)
             cfg_env_error(p, "IDEMPROXY_REDIS_URL", "cannot be used with redis.cluster "
-                          "(the file lists cluster seeds)");
+                                                    "(the file lists cluster seeds)");
         else if (c->sentinel.master_name)
             cfg_env_error(p, "IDEMPROXY_REDIS_URL", "cannot be used with redis.sentinel "
-                          "(the file names sentinels)");
+                                                    "(the file names sentinels)");
         else if (!cfg_redis_url(c, url, why, sizeof why))
             cfg_env_error(p, "IDEMPROXY_REDIS_URL", "invalid Redis url (%s); " CFG_URL_FORMS,
                           why);
@@ -1767,7 +1819,8 @@ static void cfg_apply_env(cfg_parser *p)
             if (strcasecmp(cfg_levels[k], level) == 0) i = k;
         if (i >= 0) c->log_level = (px_log_level)i;
         else cfg_env_error(p, "IDEMPROXY_LOG_LEVEL", "expected error, warn, info or debug, "
-                           "got '%.*s'", cfg_echo_len(level), level);
+                                                     "got '%.*s'",
+                           cfg_echo_len(level), level);
     }
 }
 
@@ -1790,14 +1843,14 @@ static void cfg_check_auth(cfg_parser *p)
     const char *env = getenv("IDEMPROXY_REDIS_URL");
     if (user)
         cfg_error(p, user, "redis.username: a user needs a password: set redis.password_file "
-                  "(idemproxy sends AUTH only with a password)");
+                           "(idemproxy sends AUTH only with a password)");
     else if (env && *env)
         cfg_env_error(p, "IDEMPROXY_REDIS_URL", "the url has a user but no password: add the "
-                      "password or set redis.password_file (idemproxy sends AUTH only with a "
-                      "password)");
+                                                "password or set redis.password_file (idemproxy sends AUTH only with a "
+                                                "password)");
     else if (url)
         cfg_error(p, url, "redis.url: the url has a user but no password: add the password or "
-                  "set redis.password_file (idemproxy sends AUTH only with a password)");
+                          "set redis.password_file (idemproxy sends AUTH only with a password)");
 }
 
 /* ------------------------------------------------------------- loading */
@@ -1899,10 +1952,11 @@ px_config *px_config_parse(const char *path, const char *text, size_t len, px_di
     yaml_node_t *root = yaml_document_get_root_node(&p.doc);
     if (root == NULL) {
         cfg_diag_at(&p, false, 1, 1, "the config is empty: at least one stream block "
-                    "is required");
+                                     "is required");
     } else if (root->type != YAML_MAPPING_NODE) {
         cfg_error(&p, root, "the config must be a mapping (redis:, app:, streams: ...), "
-                  "got %s", cfg_kind(root));
+                            "got %s",
+                  cfg_kind(root));
     } else {
         cfg_walk(&p, root, cfg_top_opts, p.c, NULL, p.top_seen);
         cfg_check_redis(&p);
@@ -1935,7 +1989,7 @@ px_config *px_config_load(const char *path, px_diags *d)
         diag_plain(d, path, "cannot read the config: %s", strerror(errno));
         return NULL;
     }
-    px_buf b = {0};
+    px_buf b = { 0 };
     char chunk[8192];
     size_t n;
     while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) px_buf_append(&b, chunk, n);

@@ -11,7 +11,7 @@
 px_lock_reply px_decide_lock_reply(const char *old, const char *mine)
 {
     if (old == NULL || strcmp(old, mine) == 0) return PX_LOCK_TAKEN;
-    if (old[0] == 'D') return PX_LOCK_DONE;      /* single layout's done mark */
+    if (old[0] == 'D') return PX_LOCK_DONE; /* single layout's done mark */
     return PX_LOCK_BUSY;
 }
 
@@ -20,9 +20,9 @@ px_claim_outcome px_decide_claim(px_lock_reply lock, bool done, bool examined)
     if (lock == PX_LOCK_DONE || (lock == PX_LOCK_NONE && done))
         return examined ? PX_CLAIM_DUP_AFTER_LOCK : PX_CLAIM_DUP_BEFORE_LOCK;
     if (lock == PX_LOCK_TAKEN)
-        return done ? PX_CLAIM_DUP_RELEASE : PX_CLAIM_CLAIMED;   /* the double check */
+        return done ? PX_CLAIM_DUP_RELEASE : PX_CLAIM_CLAIMED; /* the double check */
     if (done)
-        return PX_CLAIM_DUP_AFTER_LOCK;                        /* busy, but done by now */
+        return PX_CLAIM_DUP_AFTER_LOCK; /* busy, but done by now */
     return PX_CLAIM_BUSY;
 }
 
@@ -55,7 +55,7 @@ bool px_decide_error_passes(const char *err)
 {
     static const char *const passing[] = {
         "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "OOM",
-        "NOREPLICAS", "MOVED", "ASK", "NOSCRIPT", "UNBLOCKED", NULL,
+        "NOREPLICAS", "MOVED", "ASK", "NOSCRIPT", "UNBLOCKED", NULL
     };
     if (err == NULL) return true;
     for (size_t i = 0; passing[i]; i++) {

@@ -13,21 +13,21 @@
 
 /* What `SET lock value NX PX lease GET` answered. */
 typedef enum {
-    PX_LOCK_NONE = 0,   /* no reply yet / not asked */
-    PX_LOCK_TAKEN,      /* nil, or our own value (a reply lost in a reconnect) */
-    PX_LOCK_BUSY,       /* someone else's lock */
-    PX_LOCK_DONE,       /* single layout: the key holds the done mark */
+    PX_LOCK_NONE = 0, /* no reply yet / not asked */
+    PX_LOCK_TAKEN,    /* nil, or our own value (a reply lost in a reconnect) */
+    PX_LOCK_BUSY,     /* someone else's lock */
+    PX_LOCK_DONE,     /* single layout: the key holds the done mark */
 } px_lock_reply;
 
 /* 'old' is the previous value (NULL for nil), 'mine' the value we set. */
 px_lock_reply px_decide_lock_reply(const char *old, const char *mine);
 
 typedef enum {
-    PX_CLAIM_CLAIMED,              /* deliver it */
-    PX_CLAIM_DUP_BEFORE_LOCK,      /* done at the first look */
-    PX_CLAIM_DUP_AFTER_LOCK,       /* done, seen by the check after the lock or a later look */
-    PX_CLAIM_DUP_RELEASE,          /* done, seen under our own lock: release it, after_lock */
-    PX_CLAIM_BUSY,                 /* held elsewhere and not done: look again later */
+    PX_CLAIM_CLAIMED,         /* deliver it */
+    PX_CLAIM_DUP_BEFORE_LOCK, /* done at the first look */
+    PX_CLAIM_DUP_AFTER_LOCK,  /* done, seen by the check after the lock or a later look */
+    PX_CLAIM_DUP_RELEASE,     /* done, seen under our own lock: release it, after_lock */
+    PX_CLAIM_BUSY,            /* held elsewhere and not done: look again later */
 } px_claim_outcome;
 
 /*
@@ -39,9 +39,9 @@ typedef enum {
 px_claim_outcome px_decide_claim(px_lock_reply lock, bool done, bool examined);
 
 typedef enum {
-    PX_NEXT_COMMIT_DONE,           /* ACK: done mark, release, XACK */
-    PX_NEXT_DEAD_LETTER_DONE,      /* DROP or exhausted: dead letter, done mark, XACK */
-    PX_NEXT_RETRY,                 /* release, back off, deliver again */
+    PX_NEXT_COMMIT_DONE,      /* ACK: done mark, release, XACK */
+    PX_NEXT_DEAD_LETTER_DONE, /* DROP or exhausted: dead letter, done mark, XACK */
+    PX_NEXT_RETRY,            /* release, back off, deliver again */
 } px_answer_next;
 
 /* What the app's answer leads to, after 'attempt' deliveries (1-based). */
@@ -51,9 +51,9 @@ px_answer_next px_decide_answer(px_ack_status status, uint32_t attempt, int max_
 long long px_decide_backoff_ms(long long base_ms, uint32_t attempt);
 
 typedef enum {
-    PX_BUSY_WAIT,                  /* within wait_ms: look again in 10-50 ms */
-    PX_BUSY_PARK,                  /* release, look again after the holder's lease */
-    PX_BUSY_REFUSE,                /* lock_key busy with on_busy: dead_letter */
+    PX_BUSY_WAIT,   /* within wait_ms: look again in 10-50 ms */
+    PX_BUSY_PARK,   /* release, look again after the holder's lease */
+    PX_BUSY_REFUSE, /* lock_key busy with on_busy: dead_letter */
 } px_busy_next;
 
 px_busy_next px_decide_busy(uint64_t now_ms, uint64_t wait_until_ms, bool lock_key_busy,

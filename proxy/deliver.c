@@ -59,27 +59,27 @@
 
 #define PX_WORKER_WINDOW 128
 #define PX_WINDOW_START  4.0
-#define PX_LMIN_EVERY    30.0    /* seconds: lmin forgets older answers this often */
-#define PX_ENC_KEEP      (256 * 1024)   /* bytes of encoding buffer kept between sends */
+#define PX_LMIN_EVERY    30.0         /* seconds: lmin forgets older answers this often */
+#define PX_ENC_KEEP      (256 * 1024) /* bytes of encoding buffer kept between sends */
 
 unsigned long long px_protocol_errors;
 
 typedef struct px_deliver {
-    int        sock;
-    ev_io      rcv_w, snd_w;
-    px_entry **slots;      /* entry per slot, NULL when free */
-    uint32_t  *gens;       /* generation per slot */
-    uint32_t  *free_slots; /* ring of free slot numbers, oldest first */
-    size_t     free_head, nfree, nslots;
-    unsigned   slot_bits;  /* of a request id (see above) */
-    uint32_t   slot_mask, gen_mask;
-    px_buf     enc;        /* encoding buffer, reused up to PX_ENC_KEEP */
-    px_field  *fields;     /* scratch: the fields of one delivery */
-    size_t     fields_cap;
-    double     w;          /* flow control: deliveries per worker (see above) */
-    bool       shrunk;     /* w has had to shrink once: grow by 1/w, not by 1 */
-    double     lmin, lmin_next, lmin_since;  /* quickest answer (s), this period's, start */
-    double     calm_until; /* no shrink before this loop time (one round trip) */
+    int sock;
+    ev_io rcv_w, snd_w;
+    px_entry **slots;     /* entry per slot, NULL when free */
+    uint32_t *gens;       /* generation per slot */
+    uint32_t *free_slots; /* ring of free slot numbers, oldest first */
+    size_t free_head, nfree, nslots;
+    unsigned slot_bits; /* of a request id (see above) */
+    uint32_t slot_mask, gen_mask;
+    px_buf enc;       /* encoding buffer, reused up to PX_ENC_KEEP */
+    px_field *fields; /* scratch: the fields of one delivery */
+    size_t fields_cap;
+    double w;                           /* flow control: deliveries per worker (see above) */
+    bool shrunk;                        /* w has had to shrink once: grow by 1/w, not by 1 */
+    double lmin, lmin_next, lmin_since; /* quickest answer (s), this period's, start */
+    double calm_until;                  /* no shrink before this loop time (one round trip) */
 } px_deliver;
 
 /* An answer came back 'l' seconds after its delivery went out. */
@@ -88,7 +88,7 @@ static void window_answer(px_proxy *px, px_deliver *d, double l)
     double now = ev_now(px->loop), ack = (double)px->conf->ack_timeout_ms / 1000.0;
     if (l < d->lmin_next) d->lmin_next = l;
     if (l < d->lmin) d->lmin = l;
-    if (now - d->lmin_since > PX_LMIN_EVERY) {   /* handlers may have slowed down */
+    if (now - d->lmin_since > PX_LMIN_EVERY) { /* handlers may have slowed down */
         d->lmin = d->lmin_next;
         d->lmin_next = l;
         d->lmin_since = now;
@@ -142,7 +142,8 @@ static px_entry *slot_find(px_deliver *d, uint32_t req_id)
 /* The ack timeout of one delivery. */
 static void ack_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_entry *e = w->data;
     px_deliver *d = e->st->px->deliver;
     slot_put(d, e->delivery.req_id);
@@ -164,11 +165,16 @@ static px_delivery_view delivery_view(px_deliver *d, px_entry *e, uint32_t attem
     for (size_t i = 0; i < e->nfields; i++)
         if ((int)i != e->payload_idx) d->fields[nf++] = e->fields[i];
     return (px_delivery_view){
-        .stream = e->st->conf->stream, .entry_id = e->id, .key = e->key,
-        .fields = d->fields, .nfields = nf,
+        .stream = e->st->conf->stream,
+        .entry_id = e->id,
+        .key = e->key,
+        .fields = d->fields,
+        .nfields = nf,
         .payload = e->payload_idx >= 0 ? e->fields[e->payload_idx].value : NULL,
         .payload_len = e->payload_idx >= 0 ? e->fields[e->payload_idx].value_len : 0,
-        .attempt = attempt, .fencing_token = fence, .deadline_unix_ms = deadline,
+        .attempt = attempt,
+        .fencing_token = fence,
+        .deadline_unix_ms = deadline,
     };
 }
 
@@ -251,13 +257,13 @@ void px_deliver_flush(px_proxy *px)
     px_entry *e;
     size_t window = 0;
     while ((e = px->send_q.head) != NULL) {
-        if (e->claim.lease_lost) {          /* not delivered on a lock it no longer holds */
+        if (e->claim.lease_lost) { /* not delivered on a lock it no longer holds */
             px_queue_pop(&px->send_q);
             px_proxy_reclaim_unsent(e);
             continue;
         }
         if (window == 0) window = send_window(d);
-        if (d->nslots - d->nfree >= window) break;    /* a reply frees room: the next flush */
+        if (d->nslots - d->nfree >= window) break; /* a reply frees room: the next flush */
         if (send_one(px, d, e) != PX_OK) {
             if (!ev_is_active(&d->snd_w)) ev_io_start(px->loop, &d->snd_w);
             return;
@@ -269,7 +275,8 @@ void px_deliver_flush(px_proxy *px)
 
 static void snd_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_deliver_flush(w->data);
 }
 
@@ -294,7 +301,8 @@ static bool reply_id(const struct nn_msghdr *hdr, uint32_t *id)
 
 static void rcv_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_proxy *px = w->data;
     px_deliver *d = px->deliver;
     for (;;) {

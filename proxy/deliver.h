@@ -6,13 +6,13 @@
 
 #include "proxy.h"
 
-int  px_deliver_init(px_proxy *px);
+int px_deliver_init(px_proxy *px);
 void px_deliver_deinit(px_proxy *px);
-void px_deliver_flush(px_proxy *px);          /* send_q -> socket */
-int  px_deliver_workers(px_proxy *px);
-void px_deliver_forget(px_proxy *px, px_entry *e);  /* drop e's slot (shutdown) */
-size_t px_deliver_size(px_proxy *px, px_entry *e);   /* its Delivery's largest encoding */
-size_t px_deliver_window(px_proxy *px);       /* unanswered deliveries allowed now */
+void px_deliver_flush(px_proxy *px); /* send_q -> socket */
+int px_deliver_workers(px_proxy *px);
+void px_deliver_forget(px_proxy *px, px_entry *e); /* drop e's slot (shutdown) */
+size_t px_deliver_size(px_proxy *px, px_entry *e); /* its Delivery's largest encoding */
+size_t px_deliver_window(px_proxy *px);            /* unanswered deliveries allowed now */
 extern unsigned long long px_protocol_errors;
 
 #endif

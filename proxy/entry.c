@@ -42,15 +42,30 @@
  */
 #define T(from, to) [PX_E_##from][PX_E_##to] = true
 static const bool legal[PX_E_GONE + 1][PX_E_GONE + 1] = {
-    T(CLAIM, CLAIM), T(CLAIM, SEND), T(CLAIM, PARKED), T(CLAIM, LOCKWAIT), T(CLAIM, COMMIT),
-    T(CLAIM, XACK), T(CLAIM, GONE),
-    T(PARKED, CLAIM), T(PARKED, GONE),
-    T(LOCKWAIT, CLAIM), T(LOCKWAIT, GONE),
-    T(SEND, SENT), T(SEND, CLAIM), T(SEND, GONE),
-    T(SENT, COMMIT), T(SENT, BACKOFF), T(SENT, GONE),
-    T(BACKOFF, CLAIM), T(BACKOFF, GONE),
-    T(COMMIT, COMMIT), T(COMMIT, XACK), T(COMMIT, GONE),
-    T(XACK, XACK), T(XACK, GONE),
+    T(CLAIM, CLAIM),
+    T(CLAIM, SEND),
+    T(CLAIM, PARKED),
+    T(CLAIM, LOCKWAIT),
+    T(CLAIM, COMMIT),
+    T(CLAIM, XACK),
+    T(CLAIM, GONE),
+    T(PARKED, CLAIM),
+    T(PARKED, GONE),
+    T(LOCKWAIT, CLAIM),
+    T(LOCKWAIT, GONE),
+    T(SEND, SENT),
+    T(SEND, CLAIM),
+    T(SEND, GONE),
+    T(SENT, COMMIT),
+    T(SENT, BACKOFF),
+    T(SENT, GONE),
+    T(BACKOFF, CLAIM),
+    T(BACKOFF, GONE),
+    T(COMMIT, COMMIT),
+    T(COMMIT, XACK),
+    T(COMMIT, GONE),
+    T(XACK, XACK),
+    T(XACK, GONE),
 };
 #undef T
 
@@ -95,4 +110,3 @@ void px_log_entry_limited(px_log_limit *l, double every_s, px_log_level level, c
     px_log_about_v(level, l, every_s, &a, fmt, ap);
     va_end(ap);
 }
-

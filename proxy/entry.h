@@ -18,15 +18,15 @@ typedef struct px_entry px_entry;
 typedef void px_step_fn(px_entry *e);
 
 typedef enum {
-    PX_E_CLAIM,      /* queued for (or in) a claim round trip */
-    PX_E_PARKED,     /* busy: its timer brings it back to CLAIM */
-    PX_E_LOCKWAIT,   /* dedup lock held, lock_key busy: retried within wait_ms */
-    PX_E_SEND,       /* claimed, queued for the socket */
-    PX_E_SENT,       /* with a worker; its timer is the ack timeout */
-    PX_E_BACKOFF,    /* released after RETRY/timeout; its timer brings it back */
-    PX_E_COMMIT,     /* answer known; done mark / dead letter being written */
-    PX_E_XACK,       /* finished; XACK queued or in flight (group mode) */
-    PX_E_GONE,       /* finished (px_entry_finish): not a state it is in, where it goes */
+    PX_E_CLAIM,    /* queued for (or in) a claim round trip */
+    PX_E_PARKED,   /* busy: its timer brings it back to CLAIM */
+    PX_E_LOCKWAIT, /* dedup lock held, lock_key busy: retried within wait_ms */
+    PX_E_SEND,     /* claimed, queued for the socket */
+    PX_E_SENT,     /* with a worker; its timer is the ack timeout */
+    PX_E_BACKOFF,  /* released after RETRY/timeout; its timer brings it back */
+    PX_E_COMMIT,   /* answer known; done mark / dead letter being written */
+    PX_E_XACK,     /* finished; XACK queued or in flight (group mode) */
+    PX_E_GONE,     /* finished (px_entry_finish): not a state it is in, where it goes */
 } px_entry_state;
 
 /* Debug and sanitizer builds (-DPX_DEBUG) check invariants, as twemproxy's
@@ -38,8 +38,12 @@ typedef enum {
 #endif
 void px_assert_fail(const char *cond, const char *file, int line) __attribute__((noreturn));
 
-typedef enum {        /* what the entry leaves as (SPEC 6 outcomes) */
-    PX_OUT_NONE = 0, PX_OUT_ACKED, PX_OUT_DUPLICATE, PX_OUT_DEAD_LETTERED, PX_OUT_SKIPPED,
+typedef enum { /* what the entry leaves as (SPEC 6 outcomes) */
+               PX_OUT_NONE = 0,
+               PX_OUT_ACKED,
+               PX_OUT_DUPLICATE,
+               PX_OUT_DEAD_LETTERED,
+               PX_OUT_SKIPPED,
 } px_outcome;
 
 /*
@@ -52,77 +56,77 @@ typedef enum {        /* what the entry leaves as (SPEC 6 outcomes) */
  * apart from the hub, proxy.c, which hands entries between them.
  */
 struct px_entry {
-    px_stream      *st;            /* (ref) */
-    px_entry_state  state;         /* changed only by px_entry_to */
-    char           *id;            /* entry id; owned, in 'blob' */
-    px_field       *fields;        /* all fields, in stream order; point into 'blob' */
-    size_t          nfields;
-    int             payload_idx;   /* index of the payload field, or -1 */
-    char           *blob;          /* id and field bytes; 'fields' and 'blob' live in
+    px_stream *st;        /* (ref) */
+    px_entry_state state; /* changed only by px_entry_to */
+    char *id;             /* entry id; owned, in 'blob' */
+    px_field *fields;     /* all fields, in stream order; point into 'blob' */
+    size_t nfields;
+    int payload_idx;       /* index of the payload field, or -1 */
+    char *blob;            /* id and field bytes; 'fields' and 'blob' live in
                                       the entry's own allocation, after it */
-    size_t          bytes;         /* size of the entry's fields, for max_entry_bytes */
-    char           *key;           /* rendered dedup key; owned; NULL for bad input */
-    const char     *lock_name;     /* Redis key names of the dedup lock and the done mark, */
-    const char     *done_name;     /* in key's allocation (event.c); the same in */
-    size_t          lock_name_len; /* layout single */
-    size_t          done_name_len;
-    char           *lock_key;      /* rendered lock_key; owned; NULL when none */
-    bool            bad;           /* bad input: the commit is its dead letter */
-    bool            oversized;     /* over max_entry_bytes: its dead letter is a reference */
-    px_outcome      outcome;       /* set when the final answer is known */
-    bool            mark_done;     /* the commit writes the done mark */
-    char           *reason;        /* owned: dead-letter reason, or NULL */
-    bool            gone;          /* finished; freed when step.io reaches 0 */
-    ev_timer        timer;         /* park / backoff / lock wait / ack timeout */
-    px_entry       *prev, *next;   /* the stream's list of tracked entries */
-    px_entry       *qnext;         /* the queue it waits in (claim, send, commit, xack) */
+    size_t bytes;          /* size of the entry's fields, for max_entry_bytes */
+    char *key;             /* rendered dedup key; owned; NULL for bad input */
+    const char *lock_name; /* Redis key names of the dedup lock and the done mark, */
+    const char *done_name; /* in key's allocation (event.c); the same in */
+    size_t lock_name_len;  /* layout single */
+    size_t done_name_len;
+    char *lock_key;        /* rendered lock_key; owned; NULL when none */
+    bool bad;              /* bad input: the commit is its dead letter */
+    bool oversized;        /* over max_entry_bytes: its dead letter is a reference */
+    px_outcome outcome;    /* set when the final answer is known */
+    bool mark_done;        /* the commit writes the done mark */
+    char *reason;          /* owned: dead-letter reason, or NULL */
+    bool gone;             /* finished; freed when step.io reaches 0 */
+    ev_timer timer;        /* park / backoff / lock wait / ack timeout */
+    px_entry *prev, *next; /* the stream's list of tracked entries */
+    px_entry *qnext;       /* the queue it waits in (claim, send, commit, xack) */
 
-    struct {                       /* claim.c */
-        char        token[24];     /* our random lock token for this claim */
-        uint64_t    fence;         /* fencing token of this claim, 0 when off */
-        bool        examined;      /* claimed at least once before: a later 'done' is after_lock */
-        bool        has_dedup;     /* we hold the dedup lock (or may: reply lost) */
-        bool        has_lock;      /* we hold lock_key */
-        bool        lease_lost;    /* an extension found our token gone */
-        double      lease_next;    /* loop time its next lease extension is due */
-        bool        in_io;         /* a claim or XACK round trip is in flight */
-        int         set;           /* a px_lock_reply (decide.h) */
-        bool        done;          /* the done key exists */
-        bool        own;           /* the lock already held our token (a lost reply) */
-        bool        marked;        /* the entry-level dead-letter mark exists */
-        bool        mark_asked;    /* the mark was asked for, after the lock */
-        bool        lock_waited;   /* lock_key was busy once: look at the dedup key again */
-        bool        recheck_mine;  /* that look found our dedup lock */
-        unsigned char done_sets;   /* single layout: done marks sent (a retry reads back its own D) */
-        bool        dl_written;    /* the dead letter is written (not again on a retry) */
-        bool        dl_other;      /* ... by another replica (group-less mark) */
+    struct {                     /* claim.c */
+        char token[24];          /* our random lock token for this claim */
+        uint64_t fence;          /* fencing token of this claim, 0 when off */
+        bool examined;           /* claimed at least once before: a later 'done' is after_lock */
+        bool has_dedup;          /* we hold the dedup lock (or may: reply lost) */
+        bool has_lock;           /* we hold lock_key */
+        bool lease_lost;         /* an extension found our token gone */
+        double lease_next;       /* loop time its next lease extension is due */
+        bool in_io;              /* a claim or XACK round trip is in flight */
+        int set;                 /* a px_lock_reply (decide.h) */
+        bool done;               /* the done key exists */
+        bool own;                /* the lock already held our token (a lost reply) */
+        bool marked;             /* the entry-level dead-letter mark exists */
+        bool mark_asked;         /* the mark was asked for, after the lock */
+        bool lock_waited;        /* lock_key was busy once: look at the dedup key again */
+        bool recheck_mine;       /* that look found our dedup lock */
+        unsigned char done_sets; /* single layout: done marks sent (a retry reads back its own D) */
+        bool dl_written;         /* the dead letter is written (not again on a retry) */
+        bool dl_other;           /* ... by another replica (group-less mark) */
     } claim;
 
-    struct {                       /* step.c (step.h: the contract) */
-        int         io;            /* commands about this entry awaiting replies */
-        int         pending;       /* replies the current step still waits for */
-        bool        failed;        /* a reply of the step was lost or an error */
-        bool        hard;          /* ... with an error that retrying does not cure */
-        px_step_fn *done;          /* runs when the step's last reply is in */
-        char       *redis_error;   /* owned: the last such error, for the dead letter */
-        unsigned    redis_errors;  /* such errors so far (PX_MAX_REDIS_ERRORS; proxy.c counts) */
+    struct {                   /* step.c (step.h: the contract) */
+        int io;                /* commands about this entry awaiting replies */
+        int pending;           /* replies the current step still waits for */
+        bool failed;           /* a reply of the step was lost or an error */
+        bool hard;             /* ... with an error that retrying does not cure */
+        px_step_fn *done;      /* runs when the step's last reply is in */
+        char *redis_error;     /* owned: the last such error, for the dead letter */
+        unsigned redis_errors; /* such errors so far (PX_MAX_REDIS_ERRORS; proxy.c counts) */
     } step;
 
-    struct {                       /* deliver.c; reader.c for Redis' counts */
-        uint32_t    attempt;       /* deliveries so far; group mode starts from Redis' count */
-        uint32_t    redis_count;   /* group mode: the delivery count Redis holds for it */
-        uint32_t    counts_wait;   /* cluster: claimed only once this batch's delivery counts are in */
-        uint32_t    req_id;        /* SP request id of the current delivery */
-        uint64_t    deadline_ms;   /* ack deadline of the current delivery */
-        double      sent_at;       /* loop time the current delivery went out (ack_latency) */
+    struct {                  /* deliver.c; reader.c for Redis' counts */
+        uint32_t attempt;     /* deliveries so far; group mode starts from Redis' count */
+        uint32_t redis_count; /* group mode: the delivery count Redis holds for it */
+        uint32_t counts_wait; /* cluster: claimed only once this batch's delivery counts are in */
+        uint32_t req_id;      /* SP request id of the current delivery */
+        uint64_t deadline_ms; /* ack deadline of the current delivery */
+        double sent_at;       /* loop time the current delivery went out (ack_latency) */
     } delivery;
 
-    struct {                       /* proxy.c: waiting for a lock or its holder */
-        bool        has_followers; /* copies of this key are parked behind our lock */
-        bool        waiting_out;   /* parked behind a holder's lease: not in max_inflight */
-        unsigned    busy_looks;    /* times found busy behind another holder */
-        uint64_t    wait_until_ms; /* LOCKWAIT: give up on lock_key after this */
-        double      claim_since;   /* loop time of the first claim attempt (lock_wait) */
+    struct {                    /* proxy.c: waiting for a lock or its holder */
+        bool has_followers;     /* copies of this key are parked behind our lock */
+        bool waiting_out;       /* parked behind a holder's lease: not in max_inflight */
+        unsigned busy_looks;    /* times found busy behind another holder */
+        uint64_t wait_until_ms; /* LOCKWAIT: give up on lock_key after this */
+        double claim_since;     /* loop time of the first claim attempt (lock_wait) */
     } park;
 };
 

@@ -9,7 +9,9 @@
 
 #include "px.h"
 
-typedef struct jscan { const unsigned char *p, *end; } jscan;
+typedef struct jscan {
+    const unsigned char *p, *end;
+} jscan;
 
 static void j_ws(jscan *s)
 {
@@ -28,7 +30,10 @@ static bool j_string(jscan *s, bool *plain)
     const unsigned char *p = s->p + 1;
     *plain = true;
     for (; p < s->end; p++) {
-        if (*p == '"') { s->p = p + 1; return true; }
+        if (*p == '"') {
+            s->p = p + 1;
+            return true;
+        }
         if (*p < 0x20) return false;
         if (*p != '\\') continue;
         *plain = false;
@@ -61,7 +66,10 @@ static bool j_object(jscan *s, int depth, const char *name, size_t nlen, const u
 {
     s->p++;
     j_ws(s);
-    if (s->p < s->end && *s->p == '}') { s->p++; return true; }
+    if (s->p < s->end && *s->p == '}') {
+        s->p++;
+        return true;
+    }
     for (;;) {
         bool plain;
         if (s->p >= s->end || *s->p != '"') return false;
@@ -75,17 +83,24 @@ static bool j_object(jscan *s, int depth, const char *name, size_t nlen, const u
         const unsigned char *start = s->p;
         if (!j_value(s, depth + 1)) return false;
         if (depth == 0) {
-            if (!plain) return false;            /* a top-level name with escapes */
+            if (!plain) return false; /* a top-level name with escapes */
             if (klen == nlen && memcmp(k, name, nlen) == 0) {
-                if (*v) return false;            /* twice: json-c keeps the last */
+                if (*v) return false; /* twice: json-c keeps the last */
                 *v = start;
                 *vn = (size_t)(s->p - start);
                 *vplain = *start == '"' && j_string(&(jscan){ start, s->p }, &plain) && plain;
             }
         }
         j_ws(s);
-        if (s->p < s->end && *s->p == ',') { s->p++; j_ws(s); continue; }
-        if (s->p < s->end && *s->p == '}') { s->p++; return true; }
+        if (s->p < s->end && *s->p == ',') {
+            s->p++;
+            j_ws(s);
+            continue;
+        }
+        if (s->p < s->end && *s->p == '}') {
+            s->p++;
+            return true;
+        }
         return false;
     }
 }
@@ -102,36 +117,51 @@ static bool j_value(jscan *s, int depth)
     case '[':
         s->p++;
         j_ws(s);
-        if (s->p < s->end && *s->p == ']') { s->p++; return true; }
+        if (s->p < s->end && *s->p == ']') {
+            s->p++;
+            return true;
+        }
         for (;;) {
             if (!j_value(s, depth + 1)) return false;
             j_ws(s);
-            if (s->p < s->end && *s->p == ',') { s->p++; j_ws(s); continue; }
-            if (s->p < s->end && *s->p == ']') { s->p++; return true; }
+            if (s->p < s->end && *s->p == ',') {
+                s->p++;
+                j_ws(s);
+                continue;
+            }
+            if (s->p < s->end && *s->p == ']') {
+                s->p++;
+                return true;
+            }
             return false;
         }
     case '"':
         return j_string(s, &plain);
-    case 't': case 'f': case 'n': {
-        const char *lit = *s->p == 't' ? "true" : *s->p == 'f' ? "false" : "null";
+    case 't':
+    case 'f':
+    case 'n': {
+        const char *lit = *s->p == 't' ? "true" : (*s->p == 'f' ? "false" : "null");
         size_t n = strlen(lit);
         if ((size_t)(s->end - s->p) < n || memcmp(s->p, lit, n) != 0) return false;
         s->p += n;
         return true;
     }
-    default: {                                   /* a number, as RFC 8259 writes it */
+    default: { /* a number, as RFC 8259 writes it */
         const unsigned char *start = s->p;
         if (*s->p == '-') s->p++;
         if (s->p < s->end && *s->p == '0') s->p++;
         else if (!j_digits(s)) return false;
-        if (s->p < s->end && *s->p == '.') { s->p++; if (!j_digits(s)) return false; }
+        if (s->p < s->end && *s->p == '.') {
+            s->p++;
+            if (!j_digits(s)) return false;
+        }
         if (s->p < s->end && (*s->p == 'e' || *s->p == 'E')) {
             s->p++;
             if (s->p < s->end && (*s->p == '+' || *s->p == '-')) s->p++;
             const unsigned char *exp = s->p;
-            if (!j_digits(s) || s->p - exp > 2) return false;   /* no overflow to inf */
+            if (!j_digits(s) || s->p - exp > 2) return false; /* no overflow to inf */
         }
-        return s->p - start <= 18;               /* fits int64: json-c reads it as we do */
+        return s->p - start <= 18; /* fits int64: json-c reads it as we do */
     }
     }
 }

@@ -46,62 +46,66 @@
 #define PX_READ_CHUNK          (16 * 1024)
 /* Buffers kept between commands and replies; larger ones (a huge entry read,
  * a large dead letter written) are given back once used (SPEC 5.6). */
-#define PX_BUF_KEEP            (256 * 1024)
-#define PX_TRIM_AFTER          (4 * 1024 * 1024)   /* and then the heap's free pages */
+#define PX_BUF_KEEP   (256 * 1024)
+#define PX_TRIM_AFTER (4 * 1024 * 1024) /* and then the heap's free pages */
 
 typedef struct px_rcmd {
-    px_link        *l;            /* (ref) */
-    px_redis_cb    *cb;
-    void           *priv;
-    ev_tstamp       deadline;     /* loop time after which the link is dropped */
-    px_script      *script;       /* (ref) set for EVALSHA, to retry as EVAL */
-    const char     *argv[PX_SCRIPT_ARGC_MAX];  /* scripts only: into 'args' or *script */
-    size_t          lens[PX_SCRIPT_ARGC_MAX];
-    int             argc;
-    char            verb[16];     /* the command's name (argv[0]), to clear a refusal */
-    px_buf          args;         /* a script's arguments copied; kept with the record */
-    struct px_rcmd *next;         /* FIFO order */
+    px_link *l; /* (ref) */
+    px_redis_cb *cb;
+    void *priv;
+    ev_tstamp deadline;                   /* loop time after which the link is dropped */
+    px_script *script;                    /* (ref) set for EVALSHA, to retry as EVAL */
+    const char *argv[PX_SCRIPT_ARGC_MAX]; /* scripts only: into 'args' or *script */
+    size_t lens[PX_SCRIPT_ARGC_MAX];
+    int argc;
+    char verb[16];        /* the command's name (argv[0]), to clear a refusal */
+    px_buf args;          /* a script's arguments copied; kept with the record */
+    struct px_rcmd *next; /* FIFO order */
 } px_rcmd;
 
-typedef enum { ST_DOWN, ST_RESOLVING, ST_CONNECTING, ST_TLS, ST_OPEN } link_state;
+typedef enum { ST_DOWN,
+               ST_RESOLVING,
+               ST_CONNECTING,
+               ST_TLS,
+               ST_OPEN } link_state;
 
 typedef struct rjob rjob;
 
 struct px_link {
-    struct ev_loop     *loop;      /* (ref) */
-    px_redis_opts       opts;      /* strings copied */
-    px_tls_opts         tls;       /* strings copied; enabled false: plain */
-    px_redis           *owner;     /* (ref) handed to every command's callback */
-    px_link_state_cb   *state_cb;
-    void               *udata;
-    link_state          st;
-    bool                up;        /* connected and through the handshake */
-    int                 fd;        /* -1 while down or resolving */
-    SSL_CTX            *ctx;
-    SSL                *ssl;
-    ev_io               rio, wio;  /* wio only while a write would block (EAGAIN) */
-    ev_prepare          flush;     /* writes 'out' once per loop turn (queue_out) */
-    bool                tls_wants_read;  /* SSL_write waits for the socket to be readable */
-    ev_timer            deadline;  /* the earliest pending command's deadline */
-    ev_timer            retry;     /* reconnect backoff */
-    ev_timer            addr_wait; /* the connect to one address of several (try_next_addr) */
-    ev_async            resolved;  /* the resolver thread is done */
-    rjob               *job;       /* the lookup in flight */
-    struct addrinfo    *addrs, *next_addr;   /* the lookup's answer, the next to try */
-    char                last_err[200];       /* why the last address failed */
-    long long           backoff_ms;
-    px_rcmd            *head, *tail; /* pending commands, oldest first */
-    px_buf              out;       /* RESP not yet written */
-    size_t              out_off;   /* bytes of 'out' written */
-    redisReader        *reader;
-    px_reply_arena     *arena;
-    unsigned            gen;       /* bumped at every drop */
-    int                 busy;      /* callbacks running: a destroy waits for them */
-    bool                dead;      /* destroyed while busy */
-    px_link_want_cb    *want_cb;   /* the owner sets the target (px_link_connect_to) */
-    bool                waiting;   /* down, waiting for px_link_connect_to */
-    px_redis_cb        *msg_cb;    /* pub/sub messages (px_link_on_message) */
-    void               *msg_priv;
+    struct ev_loop *loop; /* (ref) */
+    px_redis_opts opts;   /* strings copied */
+    px_tls_opts tls;      /* strings copied; enabled false: plain */
+    px_redis *owner;      /* (ref) handed to every command's callback */
+    px_link_state_cb *state_cb;
+    void *udata;
+    link_state st;
+    bool up; /* connected and through the handshake */
+    int fd;  /* -1 while down or resolving */
+    SSL_CTX *ctx;
+    SSL *ssl;
+    ev_io rio, wio;                     /* wio only while a write would block (EAGAIN) */
+    ev_prepare flush;                   /* writes 'out' once per loop turn (queue_out) */
+    bool tls_wants_read;                /* SSL_write waits for the socket to be readable */
+    ev_timer deadline;                  /* the earliest pending command's deadline */
+    ev_timer retry;                     /* reconnect backoff */
+    ev_timer addr_wait;                 /* the connect to one address of several (try_next_addr) */
+    ev_async resolved;                  /* the resolver thread is done */
+    rjob *job;                          /* the lookup in flight */
+    struct addrinfo *addrs, *next_addr; /* the lookup's answer, the next to try */
+    char last_err[200];                 /* why the last address failed */
+    long long backoff_ms;
+    px_rcmd *head, *tail; /* pending commands, oldest first */
+    px_buf out;           /* RESP not yet written */
+    size_t out_off;       /* bytes of 'out' written */
+    redisReader *reader;
+    px_reply_arena *arena;
+    unsigned gen;             /* bumped at every drop */
+    int busy;                 /* callbacks running: a destroy waits for them */
+    bool dead;                /* destroyed while busy */
+    px_link_want_cb *want_cb; /* the owner sets the target (px_link_connect_to) */
+    bool waiting;             /* down, waiting for px_link_connect_to */
+    px_redis_cb *msg_cb;      /* pub/sub messages (px_link_on_message) */
+    void *msg_priv;
 };
 
 unsigned long long px_redis_errors;
@@ -116,7 +120,8 @@ static void link_free(px_link *l);
 static void fifo_push(px_link *l, px_rcmd *c)
 {
     c->next = NULL;
-    if (l->tail) l->tail->next = c; else l->head = c;
+    if (l->tail) l->tail->next = c;
+    else l->head = c;
     l->tail = c;
 }
 
@@ -153,7 +158,10 @@ static char *resp_len(char *p, char kind, size_t v)
 {
     char tmp[24];
     int n = 0;
-    do { tmp[n++] = (char)('0' + v % 10); v /= 10; } while (v);
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
     *p++ = kind;
     while (n) *p++ = tmp[--n];
     *p++ = '\r';
@@ -181,7 +189,10 @@ static void resp_append(px_buf *out, int argc, const char **argv, const size_t *
 /* Arm the timer for the oldest command; re-armed lazily, when it fires. */
 static void deadline_rearm(px_link *l)
 {
-    if (l->head == NULL) { ev_timer_stop(l->loop, &l->deadline); return; }
+    if (l->head == NULL) {
+        ev_timer_stop(l->loop, &l->deadline);
+        return;
+    }
     if (ev_is_active(&l->deadline)) return;
     ev_tstamp after = l->head->deadline - ev_now(l->loop);
     ev_timer_set(&l->deadline, after > 0 ? after : 0.001, 0.);
@@ -221,13 +232,13 @@ static void queue_out(px_link *l)
  * the answer over through the link's ev_async. A link that gives up on a
  * lookup (its deadline, a destroy) leaves the job to the thread to free. */
 struct rjob {
-    px_link         *l;         /* NULL once abandoned (under rj_lock) */
+    px_link *l; /* NULL once abandoned (under rj_lock) */
     struct addrinfo *res;
-    int              err;
-    bool             done;
-    int              refs;      /* the thread's and the link's (under rj_lock) */
-    char             host[256];
-    char             port[8];
+    int err;
+    bool done;
+    int refs; /* the thread's and the link's (under rj_lock) */
+    char host[256];
+    char port[8];
 };
 
 static pthread_mutex_t rj_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -245,7 +256,7 @@ static void rjob_unref(rjob *j)
 static void *rjob_run(void *p)
 {
     rjob *j = p;
-    struct addrinfo hints = {0}, *res = NULL;
+    struct addrinfo hints = { 0 }, *res = NULL;
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     int err = getaddrinfo(j->host, j->port, &hints, &res);
@@ -273,7 +284,8 @@ static void try_next_addr(px_link *l);
 
 static void resolved_cb(struct ev_loop *loop, ev_async *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_link *l = w->data;
     rjob *j = l->job;
     if (j == NULL || l->st != ST_RESOLVING) return;
@@ -302,7 +314,7 @@ static void resolve_start(px_link *l)
     char port[8];
     snprintf(port, sizeof(port), "%d", l->opts.port);
     /* A numeric address needs no lookup (and no thread). */
-    struct addrinfo hints = {0}, *res = NULL;
+    struct addrinfo hints = { 0 }, *res = NULL;
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_NUMERICHOST;
@@ -320,12 +332,12 @@ static void resolve_start(px_link *l)
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&attr, 512 * 1024);      /* NSS modules can be deep */
+    pthread_attr_setstacksize(&attr, 512 * 1024); /* NSS modules can be deep */
     pthread_t t;
     int err = pthread_create(&t, &attr, rjob_run, j);
     pthread_attr_destroy(&attr);
     if (err != 0) {
-        j->refs = 1;           /* no thread */
+        j->refs = 1; /* no thread */
         rjob_abandon(l);
         char why[200];
         snprintf(why, sizeof(why), "connect failed: no resolver thread: %s", strerror(err));
@@ -356,7 +368,7 @@ static void addr_text(const struct sockaddr *sa, char *out, size_t len)
 
 static void tcp_options(int fd)
 {
-    int on = 1, idle = 15, intvl = 5, cnt = 3;     /* as hiredis' redisEnableKeepAlive */
+    int on = 1, idle = 15, intvl = 5, cnt = 3; /* as hiredis' redisEnableKeepAlive */
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
@@ -402,7 +414,8 @@ static void try_next_addr(px_link *l);
 
 static void addr_wait_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_link *l = w->data;
     if (l->st != ST_CONNECTING || l->fd < 0) return;
     char at[120] = "?";
@@ -513,7 +526,7 @@ static void tls_reason(px_link *l, int ret, char *out, size_t len)
         snprintf(out, len, "%s", reason ? reason : buf);
     } else if (ret == 0 || errno == 0) {
         snprintf(out, len, "the server closed the connection during the TLS handshake "
-                 "(a plain-text server, or one that refused this client?)");
+                           "(a plain-text server, or one that refused this client?)");
     } else {
         snprintf(out, len, "%s", strerror(errno));
     }
@@ -532,7 +545,10 @@ static void tls_drop(px_link *l, int ret, const char *during)
 static SSL_CTX *tls_ctx_new(const px_tls_opts *tls, char *err, size_t errlen)
 {
     SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
-    if (ctx == NULL) { snprintf(err, errlen, "no TLS context"); return NULL; }
+    if (ctx == NULL) {
+        snprintf(err, errlen, "no TLS context");
+        return NULL;
+    }
     SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
     const char *what = NULL;
     ERR_clear_error();
@@ -672,10 +688,13 @@ static void flush_out(px_link *l)
             int ret = SSL_write(l->ssl, p, n > INT32_MAX ? INT32_MAX : (int)n);
             if (ret <= 0) {
                 int e = SSL_get_error(l->ssl, ret);
-                if (e == SSL_ERROR_WANT_WRITE) { ev_io_start(l->loop, &l->wio); return; }
+                if (e == SSL_ERROR_WANT_WRITE) {
+                    ev_io_start(l->loop, &l->wio);
+                    return;
+                }
                 if (e == SSL_ERROR_WANT_READ) {
                     ev_io_stop(l->loop, &l->wio);
-                    l->tls_wants_read = true;     /* rio_cb writes again */
+                    l->tls_wants_read = true; /* rio_cb writes again */
                     return;
                 }
                 if (e == SSL_ERROR_SYSCALL && ERR_peek_error() == 0) {
@@ -698,7 +717,10 @@ static void flush_out(px_link *l)
         } else {
             w = write(l->fd, p, n);
             if (w < 0) {
-                if (errno == EAGAIN || errno == EINTR) { ev_io_start(l->loop, &l->wio); return; }
+                if (errno == EAGAIN || errno == EINTR) {
+                    ev_io_start(l->loop, &l->wio);
+                    return;
+                }
                 char why[200];
                 snprintf(why, sizeof(why), "write failed: %s", strerror(errno));
                 drop(l, why, PX_LOG_WARN);
@@ -757,7 +779,7 @@ static void dispatch_replies(px_link *l)
             l->tail = NULL;
             ev_timer_stop(l->loop, &l->deadline);
         }
-        redisReplyObjectFunctions *fn = l->reader->fn;   /* the arena's (reply.c) */
+        redisReplyObjectFunctions *fn = l->reader->fn; /* the arena's (reply.c) */
         complete(l, c, reply);
         fn->freeObject(reply);
     }
@@ -777,7 +799,10 @@ static void read_in(px_link *l)
             if (ret <= 0) {
                 int e = SSL_get_error(l->ssl, ret);
                 if (e == SSL_ERROR_WANT_READ) return;
-                if (e == SSL_ERROR_WANT_WRITE) { ev_io_start(l->loop, &l->wio); return; }
+                if (e == SSL_ERROR_WANT_WRITE) {
+                    ev_io_start(l->loop, &l->wio);
+                    return;
+                }
                 /* A server that is killed sends no close_notify (OpenSSL 3: "unexpected
                  * eof"); RESP is framed, a cut reply is never used: a plain close. */
                 if (e == SSL_ERROR_ZERO_RETURN ||
@@ -801,7 +826,10 @@ static void read_in(px_link *l)
             n = ret;
         } else {
             n = read(l->fd, buf, sizeof(buf));
-            if (n == 0) { drop(l, "closed", PX_LOG_WARN); return; }
+            if (n == 0) {
+                drop(l, "closed", PX_LOG_WARN);
+                return;
+            }
             if (n < 0) {
                 if (errno == EAGAIN || errno == EINTR) return;
                 char why[200];
@@ -825,15 +853,19 @@ static void read_in(px_link *l)
 
 static void rio_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_link *l = w->data;
-    if (l->st == ST_TLS) { tls_handshake(l); return; }
+    if (l->st == ST_TLS) {
+        tls_handshake(l);
+        return;
+    }
     if (l->st != ST_OPEN) return;
     unsigned gen = l->gen;
     l->busy++;
     read_in(l);
     if (leave(l) && l->gen == gen && l->st == ST_OPEN && l->out_off < l->out.len && l->ssl)
-        flush_out(l);     /* an SSL_write that wanted to read first */
+        flush_out(l); /* an SSL_write that wanted to read first */
 }
 
 /* Among the last of the loop turn's prepare watchers (EV_MINPRI + 1: after
@@ -845,7 +877,8 @@ static void rio_cb(struct ev_loop *loop, ev_io *w, int revents)
  * only run on the next turn). */
 static void flush_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_link *l = w->data;
     if (l->st != ST_OPEN || l->out_off >= l->out.len || ev_is_active(&l->wio) || l->tls_wants_read) return;
     l->busy++;
@@ -855,11 +888,12 @@ static void flush_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 
 static void wio_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_link *l = w->data;
     switch (l->st) {
     case ST_CONNECTING: connect_done(l); return;
-    case ST_TLS:        tls_handshake(l); return;
+    case ST_TLS: tls_handshake(l); return;
     case ST_OPEN:
         flush_out(l);
         if (l->st == ST_OPEN && l->ssl && SSL_pending(l->ssl) > 0) rio_cb(l->loop, &l->rio, EV_READ);
@@ -888,7 +922,7 @@ static void close_conn(px_link *l)
     if (l->addrs) freeaddrinfo(l->addrs);
     l->addrs = l->next_addr = NULL;
     if (l->ssl) {
-        SSL_free(l->ssl);      /* no close_notify: the peer may be gone */
+        SSL_free(l->ssl); /* no close_notify: the peer may be gone */
         l->ssl = NULL;
     }
     if (l->fd >= 0) close(l->fd);
@@ -958,7 +992,7 @@ static void refused_set(const char *verb, bool on)
         if (!refused[i][0] && free_at < 0) free_at = i;
     }
     if (!on) return;
-    if (free_at < 0) free_at = PX_REFUSED_MAX - 1;     /* full: the last one gives way */
+    if (free_at < 0) free_at = PX_REFUSED_MAX - 1; /* full: the last one gives way */
     else nrefused++;
     snprintf(refused[free_at], sizeof(refused[0]), "%s", verb);
 }
@@ -987,7 +1021,7 @@ static bool acl_refusal(const char *err)
 static int send_rcmd(px_link *l, px_rcmd *c, int argc, const char **argv, const size_t *lens)
 {
     size_t vl = lens[0] < sizeof(c->verb) - 1 ? lens[0] : sizeof(c->verb) - 1;
-    for (size_t i = 0; i < vl; i++) c->verb[i] = (char)(argv[0][i] | 0x20);   /* ASCII lowercase */
+    for (size_t i = 0; i < vl; i++) c->verb[i] = (char)(argv[0][i] | 0x20); /* ASCII lowercase */
     c->verb[vl] = '\0';
     resp_append(&l->out, argc, argv, lens);
     fifo_push(l, c);
@@ -1014,7 +1048,8 @@ static void complete(px_link *l, px_rcmd *c, redisReply *rep)
         static px_log_limit limit;
         char ub[160];
         px_log_limited(&limit, 600.0, PX_LOG_WARN, "redis: %s lacks permission for XINFO (%s): "
-                       "no group lag metrics, no idle-consumer cleanup", user_text(l, ub, sizeof(ub)),
+                                                   "no group lag metrics, no idle-consumer cleanup",
+                       user_text(l, ub, sizeof(ub)),
                        rep->str);
         if (c->cb) c->cb(l->owner, rep, c->priv);
         rcmd_free(c);
@@ -1029,9 +1064,9 @@ static void complete(px_link *l, px_rcmd *c, redisReply *rep)
         char ub[160];
         px_redis_errors++;
         px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_ERROR, "redis: %s lacks permission: %s%s "
-                       "(not ready; retrying with backoff)", user_text(l, ub, sizeof(ub)),
-                       rep->str, strncmp(rep->str, "NOPERM", 6) == 0 ? ""
-                       : " (in a script; ACL LOG names the command or key)");
+                                                               "(not ready; retrying with backoff)",
+                       user_text(l, ub, sizeof(ub)),
+                       rep->str, strncmp(rep->str, "NOPERM", 6) == 0 ? "" : " (in a script; ACL LOG names the command or key)");
         refused_set(c->verb[0] ? c->verb : "?", true);
         drop(l, "a command was refused", PX_LOG_DEBUG);
         if (c->cb) c->cb(l->owner, NULL, c->priv);
@@ -1046,7 +1081,7 @@ static void complete(px_link *l, px_rcmd *c, redisReply *rep)
         static px_log_limit limit;
         px_redis_errors++;
         px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_WARN, "redis %s: %s:%d answered READONLY: "
-                       "it is no longer the master; asking the sentinels again",
+                                                              "it is no longer the master; asking the sentinels again",
                        l->opts.name, l->opts.host, l->opts.port);
         drop(l, "not the master (READONLY)", PX_LOG_DEBUG);
         if (c->cb) c->cb(l->owner, NULL, c->priv);
@@ -1084,7 +1119,10 @@ static void deadline_cb(struct ev_loop *loop, ev_timer *w, int revents)
     (void)revents;
     px_link *l = w->data;
     if (l->head == NULL || l->st == ST_DOWN) return;
-    if (l->head->deadline > ev_now(loop)) { deadline_rearm(l); return; }   /* not yet: re-arm */
+    if (l->head->deadline > ev_now(loop)) {
+        deadline_rearm(l);
+        return;
+    } /* not yet: re-arm */
     switch (l->st) {
     case ST_RESOLVING: {
         char why[400];
@@ -1146,7 +1184,7 @@ px_server_check px_redis_server_check(const redisReply *hello, char *ver, size_t
     }
     if (version == NULL) return PX_SERVER_UNKNOWN;
     snprintf(ver, versize, "%s %s", server ? server : "redis", version);
-    if (server && strcasecmp(server, "valkey") == 0) return PX_SERVER_OK;   /* forked from 7.2 */
+    if (server && strcasecmp(server, "valkey") == 0) return PX_SERVER_OK; /* forked from 7.2 */
     char *end;
     long major = strtol(version, &end, 10);
     if (end == version) return PX_SERVER_UNKNOWN;
@@ -1195,14 +1233,16 @@ static void auth_reply_cb(px_redis *r, redisReply *reply, void *priv)
     static px_log_limit limit, sentinel_limit;
     char ub[160];
     px_redis_errors++;
-    if (l->opts.sentinel_peer)      /* its own credentials: redis.sentinel.* */
+    if (l->opts.sentinel_peer) /* its own credentials: redis.sentinel.* */
         px_log_limited(&sentinel_limit, PX_REFUSED_LOG_S, PX_LOG_ERROR, "redis %s: AUTH refused "
-                       "by sentinel %s:%d for %s: %s (redis.sentinel.username, password_file; not "
-                       "ready; retrying with backoff)", l->opts.name, l->opts.host, l->opts.port,
+                                                                        "by sentinel %s:%d for %s: %s (redis.sentinel.username, password_file; not "
+                                                                        "ready; retrying with backoff)",
+                       l->opts.name, l->opts.host, l->opts.port,
                        user_text(l, ub, sizeof(ub)), reply->str);
     else
         px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_ERROR, "redis: AUTH refused for %s: %s "
-                       "(not ready; retrying with backoff)", user_text(l, ub, sizeof(ub)), reply->str);
+                                                               "(not ready; retrying with backoff)",
+                       user_text(l, ub, sizeof(ub)), reply->str);
     drop(l, "AUTH refused", PX_LOG_DEBUG);
 }
 
@@ -1216,8 +1256,9 @@ static void handshake_reply_cb(px_redis *r, redisReply *reply, void *priv)
         static px_log_limit limit;
         px_redis_errors++;
         px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_ERROR, "redis%s%s: the server wants a "
-                       "password and none is configured (redis.%spassword_file): %s (not ready; "
-                       "retrying with backoff)", l->opts.sentinel_peer ? " " : "",
+                                                               "password and none is configured (redis.%spassword_file): %s (not ready; "
+                                                               "retrying with backoff)",
+                       l->opts.sentinel_peer ? " " : "",
                        l->opts.sentinel_peer ? l->opts.name : "",
                        l->opts.sentinel_peer ? "sentinel." : "", reply->str);
         drop(l, "no password", PX_LOG_DEBUG);
@@ -1251,14 +1292,16 @@ static void role_reply_cb(px_redis *r, redisReply *reply, void *priv)
     static px_log_limit limit;
     px_redis_errors++;
     px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_ERROR, "redis %s: %s:%d is not the master "
-                   "(ROLE says %s): nothing is written to it; asking the sentinels again "
-                   "(not ready)", l->opts.name, l->opts.host, l->opts.port, role);
+                                                           "(ROLE says %s): nothing is written to it; asking the sentinels again "
+                                                           "(not ready)",
+                   l->opts.name, l->opts.host, l->opts.port, role);
     drop(l, "not the master (ROLE)", PX_LOG_DEBUG);
 }
 
 static void retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_link *l = w->data;
     if (l->want_cb) {
         l->waiting = true;
@@ -1297,14 +1340,15 @@ static void reread_password(px_link *l)
     char *pw;
     if (px_redis_read_password(l->opts.password_file, &pw) != 0) {
         px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_WARN, "redis: cannot read "
-                       "redis.password_file %s: %s; using the password read before",
+                                                              "redis.password_file %s: %s; using the password read before",
                        l->opts.password_file, strerror(errno));
         return;
     }
     if (pw == NULL && l->opts.user) {
         px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_WARN, "redis: redis.password_file %s "
-                       "is empty, and user \"%s\" needs a password; using the password read "
-                       "before", l->opts.password_file, l->opts.user);
+                                                              "is empty, and user \"%s\" needs a password; using the password read "
+                                                              "before",
+                       l->opts.password_file, l->opts.user);
         return;
     }
     free((char *)l->opts.password);
@@ -1337,7 +1381,7 @@ static void connect_start(px_link *l)
         else
             link_cmd(l, auth_reply_cb, l, "AUTH %s", l->opts.password);
     }
-    if (!l->opts.sentinel_peer) {      /* a sentinel is not a data node */
+    if (!l->opts.sentinel_peer) { /* a sentinel is not a data node */
         if (l->opts.db) link_cmd(l, handshake_reply_cb, l, "SELECT %d", l->opts.db);
         if (l->opts.check_role) link_cmd(l, role_reply_cb, l, "ROLE");
         link_cmd(l, version_reply_cb, l, "HELLO 2");
@@ -1466,7 +1510,7 @@ void px_link_on_message(px_link *l, px_redis_cb *cb, void *priv)
 static void link_free(px_link *l)
 {
     if (l->reader) redisReaderFree(l->reader);
-    px_reply_arena_release(l->arena);   /* after the reader's last reply, if it holds one */
+    px_reply_arena_release(l->arena); /* after the reader's last reply, if it holds one */
     if (l->ctx) SSL_CTX_free(l->ctx);
     px_buf_deinit(&l->out);
     free((char *)l->opts.name);
@@ -1532,7 +1576,7 @@ static int link_cmd(px_link *l, px_redis_cb *cb, void *priv, const char *fmt, ..
     va_end(ap);
     if (len < 0) return PX_ERR;
     px_rcmd *c = rcmd_new(l, cb, priv, 0);
-    size_t vl = strcspn(fmt, " ");                  /* the command's name, as in send_rcmd */
+    size_t vl = strcspn(fmt, " "); /* the command's name, as in send_rcmd */
     if (vl > sizeof(c->verb) - 1) vl = sizeof(c->verb) - 1;
     for (size_t i = 0; i < vl; i++) c->verb[i] = (char)(fmt[i] | 0x20);
     c->verb[vl] = '\0';
@@ -1556,26 +1600,32 @@ int px_link_script(px_link *l, px_script *s, px_redis_cb *cb, void *priv, int nk
     /* Kept for a NOSCRIPT retry: the script and its sha outlive the command;
      * numkeys and the arguments are copied into the record's own buffer. */
     if (s->sha[0]) {
-        c->argv[0] = "EVALSHA";  c->lens[0] = 7;
-        c->argv[1] = s->sha;     c->lens[1] = 40;
+        c->argv[0] = "EVALSHA";
+        c->lens[0] = 7;
+        c->argv[1] = s->sha;
+        c->lens[1] = 40;
     } else {
         c->script = NULL;
-        c->argv[0] = "EVAL";     c->lens[0] = 4;
-        c->argv[1] = s->body;    c->lens[1] = strlen(s->body);
+        c->argv[0] = "EVAL";
+        c->lens[0] = 4;
+        c->argv[1] = s->body;
+        c->lens[1] = strlen(s->body);
     }
-    size_t total = 1;                               /* numkeys: one digit, 0..5 */
+    size_t total = 1; /* numkeys: one digit, 0..5 */
     for (int i = 0; i < argc; i++) total += lens[i];
     px_buf_reset(&c->args);
-    px_buf_reserve(&c->args, total);                /* copies below never move */
+    px_buf_reserve(&c->args, total); /* copies below never move */
     char *p = c->args.data;
     *p = (char)('0' + nkeys);
-    c->argv[2] = p++;  c->lens[2] = 1;
+    c->argv[2] = p++;
+    c->lens[2] = 1;
     for (int i = 0; i < argc; i++) {
         memcpy(p, argv[i], lens[i]);
-        c->argv[i + 3] = p;  c->lens[i + 3] = lens[i];
+        c->argv[i + 3] = p;
+        c->lens[i + 3] = lens[i];
         p += lens[i];
     }
-    *p = '\0';                                      /* px_buf keeps a NUL at the end */
+    *p = '\0'; /* px_buf keeps a NUL at the end */
     c->args.len = total;
     return send_rcmd(l, c, c->argc, c->argv, c->lens);
 }

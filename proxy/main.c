@@ -21,7 +21,7 @@
 #include "proxy.h"
 
 #ifndef PX_COMMIT
-#include "commit.h"   /* PX_COMMIT: the git commit built, "" when unknown (Makefile) */
+#include "commit.h" /* PX_COMMIT: the git commit built, "" when unknown (Makefile) */
 #endif
 
 static const char usage[] =
@@ -63,10 +63,10 @@ static void print_diags(const px_diags *d)
  * <stdin> in messages). */
 static px_config *load(const char *path)
 {
-    px_diags d = {0};
+    px_diags d = { 0 };
     px_config *c;
     if (strcmp(path, "-") == 0) {
-        px_buf in = {0};
+        px_buf in = { 0 };
         char chunk[8192];
         size_t n;
         while ((n = fread(chunk, 1, sizeof(chunk), stdin)) > 0) px_buf_append(&in, chunk, n);
@@ -160,7 +160,7 @@ static int cmd_key(const char *src, const char *stream, const char *id, char **f
         px_template_destroy(t);
         return 2;
     }
-    px_buf in = {0};
+    px_buf in = { 0 };
     char chunk[4096];
     size_t n;
     while ((n = fread(chunk, 1, sizeof(chunk), stdin)) > 0) px_buf_append(&in, chunk, n);
@@ -174,7 +174,7 @@ static int cmd_key(const char *src, const char *stream, const char *id, char **f
         rc = 2;
     } else {
         px_tvars vars = { event, fobj, stream ? stream : "", id ? id : "" };
-        px_buf out = {0};
+        px_buf out = { 0 };
         if (px_template_render(t, &vars, &out, err, sizeof(err)) != PX_OK) {
             fprintf(stderr, "key: %s\n", err);
             rc = 2;
@@ -213,7 +213,7 @@ static int cmd_health(const char *path)
     /* A wildcard listen address is reached on loopback. */
     if (host[0] == '\0' || strcmp(host, "0.0.0.0") == 0 || strcmp(host, "*") == 0) strcpy(host, "127.0.0.1");
     if (strcmp(host, "::") == 0) strcpy(host, "::1");
-    struct addrinfo hints = {0}, *res = NULL;
+    struct addrinfo hints = { 0 }, *res = NULL;
     hints.ai_socktype = SOCK_STREAM;
     if (getaddrinfo(host, port, &hints, &res) != 0) {
         fprintf(stderr, "idemproxy health: cannot resolve %s\n", listen);
@@ -272,7 +272,7 @@ static int cmd_run(const char *path)
 
     struct ev_loop *loop = EV_DEFAULT;
     px_proxy *px = px_proxy_create(loop, c, password);
-    sigprocmask(SIG_SETMASK, &before, NULL);   /* the watchers take what came meanwhile */
+    sigprocmask(SIG_SETMASK, &before, NULL); /* the watchers take what came meanwhile */
     free(password);
     if (px == NULL) {
         px_config_destroy(c);
@@ -296,8 +296,13 @@ static void print_version(void)
 }
 
 /* Options, and the subcommands each belongs to (bit per command). */
-enum { SUB_RUN = 1, SUB_CHECK = 2, SUB_KEY = 4, SUB_HEALTH = 8, SUB_INSPECT = 16,
-       SUB_REDRIVE = 32, SUB_VERSION = 64 };
+enum { SUB_RUN = 1,
+       SUB_CHECK = 2,
+       SUB_KEY = 4,
+       SUB_HEALTH = 8,
+       SUB_INSPECT = 16,
+       SUB_REDRIVE = 32,
+       SUB_VERSION = 64 };
 
 static int bad_usage(const char *msg, const char *arg)
 {
@@ -331,7 +336,11 @@ int main(int argc, char **argv)
         { "dry-run", no_argument, NULL, 'n' },
         { NULL, 0, NULL, 0 },
     };
-    static const struct { int ch; const char *name; int subs; } allowed[] = {
+    static const struct {
+        int ch;
+        const char *name;
+        int subs;
+    } allowed[] = {
         { 'c', "-c/--config", SUB_RUN | SUB_CHECK | SUB_HEALTH | SUB_INSPECT | SUB_REDRIVE },
         { 's', "--stream", SUB_KEY | SUB_INSPECT | SUB_REDRIVE },
         { 'g', "--group", SUB_INSPECT | SUB_REDRIVE },
@@ -362,9 +371,21 @@ int main(int argc, char **argv)
     size_t nfields = 0;
     int ch, rc = 2;
     while ((ch = getopt_long(argc, argv, "c:hV", opts, NULL)) != -1) {
-        if (ch == 'V') { print_version(); rc = 0; goto out; }
-        if (ch == 'h') { fputs(usage, stdout); fputs(help_more, stdout); rc = 0; goto out; }
-        if (ch == '?' || ch == ':') { fputs(usage, stderr); goto out; }
+        if (ch == 'V') {
+            print_version();
+            rc = 0;
+            goto out;
+        }
+        if (ch == 'h') {
+            fputs(usage, stdout);
+            fputs(help_more, stdout);
+            rc = 0;
+            goto out;
+        }
+        if (ch == '?' || ch == ':') {
+            fputs(usage, stderr);
+            goto out;
+        }
         for (size_t i = 0; i < sizeof(allowed) / sizeof(*allowed); i++)
             if (allowed[i].ch == ch && !(allowed[i].subs & subbit)) {
                 fprintf(stderr, "idemproxy: %s is not an option of %s\n%s", allowed[i].name,
@@ -396,30 +417,51 @@ int main(int argc, char **argv)
     }
     switch (subbit) {
     case SUB_RUN:
-        if (config == NULL || optind != argc) { fputs(usage, stderr); break; }
+        if (config == NULL || optind != argc) {
+            fputs(usage, stderr);
+            break;
+        }
         rc = cmd_run(config);
         break;
     case SUB_CHECK:
-        if (config == NULL || optind != argc) { fputs(usage, stderr); break; }
+        if (config == NULL || optind != argc) {
+            fputs(usage, stderr);
+            break;
+        }
         rc = cmd_check(config);
         break;
     case SUB_KEY:
-        if (optind + 1 != argc) { fputs(usage, stderr); break; }
+        if (optind + 1 != argc) {
+            fputs(usage, stderr);
+            break;
+        }
         rc = cmd_key(argv[optind], a.stream, id, fields, nfields);
         break;
     case SUB_HEALTH:
-        if (optind != argc) { fputs(usage, stderr); break; }
+        if (optind != argc) {
+            fputs(usage, stderr);
+            break;
+        }
         rc = cmd_health(config);
         break;
     case SUB_VERSION:
-        if (optind != argc) { fputs(usage, stderr); break; }
+        if (optind != argc) {
+            fputs(usage, stderr);
+            break;
+        }
         print_version();
         rc = 0;
         break;
     case SUB_INSPECT:
     case SUB_REDRIVE: {
-        if (optind != argc) { rc = bad_usage("unexpected argument ", argv[optind]); break; }
-        if (config == NULL || a.stream == NULL) { rc = bad_usage("-c FILE and --stream S are required", NULL); break; }
+        if (optind != argc) {
+            rc = bad_usage("unexpected argument ", argv[optind]);
+            break;
+        }
+        if (config == NULL || a.stream == NULL) {
+            rc = bad_usage("-c FILE and --stream S are required", NULL);
+            break;
+        }
         if (subbit == SUB_INSPECT && (a.key == NULL) == (a.entry == NULL)) {
             rc = bad_usage("inspect takes one of --key K or --entry ID", NULL);
             break;

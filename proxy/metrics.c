@@ -42,10 +42,10 @@
 #include "reader.h"
 
 #ifndef PX_COMMIT
-#include "commit.h"   /* PX_COMMIT: the git commit built, "" when unknown (Makefile) */
+#include "commit.h" /* PX_COMMIT: the git commit built, "" when unknown (Makefile) */
 #endif
 
-#define PX_GROUP_INFO_S 5.0   /* seconds between two XINFO GROUPS of a stream */
+#define PX_GROUP_INFO_S 5.0 /* seconds between two XINFO GROUPS of a stream */
 
 /*
  * The metrics server shares the process's file descriptors with Redis and the
@@ -61,23 +61,26 @@
 
 /* Upper bounds, in seconds. */
 const double px_ack_latency_bounds[PX_HIST_BUCKETS] = {
-    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 30 };
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 30
+};
 const double px_lock_wait_bounds[PX_HIST_BUCKETS] = {
-    0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30 };
+    0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30
+};
 const double px_loop_busy_bounds[PX_HIST_BUCKETS] = {
     0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
-    0.025, 0.1, 1 };
+    0.025, 0.1, 1
+};
 
 typedef struct px_metrics {
     struct MHD_Daemon *mhd;
-    ev_io              io;       /* MHD's epoll fd */
-    ev_timer           timer;    /* MHD's connection timeouts */
-    ev_timer           groups;   /* XINFO GROUPS every PX_GROUP_INFO_S */
+    ev_io io;        /* MHD's epoll fd */
+    ev_timer timer;  /* MHD's connection timeouts */
+    ev_timer groups; /* XINFO GROUPS every PX_GROUP_INFO_S */
 } px_metrics;
 
 typedef struct counter_def {
-    const char *family, *label, *value, *help;   /* help: NULL after a family's first */
-    size_t      offset;          /* in px_stream.c */
+    const char *family, *label, *value, *help; /* help: NULL after a family's first */
+    size_t offset;                             /* in px_stream.c */
 } counter_def;
 
 #define PX_COUNTER_DEF(n, family, label, value, help) \
@@ -98,8 +101,10 @@ void px_metrics_observe(const double *bounds, px_hist *h, double seconds)
 static void label(px_buf *b, const char *s)
 {
     for (; *s; s++) {
-        if (*s == '\\' || *s == '"') { px_buf_append(b, "\\", 1); px_buf_append(b, s, 1); }
-        else if (*s == '\n') px_buf_appends(b, "\\n");
+        if (*s == '\\' || *s == '"') {
+            px_buf_append(b, "\\", 1);
+            px_buf_append(b, s, 1);
+        } else if (*s == '\n') px_buf_appends(b, "\\n");
         else px_buf_append(b, s, 1);
     }
 }
@@ -168,7 +173,10 @@ static double boot_time(void)
     char line[256];
     double bt = -1;
     while (fgets(line, sizeof(line), f))
-        if (strncmp(line, "btime ", 6) == 0) { bt = strtod(line + 6, NULL); break; }
+        if (strncmp(line, "btime ", 6) == 0) {
+            bt = strtod(line + 6, NULL);
+            break;
+        }
     fclose(f);
     return bt;
 }
@@ -178,7 +186,7 @@ static double boot_time(void)
 static void process_metrics(px_buf *b)
 {
     static double btime = -2;
-    if (btime == -2) btime = boot_time();   /* fixed while the machine runs */
+    if (btime == -2) btime = boot_time(); /* fixed while the machine runs */
     double ticks = (double)sysconf(_SC_CLK_TCK);
     long page = sysconf(_SC_PAGESIZE);
 
@@ -187,10 +195,13 @@ static void process_metrics(px_buf *b)
     char buf[1024];
     size_t n = 0;
     FILE *f = fopen("/proc/self/stat", "r");
-    if (f) { n = fread(buf, 1, sizeof(buf) - 1, f); fclose(f); }
+    if (f) {
+        n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+    }
     buf[n] = '\0';
     char *p = strrchr(buf, ')');
-    unsigned long long field[22] = {0};   /* [k]: field k + 3 of proc(5) */
+    unsigned long long field[22] = { 0 }; /* [k]: field k + 3 of proc(5) */
     int got = 0;
     if (p) {
         p++;
@@ -198,18 +209,19 @@ static void process_metrics(px_buf *b)
             while (*p == ' ') p++;
             if (*p == '\0') break;
             field[got] = strtoull(p, &p, 10);
-            if (got == 0) while (*p && *p != ' ') p++;   /* state is a letter */
+            if (got == 0)
+                while (*p && *p != ' ') p++; /* state is a letter */
         }
     }
     if (got == 22 && ticks > 0) {
         gauge(b, "process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.",
-              (double)(field[11] + field[12]) / ticks);                 /* utime (14) + stime (15) */
+              (double)(field[11] + field[12]) / ticks); /* utime (14) + stime (15) */
         gauge(b, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",
-              (double)field[21] * (double)page);                        /* rss (24), in pages */
+              (double)field[21] * (double)page); /* rss (24), in pages */
         if (btime >= 0)
             gauge(b, "process_start_time_seconds", "gauge",
                   "Start time of the process since unix epoch in seconds.",
-                  btime + (double)field[19] / ticks);                   /* starttime (22), in ticks */
+                  btime + (double)field[19] / ticks); /* starttime (22), in ticks */
     }
     DIR *d = opendir("/proc/self/fd");
     if (d) {
@@ -388,7 +400,8 @@ static void groups_unknown(px_proxy *px, const px_stream *from)
  * cannot be sent (link down), exports no numbers: old ones would look current. */
 static void groups_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_proxy *px = w->data;
     if (px->stopping) return;
     for (size_t s = 0; s < px->nstreams; s++) {
@@ -432,7 +445,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
                                const char *method, const char *version, const char *upload,
                                size_t *upload_size, void **con_cls)
 {
-    (void)version; (void)upload; (void)upload_size; (void)con_cls;
+    (void)version;
+    (void)upload;
+    (void)upload_size;
+    (void)con_cls;
     px_proxy *px = cls;
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
         return reply(c, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain", "GET only\n", 9);
@@ -443,7 +459,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
                      "not ready: Redis unreachable or a stream not being read\n", 56);
     }
     if (strcmp(url, "/metrics") == 0) {
-        px_buf b = {0};
+        px_buf b = { 0 };
         px_metrics_render(px, &b);
         enum MHD_Result r = reply(c, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8",
                                   b.data, b.len);
@@ -465,7 +481,8 @@ static void rearm(px_proxy *px)
 
 static void mhd_io_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_proxy *px = w->data;
     MHD_run(px->metrics->mhd);
     rearm(px);
@@ -473,7 +490,8 @@ static void mhd_io_cb(struct ev_loop *loop, ev_io *w, int revents)
 
 static void mhd_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_proxy *px = w->data;
     MHD_run(px->metrics->mhd);
     rearm(px);
@@ -486,7 +504,7 @@ int px_metrics_start(px_proxy *px)
     if (listen == NULL || listen[0] == '\0') return PX_OK;
     char host[PX_ADDR_HOST_MAX], port[8] = "";
     int portno;
-    struct addrinfo hints = {0}, *res = NULL;
+    struct addrinfo hints = { 0 }, *res = NULL;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_PASSIVE;
     bool split = px_addr_split(listen, host, sizeof(host), &portno, PX_ADDR_HOST_OPTIONAL);

@@ -6,7 +6,7 @@
 
 #include "proxy.h"
 
-int  px_metrics_start(px_proxy *px);          /* PX_ERR: cannot listen */
+int px_metrics_start(px_proxy *px); /* PX_ERR: cannot listen */
 void px_metrics_stop(px_proxy *px);
 void px_metrics_render(px_proxy *px, px_buf *out);
 bool px_metrics_ready(px_proxy *px);

@@ -28,9 +28,9 @@
 #include "event.h"
 #include "sentinel.h"
 
-#define OPS_PAGE        1000      /* entries per XRANGE */
-#define OPS_SCAN_MAX    100000    /* inspect: dead letters looked at, at most */
-#define OPS_SHOW_BYTES  1000      /* inspect: a field value longer is cut */
+#define OPS_PAGE       1000   /* entries per XRANGE */
+#define OPS_SCAN_MAX   100000 /* inspect: dead letters looked at, at most */
+#define OPS_SHOW_BYTES 1000   /* inspect: a field value longer is cut */
 
 bool px_config_password(const px_config *c, const char *who, char **out)
 {
@@ -46,7 +46,8 @@ bool px_config_password(const px_config *c, const char *who, char **out)
     }
     if (*out == NULL && c->redis_user) {
         fprintf(stderr, "%s: redis.password_file %s is empty: user \"%s\" needs a password "
-                "(without one idemproxy sends no AUTH; remove redis.username for that)\n", who,
+                        "(without one idemproxy sends no AUTH; remove redis.username for that)\n",
+                who,
                 c->password_file ? c->password_file : "", c->redis_user);
         return false;
     }
@@ -133,8 +134,9 @@ static int connect_redis(px_config *c, const char *cmd, redisContext **out)
     *out = NULL;
     if (c->ncluster) {
         fprintf(stderr, "idemproxy %s: redis.cluster is not supported by %s yet: it works on one "
-                "Redis server (redis.url). On a cluster a dead letter, its source stream and its "
-                "done mark may sit in different slots.\n", cmd, cmd);
+                        "Redis server (redis.url). On a cluster a dead letter, its source stream and its "
+                        "done mark may sit in different slots.\n",
+                cmd, cmd);
         return 2;
     }
     char who[64], *password;
@@ -148,8 +150,8 @@ static int connect_redis(px_config *c, const char *cmd, redisContext **out)
         return 1;
     }
     redisContext *ctx = c->sentinel.master_name ? redisConnectWithTimeout(mhost, mport, tv)
-                        : c->redis_unix ? redisConnectUnixWithTimeout(c->redis_unix, tv)
-                                        : redisConnectWithTimeout(c->redis_host, c->redis_port, tv);
+                        : c->redis_unix         ? redisConnectUnixWithTimeout(c->redis_unix, tv)
+                                                : redisConnectWithTimeout(c->redis_host, c->redis_port, tv);
     int rc = 1;
     redisReply *r = NULL;
     if (ctx == NULL || ctx->err) {
@@ -230,7 +232,10 @@ static bool valid_id(const char *id)
 static void next_id(const char *id, char *out, size_t size)
 {
     unsigned long long ms = 0, seq = 0;
-    if (sscanf(id, "%llu-%llu", &ms, &seq) != 2) { snprintf(out, size, "%s", id); return; }
+    if (sscanf(id, "%llu-%llu", &ms, &seq) != 2) {
+        snprintf(out, size, "%s", id);
+        return;
+    }
     if (seq == UINT64_MAX) snprintf(out, size, "%llu-0", ms + 1);
     else snprintf(out, size, "%llu-%llu", ms, seq + 1);
 }
@@ -270,8 +275,10 @@ static bool prepare(px_entry *e, const px_stream_conf *sc, const px_config *c, c
         const redisReply *k = f->element[i], *v = f->element[i + 1];
         if (strip && is_own_field(k->str, k->len)) continue;
         px_field *x = &e->fields[e->nfields];
-        x->name = k->str; x->name_len = k->len;
-        x->value = v->str; x->value_len = v->len;
+        x->name = k->str;
+        x->name_len = k->len;
+        x->value = v->str;
+        x->value_len = v->len;
         e->bytes += k->len + v->len;
         if (sc->payload_field && e->payload_idx < 0 && strcmp(k->str, sc->payload_field) == 0)
             e->payload_idx = (int)e->nfields;
@@ -285,20 +292,22 @@ static void entry_deinit(px_entry *e)
     free(e->fields);
     free(e->key);
     free(e->lock_key);
-    e->fields = NULL; e->key = NULL; e->lock_key = NULL;
+    e->fields = NULL;
+    e->key = NULL;
+    e->lock_key = NULL;
 }
 
 /* --- key state ------------------------------------------------------------- */
 
 typedef struct key_state {
-    bool      done;
-    long long done_ttl;     /* ms; -1: no expiry */
-    bool      locked;
-    char     *token;        /* the holder's token; owned */
-    long long lease_left;   /* ms; -1: no expiry */
-    char     *other;        /* single layout: a value that is neither D nor L:...; owned */
-    bool      fence_on;
-    bool      fence_set;
+    bool done;
+    long long done_ttl; /* ms; -1: no expiry */
+    bool locked;
+    char *token;          /* the holder's token; owned */
+    long long lease_left; /* ms; -1: no expiry */
+    char *other;          /* single layout: a value that is neither D nor L:...; owned */
+    bool fence_on;
+    bool fence_set;
     long long fence;
 } key_state;
 
@@ -317,7 +326,11 @@ static bool get_ttl(redisContext *ctx, const char *cmd, const char *name, char *
     if (r == NULL) return false;
     if (r->type == REDIS_REPLY_STRING) *val = px_strndup(r->str, r->len);
     freeReplyObject(r);
-    if ((r = call2(ctx, cmd, "PTTL", name)) == NULL) { free(*val); *val = NULL; return false; }
+    if ((r = call2(ctx, cmd, "PTTL", name)) == NULL) {
+        free(*val);
+        *val = NULL;
+        return false;
+    }
     *ttl = r->type == REDIS_REPLY_INTEGER ? r->integer : -2;
     freeReplyObject(r);
     return true;
@@ -332,23 +345,39 @@ static bool read_key_state(redisContext *ctx, const px_stream_conf *sc, const px
     long long ttl;
     if (sc->layout == PX_LAYOUT_SINGLE) {
         if (!get_ttl(ctx, "inspect", e->done_name, &v, &ttl)) return false;
-        if (v && strcmp(v, "D") == 0) { k->done = true; k->done_ttl = ttl; }
-        else if (v && strncmp(v, "L:", 2) == 0) {
-            k->locked = true; k->token = px_strdup(v + 2); k->lease_left = ttl;
-        } else if (v) { k->other = px_strdup(v); }
+        if (v && strcmp(v, "D") == 0) {
+            k->done = true;
+            k->done_ttl = ttl;
+        } else if (v && strncmp(v, "L:", 2) == 0) {
+            k->locked = true;
+            k->token = px_strdup(v + 2);
+            k->lease_left = ttl;
+        } else if (v) {
+            k->other = px_strdup(v);
+        }
         free(v);
     } else {
         if (!get_ttl(ctx, "inspect", e->done_name, &v, &ttl)) return false;
-        if (v) { k->done = true; k->done_ttl = ttl; }
+        if (v) {
+            k->done = true;
+            k->done_ttl = ttl;
+        }
         free(v);
         if (!get_ttl(ctx, "inspect", e->lock_name, &v, &ttl)) return false;
-        if (v) { k->locked = true; k->token = v; k->lease_left = ttl; }
+        if (v) {
+            k->locked = true;
+            k->token = v;
+            k->lease_left = ttl;
+        }
     }
     if (sc->fencing) {
         k->fence_on = true;
         redisReply *r = call2(ctx, "inspect", "GET", PX_FENCE_KEY);
         if (r == NULL) return false;
-        if (r->type == REDIS_REPLY_STRING) { k->fence_set = true; k->fence = atoll(r->str); }
+        if (r->type == REDIS_REPLY_STRING) {
+            k->fence_set = true;
+            k->fence = atoll(r->str);
+        }
         freeReplyObject(r);
     }
     return true;
@@ -392,8 +421,7 @@ static json_object *key_state_json(const px_stream_conf *sc, const px_entry *e, 
 {
     json_object *o = json_object_new_object();
     json_object_object_add(o, "key", json_object_new_string(e->key));
-    json_object_object_add(o, "layout", json_object_new_string(
-                               sc->layout == PX_LAYOUT_SINGLE ? "single" : "split"));
+    json_object_object_add(o, "layout", json_object_new_string(sc->layout == PX_LAYOUT_SINGLE ? "single" : "split"));
     json_object_object_add(o, "lock_name", json_object_new_string(e->lock_name));
     json_object_object_add(o, "done_name", json_object_new_string(e->done_name));
     json_object_object_add(o, "done", json_object_new_boolean(k->done));
@@ -410,7 +438,7 @@ static json_object *key_state_json(const px_stream_conf *sc, const px_entry *e, 
 static void print_json(json_object *o)
 {
     printf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
-                                                     JSON_C_TO_STRING_NOSLASHESCAPE));
+                                                         JSON_C_TO_STRING_NOSLASHESCAPE));
 }
 
 /* Printable text: control bytes and others escaped, long values cut. */
@@ -453,14 +481,18 @@ static int inspect_key(redisContext *ctx, const px_stream_conf *sc, const px_ops
     return rc;
 }
 
-typedef struct dead_found { char *id, *reason, *attempts; } dead_found;
+typedef struct dead_found {
+    char *id, *reason, *attempts;
+} dead_found;
 
 /* The dead letters of entry 'id' of stream 'sc': XRANGE from the entry's own
  * time (a dead letter is written after its entry), at most OPS_SCAN_MAX. */
 static bool find_dead(redisContext *ctx, const px_stream_conf *sc, const char *id, dead_found **out,
                       size_t *n, bool *all)
 {
-    *out = NULL; *n = 0; *all = true;
+    *out = NULL;
+    *n = 0;
+    *all = true;
     char start[64];
     unsigned long long ms = strtoull(id, NULL, 10);
     snprintf(start, sizeof(start), "%llu-0", ms);
@@ -471,7 +503,10 @@ static bool find_dead(redisContext *ctx, const px_stream_conf *sc, const char *i
         for (int i = 0; i < 6; i++) lens[i] = strlen(argv[i]);
         redisReply *r = call(ctx, "inspect", 6, argv, lens);
         if (r == NULL) return false;
-        if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) { freeReplyObject(r); return true; }
+        if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) {
+            freeReplyObject(r);
+            return true;
+        }
         for (size_t i = 0; i < r->elements; i++) {
             redisReply *ent = r->element[i];
             if (ent->type != REDIS_REPLY_ARRAY || ent->elements < 2) continue;
@@ -492,7 +527,10 @@ static bool find_dead(redisContext *ctx, const px_stream_conf *sc, const char *i
         bool last = r->elements < OPS_PAGE;
         freeReplyObject(r);
         if (last) return true;
-        if (looked >= OPS_SCAN_MAX) { *all = false; return true; }
+        if (looked >= OPS_SCAN_MAX) {
+            *all = false;
+            return true;
+        }
     }
 }
 
@@ -508,7 +546,7 @@ static int inspect_entry(redisContext *ctx, const px_config *c, const px_stream_
     char why[512] = "";
     char *mark_val = NULL, *lk_val = NULL;
     long long mark_ttl, lk_ttl = -2;
-    px_buf mark = {0};
+    px_buf mark = { 0 };
     px_entry e;
     memset(&e, 0, sizeof(e));
     key_state k;
@@ -520,7 +558,9 @@ static int inspect_entry(redisContext *ctx, const px_config *c, const px_stream_
     size_t xl[] = { 6, strlen(sc->stream), strlen(id), strlen(id) };
     if ((entry = call(ctx, "inspect", 4, xr, xl)) == NULL) goto out;
     redisReply *fields = entry->type == REDIS_REPLY_ARRAY && entry->elements == 1 &&
-                         entry->element[0]->elements >= 2 ? entry->element[0]->element[1] : NULL;
+                                 entry->element[0]->elements >= 2
+                             ? entry->element[0]->element[1]
+                             : NULL;
 
     /* its pending info in the group */
     const char *pend_err = NULL;
@@ -529,7 +569,10 @@ static int inspect_entry(redisContext *ctx, const px_config *c, const px_stream_
         size_t pl[6];
         for (int i = 0; i < 6; i++) pl[i] = strlen(xp[i]);
         pend = redisCommandArgv(ctx, 6, xp, pl);
-        if (pend == NULL) { fprintf(stderr, "idemproxy inspect: XPENDING: %s\n", ctx->errstr); goto out; }
+        if (pend == NULL) {
+            fprintf(stderr, "idemproxy inspect: XPENDING: %s\n", ctx->errstr);
+            goto out;
+        }
         if (pend->type == REDIS_REPLY_ERROR) {
             if (strncmp(pend->str, "NOGROUP", 7) != 0) {
                 fprintf(stderr, "idemproxy inspect: XPENDING: %s\n", pend->str);
@@ -539,7 +582,9 @@ static int inspect_entry(redisContext *ctx, const px_config *c, const px_stream_
         }
     }
     redisReply *pinfo = pend && pend->type == REDIS_REPLY_ARRAY && pend->elements == 1 &&
-                        pend->element[0]->elements >= 4 ? pend->element[0] : NULL;
+                                pend->element[0]->elements >= 4
+                            ? pend->element[0]
+                            : NULL;
 
     /* its dead letters and the mark that says one was written */
     if (sc->dead_letter) {
@@ -555,7 +600,7 @@ static int inspect_entry(redisContext *ctx, const px_config *c, const px_stream_
         size_t dll[] = { 6, strlen(sc->dead_letter), strlen(dead[0].id), strlen(dead[0].id) };
         redisReply *d = call(ctx, "inspect", 4, dr, dll);
         if (d == NULL) goto out;
-        freeReplyObject(entry);                       /* keep one reply alive: reuse 'entry' */
+        freeReplyObject(entry); /* keep one reply alive: reuse 'entry' */
         entry = d;
         if (d->type == REDIS_REPLY_ARRAY && d->elements == 1 && d->element[0]->elements >= 2)
             dl_fields = d->element[0]->element[1];
@@ -670,7 +715,11 @@ out:
     json_object_put(o);
     if (entry) freeReplyObject(entry);
     if (pend) freeReplyObject(pend);
-    for (size_t i = 0; i < ndead; i++) { free(dead[i].id); free(dead[i].reason); free(dead[i].attempts); }
+    for (size_t i = 0; i < ndead; i++) {
+        free(dead[i].id);
+        free(dead[i].reason);
+        free(dead[i].attempts);
+    }
     free(dead);
     free(mark_val);
     free(lk_val);
@@ -750,7 +799,10 @@ int px_cmd_redrive(px_config *c, const px_ops_args *a)
         size_t lens[6];
         for (int i = 0; i < 6; i++) lens[i] = strlen(argv[i]);
         redisReply *page = call(ctx, "redrive", 6, argv, lens);
-        if (page == NULL) { rc = 1; break; }
+        if (page == NULL) {
+            rc = 1;
+            break;
+        }
         size_t got = page->type == REDIS_REPLY_ARRAY ? page->elements : 0;
         for (size_t i = 0; i < got && !stop; i++) {
             redisReply *ent = page->element[i];
@@ -763,17 +815,27 @@ int px_cmd_redrive(px_config *c, const px_ops_args *a)
             if (f->type != REDIS_REPLY_ARRAY) continue;
             const char *st = field_of(f, "idemproxy-stream"), *reason = field_of(f, "idemproxy-reason");
             const char *eid = field_of(f, "idemproxy-entry-id");
-            if (st == NULL || strcmp(st, sc->stream) != 0) { other++; continue; }
+            if (st == NULL || strcmp(st, sc->stream) != 0) {
+                other++;
+                continue;
+            }
             if (reason == NULL) reason = "";
             if (eid == NULL) eid = "?";
-            if (a->reason && strstr(reason, a->reason) == NULL) { other++; continue; }
-            if (a->max >= 0 && (long long)chosen >= a->max) { stop = true; break; }
+            if (a->reason && strstr(reason, a->reason) == NULL) {
+                other++;
+                continue;
+            }
+            if (a->max >= 0 && (long long)chosen >= a->max) {
+                stop = true;
+                break;
+            }
             size_t own = 0;
             for (size_t j = 0; j + 1 < f->elements; j += 2)
                 if (is_own_field(f->element[j]->str, f->element[j]->len)) own++;
             if (own * 2 == f->elements) {
                 printf("skip %s (entry %s): it holds no fields of the entry, only a reference "
-                       "(reason %s)\n", dlid, eid, reason);
+                       "(reason %s)\n",
+                       dlid, eid, reason);
                 skipped++;
                 continue;
             }
@@ -797,15 +859,19 @@ int px_cmd_redrive(px_config *c, const px_ops_args *a)
             const char *args[9];
             size_t al[9];
             for (size_t j = 0; j < sizeof(ev) / sizeof(*ev); j++) {
-                if (!clear && j == 5) continue;            /* no third key */
+                if (!clear && j == 5) continue; /* no third key */
                 args[evc] = ev[j];
                 al[evc++] = strlen(ev[j]);
             }
             redisReply *r = call(ctx, "redrive", evc, args, al);
             entry_deinit(&e);
-            if (r == NULL) { rc = 1; stop = true; break; }
+            if (r == NULL) {
+                rc = 1;
+                stop = true;
+                break;
+            }
             if (r->type == REDIS_REPLY_STRING) chosen++;
-            else skipped++;                                 /* another run took it */
+            else skipped++; /* another run took it */
             freeReplyObject(r);
         }
         freeReplyObject(page);

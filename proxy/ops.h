@@ -13,14 +13,14 @@
 #include "config.h"
 
 typedef struct px_ops_args {
-    const char *stream;   /* --stream: required */
-    const char *group;    /* --group: picks one of several blocks of the stream */
-    const char *key;      /* inspect --key */
-    const char *entry;    /* inspect --entry */
-    const char *reason;   /* redrive --reason: a substring of idemproxy-reason */
-    long long   max;      /* redrive --max; -1: no limit */
-    bool        json;     /* inspect --json */
-    bool        dry_run;  /* redrive --dry-run */
+    const char *stream; /* --stream: required */
+    const char *group;  /* --group: picks one of several blocks of the stream */
+    const char *key;    /* inspect --key */
+    const char *entry;  /* inspect --entry */
+    const char *reason; /* redrive --reason: a substring of idemproxy-reason */
+    long long max;      /* redrive --max; -1: no limit */
+    bool json;          /* inspect --json */
+    bool dry_run;       /* redrive --dry-run */
 } px_ops_args;
 
 int px_cmd_inspect(px_config *c, const px_ops_args *a);

@@ -18,14 +18,15 @@
 #include "metrics.h"
 #include "reader.h"
 
-#define PX_ERROR_PAUSE_MS   200
+#define PX_ERROR_PAUSE_MS 200
 
 /* --- queues ------------------------------------------------------------------ */
 
 void px_queue_push(px_queue *q, px_entry *e)
 {
     e->qnext = NULL;
-    if (q->tail) q->tail->qnext = e; else q->head = e;
+    if (q->tail) q->tail->qnext = e;
+    else q->head = e;
     q->tail = e;
     q->n++;
 }
@@ -75,13 +76,15 @@ static void to_claim(px_entry *e)
 
 static void back_to_claim_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     to_claim(w->data);
 }
 
 static void lock_key_again_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_entry *e = w->data;
     px_entry_to(e, PX_E_CLAIM);
     px_claim_lock_key(e);
@@ -170,7 +173,7 @@ void px_entry_free(px_entry *e)
     free(e->lock_key);
     free(e->reason);
     free(e->step.redis_error);
-    free(e);   /* and its fields and blob, in the same block */
+    free(e); /* and its fields and blob, in the same block */
 }
 
 /* The entry of this replica working on 'e's key (claiming, delivered, being
@@ -209,12 +212,13 @@ void px_entry_finish(px_entry *e, px_outcome outcome)
     case PX_OUT_DUPLICATE: st->c.duplicate++; break;
     case PX_OUT_DEAD_LETTERED: st->c.dead_lettered++; break;
     case PX_OUT_SKIPPED: st->c.skipped++; break;
-    case PX_OUT_NONE: break;   /* released at shutdown: still pending in Redis */
+    case PX_OUT_NONE: break; /* released at shutdown: still pending in Redis */
     }
     ev_timer_stop(st->px->loop, &e->timer);
     wait_out_end(e);
     if (e->state == PX_E_XACK) st->px->leaving--;
-    if (e->prev) e->prev->next = e->next; else st->head = e->next;
+    if (e->prev) e->prev->next = e->next;
+    else st->head = e->next;
     if (e->next) e->next->prev = e->prev;
     st->tracked--;
     st->px->tracked--;
@@ -264,7 +268,10 @@ static void commit(px_entry *e, px_outcome outcome, bool mark_done, const char *
 {
     e->outcome = outcome;
     e->mark_done = mark_done;
-    if (reason) { free(e->reason); e->reason = px_strdup(reason); }
+    if (reason) {
+        free(e->reason);
+        e->reason = px_strdup(reason);
+    }
     px_entry_to(e, PX_E_COMMIT);
     px_queue_push(&e->st->px->commit_q, e);
 }
@@ -287,7 +294,7 @@ void px_proxy_claimed(px_entry *e)
     }
     px_metrics_observe(px_lock_wait_bounds, &e->st->lock_wait, ev_now(e->st->px->loop) - e->park.claim_since);
     e->park.claim_since = 0;
-    if (e->st->px->stopping) {      /* claimed while draining: give it back at once */
+    if (e->st->px->stopping) { /* claimed while draining: give it back at once */
         px_claim_release(e);
         px_entry_finish(e, PX_OUT_NONE);
         return;
@@ -298,7 +305,8 @@ void px_proxy_claimed(px_entry *e)
 
 void px_proxy_duplicate(px_entry *e, bool after_lock)
 {
-    if (after_lock) e->st->c.dup_after_lock++; else e->st->c.dup_before_lock++;
+    if (after_lock) e->st->c.dup_after_lock++;
+    else e->st->c.dup_before_lock++;
     px_log_entry(PX_LOG_DEBUG, e, "duplicate (%s)", after_lock ? "after_lock" : "before_lock");
     leave(e, PX_OUT_DUPLICATE);
 }
@@ -336,14 +344,17 @@ void px_proxy_busy(px_entry *e, bool lock_key_busy)
         px_claim_release(e);
         px_entry_to(e, PX_E_PARKED);
         px_entry *h = lock_key_busy ? NULL : local_holder(e);
-        if (h) h->park.has_followers = true;   /* woken when h leaves; the timer is a fallback */
+        if (h) h->park.has_followers = true; /* woken when h leaves; the timer is a fallback */
         double ms = (double)sc->lease_ms;
         if (h == NULL && !lock_key_busy && e->park.busy_looks < 16 &&
             (double)(20u << e->park.busy_looks) < ms)
             ms = (double)(20u << e->park.busy_looks);
         e->park.busy_looks++;
         px_log_entry(PX_LOG_DEBUG, e, "busy: looking again in %.0f ms", ms);
-        if (!e->park.waiting_out) { e->park.waiting_out = true; e->st->px->waiting_out++; }
+        if (!e->park.waiting_out) {
+            e->park.waiting_out = true;
+            e->st->px->waiting_out++;
+        }
         entry_timer(e, back_to_claim_cb, ms + jitter(0, ms < 100 ? 10 : 50));
         return;
     }
@@ -417,7 +428,8 @@ void px_proxy_reclaim_unsent(px_entry *e)
 
 static void backoff_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_entry *e = w->data;
     e->claim.examined = true;
     to_claim(e);
@@ -429,9 +441,9 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
     px_stream_conf *sc = st->conf;
     px_metrics_observe(px_ack_latency_bounds, &st->ack_latency, ev_now(st->px->loop) - e->delivery.sent_at);
     switch (status) {
-    case PX_ACK_ACK:     st->c.acks_ack++; break;
-    case PX_ACK_RETRY:   st->c.acks_retry++; break;
-    case PX_ACK_DROP:    st->c.acks_drop++; break;
+    case PX_ACK_ACK: st->c.acks_ack++; break;
+    case PX_ACK_RETRY: st->c.acks_retry++; break;
+    case PX_ACK_DROP: st->c.acks_drop++; break;
     case PX_ACK_TIMEOUT: st->c.acks_timeout++; break;
     case PX_ACK_INVALID: st->c.acks_invalid++; break;
     }
@@ -456,7 +468,10 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
     }
     px_claim_release(e);
     wake_followers(e);
-    if (st->px->stopping) { px_entry_finish(e, PX_OUT_NONE); return; }
+    if (st->px->stopping) {
+        px_entry_finish(e, PX_OUT_NONE);
+        return;
+    }
     long long ms = px_decide_backoff_ms(sc->retry_backoff_ms, e->delivery.attempt);
     px_entry_to(e, PX_E_BACKOFF);
     /* The worker's reason, at most once a second: a handler failing every
@@ -472,7 +487,8 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
 
 static void commit_again_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_entry *e = w->data;
     px_entry_to(e, PX_E_COMMIT);
     px_queue_push(&e->st->px->commit_q, e);
@@ -500,7 +516,8 @@ void px_proxy_committed(px_entry *e, bool ok)
 
 static void xack_again_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_entry *e = w->data;
     px_entry_to(e, PX_E_XACK);
     px_queue_push(&e->st->px->xack_q, e);
@@ -518,11 +535,18 @@ void px_proxy_bad_entry(px_entry *e, const char *why)
     px_stream_conf *sc = e->st->conf;
     px_log_entry(PX_LOG_WARN, e, "bad entry: %s (%s)", why,
                  sc->on_missing_key == PX_MISSING_SKIP ? "skipped" : "dead-lettered");
-    if (sc->on_missing_key == PX_MISSING_SKIP) { leave(e, PX_OUT_SKIPPED); return; }
+    if (sc->on_missing_key == PX_MISSING_SKIP) {
+        leave(e, PX_OUT_SKIPPED);
+        return;
+    }
     e->outcome = PX_OUT_DEAD_LETTERED;
     e->mark_done = false;
     px_entry_to(e, PX_E_COMMIT);
-    if (sc->dead_letter == NULL) { e->st->c.dead_letters++; leave(e, PX_OUT_DEAD_LETTERED); return; }
+    if (sc->dead_letter == NULL) {
+        e->st->c.dead_letters++;
+        leave(e, PX_OUT_DEAD_LETTERED);
+        return;
+    }
     free(e->reason);
     e->reason = px_strdup(why);
     e->bad = true;
@@ -579,21 +603,24 @@ static double mono_now(void)
 
 static void woke_cb(struct ev_loop *loop, ev_check *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_proxy *px = w->data;
     px->woke_at = mono_now();
 }
 
 static void sleeps_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_proxy *px = w->data;
     if (px->woke_at > 0) px_metrics_observe(px_loop_busy_bounds, &px->loop_busy, mono_now() - px->woke_at);
 }
 
 static void lease_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_claim_extend(w->data);
 }
 
@@ -602,7 +629,10 @@ static void lease_cb(struct ev_loop *loop, ev_timer *w, int revents)
 static bool undelivered(const px_entry *e, bool all)
 {
     switch (e->state) {
-    case PX_E_PARKED: case PX_E_LOCKWAIT: case PX_E_BACKOFF: case PX_E_SEND: return true;
+    case PX_E_PARKED:
+    case PX_E_LOCKWAIT:
+    case PX_E_BACKOFF:
+    case PX_E_SEND: return true;
     case PX_E_CLAIM: return !e->claim.in_io;
     case PX_E_SENT: return all;
     default: return false;
@@ -616,9 +646,10 @@ static void release_undelivered(px_proxy *px, bool all)
 {
     px_queue *qs[] = { &px->claim_q, &px->send_q };
     for (size_t i = 0; i < 2; i++) {
-        px_queue keep = {0};
+        px_queue keep = { 0 };
         px_entry *e;
-        while ((e = px_queue_pop(qs[i])) != NULL) if (!undelivered(e, all)) px_queue_push(&keep, e);
+        while ((e = px_queue_pop(qs[i])) != NULL)
+            if (!undelivered(e, all)) px_queue_push(&keep, e);
         *qs[i] = keep;
     }
     for (size_t s = 0; s < px->nstreams; s++) {
@@ -635,14 +666,16 @@ static void release_undelivered(px_proxy *px, bool all)
 
 static void final_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)w; (void)revents;
+    (void)w;
+    (void)revents;
     px_log_warn("shutdown: Redis did not confirm every write in time");
     ev_break(loop, EVBREAK_ALL);
 }
 
 static void grace_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_proxy *px = w->data;
     px_log_warn("shutdown grace over: releasing deliveries still unanswered");
     release_undelivered(px, true);
@@ -671,7 +704,8 @@ static void signal_cb(struct ev_loop *loop, ev_signal *w, int revents)
 
 static void command_link_cb(px_redis *r, bool up, void *udata)
 {
-    (void)r; (void)udata;
+    (void)r;
+    (void)udata;
     /* While a command is refused (NOPERM) each reconnect would say it again:
      * the refusal's own line is enough. */
     if (px_redis_refused()) px_log_debug("redis: %s", up ? "connected" : "not ready");
@@ -691,16 +725,23 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
         return NULL;
     }
     px_redis_opts o = {
-        .name = "commands", .host = conf->redis_host, .port = conf->redis_port,
-        .unix_path = conf->redis_unix, .user = conf->redis_user, .password = px->password,
+        .name = "commands",
+        .host = conf->redis_host,
+        .port = conf->redis_port,
+        .unix_path = conf->redis_unix,
+        .user = conf->redis_user,
+        .password = px->password,
         .password_file = conf->password_file,
-        .db = conf->redis_db, .timeout_ms = conf->timeout_ms,
-        .seeds = (const char *const *)conf->cluster, .nseeds = conf->ncluster,
-        .max_array_bytes = (size_t)conf->max_entry_bytes,   /* XAUTOCLAIM's entries */
+        .db = conf->redis_db,
+        .timeout_ms = conf->timeout_ms,
+        .seeds = (const char *const *)conf->cluster,
+        .nseeds = conf->ncluster,
+        .max_array_bytes = (size_t)conf->max_entry_bytes, /* XAUTOCLAIM's entries */
         .tls = &conf->redis_tls,
         .master_name = conf->sentinel.master_name,
         .sentinels = (const char *const *)conf->sentinel.sentinels,
-        .nsentinels = conf->sentinel.nsentinels, .sentinel_user = conf->sentinel.username,
+        .nsentinels = conf->sentinel.nsentinels,
+        .sentinel_user = conf->sentinel.username,
         .sentinel_password_file = conf->sentinel.password_file,
     };
     px->redis = px_redis_create(loop, &o, command_link_cb, px);
@@ -740,7 +781,7 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
     ev_check_start(loop, &px->woke);
     ev_prepare_init(&px->sleeps, sleeps_cb);
     px->sleeps.data = px;
-    ev_set_priority(&px->sleeps, EV_MINPRI);   /* the links' writes are EV_MINPRI + 1 */
+    ev_set_priority(&px->sleeps, EV_MINPRI); /* the links' writes are EV_MINPRI + 1 */
     ev_prepare_start(loop, &px->sleeps);
     ev_signal_init(&px->sigterm, signal_cb, SIGTERM);
     px->sigterm.data = px;
@@ -754,7 +795,7 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
 void px_proxy_destroy(px_proxy *px)
 {
     if (px == NULL) return;
-    px->stopping = true;           /* finishing entries below wakes and queues nothing */
+    px->stopping = true; /* finishing entries below wakes and queues nothing */
     for (size_t s = 0; s < px->nstreams; s++) {
         px_stream *st = &px->streams[s];
         if (st->link) px_reader_stop(st);

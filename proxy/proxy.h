@@ -32,11 +32,14 @@
 #define PX_LEASE_TICKS 16
 
 typedef struct px_proxy px_proxy;
-typedef struct px_deliver px_deliver;   /* deliver.c's state */
-typedef struct px_metrics px_metrics;   /* metrics.c's state */
+typedef struct px_deliver px_deliver; /* deliver.c's state */
+typedef struct px_metrics px_metrics; /* metrics.c's state */
 
 /* A singly linked FIFO of entries through 'qnext'. */
-typedef struct px_queue { px_entry *head, *tail; size_t n; } px_queue;
+typedef struct px_queue {
+    px_entry *head, *tail;
+    size_t n;
+} px_queue;
 
 void px_queue_push(px_queue *q, px_entry *e);
 px_entry *px_queue_pop(px_queue *q);
@@ -48,102 +51,104 @@ px_entry *px_queue_pop(px_queue *q);
  * this order (a family's members are adjacent).
  */
 #define PX_STREAM_COUNTERS(X) \
-    X(entries_read,    "idemproxy_entries_read_total",  NULL,      NULL,            \
+    X(entries_read, "idemproxy_entries_read_total", NULL, NULL, \
       "Entries read from the stream, once each (re-examinations and redeliveries are not reads).") \
-    X(acked,           "idemproxy_outcomes_total",      "outcome", "acked",         \
+    X(acked, "idemproxy_outcomes_total", "outcome", "acked", \
       "Entries that left, by outcome; read = sum of outcomes + pending.") \
-    X(duplicate,       "idemproxy_outcomes_total",      "outcome", "duplicate", NULL) \
-    X(dead_lettered,   "idemproxy_outcomes_total",      "outcome", "dead_lettered", NULL) \
-    X(skipped,         "idemproxy_outcomes_total",      "outcome", "skipped", NULL) \
-    X(deliveries,      "idemproxy_deliveries_total",    NULL,      NULL,            \
+    X(duplicate, "idemproxy_outcomes_total", "outcome", "duplicate", NULL) \
+    X(dead_lettered, "idemproxy_outcomes_total", "outcome", "dead_lettered", NULL) \
+    X(skipped, "idemproxy_outcomes_total", "outcome", "skipped", NULL) \
+    X(deliveries, "idemproxy_deliveries_total", NULL, NULL, \
       "Deliveries sent to a worker, redeliveries included.") \
-    X(dup_before_lock, "idemproxy_duplicates_total",    "stage",   "before_lock",   \
+    X(dup_before_lock, "idemproxy_duplicates_total", "stage", "before_lock", \
       "Copies skipped because their key was done, by when that was seen.") \
-    X(dup_after_lock,  "idemproxy_duplicates_total",    "stage",   "after_lock", NULL) \
-    X(lock_busy,       "idemproxy_lock_busy_total",     NULL,      NULL,            \
+    X(dup_after_lock, "idemproxy_duplicates_total", "stage", "after_lock", NULL) \
+    X(lock_busy, "idemproxy_lock_busy_total", NULL, NULL, \
       "Claims that found a lock (dedup or lock_key) held elsewhere.") \
-    X(acks_ack,        "idemproxy_acks_total",          "status",  "ack",           \
+    X(acks_ack, "idemproxy_acks_total", "status", "ack", \
       "Answers from workers, by status; timeout and invalid count as retries.") \
-    X(acks_retry,      "idemproxy_acks_total",          "status",  "retry", NULL) \
-    X(acks_drop,       "idemproxy_acks_total",          "status",  "drop", NULL) \
-    X(acks_timeout,    "idemproxy_acks_total",          "status",  "timeout", NULL) \
-    X(acks_invalid,    "idemproxy_acks_total",          "status",  "invalid", NULL) \
-    X(ack_timeouts,    "idemproxy_ack_timeouts_total",  NULL,      NULL,            \
+    X(acks_retry, "idemproxy_acks_total", "status", "retry", NULL) \
+    X(acks_drop, "idemproxy_acks_total", "status", "drop", NULL) \
+    X(acks_timeout, "idemproxy_acks_total", "status", "timeout", NULL) \
+    X(acks_invalid, "idemproxy_acks_total", "status", "invalid", NULL) \
+    X(ack_timeouts, "idemproxy_ack_timeouts_total", NULL, NULL, \
       "Deliveries with no answer within ack_timeout_ms.") \
-    X(dead_letters,    "idemproxy_dead_letters_total",  NULL,      NULL,            \
+    X(dead_letters, "idemproxy_dead_letters_total", NULL, NULL, \
       "Entries dead-lettered (DROP, max_deliveries, bad input, busy refusal).") \
-    X(lease_lost,      "idemproxy_lease_lost_total",    NULL,      NULL,            \
+    X(lease_lost, "idemproxy_lease_lost_total", NULL, NULL, \
       "Leases found gone while the app worked (the fencing token guards that work).") \
-    X(trimmed,         "idemproxy_trimmed_total",       NULL,      NULL,            \
+    X(trimmed, "idemproxy_trimmed_total", NULL, NULL, \
       "Pending entries trimmed or deleted from the stream, acked away.")
 
 /* A Prometheus histogram with fixed buckets (upper bounds in seconds). */
 #define PX_HIST_BUCKETS 14
 typedef struct px_hist {
-    unsigned long long counts[PX_HIST_BUCKETS + 1];   /* the last one is +Inf */
-    double             sum;
+    unsigned long long counts[PX_HIST_BUCKETS + 1]; /* the last one is +Inf */
+    double sum;
     unsigned long long count;
 } px_hist;
 
 struct px_stream {
-    px_proxy       *px;            /* (ref) */
-    px_stream_conf *conf;          /* (ref) */
-    size_t          index;
-    char            lease_s[24];   /* lease_ms as text, for commands */
-    char            ttl_s[24];     /* done_ttl_ms as text */
-    px_redis       *link;          /* the stream's own link for blocking reads */
-    int             rstate;        /* reader state (reader.c) */
-    size_t          page_count;    /* COUNT of the next read, adapted to the bytes of the last */
-    bool            reading;       /* a read is in flight */
-    unsigned        lost_reads;    /* group: reads lost since the last whole history replay */
+    px_proxy *px;         /* (ref) */
+    px_stream_conf *conf; /* (ref) */
+    size_t index;
+    char lease_s[24];                  /* lease_ms as text, for commands */
+    char ttl_s[24];                    /* done_ttl_ms as text */
+    px_redis *link;                    /* the stream's own link for blocking reads */
+    int rstate;                        /* reader state (reader.c) */
+    size_t page_count;                 /* COUNT of the next read, adapted to the bytes of the last */
+    bool reading;                      /* a read is in flight */
+    unsigned lost_reads;               /* group: reads lost since the last whole history replay */
     struct counts_ask *counts_waiting; /* reader.c: XPENDING asks on their retry timer */
-    char            last_id[64];   /* group-less: last id read; group: history cursor */
-    ev_timer        autoclaim;     /* group mode: periodic XAUTOCLAIM */
-    ev_timer        refresh;       /* group mode: tracked entries kept fresh (JUSTID) */
-    char            autoclaim_cursor[64];
-    ev_timer        lease;         /* ticks PX_LEASE_TICKS times per lease_every */
-    double          lease_every;   /* seconds between two extensions of one lease: lease_ms / 3 */
-    size_t          lease_budget;  /* entries extended at most per tick (bounds the bursts) */
-    ev_timer        janitor;       /* group mode: idle consumer removal */
-    ev_timer        pause;         /* a short wait after an error reply, then read again */
-    px_entry       *head;          /* tracked entries of this stream */
-    size_t          tracked;
+    char last_id[64];                  /* group-less: last id read; group: history cursor */
+    ev_timer autoclaim;                /* group mode: periodic XAUTOCLAIM */
+    ev_timer refresh;                  /* group mode: tracked entries kept fresh (JUSTID) */
+    char autoclaim_cursor[64];
+    ev_timer lease;      /* ticks PX_LEASE_TICKS times per lease_every */
+    double lease_every;  /* seconds between two extensions of one lease: lease_ms / 3 */
+    size_t lease_budget; /* entries extended at most per tick (bounds the bursts) */
+    ev_timer janitor;    /* group mode: idle consumer removal */
+    ev_timer pause;      /* a short wait after an error reply, then read again */
+    px_entry *head;      /* tracked entries of this stream */
+    size_t tracked;
 #define PX_COUNTER_FIELD(n, family, label, value, help) unsigned long long n;
-    struct { PX_STREAM_COUNTERS(PX_COUNTER_FIELD) } c;
+    struct {
+        PX_STREAM_COUNTERS(PX_COUNTER_FIELD)
+    } c;
 #undef PX_COUNTER_FIELD
-    px_hist         ack_latency;   /* delivery sent -> answer received */
-    px_hist         lock_wait;     /* first claim attempt -> locks held */
+    px_hist ack_latency; /* delivery sent -> answer received */
+    px_hist lock_wait;   /* first claim attempt -> locks held */
     /* Group mode, with metrics on: the group's XINFO GROUPS numbers, refreshed
      * every PX_GROUP_INFO_S by metrics.c (not exported while unknown). */
-    bool            info_busy;     /* this block's XINFO GROUPS is in flight */
-    bool            info_known;    /* group_pending is the last answer's */
-    bool            lag_known;     /* group_lag too (Redis answers nil when it cannot tell) */
-    long long       group_pending; /* entries delivered to the group and not acked */
-    long long       group_lag;     /* entries not yet delivered to the group */
+    bool info_busy;          /* this block's XINFO GROUPS is in flight */
+    bool info_known;         /* group_pending is the last answer's */
+    bool lag_known;          /* group_lag too (Redis answers nil when it cannot tell) */
+    long long group_pending; /* entries delivered to the group and not acked */
+    long long group_lag;     /* entries not yet delivered to the group */
 };
 
 struct px_proxy {
-    struct ev_loop *loop;          /* (ref) */
-    px_config      *conf;          /* (ref) */
-    px_redis       *redis;         /* the command link (claims, commits, acks) */
-    char           *password;      /* from the url or password_file; never logged */
-    px_stream      *streams;
-    size_t          nstreams;
-    size_t          tracked;       /* entries read and not yet gone, all streams */
-    size_t          waiting_out;   /* of those, copies parked behind another holder's lock */
-    size_t          leaving;       /* of those, committed (or copies) and only awaiting XACK */
-    px_queue        claim_q, send_q, commit_q, xack_q;
-    px_deliver     *deliver;       /* deliver.c state */
-    px_metrics     *metrics;       /* metrics.c state; NULL when disabled */
-    ev_prepare      flush;         /* flushes the queues once per loop iteration */
-    ev_check        woke;          /* loop_busy: the loop is back from epoll_wait ... */
-    ev_prepare      sleeps;        /* ... and about to wait again (its last prepare) */
-    double          woke_at;       /* monotonic seconds; 0 before the first wake-up */
-    px_hist         loop_busy;     /* per loop iteration: woke -> sleeps */
-    ev_signal       sigterm, sigint;
-    ev_timer        grace;         /* shutdown grace */
-    bool            stopping;
-    int             exit_code;
+    struct ev_loop *loop; /* (ref) */
+    px_config *conf;      /* (ref) */
+    px_redis *redis;      /* the command link (claims, commits, acks) */
+    char *password;       /* from the url or password_file; never logged */
+    px_stream *streams;
+    size_t nstreams;
+    size_t tracked;     /* entries read and not yet gone, all streams */
+    size_t waiting_out; /* of those, copies parked behind another holder's lock */
+    size_t leaving;     /* of those, committed (or copies) and only awaiting XACK */
+    px_queue claim_q, send_q, commit_q, xack_q;
+    px_deliver *deliver; /* deliver.c state */
+    px_metrics *metrics; /* metrics.c state; NULL when disabled */
+    ev_prepare flush;    /* flushes the queues once per loop iteration */
+    ev_check woke;       /* loop_busy: the loop is back from epoll_wait ... */
+    ev_prepare sleeps;   /* ... and about to wait again (its last prepare) */
+    double woke_at;      /* monotonic seconds; 0 before the first wake-up */
+    px_hist loop_busy;   /* per loop iteration: woke -> sleeps */
+    ev_signal sigterm, sigint;
+    ev_timer grace; /* shutdown grace */
+    bool stopping;
+    int exit_code;
 };
 
 /* proxy.c */
@@ -152,8 +157,8 @@ void px_proxy_destroy(px_proxy *px);
 /* Adds the entry's field bytes to *page_bytes. Group-less, the entry returned
  * may be gone already (bad input skipped or without a dead-letter stream). */
 px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, size_t *page_bytes);
-void px_entry_finish(px_entry *e, px_outcome outcome);   /* after XACK (or none needed) */
-void px_entry_free(px_entry *e);                          /* only when e->step.io == 0 */
+void px_entry_finish(px_entry *e, px_outcome outcome); /* after XACK (or none needed) */
+void px_entry_free(px_entry *e);                       /* only when e->step.io == 0 */
 void px_proxy_claimed(px_entry *e);
 void px_proxy_busy(px_entry *e, bool lock_key_busy);
 void px_proxy_duplicate(px_entry *e, bool after_lock);

@@ -80,7 +80,7 @@ void px_buf_printf(px_buf *b, const char *fmt, ...)
     int n = vsnprintf(small, sizeof(small), fmt, ap);
     va_end(ap);
     if (n < 0) return;
-    if ((size_t)n < sizeof(small)) {   /* the common case: one pass */
+    if ((size_t)n < sizeof(small)) { /* the common case: one pass */
         px_buf_append(b, small, (size_t)n);
         return;
     }
@@ -112,12 +112,21 @@ bool px_utf8_valid(const char *str, size_t n)
         unsigned c = s[i];
         size_t k;
         unsigned cp;
-        if (c < 0x80) { i++; continue; }
-        else if ((c & 0xE0) == 0xC0) { k = 1; cp = c & 0x1F; if (c < 0xC2) return false; }
-        else if ((c & 0xF0) == 0xE0) { k = 2; cp = c & 0x0F; }
-        else if ((c & 0xF8) == 0xF0 && c <= 0xF4) { k = 3; cp = c & 0x07; }
-        else return false;
-        if (i + k >= n) return false;   /* truncated sequence */
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xE0) == 0xC0) {
+            k = 1;
+            cp = c & 0x1F;
+            if (c < 0xC2) return false;
+        } else if ((c & 0xF0) == 0xE0) {
+            k = 2;
+            cp = c & 0x0F;
+        } else if ((c & 0xF8) == 0xF0 && c <= 0xF4) {
+            k = 3;
+            cp = c & 0x07;
+        } else return false;
+        if (i + k >= n) return false; /* truncated sequence */
         for (size_t j = 1; j <= k; j++) {
             if ((s[i + j] & 0xC0) != 0x80) return false;
             cp = (cp << 6) | (s[i + j] & 0x3F);

@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define PX_OK      0
+#define PX_OK     0
 #define PX_ERR    -1
 #define PX_EAGAIN -2
 
@@ -18,9 +18,9 @@
 
 /* A growable byte buffer; 'data' is always NUL-terminated once used. */
 typedef struct px_buf {
-    char   *data;   /* owned; NULL until first use */
-    size_t  len;    /* bytes in use, excluding the terminating NUL */
-    size_t  cap;    /* bytes allocated */
+    char *data; /* owned; NULL until first use */
+    size_t len; /* bytes in use, excluding the terminating NUL */
+    size_t cap; /* bytes allocated */
 } px_buf;
 
 void *px_malloc(size_t size);
@@ -29,12 +29,12 @@ void *px_realloc(void *ptr, size_t size);
 char *px_strdup(const char *s);
 char *px_strndup(const char *s, size_t n);
 
-void px_buf_reserve(px_buf *b, size_t extra);          /* room for 'extra' more bytes + NUL */
+void px_buf_reserve(px_buf *b, size_t extra); /* room for 'extra' more bytes + NUL */
 void px_buf_append(px_buf *b, const void *p, size_t n);
 void px_buf_appends(px_buf *b, const char *s);
 void px_buf_printf(px_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void px_buf_reset(px_buf *b);                          /* len = 0, keeps the memory */
-void px_buf_deinit(px_buf *b);                         /* frees the memory */
+void px_buf_reset(px_buf *b);  /* len = 0, keeps the memory */
+void px_buf_deinit(px_buf *b); /* frees the memory */
 
 /* True when 's' ('n' bytes) is well-formed UTF-8 (no overlongs, no surrogates). */
 bool px_utf8_valid(const char *s, size_t n);

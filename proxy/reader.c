@@ -25,8 +25,8 @@
 #include "log.h"
 #include "reader.h"
 
-#define PX_READER_BLOCK_MS   2000
-#define PX_READER_BATCH      256
+#define PX_READER_BLOCK_MS 2000
+#define PX_READER_BATCH    256
 /* A read page adapts to the bytes it returns (SPEC 5.6): COUNT starts at
  * PX_PAGE_FIRST, doubles after each full page of under half PX_PAGE_BYTES up
  * to PX_READER_BATCH, and after a page over PX_PAGE_BYTES drops to what would
@@ -34,16 +34,20 @@
  * then copied once each, so a page of entries near max_entry_bytes (1 MiB)
  * costs a few pages' bytes, not 256 of them; an entry over max_entry_bytes is
  * elided as it is read (reply.h) but counts at its size. */
-#define PX_PAGE_FIRST        16
-#define PX_PAGE_BYTES        (4u << 20)
-#define PX_JANITOR_S         300.0
-#define PX_IDLE_CONSUMER_MS  3600000LL
+#define PX_PAGE_FIRST       16
+#define PX_PAGE_BYTES       (4u << 20)
+#define PX_JANITOR_S        300.0
+#define PX_IDLE_CONSUMER_MS 3600000LL
 
 /* Consumers idle this long with nothing pending are removed; tests shorten it
  * with a hook (hooks.h) instead of waiting an hour. */
 static long long idle_consumer_ms = PX_IDLE_CONSUMER_MS;
 
-enum { R_DOWN = 0, R_CREATE, R_HISTORY, R_LIVE, R_STOPPED };
+enum { R_DOWN = 0,
+       R_CREATE,
+       R_HISTORY,
+       R_LIVE,
+       R_STOPPED };
 
 static void read_next(px_stream *st);
 
@@ -81,12 +85,12 @@ static void page_seen(px_stream *st, size_t n, size_t bytes)
 
 typedef struct counts_ask {
     px_stream *st;
-    uint32_t   seq;               /* the batch: its entries' counts_wait */
-    size_t     n;
-    unsigned   lost;              /* history: reads lost before it (px_stream.lost_reads) */
-    ev_timer   delay;             /* the test hook, or a retry */
-    struct counts_ask *next;      /* in st->counts_waiting while 'delay' runs */
-    char       first[64], last[64];
+    uint32_t seq; /* the batch: its entries' counts_wait */
+    size_t n;
+    unsigned lost;           /* history: reads lost before it (px_stream.lost_reads) */
+    ev_timer delay;          /* the test hook, or a retry */
+    struct counts_ask *next; /* in st->counts_waiting while 'delay' runs */
+    char first[64], last[64];
 } counts_ask;
 
 static void counts_delay_cb(struct ev_loop *loop, ev_timer *w, int revents);
@@ -105,7 +109,10 @@ static void counts_later(counts_ask *a, double after)
 static void counts_unwait(counts_ask *a)
 {
     for (counts_ask **p = &a->st->counts_waiting; *p; p = &(*p)->next)
-        if (*p == a) { *p = a->next; break; }
+        if (*p == a) {
+            *p = a->next;
+            break;
+        }
     ev_timer_stop(a->st->px->loop, &a->delay);
 }
 
@@ -162,10 +169,14 @@ static void counts_send(counts_ask *a)
 
 static void counts_delay_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     counts_ask *a = w->data;
     counts_unwait(a);
-    if (a->st->px->stopping) { counts_reply_cb(a->st->px->redis, NULL, a); return; }
+    if (a->st->px->stopping) {
+        counts_reply_cb(a->st->px->redis, NULL, a);
+        return;
+    }
     counts_send(a);
 }
 
@@ -181,7 +192,7 @@ static counts_ask *counts_new(px_stream *st, const char *first, const char *last
     a->n = n;
     a->lost = lost;
     if (++seq == 0) seq = 1;
-    a->seq = seq;   /* claims wait for the counts, on one server too (see counts_reply_cb) */
+    a->seq = seq; /* claims wait for the counts, on one server too (see counts_reply_cb) */
     snprintf(a->first, sizeof(a->first), "%s", first);
     snprintf(a->last, sizeof(a->last), "%s", last);
     return a;
@@ -192,7 +203,7 @@ static void counts_go(counts_ask *a)
     if (px_hook.counts_delay_ms > 0) {
         counts_later(a, (double)px_hook.counts_delay_ms / 1000.0);
     } else {
-        counts_send(a);      /* a link down: asked again shortly (counts_reply_cb) */
+        counts_send(a); /* a link down: asked again shortly (counts_reply_cb) */
     }
 }
 
@@ -227,7 +238,8 @@ void px_reader_delivering(px_entry *e)
 
 static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_stream *st = w->data;
     px_stream_conf *sc = st->conf;
     /* On a cluster, the stream's master being up is enough: a failover of
@@ -235,7 +247,10 @@ static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
     if (st->head == NULL || !px_redis_key_up(st->px->redis, sc->stream, strlen(sc->stream))) return;
     const char *argv[5 + PX_REFRESH_BATCH + 1];
     size_t lens[5 + PX_REFRESH_BATCH + 1];
-    argv[0] = "XCLAIM"; argv[1] = sc->stream; argv[2] = sc->group; argv[3] = sc->consumer;
+    argv[0] = "XCLAIM";
+    argv[1] = sc->stream;
+    argv[2] = sc->group;
+    argv[3] = sc->consumer;
     argv[4] = "0";
     for (int i = 0; i < 5; i++) lens[i] = strlen(argv[i]);
     int n = 5;
@@ -275,18 +290,18 @@ static size_t take_entries(px_stream *st, redisReply *entries, bool fresh, unsig
         else if (st->rstate == R_HISTORY) snprintf(st->last_id, sizeof(st->last_id), "%s", id);
         if (!fresh) {
             px_entry *known = px_proxy_find(st, id);
-            if (known) {   /* still ours: that read counted no delivery, undo it */
+            if (known) { /* still ours: that read counted no delivery, undo it */
                 set_count(known, known->delivery.redis_count);
                 continue;
             }
         }
         if (en->element[1]->type != REDIS_REPLY_ARRAY) {
-            px_proxy_trimmed(st, id, true);   /* pending, but deleted from the stream */
+            px_proxy_trimmed(st, id, true); /* pending, but deleted from the stream */
             continue;
         }
         px_entry *e = px_entry_create(st, id, en->element[1], bytes);
-        if (fresh && st->conf->group) e->delivery.redis_count = 1;   /* group-less: 'e' may be gone */
-        else if (counts) e->delivery.counts_wait = counts->seq;      /* group mode: still here */
+        if (fresh && st->conf->group) e->delivery.redis_count = 1; /* group-less: 'e' may be gone */
+        else if (counts) e->delivery.counts_wait = counts->seq;    /* group mode: still here */
     }
     if (counts) counts_go(counts);
     return entries->elements;
@@ -319,8 +334,8 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
         return;
     }
     if (reply->type == REDIS_REPLY_ERROR) {
-        if (strncmp(reply->str, "NOGROUP", 7) == 0) st->rstate = R_CREATE;  /* group or key gone */
-        ev_timer_start(st->px->loop, &st->pause);  /* a brief pause, then again */
+        if (strncmp(reply->str, "NOGROUP", 7) == 0) st->rstate = R_CREATE; /* group or key gone */
+        ev_timer_start(st->px->loop, &st->pause);                          /* a brief pause, then again */
         return;
     }
     size_t got = 0, bytes = 0;
@@ -335,7 +350,7 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
     }
     if (st->rstate == R_HISTORY && got == 0) {
         st->rstate = R_LIVE;
-        st->lost_reads = 0;    /* whatever they took has been replayed */
+        st->lost_reads = 0; /* whatever they took has been replayed */
         px_log_info("stream %s: reading new entries as %s/%s", st->conf->stream, st->conf->group,
                     st->conf->consumer);
     }
@@ -396,7 +411,8 @@ static void read_next(px_stream *st)
      * is not read a few entries at a time; px_reader_kick resumes us. */
     size_t n = batch_size(st);
     size_t full = (size_t)st->px->conf->max_inflight < st->page_count
-                  ? (size_t)st->px->conf->max_inflight : st->page_count;
+                      ? (size_t)st->px->conf->max_inflight
+                      : st->page_count;
     if (n == 0 || (n < (full + 3) / 4 && st->px->tracked > 0)) return;
     char count[24], block[24];
     snprintf(count, sizeof(count), "%zu", n);
@@ -447,7 +463,8 @@ static void autoclaim_reply_cb(px_redis *r, redisReply *reply, void *priv)
 
 static void autoclaim_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_stream *st = w->data;
     px_stream_conf *sc = st->conf;
     if (st->px->stopping || st->rstate != R_LIVE) return;
@@ -501,7 +518,8 @@ static void consumers_reply_cb(px_redis *r, redisReply *reply, void *priv)
 
 static void janitor_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     px_stream *st = w->data;
     if (st->px->stopping || st->rstate != R_LIVE) return;
     const char *argv[] = { "XINFO", "CONSUMERS", st->conf->stream, st->conf->group };
@@ -513,7 +531,8 @@ static void janitor_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
 static void pause_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop; (void)revents;
+    (void)loop;
+    (void)revents;
     read_next(w->data);
 }
 
@@ -540,15 +559,23 @@ void px_reader_start(px_stream *st)
     char name[300];
     snprintf(name, sizeof(name), "reader %s", st->conf->stream);
     px_redis_opts o = {
-        .name = name, .host = c->redis_host, .port = c->redis_port, .unix_path = c->redis_unix,
-        .user = c->redis_user, .password = st->px->password,
-        .password_file = c->password_file, .db = c->redis_db,
-        .timeout_ms = c->timeout_ms, .seeds = (const char *const *)c->cluster, .nseeds = c->ncluster,
+        .name = name,
+        .host = c->redis_host,
+        .port = c->redis_port,
+        .unix_path = c->redis_unix,
+        .user = c->redis_user,
+        .password = st->px->password,
+        .password_file = c->password_file,
+        .db = c->redis_db,
+        .timeout_ms = c->timeout_ms,
+        .seeds = (const char *const *)c->cluster,
+        .nseeds = c->ncluster,
         .max_array_bytes = (size_t)c->max_entry_bytes,
         .tls = &c->redis_tls,
         .master_name = c->sentinel.master_name,
         .sentinels = (const char *const *)c->sentinel.sentinels,
-        .nsentinels = c->sentinel.nsentinels, .sentinel_user = c->sentinel.username,
+        .nsentinels = c->sentinel.nsentinels,
+        .sentinel_user = c->sentinel.username,
         .sentinel_password_file = c->sentinel.password_file,
     };
     st->rstate = R_DOWN;
@@ -569,7 +596,8 @@ void px_reader_start(px_stream *st)
         ev_timer_start(st->px->loop, &st->refresh);
         if (px_hook.idle_consumer_ms > 0) idle_consumer_ms = px_hook.idle_consumer_ms;
         double janitor_s = (double)idle_consumer_ms / 1000.0 < PX_JANITOR_S
-                           ? (double)idle_consumer_ms / 1000.0 : PX_JANITOR_S;
+                               ? (double)idle_consumer_ms / 1000.0
+                               : PX_JANITOR_S;
         if (janitor_s < 0.2) janitor_s = 0.2;
         ev_timer_init(&st->janitor, janitor_cb, janitor_s, janitor_s);
         st->janitor.data = st;
@@ -594,7 +622,7 @@ void px_reader_stop(px_stream *st)
     ev_timer_stop(st->px->loop, &st->autoclaim);
     ev_timer_stop(st->px->loop, &st->refresh);
     ev_timer_stop(st->px->loop, &st->janitor);
-    while (st->counts_waiting) {          /* answered as lost: 'stopping' frees them */
+    while (st->counts_waiting) { /* answered as lost: 'stopping' frees them */
         counts_ask *a = st->counts_waiting;
         counts_unwait(a);
         counts_reply_cb(st->px->redis, NULL, a);

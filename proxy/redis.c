@@ -14,14 +14,14 @@
 #include "sentinel.h"
 
 struct px_redis {
-    char               *name;
-    px_link            *link;      /* a single server */
-    px_cluster         *cl;        /* or a cluster */
-    px_sentinel        *sn;        /* or a master the sentinels name: link is its data link */
-    bool                up;
-    bool                destroying;
-    px_redis_state_cb  *state_cb;
-    void               *udata;
+    char *name;
+    px_link *link;   /* a single server */
+    px_cluster *cl;  /* or a cluster */
+    px_sentinel *sn; /* or a master the sentinels name: link is its data link */
+    bool up;
+    bool destroying;
+    px_redis_state_cb *state_cb;
+    void *udata;
 };
 
 static void set_up(px_redis *r, bool up)
@@ -63,7 +63,7 @@ void px_redis_destroy(px_redis *r)
     if (r == NULL) return;
     r->destroying = true;
     px_cluster_destroy(r->cl);
-    if (r->sn) px_sentinel_destroy(r->sn);   /* and its data link */
+    if (r->sn) px_sentinel_destroy(r->sn); /* and its data link */
     else px_link_destroy(r->link);
     free(r->name);
     free(r);

@@ -29,19 +29,19 @@ typedef void px_redis_cb(px_redis *r, redisReply *reply, void *priv);
 /* TLS to the server (redis.tls, a rediss:// url). Files are read again at
  * every connect, so rotated certificates are picked up. */
 typedef struct px_tls_opts {
-    bool        enabled;
-    const char *ca_file;       /* (ref) NULL: the system's CAs */
-    const char *cert_file;     /* (ref) client certificate (mutual TLS), with key_file */
-    const char *key_file;      /* (ref) */
-    const char *server_name;   /* (ref) the name verified and sent (SNI); NULL: the host */
-    bool        verify;        /* peer verification (default on) */
+    bool enabled;
+    const char *ca_file;     /* (ref) NULL: the system's CAs */
+    const char *cert_file;   /* (ref) client certificate (mutual TLS), with key_file */
+    const char *key_file;    /* (ref) */
+    const char *server_name; /* (ref) the name verified and sent (SNI); NULL: the host */
+    bool verify;             /* peer verification (default on) */
 } px_tls_opts;
 
 typedef struct px_redis_opts {
-    const char *name;          /* (ref) for logs: "commands", "reader room" */
-    const char *host;          /* (ref) a name (resolved again at every connect) or a
+    const char *name; /* (ref) for logs: "commands", "reader room" */
+    const char *host; /* (ref) a name (resolved again at every connect) or a
                                   numeric address; NULL with 'unix_path' */
-    int         port;
+    int port;
     const char *unix_path;     /* (ref) */
     const char *user;          /* (ref) may be NULL */
     const char *password;      /* (ref) may be NULL: no AUTH; never logged */
@@ -49,24 +49,24 @@ typedef struct px_redis_opts {
                                   rotated Secret is picked up; its first line replaces
                                   'password' (a file that cannot be read, or is empty
                                   while a user is set, keeps the last one) */
-    int         db;
-    long long   timeout_ms;    /* deadline of every command */
-    const char *const *seeds;  /* (ref) Redis Cluster seed nodes "host:port"; host/port unused */
-    size_t      nseeds;
-    bool        cluster_node;  /* a cluster's link to one node: errors are the router's to report */
-    size_t      max_array_bytes; /* strings of a reply's array past this many bytes are
+    int db;
+    long long timeout_ms;     /* deadline of every command */
+    const char *const *seeds; /* (ref) Redis Cluster seed nodes "host:port"; host/port unused */
+    size_t nseeds;
+    bool cluster_node;      /* a cluster's link to one node: errors are the router's to report */
+    size_t max_array_bytes; /* strings of a reply's array past this many bytes are
                                     elided (reply.h): max_entry_bytes; 0 keeps all */
-    const px_tls_opts *tls;    /* (ref) NULL, or not enabled: plain TCP */
+    const px_tls_opts *tls; /* (ref) NULL, or not enabled: plain TCP */
     /* Redis Sentinel (sentinel.h): with master_name set, the master is asked of
      * these sentinels at every connect; host/port unused. */
-    const char *master_name;   /* (ref) NULL: no sentinels */
+    const char *master_name;      /* (ref) NULL: no sentinels */
     const char *const *sentinels; /* (ref) "host:port" */
-    size_t      nsentinels;
-    const char *sentinel_user; /* (ref) the sentinels' own credentials; may be NULL */
+    size_t nsentinels;
+    const char *sentinel_user;          /* (ref) the sentinels' own credentials; may be NULL */
     const char *sentinel_password_file; /* (ref) may be NULL: no AUTH to the sentinels */
-    bool        sentinel_peer; /* a link to a sentinel: AUTH and PING only (no SELECT,
+    bool sentinel_peer;                 /* a link to a sentinel: AUTH and PING only (no SELECT,
                                   HELLO version check or SCRIPT LOAD: not a data node) */
-    bool        check_role;    /* a master found by the sentinels: ROLE must say master at
+    bool check_role;                    /* a master found by the sentinels: ROLE must say master at
                                   connect, and a READONLY reply drops the link */
 } px_redis_opts;
 
@@ -74,8 +74,8 @@ typedef struct px_redis_opts {
 typedef void px_redis_state_cb(px_redis *r, bool up, void *udata);
 
 typedef struct px_script {
-    const char *body;          /* Lua source */
-    char        sha[41];       /* filled by px_script_init */
+    const char *body; /* Lua source */
+    char sha[41];     /* filled by px_script_init */
 } px_script;
 
 void px_script_init(px_script *s);
@@ -132,7 +132,9 @@ int px_redis_script(px_redis *r, px_script *s, px_redis_cb *cb, void *priv, int 
  * error "unknown command" is a server older than 6.0. Another error (an ACL
  * without HELLO) or a reply without a version cannot tell. 'ver' gets the
  * version text. Pure, for tests. */
-typedef enum { PX_SERVER_OK, PX_SERVER_OLD, PX_SERVER_UNKNOWN } px_server_check;
+typedef enum { PX_SERVER_OK,
+               PX_SERVER_OLD,
+               PX_SERVER_UNKNOWN } px_server_check;
 px_server_check px_redis_server_check(const redisReply *hello, char *ver, size_t versize);
 
 /* The first line of the password file at 'path', without its line end, in

@@ -39,28 +39,31 @@
 #define UNPOISON(p, n) ((void)(p), (void)(n))
 #endif
 
-#define PX_CHUNK      (64 * 1024)    /* a read of 256 entries fills about three */
-#define PX_ARENA_KEEP (512 * 1024)   /* chunks kept for the next reply; more go back */
+#define PX_CHUNK      (64 * 1024)  /* a read of 256 entries fills about three */
+#define PX_ARENA_KEEP (512 * 1024) /* chunks kept for the next reply; more go back */
 
 typedef struct px_chunk {
     struct px_chunk *next;
-    size_t           cap, used;
+    size_t cap, used;
     _Alignas(16) unsigned char data[];
 } px_chunk;
 
 struct px_reply_arena {
-    px_chunk *chunks;       /* in use, newest (the one bumped) first */
-    px_chunk *spare;        /* rewound, each PX_CHUNK */
-    size_t    spare_bytes;
-    size_t    live;         /* roots made and not yet freed */
-    size_t    limit;        /* string bytes kept per array; 0: no limit */
+    px_chunk *chunks; /* in use, newest (the one bumped) first */
+    px_chunk *spare;  /* rewound, each PX_CHUNK */
+    size_t spare_bytes;
+    size_t live;            /* roots made and not yet freed */
+    size_t limit;           /* string bytes kept per array; 0: no limit */
     const void *run_parent; /* the array whose strings are being summed */
-    size_t    run_bytes;    /* ... and their bytes so far */
-    bool      released;     /* its link is gone: free it once 'live' is 0 */
+    size_t run_bytes;       /* ... and their bytes so far */
+    bool released;          /* its link is gone: free it once 'live' is 0 */
 };
 
 /* A root carries its arena just before it, for freeObject. */
-typedef struct { px_reply_arena *arena; void *pad; } root_head;
+typedef struct {
+    px_reply_arena *arena;
+    void *pad;
+} root_head;
 
 static void *arena_alloc(px_reply_arena *a, size_t n)
 {
@@ -90,7 +93,7 @@ static void *arena_alloc(px_reply_arena *a, size_t n)
 static void arena_rewind(px_reply_arena *a)
 {
     px_chunk *c = a->chunks, *next;
-    a->run_parent = NULL;          /* the next reply's arrays may reuse its addresses */
+    a->run_parent = NULL; /* the next reply's arrays may reuse its addresses */
     for (; c; c = next) {
         next = c->next;
         POISON(c->data, c->cap);
@@ -119,7 +122,7 @@ static void arena_free(px_reply_arena *a)
 static px_reply_arena *task_arena(const redisReadTask *task)
 {
     const redisReadTask *t = task;
-    while (t->parent) t = t->parent;        /* the root task carries the arena */
+    while (t->parent) t = t->parent; /* the root task carries the arena */
     return t->privdata;
 }
 

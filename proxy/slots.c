@@ -30,7 +30,10 @@ unsigned px_cluster_slot(const char *key, size_t len)
     if (open) {
         size_t rest = len - (size_t)(open - key) - 1;
         const char *close = memchr(open + 1, '}', rest);
-        if (close && close > open + 1) { key = open + 1; len = (size_t)(close - key); }
+        if (close && close > open + 1) {
+            key = open + 1;
+            len = (size_t)(close - key);
+        }
     }
     return crc16(key, len) & (PX_CLUSTER_SLOTS - 1);
 }
@@ -78,4 +81,3 @@ bad:
     free(v);
     return -1;
 }
-

@@ -80,36 +80,36 @@ typedef px_tvar tvar;
 #define TV_ID     PX_TVAR_ID
 
 typedef enum {
-    N_TEXT,     /* literal text or a string literal: 'str', 'len' */
-    N_INT,      /* integer literal (never negative: no unary minus): 'mag' */
-    N_DEC,      /* decimal literal, rendered as written: 'str', 'len' */
-    N_VAR,      /* a variable: 'var' */
-    N_PROP,     /* 'a'.name, 'a'?.name, 'a'.name(): 'str' is the name */
-    N_INDEX,    /* 'a'['b'], 'a'?.['b'] */
-    N_ELVIS,    /* 'a' ?: 'b' */
-    N_PLUS      /* 'a' + 'b' */
+    N_TEXT,  /* literal text or a string literal: 'str', 'len' */
+    N_INT,   /* integer literal (never negative: no unary minus): 'mag' */
+    N_DEC,   /* decimal literal, rendered as written: 'str', 'len' */
+    N_VAR,   /* a variable: 'var' */
+    N_PROP,  /* 'a'.name, 'a'?.name, 'a'.name(): 'str' is the name */
+    N_INDEX, /* 'a'['b'], 'a'?.['b'] */
+    N_ELVIS, /* 'a' ?: 'b' */
+    N_PLUS   /* 'a' + 'b' */
 } tnode_kind;
 
 typedef struct tnode {
-    tnode_kind    kind;
-    tvar          var;      /* N_VAR: which variable */
-    bool          safe;     /* N_PROP, N_INDEX: written with '?.' */
-    uint64_t      mag;      /* N_INT: magnitude */
-    char         *str;      /* owned, NUL-terminated: text, name or decimal */
-    size_t        len;      /* bytes in 'str' */
-    struct tnode *a, *b;    /* owned operands, see 'kind' */
-    size_t        pos;      /* where the node starts in the source (bytes) */
-    size_t        span;     /* how many source bytes it covers */
-    int           depth;    /* 1 + the deepest operand */
+    tnode_kind kind;
+    tvar var;            /* N_VAR: which variable */
+    bool safe;           /* N_PROP, N_INDEX: written with '?.' */
+    uint64_t mag;        /* N_INT: magnitude */
+    char *str;           /* owned, NUL-terminated: text, name or decimal */
+    size_t len;          /* bytes in 'str' */
+    struct tnode *a, *b; /* owned operands, see 'kind' */
+    size_t pos;          /* where the node starts in the source (bytes) */
+    size_t span;         /* how many source bytes it covers */
+    int depth;           /* 1 + the deepest operand */
 } tnode;
 
 struct px_template {
-    char    *src;           /* owned copy of the source */
-    size_t   nparts;        /* parts rendered one after another */
-    tnode  **parts;         /* owned; N_TEXT for literal text, else #{...} */
-    unsigned uses;          /* 1 << px_tvar for each variable a part reads */
-    const char *member;     /* (ref into 'parts') see px_template_simple_member */
-    size_t   member_len;
+    char *src;          /* owned copy of the source */
+    size_t nparts;      /* parts rendered one after another */
+    tnode **parts;      /* owned; N_TEXT for literal text, else #{...} */
+    unsigned uses;      /* 1 << px_tvar for each variable a part reads */
+    const char *member; /* (ref into 'parts') see px_template_simple_member */
+    size_t member_len;
 };
 
 static void node_free(tnode *n)
@@ -126,30 +126,43 @@ static void node_free(tnode *n)
 /* ------------------------------------------------------------------------ */
 
 typedef enum {
-    T_EOF, T_ERR, T_VAR, T_IDENT, T_STR, T_INT, T_DEC,
-    T_DOT, T_SAFE, T_ELVIS, T_PLUS, T_LBRACK, T_RBRACK, T_LPAREN, T_RPAREN,
+    T_EOF,
+    T_ERR,
+    T_VAR,
+    T_IDENT,
+    T_STR,
+    T_INT,
+    T_DEC,
+    T_DOT,
+    T_SAFE,
+    T_ELVIS,
+    T_PLUS,
+    T_LBRACK,
+    T_RBRACK,
+    T_LPAREN,
+    T_RPAREN,
     T_RBRACE
 } tok_kind;
 
 typedef struct tok {
     tok_kind kind;
-    size_t   pos;       /* first byte in the source */
-    size_t   len;       /* bytes, quotes and '#' included */
-    size_t   name;      /* T_VAR: where the name after '#' starts */
+    size_t pos;  /* first byte in the source */
+    size_t len;  /* bytes, quotes and '#' included */
+    size_t name; /* T_VAR: where the name after '#' starts */
 } tok;
 
 typedef struct parser {
     const char *src;
-    size_t      n;          /* bytes in 'src' */
-    size_t      p;          /* lexer position */
-    size_t      prev_end;   /* end of the last token consumed */
-    tok         cur;        /* the token being looked at */
-    bool        braces;     /* inside #{...}: bare variables, '}' ends */
-    int         depth;      /* parse_expr recursion */
-    char       *err;
-    size_t      errlen;
-    size_t      errpos;     /* byte offset of the problem */
-    bool        failed;
+    size_t n;        /* bytes in 'src' */
+    size_t p;        /* lexer position */
+    size_t prev_end; /* end of the last token consumed */
+    tok cur;         /* the token being looked at */
+    bool braces;     /* inside #{...}: bare variables, '}' ends */
+    int depth;       /* parse_expr recursion */
+    char *err;
+    size_t errlen;
+    size_t errpos; /* byte offset of the problem */
+    bool failed;
 } parser;
 
 static void parse_error(parser *ps, size_t pos, const char *fmt, ...)
@@ -250,7 +263,10 @@ static tok_kind next(parser *ps)
                 goto done;
             }
             if (s[q] == c) {
-                if (q + 1 < n && s[q + 1] == c) { q += 2; continue; }
+                if (q + 1 < n && s[q + 1] == c) {
+                    q += 2;
+                    continue;
+                }
                 break;
             }
             q++;
@@ -258,23 +274,40 @@ static tok_kind next(parser *ps)
         t.kind = T_STR;
         t.len = q + 1 - p;
     } else if (c == '?' && p + 1 < n && s[p + 1] == '.') {
-        t.kind = T_SAFE; t.len = 2;
+        t.kind = T_SAFE;
+        t.len = 2;
     } else if (c == '?' && p + 1 < n && s[p + 1] == ':') {
-        t.kind = T_ELVIS; t.len = 2;
-    } else if (c == '.') { t.kind = T_DOT;    t.len = 1; }
-    else if (c == '+')   { t.kind = T_PLUS;   t.len = 1; }
-    else if (c == '[')   { t.kind = T_LBRACK; t.len = 1; }
-    else if (c == ']')   { t.kind = T_RBRACK; t.len = 1; }
-    else if (c == '(')   { t.kind = T_LPAREN; t.len = 1; }
-    else if (c == ')')   { t.kind = T_RPAREN; t.len = 1; }
-    else if (c == '}')   { t.kind = T_RBRACE; t.len = 1; }
-    else {
+        t.kind = T_ELVIS;
+        t.len = 2;
+    } else if (c == '.') {
+        t.kind = T_DOT;
+        t.len = 1;
+    } else if (c == '+') {
+        t.kind = T_PLUS;
+        t.len = 1;
+    } else if (c == '[') {
+        t.kind = T_LBRACK;
+        t.len = 1;
+    } else if (c == ']') {
+        t.kind = T_RBRACK;
+        t.len = 1;
+    } else if (c == '(') {
+        t.kind = T_LPAREN;
+        t.len = 1;
+    } else if (c == ')') {
+        t.kind = T_RPAREN;
+        t.len = 1;
+    } else if (c == '}') {
+        t.kind = T_RBRACE;
+        t.len = 1;
+    } else {
         if (c == '?')
             parse_error(ps, p, "'?' must be followed by '.' or ':' "
-                        "(there is no a ? b : c; use ?: for a fallback)");
+                               "(there is no a ? b : c; use ?: for a fallback)");
         else if (strchr("-*/%^<>=!&|,:{@", c))
             parse_error(ps, p, "'%c' is not part of the key template language "
-                        "(it has . ?. [] ?: + only)", c);
+                               "(it has . ?. [] ?: + only)",
+                        c);
         else if ((unsigned char)c >= 0x20 && (unsigned char)c < 0x7f)
             parse_error(ps, p, "unexpected character '%c'", c);
         else
@@ -352,9 +385,15 @@ static tnode *mknode(parser *ps, tnode_kind kind, size_t pos, tnode *a, tnode *b
 
 static bool var_lookup(const char *name, size_t len, tvar *v)
 {
-    static const struct { const char *name; tvar var; } vars[] = {
-        { "event", TV_EVENT }, { "root", TV_EVENT }, { "fields", TV_FIELDS },
-        { "stream", TV_STREAM }, { "id", TV_ID },
+    static const struct {
+        const char *name;
+        tvar var;
+    } vars[] = {
+        { "event", TV_EVENT },
+        { "root", TV_EVENT },
+        { "fields", TV_FIELDS },
+        { "stream", TV_STREAM },
+        { "id", TV_ID },
     };
     for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
         if (strlen(vars[i].name) == len && memcmp(vars[i].name, name, len) == 0) {
@@ -375,7 +414,7 @@ static char *unquote(const parser *ps, size_t *len)
     char *out = px_malloc(n + 1);
     for (size_t i = 1; i <= n; i++) {
         out[j++] = s[i];
-        if (s[i] == q) i++;         /* the second of a doubled quote */
+        if (s[i] == q) i++; /* the second of a doubled quote */
     }
     out[j] = '\0';
     *len = j;
@@ -398,19 +437,23 @@ static tnode *parse_primary(parser *ps)
         if (!var_lookup(s + name, len, &var)) {
             if (t.kind == T_VAR)
                 parse_error(ps, t.pos, "unknown variable '#%.*s' (the variables are "
-                            "#event, #fields, #stream, #id and #root)", (int)len, s + name);
+                                       "#event, #fields, #stream, #id and #root)",
+                            (int)len, s + name);
             else if (ps->braces)
                 parse_error(ps, t.pos, "unknown name '%.*s' (the variables are event, "
-                            "fields, stream, id and root; a property of the event is "
-                            "event.%.*s)", (int)len, s + name, (int)len, s + name);
+                                       "fields, stream, id and root; a property of the event is "
+                                       "event.%.*s)",
+                            (int)len, s + name, (int)len, s + name);
             else
                 parse_error(ps, t.pos, "unexpected name '%.*s' (variables start "
-                            "with '#')", (int)len, s + name);
+                                       "with '#')",
+                            (int)len, s + name);
             return NULL;
         }
         if (t.kind == T_IDENT && !ps->braces) {
             parse_error(ps, t.pos, "write '#%.*s': only inside #{...} may a variable "
-                        "drop its '#'", (int)len, s + name);
+                                   "drop its '#'",
+                        (int)len, s + name);
             return NULL;
         }
         next(ps);
@@ -485,13 +528,17 @@ static tnode *parse_index(parser *ps, tnode *target, bool safe, size_t start)
             int len = (int)ps->cur.len;
             const char *name = ps->src + ps->cur.pos;
             parse_error(ps, ps->cur.pos, "write ['%.*s'] for a key or [#%.*s] for "
-                        "the variable", len, name, len, name);
+                                         "the variable",
+                        len, name, len, name);
             node_free(target);
             return NULL;
         }
     }
     tnode *idx = parse_expr(ps);
-    if (idx == NULL) { node_free(target); return NULL; }
+    if (idx == NULL) {
+        node_free(target);
+        return NULL;
+    }
     if (ps->cur.kind != T_RBRACK) {
         unexpected(ps, "']'");
         node_free(target);
@@ -528,14 +575,15 @@ static tnode *parse_postfix(parser *ps)
             }
             tok name = ps->cur;
             next(ps);
-            if (ps->cur.kind == T_LPAREN) {     /* a record accessor, name() */
+            if (ps->cur.kind == T_LPAREN) { /* a record accessor, name() */
                 next(ps);
                 if (ps->cur.kind != T_RPAREN) {
                     if (ps->cur.kind == T_EOF || ps->cur.kind == T_RBRACE)
                         unexpected(ps, "')'");
                     else
                         parse_error(ps, ps->cur.pos, "'%.*s()' is a record accessor "
-                                    "and takes no arguments", (int)name.len,
+                                                     "and takes no arguments",
+                                    (int)name.len,
                                     ps->src + name.pos);
                     node_free(n);
                     return NULL;
@@ -563,7 +611,10 @@ static tnode *parse_sum(parser *ps)
     while (n && ps->cur.kind == T_PLUS) {
         next(ps);
         tnode *r = parse_postfix(ps);
-        if (r == NULL) { node_free(n); return NULL; }
+        if (r == NULL) {
+            node_free(n);
+            return NULL;
+        }
         n = mknode(ps, N_PLUS, start, n, r);
     }
     return n;
@@ -582,8 +633,10 @@ static tnode *parse_expr(parser *ps)
     if (n && ps->cur.kind == T_ELVIS) {
         next(ps);
         tnode *r = parse_expr(ps);
-        if (r == NULL) { node_free(n); n = NULL; }
-        else n = mknode(ps, N_ELVIS, start, n, r);
+        if (r == NULL) {
+            node_free(n);
+            n = NULL;
+        } else n = mknode(ps, N_ELVIS, start, n, r);
     }
     ps->depth--;
     return n;
@@ -737,7 +790,9 @@ const char *px_template_simple_member(const px_template *t, size_t *len)
  * known (a literal), 'str' when its value is sure to be a string (then '+'
  * after it concatenates). Variables, properties and indexes are unknown.
  */
-typedef struct lit_info { bool complete, str; } lit_info;
+typedef struct lit_info {
+    bool complete, str;
+} lit_info;
 
 static lit_info lit_prefix(const tnode *n, px_buf *out)
 {
@@ -758,12 +813,12 @@ static lit_info lit_prefix(const tnode *n, px_buf *out)
         return r;
     case N_PLUS: {
         lit_info a = lit_prefix(n->a, out);
-        if (!a.str) {               /* a number or unknown: '+' may add */
+        if (!a.str) { /* a number or unknown: '+' may add */
             out->len = len0;
             out->data[len0] = '\0';
             return r;
         }
-        r.str = true;               /* a string on the left: a concatenation */
+        r.str = true; /* a string on the left: a concatenation */
         if (!a.complete) return r;
         lit_info b = lit_prefix(n->b, out);
         r.complete = b.complete;
@@ -771,9 +826,9 @@ static lit_info lit_prefix(const tnode *n, px_buf *out)
     }
     case N_ELVIS: {
         /* the left side unless it is null or "", else the right side */
-        px_buf pb = {0};
+        px_buf pb = { 0 };
         lit_info a = lit_prefix(n->a, out);
-        if (a.complete && (!a.str || out->len > len0)) return a;   /* never null or "" */
+        if (a.complete && (!a.str || out->len > len0)) return a; /* never null or "" */
         if (a.complete && a.str) return lit_prefix(n->b, out);
         px_buf_reserve(&pb, 0);
         lit_info b = lit_prefix(n->b, &pb);
@@ -812,37 +867,37 @@ void px_template_destroy(px_template *t)
 /* ------------------------------------------------------------------------ */
 
 typedef enum {
-    V_NULL,     /* null, or missing when 'missing' */
-    V_OBJ,      /* a JSON object: 'obj' */
-    V_ARR,      /* a JSON array: 'obj' */
-    V_STR,      /* a string that is not in the output: 's', 'n' */
-    V_INT,      /* an integer: 'neg', 'mag' */
-    V_DEC,      /* a decimal: its text 's', 'n', or NULL and the double in 'obj' */
-    V_BOOL,     /* 'b' */
-    V_OUT       /* a string already appended to the output, from 'off' to its end */
+    V_NULL, /* null, or missing when 'missing' */
+    V_OBJ,  /* a JSON object: 'obj' */
+    V_ARR,  /* a JSON array: 'obj' */
+    V_STR,  /* a string that is not in the output: 's', 'n' */
+    V_INT,  /* an integer: 'neg', 'mag' */
+    V_DEC,  /* a decimal: its text 's', 'n', or NULL and the double in 'obj' */
+    V_BOOL, /* 'b' */
+    V_OUT   /* a string already appended to the output, from 'off' to its end */
 } tval_kind;
 
 /* A value view: what an expression evaluates to, without copying anything. */
 typedef struct tval {
-    tval_kind           kind;
-    bool                missing;    /* V_NULL: there was no such property */
-    bool                b;          /* V_BOOL */
-    bool                neg;        /* V_INT: negative */
-    uint64_t            mag;        /* V_INT: magnitude */
-    const char         *s;          /* (ref) V_STR, V_DEC text */
-    size_t              n;          /* bytes at 's' */
-    struct json_object *obj;        /* (ref) V_OBJ, V_ARR, V_DEC */
-    size_t              off;        /* V_OUT: where it starts in the output */
+    tval_kind kind;
+    bool missing;            /* V_NULL: there was no such property */
+    bool b;                  /* V_BOOL */
+    bool neg;                /* V_INT: negative */
+    uint64_t mag;            /* V_INT: magnitude */
+    const char *s;           /* (ref) V_STR, V_DEC text */
+    size_t n;                /* bytes at 's' */
+    struct json_object *obj; /* (ref) V_OBJ, V_ARR, V_DEC */
+    size_t off;              /* V_OUT: where it starts in the output */
 } tval;
 
 /* Where a render is going: the template for messages, the variables, the
  * output and the caller's error buffer. */
 typedef struct rctx {
     const px_template *t;
-    const px_tvars    *vars;
-    px_buf            *out;
-    char              *err;
-    size_t             errlen;
+    const px_tvars *vars;
+    px_buf *out;
+    char *err;
+    size_t errlen;
 } rctx;
 
 /* Room for a 64-bit integer with its sign, or a double as "%.17g". */
@@ -872,12 +927,12 @@ static const char *kind_name(const tval *v)
 {
     switch (v->kind) {
     case V_NULL: return v->missing ? "missing" : "null";
-    case V_OBJ:  return "an object";
-    case V_ARR:  return "an array";
+    case V_OBJ: return "an object";
+    case V_ARR: return "an array";
     case V_INT:
-    case V_DEC:  return "a number";
+    case V_DEC: return "a number";
     case V_BOOL: return "a boolean";
-    default:     return "a string";
+    default: return "a string";
     }
 }
 
@@ -948,7 +1003,7 @@ static int view_json(rctx *c, const tnode *n, struct json_object *o, tval *v)
             v->mag = u;
         } else if (i < 0) {
             v->neg = true;
-            v->mag = (uint64_t)-(i + 1) + 1;
+            v->mag = (uint64_t) - (i + 1) + 1;
         } else {
             v->mag = (uint64_t)i;
         }
@@ -970,7 +1025,11 @@ static void scalar_text(const tval *v, char scratch[PX_TNUM_MAX], const char **p
         *len = (size_t)k;
         return;
     case V_DEC:
-        if (v->s) { *p = v->s; *len = v->n; return; }
+        if (v->s) {
+            *p = v->s;
+            *len = v->n;
+            return;
+        }
         k = snprintf(scratch, PX_TNUM_MAX, "%.17g", json_object_get_double(v->obj));
         *p = scratch;
         *len = (size_t)k;
@@ -1040,7 +1099,8 @@ static int eval_plus(rctx *c, const tnode *n, tval *v)
     if (eval(c, n->a, &l) != PX_OK) return PX_ERR;
     if (eval(c, n->b, &r) != PX_OK) return PX_ERR;
 
-    const tval *bad = !is_renderable(&l) ? &l : !is_renderable(&r) ? &r : NULL;
+    const tval *bad = !is_renderable(&l) ? &l : !is_renderable(&r) ? &r
+                                                                   : NULL;
     if (bad)
         return render_error(c, bad == &l ? n->a : n->b, "is %s, which '+' cannot use%s",
                             kind_name(bad), fallback_hint(bad));
@@ -1053,7 +1113,7 @@ static int eval_plus(rctx *c, const tnode *n, tval *v)
     if (lnum && rnum) {
         if (l.kind == V_DEC || r.kind == V_DEC)
             return render_error(c, n, "cannot add decimal numbers (write '' + a + b "
-                                "to join them as text)");
+                                      "to join them as text)");
         return add_ints(c, n, &l, &r, v);
     }
     if (!lstr && !rstr)
@@ -1089,7 +1149,10 @@ static int eval_index(rctx *c, const tnode *n, tval *v)
 
     if (eval(c, n->a, &target) != PX_OK) return PX_ERR;
     if (target.kind == V_NULL) {
-        if (n->safe) { memset(v, 0, sizeof(*v)); return PX_OK; }
+        if (n->safe) {
+            memset(v, 0, sizeof(*v));
+            return PX_OK;
+        }
         return render_error(c, n, "cannot index %s (use ?.[ to allow it)",
                             kind_name(&target));
     }
@@ -1099,7 +1162,8 @@ static int eval_index(rctx *c, const tnode *n, tval *v)
         size_t len = json_object_array_length(target.obj);
         if (idx.neg || idx.mag >= len)
             return render_error(c, n, "index %s%" PRIu64 " is out of range (the array "
-                                "has %zu elements)", idx.neg ? "-" : "", idx.mag, len);
+                                      "has %zu elements)",
+                                idx.neg ? "-" : "", idx.mag, len);
         return view_json(c, n, json_object_array_get_idx(target.obj, (size_t)idx.mag), v);
     }
     if (target.kind == V_OBJ && (idx.kind == V_STR || idx.kind == V_OUT)) {
@@ -1109,7 +1173,11 @@ static int eval_index(rctx *c, const tnode *n, tval *v)
         bool found = strlen(key) == keylen &&
                      json_object_object_get_ex(target.obj, key, &o);
         if (idx.kind == V_OUT) out_truncate(out, off);
-        if (!found) { memset(v, 0, sizeof(*v)); v->missing = true; return PX_OK; }
+        if (!found) {
+            memset(v, 0, sizeof(*v));
+            v->missing = true;
+            return PX_OK;
+        }
         return view_json(c, n, o, v);
     }
     if (target.kind == V_OBJ && idx.kind == V_INT) {
@@ -1155,13 +1223,17 @@ static int eval(rctx *c, const tnode *n, tval *v)
         return PX_OK;
     case N_VAR:
         switch (n->var) {
-        case TV_EVENT:  return view_json(c, n, vars->event, v);
+        case TV_EVENT: return view_json(c, n, vars->event, v);
         case TV_FIELDS: return view_json(c, n, vars->fields, v);
         case TV_STREAM:
         case TV_ID: {
             const char *s = n->var == TV_STREAM ? vars->stream : vars->id;
             memset(v, 0, sizeof(*v));
-            if (s) { v->kind = V_STR; v->s = s; v->n = strlen(s); }
+            if (s) {
+                v->kind = V_STR;
+                v->s = s;
+                v->n = strlen(s);
+            }
             return PX_OK;
         }
         }
@@ -1178,7 +1250,10 @@ static int eval(rctx *c, const tnode *n, tval *v)
             return PX_OK;
         }
         if (target.kind == V_NULL) {
-            if (n->safe) { memset(v, 0, sizeof(*v)); return PX_OK; }
+            if (n->safe) {
+                memset(v, 0, sizeof(*v));
+                return PX_OK;
+            }
             return render_error(c, n, "cannot read '%s' of %s (use ?. to allow it)",
                                 n->str, kind_name(&target));
         }
@@ -1206,7 +1281,7 @@ int px_template_render(const px_template *t, const px_tvars *vars, px_buf *out,
                        char *err, size_t errlen)
 {
     rctx c = { t, vars, out, err, errlen };
-    px_buf_reserve(out, 0);     /* so that even an empty key is a string */
+    px_buf_reserve(out, 0); /* so that even an empty key is a string */
     px_buf_reset(out);
     if (err && errlen) err[0] = '\0';
 

@@ -19,15 +19,18 @@ typedef struct px_template px_template;
 
 /* The variables of the language (#root is #event). */
 typedef enum {
-    PX_TVAR_EVENT, PX_TVAR_FIELDS, PX_TVAR_STREAM, PX_TVAR_ID
+    PX_TVAR_EVENT,
+    PX_TVAR_FIELDS,
+    PX_TVAR_STREAM,
+    PX_TVAR_ID
 } px_tvar;
 
 /* What a template may refer to; all borrowed (ref) for one render. */
 typedef struct px_tvars {
-    struct json_object *event;   /* (ref) #event and #root; may be NULL (then it is null) */
-    struct json_object *fields;  /* (ref) #fields: the entry's fields as an object; may be NULL */
-    const char         *stream;  /* (ref) #stream */
-    const char         *id;      /* (ref) #id, the entry id */
+    struct json_object *event;  /* (ref) #event and #root; may be NULL (then it is null) */
+    struct json_object *fields; /* (ref) #fields: the entry's fields as an object; may be NULL */
+    const char *stream;         /* (ref) #stream */
+    const char *id;             /* (ref) #id, the entry id */
 } px_tvars;
 
 /*

@@ -2046,3 +2046,28 @@ void px_config_destroy(px_config *c)
     free(c->streams);
     free(c);
 }
+
+void px_config_redis_opts(const px_config *c, const char *name, const char *password,
+                          px_redis_opts *o)
+{
+    *o = (px_redis_opts){
+        .name = name,
+        .host = c->redis_host,
+        .port = c->redis_port,
+        .unix_path = c->redis_unix,
+        .user = c->redis_user,
+        .password = password,
+        .password_file = c->password_file,
+        .db = c->redis_db,
+        .timeout_ms = c->timeout_ms,
+        .seeds = (const char *const *)c->cluster,
+        .nseeds = c->ncluster,
+        .max_array_bytes = (size_t)c->max_entry_bytes, /* entries past it are elided */
+        .tls = &c->redis_tls,
+        .master_name = c->sentinel.master_name,
+        .sentinels = (const char *const *)c->sentinel.sentinels,
+        .nsentinels = c->sentinel.nsentinels,
+        .sentinel_user = c->sentinel.username,
+        .sentinel_password_file = c->sentinel.password_file,
+    };
+}

@@ -130,4 +130,10 @@ void px_config_destroy(px_config *c);
 
 void px_diags_deinit(px_diags *d);
 
+/* The connection options every link of the daemon (and the operator
+ * commands) takes from the config: url or cluster or sentinel, TLS,
+ * credentials, db, timeout. 'password' is the one read at start (ref). */
+void px_config_redis_opts(const px_config *c, const char *name, const char *password,
+                          px_redis_opts *o);
+
 #endif

@@ -19,14 +19,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
+#include <ev.h>
 #include <hiredis/hiredis.h>
 
 #include "claim.h"
-#include "addr.h"
 #include "event.h"
-#include "sentinel.h"
+#include "log.h"
 
 #define OPS_PAGE       1000   /* entries per XRANGE */
 #define OPS_SCAN_MAX   100000 /* inspect: dead letters looked at, at most */
@@ -81,57 +80,94 @@ static px_stream_conf *find_stream(px_config *c, const px_ops_args *a, const cha
     return found;
 }
 
-/* redis.sentinel: the master's address, asked of each sentinel in turn
- * (as the daemon does); false after saying why none answered. */
-static bool sentinel_master(const px_config *c, const char *cmd, struct timeval tv, char *host,
-                            size_t hostsize, int *port)
+/* The operator commands speak to Redis through the daemon's own connection
+ * module (redis.h, link.c), on a private loop run until each reply is in: a
+ * rediss:// url, redis.tls, an ACL user, a password file, redis.sentinel and
+ * a name that resolves to several addresses work as they do for the daemon,
+ * and the server version is checked the same way. One command at a time. */
+typedef struct ops_conn {
+    struct ev_loop *loop;
+    px_redis *r;
+    bool up;
+    const char *err; /* why the last command has no reply */
+} ops_conn;
+
+static void ops_state_cb(px_redis *r, bool up, void *udata)
 {
-    const px_sentinel_conf *sn = &c->sentinel;
-    char *pw = NULL;
-    if (sn->password_file && px_redis_read_password(sn->password_file, &pw) != 0) {
-        fprintf(stderr, "idemproxy %s: redis.sentinel.password_file %s: cannot read it: %s\n",
-                cmd, sn->password_file, strerror(errno));
-        return false;
-    }
-    bool found = false;
-    for (size_t i = 0; i < sn->nsentinels && !found; i++) {
-        char shost[256], why[200] = "";
-        int sport;
-        if (!px_addr_split(sn->sentinels[i], shost, sizeof(shost), &sport, 0)) continue;
-        redisContext *ctx = redisConnectWithTimeout(shost, sport, tv);
-        redisReply *r = NULL;
-        if (ctx == NULL || ctx->err) {
-            snprintf(why, sizeof(why), "%s", ctx ? ctx->errstr : "out of memory");
-        } else {
-            if (pw) {
-                r = sn->username ? redisCommand(ctx, "AUTH %s %s", sn->username, pw)
-                                 : redisCommand(ctx, "AUTH %s", pw);
-                if (r == NULL || r->type == REDIS_REPLY_ERROR)
-                    snprintf(why, sizeof(why), "AUTH refused: %s", r ? r->str : ctx->errstr);
-                if (r) freeReplyObject(r);
-                r = NULL;
-            }
-            if (!why[0]) {
-                r = redisCommand(ctx, "SENTINEL get-master-addr-by-name %s", sn->master_name);
-                found = px_sentinel_parse_addr(r, host, hostsize, port, why, sizeof(why)) ==
-                        PX_SN_ADDR_OK;
-            }
-        }
-        if (!found)
-            fprintf(stderr, "idemproxy %s: sentinel %s: no address for master %s: %s\n", cmd,
-                    sn->sentinels[i], sn->master_name, why);
-        if (r) freeReplyObject(r);
-        if (ctx) redisFree(ctx);
-    }
-    free(pw);
-    return found;
+    (void)r;
+    ((ops_conn *)udata)->up = up;
 }
 
-/* A connected, authenticated context in *out, or the exit code (1: Redis
- * unreachable or refusing, 2: the config cannot be used). */
-static int connect_redis(px_config *c, const char *cmd, redisContext **out)
+static void ops_deadline_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    *out = NULL;
+    (void)w;
+    (void)revents;
+    ev_break(loop, EVBREAK_ONE);
+}
+
+/* A copy of 'r' that outlives the callback (the link's replies live in its
+ * arena), allocated as hiredis allocates, so freeReplyObject frees it. */
+static redisReply *reply_dup(const redisReply *r)
+{
+    redisReply *c = px_calloc(1, sizeof(*c));
+    c->type = r->type;
+    c->integer = r->integer;
+    if ((r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS ||
+         r->type == REDIS_REPLY_ERROR) &&
+        r->str) {
+        c->len = r->len;
+        c->str = px_malloc(r->len + 1);
+        memcpy(c->str, r->str, r->len);
+        c->str[r->len] = '\0';
+    }
+    if (r->type == REDIS_REPLY_ARRAY && r->elements) {
+        c->elements = r->elements;
+        c->element = px_calloc(r->elements, sizeof(*c->element));
+        for (size_t i = 0; i < r->elements; i++) c->element[i] = reply_dup(r->element[i]);
+    }
+    return c;
+}
+
+typedef struct ops_wait {
+    bool done;
+    redisReply *reply;
+} ops_wait;
+
+static void ops_reply_cb(px_redis *r, redisReply *reply, void *priv)
+{
+    (void)r;
+    ops_wait *w = priv;
+    w->done = true;
+    w->reply = reply ? reply_dup(reply) : NULL;
+}
+
+/* One command's reply (the caller frees it), or NULL with ctx->err set. */
+static redisReply *ops_argv(ops_conn *ctx, int argc, const char **argv, const size_t *lens)
+{
+    ops_wait w = { false, NULL };
+    /* One server (a cluster is refused above): no key routes it. A page of
+     * 1,000 entries may take longer than a connect, hence the extra 5 s. */
+    if (!ctx->up || px_redis_argv(ctx->r, NULL, 5000, ops_reply_cb, &w, argc, argv, lens) != PX_OK) {
+        ctx->err = "the connection to Redis is down";
+        return NULL;
+    }
+    while (!w.done) ev_run(ctx->loop, EVRUN_ONCE);
+    if (w.reply == NULL) ctx->err = "no reply: the connection was lost or the command timed out";
+    return w.reply;
+}
+
+static void ops_close(ops_conn *ctx)
+{
+    if (ctx == NULL) return;
+    px_redis_destroy(ctx->r);
+    ev_loop_destroy(ctx->loop);
+    free(ctx);
+}
+
+/* A connected, authenticated connection in *out, or the exit code (1: Redis
+ * unreachable or refusing, 2: the config cannot be used). */
+static int connect_redis(px_config *c, const char *cmd, ops_conn **out)
+{
     if (c->ncluster) {
         fprintf(stderr, "idemproxy %s: redis.cluster is not supported by %s yet: it works on one "
                         "Redis server (redis.url). On a cluster a dead letter, its source stream and its "
@@ -142,63 +178,41 @@ static int connect_redis(px_config *c, const char *cmd, redisContext **out)
     char who[64], *password;
     snprintf(who, sizeof(who), "idemproxy %s", cmd);
     if (!px_config_password(c, who, &password)) return 2;
-    struct timeval tv = { (time_t)(c->timeout_ms / 1000), (suseconds_t)(c->timeout_ms % 1000) * 1000 };
-    char mhost[256];
-    int mport = 0;
-    if (c->sentinel.master_name && !sentinel_master(c, cmd, tv, mhost, sizeof(mhost), &mport)) {
-        free(password);
+    /* The connection's own lines (why a connect failed, TLS, AUTH) go to
+     * stderr; its progress does not. */
+    px_log_setup(PX_LOG_WARN, c->log_format);
+    ops_conn *ctx = px_calloc(1, sizeof(*ctx));
+    ctx->loop = ev_loop_new(EVFLAG_AUTO);
+    px_redis_opts o;
+    px_config_redis_opts(c, cmd, password, &o);
+    o.max_array_bytes = 0; /* redrive writes the fields back: keep them whole */
+    ctx->r = px_redis_create(ctx->loop, &o, ops_state_cb, ctx);
+    /* The link retries with backoff; a sentinel lookup and then a connect
+     * each take up to timeout_ms. */
+    ev_timer deadline;
+    ev_timer_init(&deadline, ops_deadline_cb, (double)(2 * c->timeout_ms + 1000) / 1000.0, 0.);
+    ev_timer_start(ctx->loop, &deadline);
+    while (!ctx->up && ev_is_active(&deadline)) ev_run(ctx->loop, EVRUN_ONCE);
+    ev_timer_stop(ctx->loop, &deadline);
+    free(password);
+    if (!ctx->up) {
+        /* the url is not echoed: it may hold a password */
+        fprintf(stderr, "idemproxy %s: cannot connect to Redis within %lld ms (the lines above say why)\n",
+                cmd, 2 * c->timeout_ms + 1000);
+        ops_close(ctx);
         return 1;
     }
-    redisContext *ctx = c->sentinel.master_name ? redisConnectWithTimeout(mhost, mport, tv)
-                        : c->redis_unix         ? redisConnectUnixWithTimeout(c->redis_unix, tv)
-                                                : redisConnectWithTimeout(c->redis_host, c->redis_port, tv);
-    int rc = 1;
-    redisReply *r = NULL;
-    if (ctx == NULL || ctx->err) {
-        /* the url is not echoed: it may hold a password */
-        fprintf(stderr, "idemproxy %s: cannot connect to Redis: %s\n", cmd,
-                ctx ? ctx->errstr : "out of memory");
-        goto fail;
-    }
-    /* Commands may run longer than a connect (a page of 1,000 entries). */
-    struct timeval cmd_tv = { (time_t)(c->timeout_ms / 1000) + 5, 0 };
-    redisSetTimeout(ctx, cmd_tv);
-    if (password) {
-        r = c->redis_user ? redisCommand(ctx, "AUTH %s %s", c->redis_user, password)
-                          : redisCommand(ctx, "AUTH %s", password);
-        if (r == NULL || r->type == REDIS_REPLY_ERROR) {
-            fprintf(stderr, "idemproxy %s: Redis refused AUTH: %s\n", cmd,
-                    r ? r->str : ctx->errstr);
-            goto fail;
-        }
-        freeReplyObject(r);
-    }
-    if (c->redis_db) {
-        r = redisCommand(ctx, "SELECT %d", c->redis_db);
-        if (r == NULL || r->type == REDIS_REPLY_ERROR) {
-            fprintf(stderr, "idemproxy %s: SELECT %d: %s\n", cmd, c->redis_db,
-                    r ? r->str : ctx->errstr);
-            goto fail;
-        }
-        freeReplyObject(r);
-    }
-    free(password);
     *out = ctx;
     return 0;
-fail:
-    if (r) freeReplyObject(r);
-    if (ctx) redisFree(ctx);
-    free(password);
-    return rc;
 }
 
 /* Run a command; NULL after printing the error (a lost link or an error reply). */
-static redisReply *call(redisContext *ctx, const char *cmd, int argc, const char **argv,
+static redisReply *call(ops_conn *ctx, const char *cmd, int argc, const char **argv,
                         const size_t *lens)
 {
-    redisReply *r = redisCommandArgv(ctx, argc, argv, lens);
+    redisReply *r = ops_argv(ctx, argc, argv, lens);
     if (r == NULL) {
-        fprintf(stderr, "idemproxy %s: %s: %s\n", cmd, argv[0], ctx->errstr);
+        fprintf(stderr, "idemproxy %s: %s: %s\n", cmd, argv[0], ctx->err);
         return NULL;
     }
     if (r->type == REDIS_REPLY_ERROR) {
@@ -209,7 +223,7 @@ static redisReply *call(redisContext *ctx, const char *cmd, int argc, const char
     return r;
 }
 
-static redisReply *call2(redisContext *ctx, const char *cmd, const char *a0, const char *a1)
+static redisReply *call2(ops_conn *ctx, const char *cmd, const char *a0, const char *a1)
 {
     const char *argv[] = { a0, a1 };
     size_t lens[] = { strlen(a0), strlen(a1) };
@@ -318,7 +332,7 @@ static void key_state_deinit(key_state *k)
 }
 
 /* GET and PTTL of 'name': false on an error; *val NULL when absent. */
-static bool get_ttl(redisContext *ctx, const char *cmd, const char *name, char **val, long long *ttl)
+static bool get_ttl(ops_conn *ctx, const char *cmd, const char *name, char **val, long long *ttl)
 {
     *val = NULL;
     *ttl = -2;
@@ -337,7 +351,7 @@ static bool get_ttl(redisContext *ctx, const char *cmd, const char *name, char *
 }
 
 /* Read the state of e's key (its names set by px_event_set_key). */
-static bool read_key_state(redisContext *ctx, const px_stream_conf *sc, const px_entry *e,
+static bool read_key_state(ops_conn *ctx, const px_stream_conf *sc, const px_entry *e,
                            key_state *k)
 {
     memset(k, 0, sizeof(*k));
@@ -457,7 +471,7 @@ static void print_value(const char *s, size_t n)
 
 /* --- inspect --------------------------------------------------------------- */
 
-static int inspect_key(redisContext *ctx, const px_stream_conf *sc, const px_ops_args *a)
+static int inspect_key(ops_conn *ctx, const px_stream_conf *sc, const px_ops_args *a)
 {
     px_entry e;
     memset(&e, 0, sizeof(e));
@@ -487,7 +501,7 @@ typedef struct dead_found {
 
 /* The dead letters of entry 'id' of stream 'sc': XRANGE from the entry's own
  * time (a dead letter is written after its entry), at most OPS_SCAN_MAX. */
-static bool find_dead(redisContext *ctx, const px_stream_conf *sc, const char *id, dead_found **out,
+static bool find_dead(ops_conn *ctx, const px_stream_conf *sc, const char *id, dead_found **out,
                       size_t *n, bool *all)
 {
     *out = NULL;
@@ -534,7 +548,7 @@ static bool find_dead(redisContext *ctx, const px_stream_conf *sc, const char *i
     }
 }
 
-static int inspect_entry(redisContext *ctx, const px_config *c, const px_stream_conf *sc,
+static int inspect_entry(ops_conn *ctx, const px_config *c, const px_stream_conf *sc,
                          const px_ops_args *a)
 {
     int rc = 1;
@@ -568,9 +582,9 @@ static int inspect_entry(redisContext *ctx, const px_config *c, const px_stream_
         const char *xp[] = { "XPENDING", sc->stream, sc->group, id, id, "1" };
         size_t pl[6];
         for (int i = 0; i < 6; i++) pl[i] = strlen(xp[i]);
-        pend = redisCommandArgv(ctx, 6, xp, pl);
+        pend = ops_argv(ctx, 6, xp, pl);
         if (pend == NULL) {
-            fprintf(stderr, "idemproxy inspect: XPENDING: %s\n", ctx->errstr);
+            fprintf(stderr, "idemproxy inspect: XPENDING: %s\n", ctx->err);
             goto out;
         }
         if (pend->type == REDIS_REPLY_ERROR) {
@@ -741,11 +755,11 @@ int px_cmd_inspect(px_config *c, const px_ops_args *a)
         fprintf(stderr, "idemproxy inspect: --key is empty\n");
         return 2;
     }
-    redisContext *ctx;
+    ops_conn *ctx;
     int rc = connect_redis(c, "inspect", &ctx);
     if (rc != 0) return rc;
     rc = a->key ? inspect_key(ctx, sc, a) : inspect_entry(ctx, c, sc, a);
-    redisFree(ctx);
+    ops_close(ctx);
     return rc;
 }
 
@@ -785,7 +799,7 @@ int px_cmd_redrive(px_config *c, const px_ops_args *a)
                 c->path);
         return 2;
     }
-    redisContext *ctx;
+    ops_conn *ctx;
     int rc = connect_redis(c, "redrive", &ctx);
     if (rc != 0) return rc;
 
@@ -881,6 +895,6 @@ int px_cmd_redrive(px_config *c, const px_ops_args *a)
         printf("would redrive %llu, skip %llu (%llu dead letters not selected)\n", chosen, skipped, other);
     else
         printf("redriven %llu, skipped %llu (%llu dead letters not selected)\n", chosen, skipped, other);
-    redisFree(ctx);
+    ops_close(ctx);
     return rc;
 }

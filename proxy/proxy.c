@@ -724,26 +724,8 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
         px_proxy_destroy(px);
         return NULL;
     }
-    px_redis_opts o = {
-        .name = "commands",
-        .host = conf->redis_host,
-        .port = conf->redis_port,
-        .unix_path = conf->redis_unix,
-        .user = conf->redis_user,
-        .password = px->password,
-        .password_file = conf->password_file,
-        .db = conf->redis_db,
-        .timeout_ms = conf->timeout_ms,
-        .seeds = (const char *const *)conf->cluster,
-        .nseeds = conf->ncluster,
-        .max_array_bytes = (size_t)conf->max_entry_bytes, /* XAUTOCLAIM's entries */
-        .tls = &conf->redis_tls,
-        .master_name = conf->sentinel.master_name,
-        .sentinels = (const char *const *)conf->sentinel.sentinels,
-        .nsentinels = conf->sentinel.nsentinels,
-        .sentinel_user = conf->sentinel.username,
-        .sentinel_password_file = conf->sentinel.password_file,
-    };
+    px_redis_opts o; /* max_array_bytes: XAUTOCLAIM's entries */
+    px_config_redis_opts(conf, "commands", px->password, &o);
     px->redis = px_redis_create(loop, &o, command_link_cb, px);
 
     px->nstreams = conf->nstreams;

@@ -558,26 +558,8 @@ void px_reader_start(px_stream *st)
     px_config *c = st->px->conf;
     char name[300];
     snprintf(name, sizeof(name), "reader %s", st->conf->stream);
-    px_redis_opts o = {
-        .name = name,
-        .host = c->redis_host,
-        .port = c->redis_port,
-        .unix_path = c->redis_unix,
-        .user = c->redis_user,
-        .password = st->px->password,
-        .password_file = c->password_file,
-        .db = c->redis_db,
-        .timeout_ms = c->timeout_ms,
-        .seeds = (const char *const *)c->cluster,
-        .nseeds = c->ncluster,
-        .max_array_bytes = (size_t)c->max_entry_bytes,
-        .tls = &c->redis_tls,
-        .master_name = c->sentinel.master_name,
-        .sentinels = (const char *const *)c->sentinel.sentinels,
-        .nsentinels = c->sentinel.nsentinels,
-        .sentinel_user = c->sentinel.username,
-        .sentinel_password_file = c->sentinel.password_file,
-    };
+    px_redis_opts o;
+    px_config_redis_opts(c, name, st->px->password, &o);
     st->rstate = R_DOWN;
     st->page_count = PX_PAGE_FIRST;
     ev_timer_init(&st->pause, pause_cb, 0.5, 0.);

@@ -4,13 +4,14 @@ mutual TLS, what is refused (another CA, another name, no client certificate)
 with one line that names TLS and the reason, verify: false with a warning, and a
 Redis Cluster over TLS (tls-cluster yes). Each node also keeps a plain port,
 for the test's own client only."""
+import json
 import re
 import subprocess
 import time
 
 import pytest
 
-from pxtest import Env, Proxy, RedisCluster, RedisServer, free_port, publish, wait_for
+from pxtest import BIN, Env, Proxy, RedisCluster, RedisServer, free_port, pb, publish, wait_for
 
 STREAM = {"stream": "room", "group": "g", "consumer": "c1", "payload_field": "payload",
           "key": "#event.eventId"}
@@ -257,3 +258,42 @@ def test_cluster_over_tls(tmp_path, pki):
         e.close()
     finally:
         cl.stop()
+
+
+@pytest.mark.parametrize("tenv", ["yes"], indirect=True)
+def test_inspect_and_redrive_over_mutual_tls(tenv, pki):
+    """The operator commands read the same config as the daemon: a rediss:// url
+    with redis.tls is spoken over TLS (they once opened plain TCP to the TLS port
+    and failed), and a CA that did not sign the server is one line naming TLS."""
+    tls = dict(ca_file=str(pki / "ca.crt"), cert_file=str(pki / "client.crt"),
+               key_file=str(pki / "client.key"))
+    stream = dict(STREAM, dead_letter="room:dead", retry_backoff_ms=50)
+    p = Proxy(tenv.tmp, "proxy-ops", f"rediss://127.0.0.1:{tenv.redis.tls_port}", tenv.endpoint(),
+              [stream], redis={"tls": tls_flow(**tls)})
+    tenv.proxies.append(p)
+    p.start()
+    mode = {"drop": True}
+    w = tenv.worker(p.endpoint, behave=lambda d: (pb.Ack.DROP, "down") if mode["drop"] else (pb.Ack.ACK, ""))
+    [eid] = publish(tenv.r, "room", [{"eventId": "op1", "pad": "y" * 3000}])
+    wait_for(lambda: tenv.r.xlen("room:dead") == 1, what="dead letter")
+    wait_for(lambda: tenv.r.xpending("room", "g")["pending"] == 0, what="acked")
+    res = subprocess.run([str(BIN), "inspect", "-c", str(p.config), "--stream", "room", "--entry", eid],
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert "reason down, attempts 1" in res.stdout
+    mode["drop"] = False
+    res = subprocess.run([str(BIN), "redrive", "-c", str(p.config), "--stream", "room"],
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert "redriven 1, skipped 0" in res.stdout
+    wait_for(lambda: [d.key for d in w.got] == ["op1", "op1"], what="delivered again after the redrive")
+    # the redriven entry carries its whole payload (the fields went through TLS both ways)
+    assert json.loads(w.got[1].payload)["pad"] == "y" * 3000
+    # another CA: refused, exit 1, and stderr says TLS and why
+    bad = p.config.read_text().replace(str(pki / "ca.crt"), str(pki / "other-ca.crt"))
+    cfg = tenv.tmp / "bad-ca.yaml"
+    cfg.write_text(bad)
+    res = subprocess.run([str(BIN), "inspect", "-c", str(cfg), "--stream", "room", "--key", "op1"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and res.stdout == ""
+    assert re.search(r"TLS handshake: certificate verify failed", res.stderr), res.stderr

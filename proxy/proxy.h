@@ -138,6 +138,8 @@ struct px_proxy {
     size_t waiting_out; /* of those, copies parked behind another holder's lock */
     size_t leaving;     /* of those, committed (or copies) and only awaiting XACK */
     px_queue claim_q, send_q, commit_q, xack_q;
+    ev_timer xack_wait;  /* the longest an XACK waits for a claim or commit to ride with */
+    bool xack_due;       /* that wait is over: flush_cb sends the XACKs */
     px_deliver *deliver; /* deliver.c state */
     px_metrics *metrics; /* metrics.c state; NULL when disabled */
     ev_prepare flush;    /* flushes the queues once per loop iteration */

@@ -137,6 +137,28 @@ def test_sigterm_drain_writes_acks_within_grace(env):
     assert pending(r, "room", "g") == 0
 
 
+def test_xack_rides_with_the_next_claim_and_a_stop_sends_it(env):
+    """An XACK waits for the next claim or commit to share its write (issue 18),
+    never past a stop. With the wait stretched to 10 minutes: the first entry,
+    done, stays pending until the second entry's claim carries its XACK; the
+    second's waits in turn, and SIGTERM sends it."""
+    r = env.r
+    p = env.proxy([group_conf()], proc_env={"IDEMPROXY_DEBUG_XACK_RIDE_MS": 600000})
+    w = env.worker(p.endpoint)
+    first = publish(r, "room", [{"eventId": "r1"}])[0]
+    wait_for(lambda: r.get("idem:r1") == "D", what="r1 done")
+    time.sleep(0.3)
+    assert [x["message_id"] for x in r.xpending_range("room", "g", "-", "+", 10)] == [first]
+    second = publish(r, "room", [{"eventId": "r2"}])[0]
+    wait_for(lambda: r.get("idem:r2") == "D", what="r2 done")
+    wait_for(lambda: [x["message_id"] for x in r.xpending_range("room", "g", "-", "+", 10)] == [second],
+             what="r1's XACK carried by r2's claim, r2's waiting")
+    p.proc.send_signal(signal.SIGTERM)
+    assert p.proc.wait(10) == 0
+    assert pending(r, "room", "g") == 0
+    assert w.keys() == ["r1", "r2"]
+
+
 def test_sigterm_releases_unanswered_claims_after_grace(env):
     r = env.r
     p = env.proxy([group_conf(lease_ms=60000)], shutdown_grace_ms=800, ack_timeout_ms=60000)

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "addr.h"
+#include "decide.h"
 #include "link.h"
 #include "log.h"
 
@@ -166,7 +167,7 @@ static void node_free(cl_node *n)
 
 static void finish(ccmd *c, redisReply *reply)
 {
-    if (reply == NULL || reply->type == REDIS_REPLY_ERROR) {
+    if (reply == NULL || (reply->type == REDIS_REPLY_ERROR && !px_decide_error_expected(reply->str))) {
         px_redis_errors++;
         static px_log_limit limit;
         if (reply) px_log_limited(&limit, 1.0, PX_LOG_WARN, "redis %s: %s", c->cl->opts.name, reply->str);

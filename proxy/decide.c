@@ -51,6 +51,11 @@ px_busy_next px_decide_busy(uint64_t now_ms, uint64_t wait_until_ms, bool lock_k
     return PX_BUSY_PARK;
 }
 
+bool px_decide_error_expected(const char *err)
+{
+    return err && strncmp(err, "BUSYGROUP", 9) == 0 && (err[9] == ' ' || err[9] == '\0');
+}
+
 bool px_decide_error_passes(const char *err)
 {
     static const char *const passing[] = {

@@ -64,6 +64,12 @@ px_busy_next px_decide_busy(uint64_t now_ms, uint64_t wait_until_ms, bool lock_k
  * rest come back the same however often they are retried: false. */
 bool px_decide_error_passes(const char *err);
 
+/* An error reply that is the answer its command expects, not a failure:
+ * BUSYGROUP, the reader's XGROUP CREATE finding the group there (at every
+ * start and reconnect but a stream's first). Neither logged nor counted in
+ * idemproxy_redis_errors_total. */
+bool px_decide_error_expected(const char *err);
+
 /* The entry's Redis errors that do not pass: after this many it is
  * dead-lettered with the error as its reason (SPEC 5.6). */
 #define PX_MAX_REDIS_ERRORS 5

@@ -33,6 +33,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
+#include "decide.h"
 #include "log.h"
 #include "reply.h"
 #include "sentinel.h"
@@ -1104,7 +1105,8 @@ static void complete(px_link *l, px_rcmd *c, redisReply *rep)
         return;
     }
     if ((rep == NULL || rep->type == REDIS_REPLY_ERROR) && !l->opts.cluster_node &&
-        !l->opts.sentinel_peer && c->cb != auth_reply_cb && !(rep && strncmp(rep->str, "NOAUTH", 6) == 0)) {
+        !l->opts.sentinel_peer && c->cb != auth_reply_cb &&
+        !(rep && (strncmp(rep->str, "NOAUTH", 6) == 0 || px_decide_error_expected(rep->str)))) {
         /* (a NOAUTH is the handshake's to say, once: handshake_reply_cb) */
         px_redis_errors++;
         static px_log_limit limit;

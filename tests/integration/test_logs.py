@@ -85,3 +85,21 @@ def test_retry_reasons_are_logged_with_the_entry_and_rate_limited(env):
         assert m and m.group(2) == m.group(4), l
     assert any(re.search(r"\(and \d+ more like it since the last\)$", l) for l in lines[1:]), lines
     assert len(w.keys()) >= retries - 2
+
+
+def test_a_reader_reconnect_logs_no_busygroup(env):
+    """The reader's XGROUP CREATE ... MKSTREAM answers BUSYGROUP whenever the
+    group exists, so at every start and reconnect but a stream's first: an
+    expected answer, neither a warning nor a Redis error."""
+    r = env.r
+    r.xgroup_create("room", "g", id="$", mkstream=True)
+    p = env.proxy([conf("room")])
+    w = env.worker(p.endpoint)
+    publish(r, "room", [{"eventId": "b1"}])
+    wait_for(lambda: w.keys() == ["b1"], what="delivered")
+    assert p.metrics()["idemproxy_redis_errors_total"] == 0   # its start's BUSYGROUP
+    r.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    publish(r, "room", [{"eventId": "b2"}])
+    wait_for(lambda: w.keys() == ["b1", "b2"], what="delivered after the reconnect")
+    assert "reconnect" in p.log_text() or "connected" in p.log_text()
+    assert "BUSYGROUP" not in p.log_text()

@@ -74,6 +74,10 @@ static void test_busy(void)
 
 static void test_errors(void)
 {
+    test_cond("BUSYGROUP is expected", px_decide_error_expected("BUSYGROUP Consumer Group name already exists"));
+    test_cond("BUSY is not expected", !px_decide_error_expected("BUSY Redis is busy running a script"));
+    test_cond("BUSYGROUPX is not expected", !px_decide_error_expected("BUSYGROUPX"));
+    test_cond("a lost reply is not expected", !px_decide_error_expected(NULL));
     test_cond("lost reply passes", px_decide_error_passes(NULL));
     test_cond("LOADING passes", px_decide_error_passes("LOADING Redis is loading the dataset in memory"));
     test_cond("BUSY passes", px_decide_error_passes("BUSY Redis is busy running a script"));

@@ -21,6 +21,7 @@
 #include <strings.h>
 
 #include "claim.h"
+#include "decide.h"
 #include "hooks.h"
 #include "log.h"
 #include "reader.h"
@@ -364,7 +365,7 @@ static void create_reply_cb(px_redis *r, redisReply *reply, void *priv)
     st->reading = false;
     if (st->rstate == R_STOPPED || reply == NULL) return;
     if (st->conf->group) {
-        if (reply->type == REDIS_REPLY_ERROR && strncmp(reply->str, "BUSYGROUP", 9) != 0) {
+        if (reply->type == REDIS_REPLY_ERROR && !px_decide_error_expected(reply->str)) {
             px_log_warn("stream %s: XGROUP CREATE: %s", st->conf->stream, reply->str);
             ev_timer_start(st->px->loop, &st->pause);
             return;

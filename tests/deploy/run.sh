@@ -510,6 +510,25 @@ render "${tlsset[@]}" --set 'redis.cluster={redis-0.redis:6379,redis-1.redis:637
 check "TLS with redis.cluster seeds: redis.tls beside the seeds, no url" redis_is "$tmp/tls-cluster-config.yaml" \
     '{"cluster": ["redis-0.redis:6379", "redis-1.redis:6379"], "password_file": "/var/run/secrets/redis/password", "tls": {"ca_file": "/var/run/secrets/redis-tls/ca.crt", "verify": true}}'
 check "idemproxy check: the config the chart renders with TLS and cluster seeds" check_config "$tmp/tls-cluster-config.yaml"
+# A managed Redis signed by a public CA: no Secret, the image's CA bundle verifies.
+check "the chart renders a rediss:// url with no TLS values (a public CA)" \
+    render_to "$tmp/tls-public.yaml" --set redis.url=rediss://cache.example.net:6380
+"$PY" tests/deploy/manifests.py config "$tmp/tls-public.yaml" "$tmp/tls-public-config.yaml"
+check "a rediss:// url alone: redis.tls with verify on and no ca_file (the image's CA bundle)" \
+    redis_is "$tmp/tls-public-config.yaml" \
+    '{"password_file": "/var/run/secrets/redis/password", "tls": {"verify": true}, "url": "rediss://cache.example.net:6380"}'
+check "a rediss:// url alone: no TLS Secret mounted" secrets_are "$tmp/tls-public.yaml" \
+    '{"created": ["idemproxy-redis"], "volumes": {"redis-password": ["idemproxy-redis", ["password"], "/var/run/secrets/redis", true]}}'
+check "the rendered chart (a rediss:// url alone) fits together" \
+    "$PY" tests/deploy/manifests.py consistency "$tmp/tls-public.yaml"
+check "idemproxy check: the config the chart renders for a rediss:// url alone" check_config "$tmp/tls-public-config.yaml"
+render_to "$tmp/tls-enabled-only.yaml" --set redis.tls.enabled=true --set redis.tls.serverName=cache.example.net >/dev/null 2>&1
+"$PY" tests/deploy/manifests.py config "$tmp/tls-enabled-only.yaml" "$tmp/tls-enabled-only-config.yaml"
+check "redis.tls.enabled without a Secret: redis:// made rediss://, server_name, no ca_file" \
+    redis_is "$tmp/tls-enabled-only-config.yaml" \
+    '{"password_file": "/var/run/secrets/redis/password", "tls": {"server_name": "cache.example.net", "verify": true}, "url": "rediss://redis:6379"}'
+check "redis.tls.enabled without a Secret: no TLS Secret mounted" secrets_are "$tmp/tls-enabled-only.yaml" \
+    '{"created": ["idemproxy-redis"], "volumes": {"redis-password": ["idemproxy-redis", ["password"], "/var/run/secrets/redis", true]}}'
 check "the chart renders with no password (redis.password empty)" render_to "$tmp/nopw.yaml" --set redis.password=
 check "the rendered chart (no password) validates against the $K8S_MIN_VERSION and $K8S_VERSION schemas" \
     validate "$tmp/nopw.yaml"
@@ -549,14 +568,13 @@ expect_fail "negative: the chart refuses redis.sentinel with redis.cluster" \
 expect_fail "negative: the chart refuses redis.sentinel.username without a sentinel password" \
     'redis\.sentinel\.username needs a password' \
     render --set redis.sentinel.masterName=m --set 'redis.sentinel.sentinels={s:26379}' --set redis.sentinel.username=u
-expect_fail "negative: the values schema refuses redis.tls.enabled without a Secret name" \
-    "at '/redis/tls/existingSecret': minLength: got 0, want 1" render --set redis.tls.enabled=true
+expect_fail "negative: the values schema refuses redis.tls.clientCertificate without a Secret name" \
+    "at '/redis/tls/existingSecret': minLength: got 0, want 1" render --set redis.tls.enabled=true \
+    --set redis.tls.clientCertificate=true
 expect_fail "negative: the values schema refuses a redis.tls.verify that is not a boolean" \
     "at '/redis/tls/verify': got string, want boolean" render "${tlsset[@]}" --set redis.tls.verify=maybe
 expect_fail "negative: the values schema refuses an unknown key in redis.tls" \
     "at '/redis/tls': additional properties 'caFile' not allowed" render "${tlsset[@]}" --set redis.tls.caFile=ca.pem
-expect_fail "negative: the chart refuses a rediss:// url without redis.tls.enabled" \
-    'redis\.url is rediss:// but redis\.tls\.enabled is false' render --set redis.url=rediss://redis:6380
 expect_fail "negative: the chart refuses redis.tls.enabled with a unix:// url" \
     'redis\.tls\.enabled needs a redis:// or rediss:// url, not unix://' render "${tlsset[@]}" --set redis.url=unix:///run/redis.sock
 expect_fail "negative: the chart refuses redis.username without a password" \

@@ -73,8 +73,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if or .Values.redis.existingSecret .Values.redis.password }}true{{ end }}
 {{- end }}
 
-{{- define "idemproxy.tlsEnabled" -}}
-{{- if (.Values.redis.tls | default dict).enabled }}true{{ end }}
+{{/* "true" when idemproxy talks TLS to Redis: redis.tls.enabled, or a rediss://
+url (with neither Sentinel nor cluster seeds, where the url is not used). */}}
+{{- define "idemproxy.tlsOn" -}}
+{{- $tls := .Values.redis.tls | default dict }}
+{{- $urlMode := not (or (include "idemproxy.sentinelEnabled" .) .Values.redis.cluster) }}
+{{- if or $tls.enabled (and $urlMode (hasPrefix "rediss://" (.Values.redis.url | default ""))) }}true{{ end }}
+{{- end }}
+
+{{/* "true" when a TLS Secret (ca.crt, maybe tls.crt/tls.key) is mounted; TLS
+without one verifies against the image's CA bundle. */}}
+{{- define "idemproxy.tlsSecret" -}}
+{{- if and (include "idemproxy.tlsOn" .) (.Values.redis.tls | default dict).existingSecret }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -108,9 +118,6 @@ shared emptyDir, the metrics address the probes use).
 {{- if and $tls.enabled (hasPrefix "unix://" $url) }}
 {{- fail "redis.tls.enabled needs a redis:// or rediss:// url, not unix://" }}
 {{- end }}
-{{- if and (not $tls.enabled) (hasPrefix "rediss://" $url) }}
-{{- fail "redis.url is rediss:// but redis.tls.enabled is false: set redis.tls.enabled and redis.tls.existingSecret (a Secret with the CA's ca.crt)" }}
-{{- end }}
 {{- if $tls.enabled }}
 {{- $url = printf "rediss://%s" (trimPrefix "rediss://" (trimPrefix "redis://" $url)) }}
 {{- end }}
@@ -124,12 +131,17 @@ shared emptyDir, the metrics address the probes use).
 {{- if .Values.redis.username }}
 {{- $_ := set $redis "username" .Values.redis.username }}
 {{- end }}
-{{- if $tls.enabled }}
+{{- if include "idemproxy.tlsOn" . }}
 {{- $dir := include "idemproxy.tlsDir" . }}
-{{- $t := dict "ca_file" (printf "%s/ca.crt" $dir) }}
+{{- $t := dict }}
+{{- if include "idemproxy.tlsSecret" . }}
+{{- $_ := set $t "ca_file" (printf "%s/ca.crt" $dir) }}
 {{- if $tls.clientCertificate }}
 {{- $_ := set $t "cert_file" (printf "%s/tls.crt" $dir) }}
 {{- $_ := set $t "key_file" (printf "%s/tls.key" $dir) }}
+{{- end }}
+{{- else if $tls.clientCertificate }}
+{{- fail "redis.tls.clientCertificate needs redis.tls.existingSecret: the Secret holding tls.crt and tls.key (and ca.crt)" }}
 {{- end }}
 {{- if $tls.serverName }}
 {{- $_ := set $t "server_name" $tls.serverName }}

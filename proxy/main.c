@@ -280,13 +280,12 @@ static int cmd_run(const char *path)
     }
     px_log_info("idemproxy %s running: %zu stream%s, endpoint %s", PX_VERSION, c->nstreams,
                 c->nstreams == 1 ? "" : "s", c->endpoint);
-    ev_run(loop, 0);
-    int rc = px->exit_code;
+    ev_run(loop, 0); /* returns once drained after SIGTERM/SIGINT: a clean stop */
     px_log_info("stopped");
     px_proxy_destroy(px);
     px_config_destroy(c);
     ev_loop_destroy(loop);
-    return rc;
+    return 0;
 }
 
 static void print_version(void)

@@ -150,7 +150,6 @@ struct px_proxy {
     ev_signal sigterm, sigint;
     ev_timer grace; /* shutdown grace */
     bool stopping;
-    int exit_code;
 };
 
 /* proxy.c */

@@ -169,6 +169,47 @@ def test_events_go_through_the_master_the_sentinels_name(senv, sentinels):
     assert "state: done" in res.stdout
 
 
+def connections_to(pid, ports):
+    """Established TCP connections of process 'pid' to any of 'ports' (from
+    /proc: its socket inodes matched against /proc/net/tcp)."""
+    import os
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    n = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                c = line.split()
+                if c[3] == "01" and c[9] in inodes and int(c[2].rsplit(":", 1)[1], 16) in ports:
+                    n += 1
+    return n
+
+
+def test_one_set_of_sentinel_links_per_process(senv, sentinels):
+    """The command link and each stream's reader follow the master, but the
+    sentinels see one link each from the process, plus the one subscription:
+    not a set per data link (3 streams: 16 links before, 4 now)."""
+    streams = [dict(STREAM, stream=f"room{i}") for i in range(3)]
+    p = senv.proxy(streams)
+    w = senv.worker(p.endpoint)
+    wait_for(lambda: ready(p), timeout=15, what="ready")
+    for i in range(3):
+        senv.r.xadd(f"room{i}", {"payload": json.dumps({"eventId": f"s{i}"})})
+    wait_for(lambda: sorted(w.keys()) == ["s0", "s1", "s2"], timeout=15, what="each stream read")
+    ports = set(sentinels.sentinel_ports)
+    wait_for(lambda: connections_to(p.proc.pid, ports) == len(ports) + 1, timeout=10,
+             what=f"{len(ports)} + 1 links to the sentinels "
+                  f"(now {connections_to(p.proc.pid, ports)})")
+    # and the data links, one per px_redis, all to the master
+    assert connections_to(p.proc.pid, {sentinels.data_ports[0]}) == 4
+
+
 class Producer(threading.Thread):
     """XADDs one new key every few ms to whatever the sentinels call the
     master, retrying a failed write (a failover in progress); 'sent' holds

@@ -251,9 +251,13 @@ size_t px_proxy_room(px_proxy *px)
     return max - active < cap - px->tracked ? max - active : cap - px->tracked;
 }
 
-/* The entry leaves: XACK first in group mode, then it is gone. */
+/* The entry leaves: XACK first in group mode, then it is gone. Its key's
+ * state in Redis is final now (done, or its locks released), so copies parked
+ * behind it look again now, not after the XACK, which may wait for a ride
+ * (claim.c). */
 static void leave(px_entry *e, px_outcome outcome)
 {
+    wake_followers(e);
     e->outcome = outcome;
     if (e->st->conf->group) {
         px_entry_to(e, PX_E_XACK);

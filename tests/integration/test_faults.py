@@ -159,6 +159,28 @@ def test_xack_rides_with_the_next_claim_and_a_stop_sends_it(env):
     assert w.keys() == ["r1", "r2"]
 
 
+def test_a_copy_parked_behind_its_holder_looks_again_once_the_key_is_done(env):
+    """A copy parked behind a holder of this replica is woken when the holder's
+    done mark is written, not when its XACK is (which waits for a ride: here
+    10 minutes, by the hook). The adversarial review of the ride found the
+    copy waiting for the holder's XACK."""
+    r = env.r
+    p = env.proxy([group_conf(lease_ms=60000)], max_inflight=4,
+                  proc_env={"IDEMPROXY_DEBUG_XACK_RIDE_MS": 600000})
+    w = env.worker(p.endpoint, manual=True)
+    publish(r, "room", [{"eventId": "k"}, {"eventId": "k"}])
+    wait_for(lambda: len(w.inbox) == 1, what="first delivery")
+    p.wait_log("busy: looking again in 60000")            # the copy parked behind the holder
+    w.answer(pb.Ack.ACK)
+    dups = lambda: sum(v for k, v in p.metrics().items() if k.startswith("idemproxy_duplicates_total"))  # noqa: E731
+    wait_for(lambda: dups() == 1, timeout=5, what="the copy found the key done")
+    assert r.get("idem:k") == "D"
+    p.proc.send_signal(signal.SIGTERM)                    # and the stop sends both XACKs
+    assert p.proc.wait(10) == 0
+    assert pending(r, "room", "g") == 0
+    assert w.keys() == ["k"]
+
+
 def test_sigterm_releases_unanswered_claims_after_grace(env):
     r = env.r
     p = env.proxy([group_conf(lease_ms=60000)], shutdown_grace_ms=800, ack_timeout_ms=60000)

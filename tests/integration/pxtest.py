@@ -3,6 +3,7 @@ temp dir, the real idemproxy binary, and workers on real SP sockets: a Python
 REP worker (pynng) that a test can script or drive step by step, and the C
 example worker from clients/c."""
 import os
+import random
 import re
 import signal
 import socket
@@ -37,24 +38,43 @@ _gen_proto()
 from idemproxy.v1 import idemproxy_pb2 as pb  # noqa: E402
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_ports_rng = random.SystemRandom()   # not the module's generator: chaos seeds that one
+
+
+def _below_ephemeral():
+    """Ports 10000 .. the kernel's first ephemeral port - 1."""
+    try:
+        first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        first = 32768
+    return 10000, max(10001, first - 1)
 
 
 def free_ports(n):
-    """n distinct free ports (every socket is held until all are chosen)."""
+    """n distinct free ports (every socket is held until all are chosen),
+    below the kernel's ephemeral range. bind(0) hands out an ephemeral port,
+    which any later outgoing connection may take as its own local port: a
+    process restarted on its old port then cannot listen (in CI a chaos
+    replica's metrics port was taken so, and each restart exited 1)."""
+    lo, hi = _below_ephemeral()
     socks = []
     try:
-        for _ in range(n):
+        while len(socks) < n:
             s = socket.socket()
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", _ports_rng.randint(lo, hi)))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
             s.close()
+
+
+def free_port():
+    return free_ports(1)[0]
 
 
 def wait_for(cond, timeout=10.0, what="condition"):

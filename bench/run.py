@@ -20,7 +20,9 @@ the same seed gives the same keys in the same order). Then:
     Redis commands per unique key = INFO commandstats after CONFIG RESETSTAT;
     Redis CPU per unique key = INFO commandstats' usec summed (issue 18: what
                 each pod costs the Redis they share), beside redis-server's own
-                utime + stime over the run; with (b)'s, and (a)'s in the split
+                utime + stime over the run, and Redis' read and reply-write
+                events (INFO stats; a pipeline in more pieces costs more of
+                them); with (b)'s, and (a)'s in the split
                 layout (its only form), per read mode and layout, and the pods
                 one Redis core serves at 1k entries/s per pod.
   baselines on the same data: (a) the seeds' per-event algorithm, 5 round trips
@@ -321,6 +323,14 @@ class Bench:
                 stats[name] = v[field]
         return stats
 
+    def io_events(self):
+        """Redis' read and write events so far (INFO stats total_reads_processed,
+        total_writes_processed): a pipeline that arrives in more, smaller pieces
+        costs Redis a read() and a reply write() per piece, which commandstats
+        leaves out."""
+        st = self.r.info("stats")
+        return st.get("total_reads_processed", 0) + st.get("total_writes_processed", 0)
+
     def redis_cpu(self):
         """redis-server's own utime + stime: command execution and everything
         around it (reading, parsing, replying), which commandstats' usec leaves out."""
@@ -488,7 +498,7 @@ def throughput(b, variant, data, perf=None, tls=False):
     log(f"throughput, {read} read, layout {layout}{', TLS' if tls else ''}: {N} entries loaded, "
         f"{data['unique']} unique keys")
     b.reset_stats()
-    rcpu0 = b.redis_cpu()
+    rcpu0, io0 = b.redis_cpu(), b.io_events()
     w = b.worker(f"ipc://{b.tmp}/app.sock", expect=data["unique"])
     time.sleep(0.2)                                      # let the worker's sockets exist
     p = b.proxy(layout, read=read, tls=tls)
@@ -500,7 +510,7 @@ def throughput(b, variant, data, perf=None, tls=False):
     hwm = p.hwm_kib()
     stats = b.command_stats()
     usec = b.command_stats("usec")
-    rcpu = b.redis_cpu() - rcpu0
+    rcpu, io = b.redis_cpu() - rcpu0, b.io_events() - io0
     rc = p.stop()
     wr = w.stop()
     t_keys = (wr["expect_mono"] / 1e6 - p.t0) if wr["expect_mono"] else float("nan")
@@ -521,7 +531,8 @@ def throughput(b, variant, data, perf=None, tls=False):
     }
     res["cmds_per_key"] = res["commands_total"] / data["unique"]
     res.update(redis_usec=usec, redis_usec_per_key=sum(usec.values()) / data["unique"],
-               redis_usec_per_entry=sum(usec.values()) / N, redis_cpu_us_per_key=rcpu * 1e6 / data["unique"])
+               redis_usec_per_entry=sum(usec.values()) / N, redis_cpu_us_per_key=rcpu * 1e6 / data["unique"],
+               redis_io_per_key=io / data["unique"])
     if perf == "record":
         report = OUT / f"perf-{layout}.txt"
         with open(report, "w") as f:
@@ -532,8 +543,8 @@ def throughput(b, variant, data, perf=None, tls=False):
         res["perf_report"] = str(report.relative_to(ROOT))
     log(f"  keys/s {res['keys_per_s']:.0f} ({t_keys:.2f} s), entries/s {res['entries_per_s']:.0f} "
         f"({t_all:.2f} s), CPU {cpu:.2f} s, busy {res['lock_busy']:.0f}, cmds/key {res['cmds_per_key']:.2f}, "
-        f"Redis µs/key {res['redis_usec_per_key']:.2f} (redis-server CPU {res['redis_cpu_us_per_key']:.1f}), "
-        f"longest gap {res['max_gap_s']:.2f} s")
+        f"Redis µs/key {res['redis_usec_per_key']:.2f} (redis-server CPU {res['redis_cpu_us_per_key']:.1f}, "
+        f"reads + writes {res['redis_io_per_key']:.3f}), longest gap {res['max_gap_s']:.2f} s")
 
     # The same stream again, every key done: all copies (a restart reading from 0;
     # group-less, a new proxy reads from "0" anyway).
@@ -697,9 +708,9 @@ def baseline(b, mode, layout, limit=0, read="plain"):
     if read == "group":
         cmd += ["--group", GROUP]
     load = loadavg()
-    rcpu0 = b.redis_cpu()
+    rcpu0, io0 = b.redis_cpu(), b.io_events()
     res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-    rcpu = b.redis_cpu() - rcpu0
+    rcpu, io = b.redis_cpu() - rcpu0, b.io_events() - io0
     res["load"] = load
     own = ("script|load", "xgroup|create")
     stats = b.command_stats(skip=own)
@@ -708,10 +719,12 @@ def baseline(b, mode, layout, limit=0, read="plain"):
     res["cmds_per_key"] = sum(stats.values()) / max(res["keys"], 1)
     res.update(redis_usec=usec, redis_usec_per_key=sum(usec.values()) / max(res["keys"], 1),
                redis_usec_per_entry=sum(usec.values()) / max(res["entries"], 1),
-               redis_cpu_us_per_key=rcpu * 1e6 / max(res["keys"], 1))
+               redis_cpu_us_per_key=rcpu * 1e6 / max(res["keys"], 1),
+               redis_io_per_key=io / max(res["keys"], 1))
     log(f"baseline ({mode}) {read if mode == 'b' else ''} {layout}{' on ' + str(limit) + ' entries' if limit else ''}: "
         f"{res['keys_per_s']:.0f} keys/s, {res['entries_per_s']:.0f} entries/s, Redis µs/key "
-        f"{res['redis_usec_per_key']:.2f} (redis-server CPU {res['redis_cpu_us_per_key']:.1f})")
+        f"{res['redis_usec_per_key']:.2f} (redis-server CPU {res['redis_cpu_us_per_key']:.1f}, reads + writes "
+        f"{res['redis_io_per_key']:.3f})")
     return res
 
 
@@ -990,13 +1003,15 @@ def redis_cost_section(tp, base, a):
     L = ["Redis CPU per unique key, the cost every pod puts on the Redis they share: INFO commandstats "
          "`usec` summed over the run (time Redis spent executing the commands), and redis-server's own "
          "utime + stime over the same run (/proc, 10 ms ticks: also reading, parsing and replying, "
-         "which commandstats leaves out). Pods per Redis core: one core's 1,000,000 µs/s over what a pod "
+         "which commandstats leaves out), and Redis' read and reply-write events per key (INFO stats "
+         "total_reads_processed + total_writes_processed: a pipeline that arrives in more pieces costs a "
+         "read and a reply write per piece). Pods per Redis core: one core's 1,000,000 µs/s over what a pod "
          f"at 1,000 entries/s ({COPIES:.0%} copies, as here) costs per second, from these backlog runs "
          "(pipelined pages; entries that arrive one at a time cost more: see the per-entry table).\n",
          "| read, layout | Redis µs / key: idemproxy | (b) | idemproxy / (b) | (a) | redis-server CPU µs / key: "
-         "idemproxy / (b) | pods per Redis core at 1k entries/s, commandstats: idemproxy / (b) | "
-         "the same from redis-server CPU: idemproxy / (b) |",
-         "|---|---:|---:|---:|---:|---:|---:|---:|"]
+         "idemproxy / (b) | Redis reads + writes / key: idemproxy / (b) | pods per Redis core at 1k entries/s, "
+         "commandstats: idemproxy / (b) | the same from redis-server CPU: idemproxy / (b) |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for t in tp:
         bb = base.get("b-" + t["variant"])
         aa = (f"{a['redis_usec_per_key']:.2f}" if a and t["layout"] == "split" else "")
@@ -1006,12 +1021,13 @@ def redis_cost_section(tp, base, a):
             L.append(f"| {t['read']}, {t['layout']} | {t['redis_usec_per_key']:.2f} | {bb['redis_usec_per_key']:.2f} | "
                      f"{t['redis_usec_per_key'] / bb['redis_usec_per_key']:.2f} | {aa} | "
                      f"{t['redis_cpu_us_per_key']:.1f} / {bb['redis_cpu_us_per_key']:.1f} | "
+                     f"{t.get('redis_io_per_key', 0):.3f} / {bb.get('redis_io_per_key', 0):.3f} | "
                      f"{pods_per_core(t['redis_usec_per_entry']):,.0f} / {pods_per_core(bb['redis_usec_per_entry']):,.0f} | "
                      f"{pods_per_core(t['redis_cpu_us_per_key'] * fr):,.0f} / "
                      f"{pods_per_core(bb['redis_cpu_us_per_key'] * bfr):,.0f} |")
         else:
             L.append(f"| {t['read']}, {t['layout']}{', TLS' if t.get('tls') else ''} | {t['redis_usec_per_key']:.2f} | | | {aa} | "
-                     f"{t['redis_cpu_us_per_key']:.1f} / | {pods_per_core(t['redis_usec_per_entry']):,.0f} / | "
+                     f"{t['redis_cpu_us_per_key']:.1f} / | {t.get('redis_io_per_key', 0):.3f} / | {pods_per_core(t['redis_usec_per_entry']):,.0f} / | "
                      f"{pods_per_core(t['redis_cpu_us_per_key'] * fr):,.0f} / |")
     if a:
         L.append("")

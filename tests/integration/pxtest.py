@@ -42,12 +42,22 @@ _ports_rng = random.SystemRandom()   # not the module's generator: chaos seeds t
 
 
 def _below_ephemeral():
-    """Ports 10000 .. the kernel's first ephemeral port - 1."""
+    """Ports 10000 .. the kernel's first ephemeral port - 1; under pytest-xdist
+    (make test runs the integration suite in 3 workers), this worker's own slice
+    of them, so no two workers ever choose the same port (a port free when one
+    worker looks may be about to be listened on by another, or a server another
+    worker stopped may be about to come back on it)."""
     try:
         first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         first = 32768
-    return 10000, max(10001, first - 1)
+    lo, hi = 10000, max(10001, first - 1)
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1:
+        size = (hi - lo + 1) // int(count)
+        lo += int(worker[2:]) * size
+        hi = lo + size - 1
+    return lo, hi
 
 
 def free_ports(n):

@@ -99,6 +99,8 @@ struct px_stream {
     size_t page_count;                 /* COUNT of the next read, adapted to the bytes of the last */
     bool reading;                      /* a read is in flight */
     unsigned lost_reads;               /* group: reads lost since the last whole history replay */
+    bool replay_due;                   /* group: a reclaim was lost: replay the history next (reader.c) */
+    bool reclaiming;                   /* group: an XAUTOCLAIM is out (one at a time, reader.c) */
     struct counts_ask *counts_waiting; /* reader.c: XPENDING asks on their retry timer */
     char last_id[64];                  /* group-less: last id read; group: history cursor */
     ev_timer autoclaim;                /* group mode: periodic XAUTOCLAIM */

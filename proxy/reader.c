@@ -351,7 +351,9 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
     }
     if (st->rstate == R_HISTORY && got == 0) {
         st->rstate = R_LIVE;
-        st->lost_reads = 0; /* whatever they took has been replayed */
+        /* Whatever they took has been replayed, unless a reclaim was lost
+         * meanwhile: then read_next replays once more, with the count. */
+        if (!st->replay_due) st->lost_reads = 0;
         px_log_info("stream %s: reading new entries as %s/%s", st->conf->stream, st->conf->group,
                     st->conf->consumer);
     }
@@ -372,6 +374,7 @@ static void create_reply_cb(px_redis *r, redisReply *reply, void *priv)
         }
         st->rstate = R_HISTORY;
         strcpy(st->last_id, "0");
+        st->replay_due = false; /* this replay brings back what a lost reclaim took */
     } else {
         /* XREVRANGE s + - COUNT 1: start after the newest entry ("$"). */
         strcpy(st->last_id, "0-0");
@@ -390,6 +393,11 @@ static void read_next(px_stream *st)
     px_stream_conf *sc = st->conf;
     if (st->reading || st->rstate == R_STOPPED || st->rstate == R_DOWN || st->px->stopping) return;
     if (!px_redis_is_up(st->link)) return;
+    if (st->replay_due && st->rstate == R_LIVE) { /* a lost reclaim's entries are in our history */
+        st->replay_due = false;
+        st->rstate = R_HISTORY;
+        strcpy(st->last_id, "0");
+    }
     int rc = PX_ERR;
     if (st->rstate == R_CREATE) {
         if (sc->group) {
@@ -448,7 +456,22 @@ static void autoclaim_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
     px_stream *st = priv;
-    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements < 2) return;
+    st->reclaiming = false;
+    if (reply == NULL) {
+        /* Lost (a deadline, a reset), maybe after Redis applied it: the
+         * entries it took are in our pending list with a delivery counted
+         * that no worker saw, and the cursor did not move. As for a lost
+         * read (read_reply_cb): the reader replays our history next, which
+         * brings them back not charged for it (counts_reply_cb), no reclaim
+         * goes out before (it would take them again, counting once more),
+         * and a page too large to arrive in time is not asked for again. */
+        st->lost_reads++;
+        st->replay_due = true;
+        if (st->page_count > 1) st->page_count /= 2;
+        read_next(st);
+        return;
+    }
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 2) return;
     if (reply->element[0]->type == REDIS_REPLY_STRING)
         snprintf(st->autoclaim_cursor, sizeof(st->autoclaim_cursor), "%s", reply->element[0]->str);
     size_t bytes = 0, got = take_entries(st, reply->element[1], false, 0, &bytes);
@@ -468,7 +491,7 @@ static void autoclaim_cb(struct ev_loop *loop, ev_timer *w, int revents)
     (void)revents;
     px_stream *st = w->data;
     px_stream_conf *sc = st->conf;
-    if (st->px->stopping || st->rstate != R_LIVE) return;
+    if (st->px->stopping || st->rstate != R_LIVE || st->replay_due || st->reclaiming) return;
     size_t n = batch_size(st);
     if (n == 0) return;
     char idle[24], count[24];
@@ -478,7 +501,8 @@ static void autoclaim_cb(struct ev_loop *loop, ev_timer *w, int revents)
                            st->autoclaim_cursor, "COUNT", count };
     size_t lens[8];
     for (int i = 0; i < 8; i++) lens[i] = strlen(argv[i]);
-    px_redis_argv(st->px->redis, sc->stream, 0, autoclaim_reply_cb, st, 8, argv, lens);
+    if (px_redis_argv(st->px->redis, sc->stream, 0, autoclaim_reply_cb, st, 8, argv, lens) == PX_OK)
+        st->reclaiming = true;
 }
 
 /* --- janitor: consumers idle for an hour with nothing pending -------------- */

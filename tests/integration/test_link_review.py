@@ -258,3 +258,38 @@ def test_a_stop_while_an_xpending_ask_waits_frees_it(env):
     assert w.keys() == []
     assert p.stop() == 0
     assert pending(r, "room", "game-server") == 3
+
+
+def test_a_reclaim_whose_reply_was_lost_is_not_a_delivery(env):
+    """Finding 1 on the reclaim path (harm: entries dead-lettered as exhausted
+    that a worker saw once; SPEC 5.2 "attempt counts idemproxy's real
+    deliveries", 5.5).
+
+    XAUTOCLAIM takes entries another consumer left pending, and Redis counts a
+    delivery of each as it applies the command. When the reply is lost (a
+    deadline, a reset), the entries are ours in Redis with their count raised
+    and the reclaim cursor did not move: the next XAUTOCLAIM, claim_idle_ms
+    later, took them again and counted once more, and each lost reply ate one
+    of max_deliveries. Here 3 entries delivered once to c0 (count 1), idle past
+    claim_idle_ms, and the first reclaim's reply lost: with max_deliveries 2
+    each must reach the worker as attempt 2 (c0's delivery, then this one),
+    not be dead-lettered as a third."""
+    r = env.r
+    r.xgroup_create("room", "game-server", id="0", mkstream=True)
+    keys = ["re-1", "re-2", "re-3"]
+    publish(r, "room", [{"eventId": k} for k in keys])
+    r.xreadgroup("game-server", "c0", {"room": ">"}, count=3)       # c0 took them and died
+    time.sleep(0.5)                                                 # idle past claim_idle_ms
+    link = SlowLink(env.redis.port, 0, cut_on=b"XAUTOCLAIM", cuts=1)
+    try:
+        p = proxy_at(env, link.url, dict(STREAM, claim_idle_ms=300, max_deliveries=2, dead_letter="dlq"))
+        w = env.worker(p.endpoint)
+        wait_for(lambda: len(w.keys()) + r.xlen("dlq") >= 3, timeout=20,
+                 what="the reclaimed entries delivered or dead-lettered")
+        assert link.cut == 1
+        assert r.xlen("dlq") == 0, [f["idemproxy-reason"] for _, f in r.xrange("dlq")]
+        assert sorted(w.keys()) == keys
+        assert [g.attempt for g in w.got] == [2, 2, 2], [g.attempt for g in w.got]
+        wait_for(lambda: pending(r, "room", "game-server") == 0, what="everything acked")
+    finally:
+        link.close()

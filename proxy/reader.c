@@ -308,6 +308,15 @@ static size_t take_entries(px_stream *st, redisReply *entries, bool fresh, unsig
     return entries->elements;
 }
 
+/* Reads and reclaims that may have counted a delivery of a history page's
+ * entries that no worker saw: those lost, and a reclaim still out, whose
+ * reply may yet be lost after Redis applied it (erring low costs at most one
+ * delivery more; high, a dead letter never delivered). */
+static unsigned lost_before(const px_stream *st)
+{
+    return st->lost_reads + (st->reclaiming ? 1u : 0u);
+}
+
 static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
@@ -345,7 +354,7 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
             redisReply *sr = reply->element[i];
             if (sr->type == REDIS_REPLY_ARRAY && sr->elements == 2)
                 got += take_entries(st, sr->element[1], st->rstate == R_LIVE,
-                                    st->rstate == R_HISTORY ? st->lost_reads : 0, &bytes);
+                                    st->rstate == R_HISTORY ? lost_before(st) : 0, &bytes);
         }
         page_seen(st, got, bytes);
     }
@@ -393,7 +402,11 @@ static void read_next(px_stream *st)
     px_stream_conf *sc = st->conf;
     if (st->reading || st->rstate == R_STOPPED || st->rstate == R_DOWN || st->px->stopping) return;
     if (!px_redis_is_up(st->link)) return;
-    if (st->replay_due && st->rstate == R_LIVE) { /* a lost reclaim's entries are in our history */
+    /* A lost reclaim's entries are in our history: replay it, once the
+     * command link is back, which the replay needs to set back the count of
+     * the entries it re-reads that we still hold (set_count). */
+    if (st->replay_due && st->rstate == R_LIVE &&
+        px_redis_key_up(st->px->redis, sc->stream, strlen(sc->stream))) {
         st->replay_due = false;
         st->rstate = R_HISTORY;
         strcpy(st->last_id, "0");

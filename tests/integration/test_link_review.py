@@ -293,3 +293,38 @@ def test_a_reclaim_whose_reply_was_lost_is_not_a_delivery(env):
         wait_for(lambda: pending(r, "room", "game-server") == 0, what="everything acked")
     finally:
         link.close()
+
+
+def test_a_lost_reclaim_leaves_the_count_of_held_entries_alone(env):
+    """The replay a lost reclaim triggers re-reads the entries we still hold
+    (their count goes up by one in Redis) and sets each back (set_count, on the
+    command link). Started while the command link was still down from the
+    loss, the set-backs were refused and each held entry kept a delivery too
+    many in Redis, for a restart or another replica to charge. Here a worker
+    holds every delivery while entries keep coming (the reader's blocking read
+    returns at once, so the replay could start inside the command link's
+    reconnect backoff); after the lost reclaim and its replay, every pending
+    entry must still show one delivery."""
+    r = env.r
+    r.xgroup_create("room", "game-server", id="0", mkstream=True)
+    link = SlowLink(env.redis.port, 0, cut_on=b"XAUTOCLAIM", cuts=1)
+    try:
+        p = proxy_at(env, link.url, dict(STREAM, claim_idle_ms=300))
+        w = env.worker(p.endpoint, manual=True)
+        publish(r, "room", [{"eventId": "held-0"}])
+        wait_for(lambda: len(w.inbox) == 1, what="the first delivery held")
+        n = 1
+        deadline = time.time() + 1.5
+        while time.time() < deadline:                      # entries keep coming meanwhile
+            publish(r, "room", [{"eventId": f"held-{n}"}])
+            n += 1
+            time.sleep(0.01)
+        wait_for(lambda: link.cut == 1, what="the reclaim's reply lost")
+        wait_for(lambda: pending(r, "room", "game-server") == n, timeout=15, what="every entry read")
+        time.sleep(2.5)                                    # the replay and its set-backs
+        counts = {e["message_id"]: e["times_delivered"]
+                  for e in r.xpending_range("room", "game-server", "-", "+", 10000)}
+        assert len(counts) == n
+        assert set(counts.values()) == {1}, sorted(c for c in counts.values() if c != 1)[:5]
+    finally:
+        link.close()

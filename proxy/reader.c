@@ -75,6 +75,21 @@ static void page_seen(px_stream *st, size_t n, size_t bytes)
     st->page_count = c;
 }
 
+/* A read or reclaim's reply was lost (a deadline, a reset), maybe after
+ * Redis applied it: its entries are in our pending list with a delivery
+ * counted that no worker saw, which the next history replay does not charge
+ * (counts_reply_cb); and a page too large to arrive in time is not asked for
+ * again as it was. */
+static void page_lost(px_stream *st, const char *what)
+{
+    if (st->conf->group) st->lost_reads++;
+    if (st->page_count > 1) {
+        st->page_count /= 2;
+        px_log_debug("stream %s: a %s was lost; reading %zu at a time", st->conf->stream, what,
+                     st->page_count);
+    }
+}
+
 /* XPENDING's answer for a replayed or reclaimed batch: each entry's delivery
  * count becomes its attempt number (SPEC 2), so max_deliveries holds across
  * restarts and consumers. It is asked on the command link before the batch's
@@ -269,9 +284,11 @@ static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
 /* Take the entries of one stream out of an XREAD/XREADGROUP/XAUTOCLAIM reply.
  * Returns how many there were; adds their field bytes to *bytes. 'lost': reads
- * whose reply was lost that may have counted a delivery of these entries too. */
+ * whose reply was lost that may have counted a delivery of these entries too.
+ * 'cursor' (a read's last_id, NULL for a reclaim) moves past each: a reclaim
+ * answered during a history replay must not move the replay's place. */
 static size_t take_entries(px_stream *st, redisReply *entries, bool fresh, unsigned lost,
-                           size_t *bytes)
+                           char *cursor, size_t *bytes)
 {
     if (entries == NULL || entries->type != REDIS_REPLY_ARRAY) return 0;
     counts_ask *counts = NULL;
@@ -287,8 +304,7 @@ static size_t take_entries(px_stream *st, redisReply *entries, bool fresh, unsig
         if (en->type != REDIS_REPLY_ARRAY || en->elements < 2 ||
             en->element[0]->type != REDIS_REPLY_STRING) continue;
         const char *id = en->element[0]->str;
-        if (st->conf->group == NULL) snprintf(st->last_id, sizeof(st->last_id), "%s", id);
-        else if (st->rstate == R_HISTORY) snprintf(st->last_id, sizeof(st->last_id), "%s", id);
+        if (cursor) snprintf(cursor, sizeof(st->last_id), "%s", id);
         if (!fresh) {
             px_entry *known = px_proxy_find(st, id);
             if (known) { /* still ours: that read counted no delivery, undo it */
@@ -324,16 +340,7 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
     st->reading = false;
     if (st->rstate == R_STOPPED) return;
     if (reply == NULL) {
-        /* Lost (a deadline, a reset), maybe after Redis applied it: it may
-         * have counted a delivery of each entry it took (SPEC 5.2), which the
-         * next history replay does not charge (counts_reply_cb); and a page
-         * too large to arrive in time is not asked for again as it was. */
-        if (st->conf->group) st->lost_reads++;
-        if (st->page_count > 1) {
-            st->page_count /= 2;
-            px_log_debug("stream %s: a read was lost; reading %zu at a time", st->conf->stream,
-                         st->page_count);
-        }
+        page_lost(st, "read");
         /* Link down: the state callback restarts us. A cluster may stay up
          * while one command is lost (its node failed over): pause, then again,
          * from the history in group mode (what the lost read took is there). */
@@ -354,7 +361,9 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
             redisReply *sr = reply->element[i];
             if (sr->type == REDIS_REPLY_ARRAY && sr->elements == 2)
                 got += take_entries(st, sr->element[1], st->rstate == R_LIVE,
-                                    st->rstate == R_HISTORY ? lost_before(st) : 0, &bytes);
+                                    st->rstate == R_HISTORY ? lost_before(st) : 0,
+                                    st->conf->group == NULL || st->rstate == R_HISTORY ? st->last_id : NULL,
+                                    &bytes);
         }
         page_seen(st, got, bytes);
     }
@@ -471,23 +480,19 @@ static void autoclaim_reply_cb(px_redis *r, redisReply *reply, void *priv)
     px_stream *st = priv;
     st->reclaiming = false;
     if (reply == NULL) {
-        /* Lost (a deadline, a reset), maybe after Redis applied it: the
-         * entries it took are in our pending list with a delivery counted
-         * that no worker saw, and the cursor did not move. As for a lost
-         * read (read_reply_cb): the reader replays our history next, which
-         * brings them back not charged for it (counts_reply_cb), no reclaim
-         * goes out before (it would take them again, counting once more),
-         * and a page too large to arrive in time is not asked for again. */
-        st->lost_reads++;
+        /* As a lost read (page_lost), and the reclaim cursor did not move:
+         * the reader replays our history next, which brings back what it
+         * took, and no reclaim goes out before (it would take them again,
+         * counting once more). */
+        page_lost(st, "reclaim");
         st->replay_due = true;
-        if (st->page_count > 1) st->page_count /= 2;
         read_next(st);
         return;
     }
     if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 2) return;
     if (reply->element[0]->type == REDIS_REPLY_STRING)
         snprintf(st->autoclaim_cursor, sizeof(st->autoclaim_cursor), "%s", reply->element[0]->str);
-    size_t bytes = 0, got = take_entries(st, reply->element[1], false, 0, &bytes);
+    size_t bytes = 0, got = take_entries(st, reply->element[1], false, 0, NULL, &bytes);
     page_seen(st, got, bytes);
     if (reply->elements >= 3 && reply->element[2]->type == REDIS_REPLY_ARRAY) {
         /* Redis 7: ids that were pending but deleted; XAUTOCLAIM removed them. */

@@ -6,7 +6,11 @@ With 'cut_on', it also loses a reply: the first 'cuts' times a chunk from the
 client holds those bytes, the chunk goes to the server, which applies it, but
 nothing more comes back on that connection, and after 'cut_wait' seconds (or,
 armed with cut_reply_to, once the test's applied() sees the write in Redis) the
-connection is closed: a write that took effect, its reply lost."""
+connection is closed: a write that took effect, its reply lost.
+
+With hold_replies_after(), a reply comes late instead: from the next command
+holding a pattern on, that connection's replies wait a set time (a slow
+answer, in order, not lost)."""
 import socket
 import threading
 import time
@@ -22,6 +26,7 @@ class SlowLink:
         self.cut = 0                      # connections cut so far
         self.cut_applied = None
         self.cut_lock = threading.Lock()
+        self.hold_on, self.hold_s, self.held = None, 0, 0
         self.lsock = socket.socket()
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.lsock.bind(("127.0.0.1", 0))
@@ -61,6 +66,20 @@ class SlowLink:
         with self.cut_lock:
             self.cut_on, self.cuts_left, self.cut_applied = pattern, 1, applied
 
+    def hold_replies_after(self, pattern: bytes, seconds):
+        """The next command containing 'pattern': its reply, and every later
+        one on that connection, arrive 'seconds' late. 'held' counts them."""
+        with self.cut_lock:
+            self.hold_on, self.hold_s = pattern, seconds
+
+    def _hold_now(self, data):
+        with self.cut_lock:
+            if not self.hold_on or self.hold_on not in data:
+                return 0
+            self.hold_on = None
+            self.held += 1
+            return self.hold_s
+
     def _cut_now(self, data):
         if not self.cut_on or self.cut_on not in data:
             return False
@@ -88,6 +107,10 @@ class SlowLink:
                     time.sleep(d)
                 if state["cut"] and not up:
                     continue                  # the reply is lost
+                if not up and state.get("hold_until"):
+                    d = state["hold_until"] - time.monotonic()
+                    if d > 0:
+                        time.sleep(d)
                 try:
                     dst.sendall(data)
                 except OSError:
@@ -104,6 +127,9 @@ class SlowLink:
             except OSError:
                 data = b""
             cut = up and data and self._cut_now(data)
+            hold = up and data and self._hold_now(data)
+            if hold:
+                state["hold_until"] = time.monotonic() + hold   # before the server can answer
             if cut:
                 state["cut"] = True           # before the server can answer
             with cv:

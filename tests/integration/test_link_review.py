@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from pxtest import Proxy, free_port, pending, publish, settled, wait_for
+from pxtest import Proxy, free_port, pb, pending, publish, settled, wait_for
 from slowlink import SlowLink
 
 def proxy_at(env, url, stream, **app):
@@ -326,5 +326,71 @@ def test_a_lost_reclaim_leaves_the_count_of_held_entries_alone(env):
                   for e in r.xpending_range("room", "game-server", "-", "+", 10000)}
         assert len(counts) == n
         assert set(counts.values()) == {1}, sorted(c for c in counts.values() if c != 1)[:5]
+    finally:
+        link.close()
+
+
+def reader_connection(r):
+    """The id of the reader's connection: blocked in XREADGROUP."""
+    for c in r.client_list():
+        if c.get("cmd") == "xreadgroup" and "b" in c.get("flags", ""):
+            return c["id"]
+    return None
+
+
+def test_a_reclaim_answered_during_a_replay_does_not_move_the_replay(env):
+    """Found by the review of the lost-reclaim fix (harm: entries of ours a
+    lost read took are skipped by the replay meant to bring them back, then
+    reclaimed claim_idle_ms later with a delivery counted that no worker saw:
+    attempt 2 on their first delivery, a dead letter with max_deliveries 1;
+    SPEC 5.2).
+
+    The history replay reads our pending entries page by page from the last
+    id it read. An XAUTOCLAIM reply that arrived while the replay waited for
+    room moved that id to the reclaimed entries' last id: when those are newer
+    than what the replay had left to read, the replay jumped past it. Here
+    our pending list holds four entries of a lost read (count 1, never
+    delivered), c0 left two newer ones idle, the reclaim of those is answered
+    late, and the reader's connection is reset just after it went out: the
+    replay reads two of ours (max_inflight 2), the reclaim's answer comes, and
+    the replay must still bring the other two, each as a first delivery."""
+    r = env.r
+    r.xgroup_create("room", "game-server", id="0", mkstream=True)
+    ours = ["ours-1", "ours-2", "ours-3", "ours-4"]
+    dead = ["dead-1", "dead-2"]
+    ids = publish(r, "room", [{"eventId": k} for k in ours + dead])
+    r.xreadgroup("game-server", "c0", {"room": ">"}, count=6)      # c0 took them all
+    link = SlowLink(env.redis.port, 0)
+    try:
+        p = proxy_at(env, link.url, dict(STREAM, claim_idle_ms=600, lease_ms=10000), max_inflight=2,
+                     timeout_ms=4000)
+        w = env.worker(p.endpoint, manual=True)
+        # Until the reader is live, keep them fresh so no reclaim takes them yet.
+        deadline = time.time() + 15
+        while reader_connection(r) is None and time.time() < deadline:
+            r.xclaim("room", "game-server", "c0", 0, ids, idle=0, justid=True)
+            time.sleep(0.05)
+        assert reader_connection(r) is not None, "the reader never went live"
+        link.hold_replies_after(b"XAUTOCLAIM", 2.0)
+        with r.pipeline(transaction=True) as tx:
+            # ours: what a lost read of c1 took (counted once, never delivered)
+            tx.xclaim("room", "game-server", "c1", 0, ids[:4], idle=0, retrycount=1, justid=True)
+            # c0's: idle long since, for the next reclaim
+            tx.xclaim("room", "game-server", "c0", 0, ids[4:], idle=60000, justid=True)
+            tx.execute()
+        wait_for(lambda: link.held == 1, timeout=5, what="a reclaim sent, its answer held")
+        r.client_kill_filter(_id=reader_connection(r))             # the replay starts now
+        deadline = time.time() + 20
+        while len(w.got) < 6 and time.time() < deadline:
+            while w.inbox:
+                w.answer(pb.Ack.ACK)
+            time.sleep(0.01)
+        while w.inbox:
+            w.answer(pb.Ack.ACK)
+        attempts = {g.key: g.attempt for g in w.got}
+        assert sorted(attempts) == sorted(ours + dead), attempts
+        assert attempts == {**{k: 1 for k in ours}, **{k: 2 for k in dead}}, attempts
+        assert len(w.got) == 6, [g.key for g in w.got]
+        wait_for(lambda: pending(r, "room", "game-server") == 0, what="everything acked")
     finally:
         link.close()

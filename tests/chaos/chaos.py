@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 import pxtest  # noqa: E402
 from pxtest import RedisServer, RedisCluster, Proxy, pb, wait_for  # noqa: E402
+from slowlink import SlowLink  # noqa: E402
 import redis as redis_lib  # noqa: E402
 from redis.crc import key_slot  # noqa: E402
 import test_tls  # noqa: E402 (the CA and pair makers, the TLS redis-server options)
@@ -58,6 +59,13 @@ FIXED_TLS_SEEDS = [8]
 FIXED_TLS_CLUSTER_SEEDS = [12]
 # --tls: every proxy reaches Redis over mutual TLS (set by main()).
 TLS = False
+# ... and with --net, replies lost and held on the replicas' links (suite "chaos-net"):
+# 4 loses a read's reply with entries (red in 2 of 3 runs on 72d906f^, before lost
+# reads were corrected), 31 loses an XPENDING reply and holds an XAUTOCLAIM's.
+FIXED_NET_SEEDS = [4, 31]
+# --net: every replica reaches Redis through a forwarder of its own that can lose
+# or hold the reply of one chosen command (set by main(); single server, no TLS).
+NET = False
 FIXED_BUDGET_S = 120
 SETTLE_CAP_S = 180
 FINAL_RSS_KB = 32 * 1024
@@ -173,6 +181,46 @@ def clusterize(c, seed):
     c["faults"].append({"t": round(rnd.uniform(0.2, c["duration"]), 2), "kind": rnd.choice(topo),
                         "replica": rnd.randrange(c["replicas"]), "down": round(rnd.uniform(0.2, 1.5), 2),
                         "pause_ms": rnd.choice([150, 400, 900]), "node": rnd.choice(["stream", "other"])})
+    c["faults"].sort(key=lambda f: f["t"])
+    return c
+
+
+# Commands whose reply a --net fault loses or holds: each seed picks among what
+# its mode sends (EVAL: the claim and commit scripts; XCLAIM: a count set back
+# or the refresh of what a replica holds; XADD: a dead letter).
+# "reply:X" loses instead the next reply of that kind that carries entries (matched
+# in the bytes from Redis, REPLY_WITH_ENTRIES): a read or reclaim that took some.
+NET_COMMANDS_GROUP = ["XREADGROUP", "XAUTOCLAIM", "XACK", "XCLAIM", "XPENDING", "EVAL", "SET",
+                      "XGROUP", "reply:XREADGROUP", "reply:XREADGROUP", "reply:XAUTOCLAIM",
+                      "reply:XAUTOCLAIM", "reply:XAUTOCLAIM"]
+NET_COMMANDS_PLAIN = ["XREAD", "EVAL", "SET", "GET", "EXISTS", "reply:XREAD", "reply:XREAD"]
+REPLY_WITH_ENTRIES = {
+    # XREAD[GROUP]: [[stream, [[id, fields], ...]]] with one entry or more
+    "reply:XREADGROUP": rb"\*1\r\n\*2\r\n\$4\r\nroom\r\n\*[1-9]",
+    "reply:XREAD": rb"\*1\r\n\*2\r\n\$4\r\nroom\r\n\*[1-9]",
+    # XAUTOCLAIM: [cursor, [[id, fields], ...], [deleted ids]] with one entry or more
+    "reply:XAUTOCLAIM": rb"\*3\r\n\$\d+\r\n\d+-\d+\r\n\*[1-9]\d*\r\n\*2\r\n",
+}
+
+
+def netize(c, seed):
+    """--net: the seed's own faults, unchanged, plus 1-3 faults of one replica's
+    link to Redis, from their own Random(f"{seed}/net"): the next reply to a
+    chosen command lost after Redis applied it (its connection closed 0.3 s
+    later: a reset, a deadline) or held back 0.1-1.2 s (past the replicas'
+    300 ms timeout_ms, a lost reply too; under it, a slow one)."""
+    rnd = random.Random(f"{seed}/net")
+    c["net"] = True
+    cmds = NET_COMMANDS_GROUP if c["group"] else NET_COMMANDS_PLAIN
+    for _ in range(rnd.choice([1, 2, 2, 3])):
+        f = {"t": round(rnd.uniform(0.2, c["duration"]), 2),
+             "kind": rnd.choice(["lost_reply", "lost_reply", "slow_reply"]),
+             "replica": rnd.randrange(c["replicas"]), "down": 0, "pause_ms": 0,
+             "command": rnd.choice(cmds), "hold_s": rnd.choice([0.1, 0.25, 0.6, 1.2])}
+        if f["command"] in REPLY_WITH_ENTRIES:      # while a batch is being read
+            f["kind"] = "lost_reply"
+            f["t"] = round(rnd.choice(c["batches"]) + rnd.uniform(0.0, 0.3), 2)
+        c["faults"].append(f)
     c["faults"].sort(key=lambda f: f["t"])
     return c
 
@@ -401,6 +449,9 @@ class Run:
         self.c = generate(seed)
         if cluster:
             clusterize(self.c, seed)
+        if NET:
+            netize(self.c, seed)
+        self.links = []           # --net: each replica's forwarder to Redis
         self.binary = binary
         self.tmp = tmp
         self.verbose = verbose
@@ -475,7 +526,11 @@ class Run:
         c = self.c
         for i in range(c["replicas"]):
             ep = f"ipc://{self.tmp}/app{i}.sock"
-            p = Proxy(self.tmp, f"replica{i}", self.redis_address(), ep, [self.stream_conf(i)],
+            address = self.redis_address()
+            if c.get("net"):
+                self.links.append(SlowLink(self.redis.port, 0))
+                address = self.links[-1].url
+            p = Proxy(self.tmp, f"replica{i}", address, ep, [self.stream_conf(i)],
                       timeout_ms=300, ack_timeout_ms=c["ack_timeout_ms"],
                       max_inflight=c["max_inflight"], max_entry_bytes=c["max_entry_bytes"],
                       log_level="info", shutdown_grace_ms=c["shutdown_grace_ms"],
@@ -683,7 +738,39 @@ class Run:
                 if w.replica == i:
                     w.reconnect.set()
             i_ = i
+        elif kind in ("lost_reply", "slow_reply"):
+            return self.net_fault(f)
         self.hist.fault(kind, i_, t0, time.time())
+
+    def net_fault(self, f):
+        """Lose or hold the next reply to f["command"] on replica f["replica"]'s
+        link, if that command is sent within 2 s; recorded from the arming to the
+        connection's close (lost) or the held reply's release (slow)."""
+        link, cmd, t0 = self.links[f["replica"]], f["command"].encode(), time.time()
+        wait = 2.0
+        if f["command"] in REPLY_WITH_ENTRIES:
+            before = link.cut
+            link.cut_reply_matching(REPLY_WITH_ENTRIES[f["command"]])
+            fired = lambda: link.cut > before
+            wait = 4.0                            # entries to read or reclaim come when they come
+        elif f["kind"] == "lost_reply":
+            link.cut_reply_to(cmd, None)
+            fired = lambda: link.cuts_left == 0
+        else:
+            held = link.held
+            link.hold_replies_after(cmd, f["hold_s"])
+            fired = lambda: link.held > held
+        deadline = t0 + wait
+        while not fired() and time.time() < deadline:
+            time.sleep(0.005)
+        with link.cut_lock:                       # disarm: what did not fire by now will not
+            link.cuts_left, link.hold_on, link.reply_cut = 0, None, None
+        if not fired():
+            self.log(f"fault {f['kind']} {f['command']} replica{f['replica']}: not seen within {wait:.0f} s")
+            return
+        t1 = time.time() + (link.cut_wait + 0.05 if f["kind"] == "lost_reply" else f["hold_s"])
+        self.log(f"fault {f['kind']} {f['command']} replica{f['replica']} hold {f['hold_s']}")
+        self.hist.fault(f["kind"], None, t0, t1)
 
     def check_tls(self):
         """--tls: the run was over TLS. The replicas still run: every Redis node that
@@ -786,6 +873,8 @@ class Run:
         for w in self.workers:
             w.join(3)
         self.redis.stop()
+        for link in self.links:
+            link.close()
         return self
 
     # reading Redis (an error here is an error, never "nothing pending")
@@ -833,8 +922,10 @@ def _is_asan(binary):
 
 BAD_KINDS = {"over", "bigkey", "badjson", "nokey", "wrongtype", "huge"}
 # Faults of Redis itself: any lease or ack around one may be lost.
+# A lost or held reply (--net) is one too, but not one that may hide a delivery from
+# the attempt count: the reader corrects what a lost read or reclaim counted.
 REDIS_FAULTS = ("client_kill", "pause", "redis_restart", "pause_term", "failover", "master_kill",
-                "migrate")
+                "migrate", "lost_reply", "slow_reply")
 SLACK = 0.05
 
 
@@ -959,9 +1050,15 @@ def check(run):
                      f"(max_entry_bytes {c['max_entry_bytes']})")
 
     # 5. Every entry has exactly one legitimate outcome.
-    lost_allowance = sum(1 for f in faults if f["kind"] in (
-        "kill9", "sigterm", "pause_term", "worker_reconnect", "worker_crash", "client_kill",
-        "redis_restart", "failover", "master_kill", "migrate"))
+    def lost_allowance(eid, before):
+        """Deliveries of entry 'eid' that faults may hide from its attempt count
+        by 'before': one per fault of those kinds from a second before the entry
+        was added (its id's time) on. A lost or held reply (--net) hides none."""
+        born = int(eid.split("-")[0]) / 1000.0
+        return sum(1 for f in faults if f["kind"] in (
+            "kill9", "sigterm", "pause_term", "worker_reconnect", "worker_crash", "client_kill",
+            "redis_restart", "failover", "master_kill", "migrate")
+            and f["t1"] >= born - 1.0 and f["t0"] <= before)
     for eid, ev in entry_ev.items():
         dl = st["dls"].get(eid, [])
         xs = by_entry.get(eid, [])
@@ -973,7 +1070,7 @@ def check(run):
         unrecorded = len(timed_out.get(eid, set()) - {(x["replica"], x["attempt"]) for x in xs})
         failed += unrecorded
         for n, x in enumerate(xs):
-            if x["attempt"] > n + 1 + lost_allowance + unrecorded:
+            if x["attempt"] > n + 1 + lost_allowance(eid, x["start"]) + unrecorded:
                 v.append(f"attempt-inflated: entry {eid} delivered with attempt {x['attempt']} "
                          f"after {n} recorded deliveries")
                 break
@@ -1007,7 +1104,7 @@ def check(run):
             if not any(x["answer"] == "drop" for x in xs):
                 v.append(f"bad-cause: entry {eid} dead-lettered as dropped, never dropped by a worker")
         elif reason.startswith("max_deliveries"):
-            if failed + lost_allowance < c["max_deliveries"]:
+            if failed + lost_allowance(eid, d["t"]) < c["max_deliveries"]:
                 v.append(f"bad-cause: entry {eid} dead-lettered '{reason[:70]}' after {len(xs)} "
                          f"recorded deliveries, {failed} failed (max_deliveries {c['max_deliveries']})")
         else:
@@ -1044,7 +1141,8 @@ def check(run):
 # --- driving seeds ------------------------------------------------------------------
 
 def describe(c):
-    parts = ["CLUSTER" if c["cluster"] else "", "TLS" if c.get("tls") else "", c["layout"],
+    parts = ["CLUSTER" if c["cluster"] else "", "TLS" if c.get("tls") else "",
+             "NET" if c.get("net") else "", c["layout"],
              "group" if c["group"] else "group-less",
              f"lock_key/{c['on_busy']}" if c["lock_key"] else "no-lock_key",
              f"lease={c['lease_ms']}", f"wait={c['wait_ms']}", f"ack_to={c['ack_timeout_ms']}",
@@ -1053,14 +1151,16 @@ def describe(c):
              "fencing" if c["fencing"] else ""]
     kinds = Counter(ev["kind"] for ev in c["events"])
     parts.append(",".join(f"{k}:{n}" for k, n in sorted(kinds.items())))
-    parts.append("faults=" + ",".join(f"{f['kind']}@{f['t']}" for f in c["faults"]))
+    parts.append("faults=" + ",".join(f"{f['kind']}{'/' + f['command'] if 'command' in f else ''}@{f['t']}"
+                                      for f in c["faults"]))
     return " ".join(p for p in parts if p)
 
 
 def replay_cmd(seed, binary, cluster=False):
     b = Path(binary).resolve()
     default = (ROOT / "build" / "idemproxy").resolve()
-    cmd = f"make chaos SEED={seed}" + (" CLUSTER=1" if cluster else "") + (" TLS=1" if TLS else "")
+    cmd = f"make chaos SEED={seed}" + (" CLUSTER=1" if cluster else "") + (" TLS=1" if TLS else "") \
+        + (" NET=1" if NET else "")
     if b == default:
         return cmd
     rel = os.path.relpath(b.parent, ROOT)
@@ -1127,7 +1227,7 @@ def run_parallel(a, seeds):
             return s, cluster, False, f"seed {s}{'c' if cluster else ''}: not run, the {a.budget:.0f} s budget is spent: counted failed\n"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--bin", str(pxtest.BIN), "--seeds", "1",
                "--from", str(s)] + (["--cluster"] if cluster else []) + (["--keep"] if a.keep else []) \
-            + (["--tls"] if TLS else [])
+            + (["--tls"] if TLS else []) + (["--net"] if NET else [])
         res = subprocess.run(cmd, capture_output=True, text=True)
         out = "".join(l + "\n" for l in res.stdout.splitlines()
                       if l.strip() and not l.startswith(("chaos:", "failed seeds:", "replay one:"))
@@ -1170,17 +1270,25 @@ def main():
                     help="run the seeds against a Redis Cluster, with topology faults")
     ap.add_argument("--tls", action="store_true",
                     help="every proxy reaches Redis over mutual TLS; with --fixed, the fixed TLS seeds")
+    ap.add_argument("--net", action="store_true",
+                    help="each replica reaches Redis through a forwarder that loses or holds "
+                         "chosen replies (single server, not with --tls or --cluster)")
     a = ap.parse_args()
     pxtest.BIN = Path(a.bin).resolve()
-    global TLS
-    TLS = a.tls
+    global TLS, NET
+    TLS, NET = a.tls, a.net
+    if NET and (a.tls or a.cluster):
+        ap.error("--net runs single-server seeds in plain TCP")
     if a.show:
         seed = a.seed if a.seed is not None else a.first
         c = generate(seed)
-        print(describe(clusterize(c, seed) if a.cluster else c))
+        c = clusterize(c, seed) if a.cluster else c
+        print(describe(netize(c, seed) if NET else c))
         return 0
     if a.seed is not None:
         seeds, verbose = [(a.seed, a.cluster)], True
+    elif a.fixed and a.net:
+        seeds, verbose = [(s, False) for s in FIXED_NET_SEEDS], False
     elif a.fixed and a.tls:
         seeds, verbose = [(s, False) for s in FIXED_TLS_SEEDS] + [(s, True) for s in FIXED_TLS_CLUSTER_SEEDS], False
     elif a.fixed:

@@ -130,6 +130,29 @@ def test_attempt_inflated():
     assert tags(run) == ["attempt-inflated"]
 
 
+def inflated_by_one(fault, t0, born="1000-0"):
+    """k1 added at 'born', delivered at 2.0 as attempt 2 with no delivery before;
+    'fault' from t0 to t0 + 0.1."""
+    run = record()
+    entry(run, born, "k1")
+    deliver(run, "k1", born, 2.0, 2.1, attempt=2)
+    done(run, "k1")
+    run.hist.faults.append({"kind": fault, "replica": 0, "t0": t0, "t1": t0 + 0.1})
+    return tags(run)
+
+
+def test_attempt_inflated_by_one_is_excused_only_by_a_fault_in_the_entrys_life():
+    # a restart between the entry's add and its delivery may hide one
+    assert "attempt-inflated" not in inflated_by_one("kill9", 1.5)
+    assert "attempt-inflated" not in inflated_by_one("client_kill", 1.5)
+    # ... one a minute before it was added cannot, nor one after the delivery
+    assert "attempt-inflated" in inflated_by_one("kill9", 1.5, born="62000-0")
+    assert "attempt-inflated" in inflated_by_one("kill9", 2.5)
+    # a lost or held reply (--net) never hides one: the reader corrects it
+    assert "attempt-inflated" in inflated_by_one("lost_reply", 1.5)
+    assert "attempt-inflated" in inflated_by_one("slow_reply", 1.5)
+
+
 def test_dead_lettered_twice():
     run = record()
     entry(run, "1-0", "k1")
@@ -147,6 +170,17 @@ def test_bad_cause_max_deliveries_without_failures():
     dead(run, "1-0", "max_deliveries (3) reached")
     done(run, "k1")
     assert tags(run) == ["bad-cause"]
+
+
+def test_max_deliveries_is_excused_only_by_faults_that_may_hide_a_delivery():
+    for fault, excused in (("kill9", True), ("lost_reply", False)):
+        run = record(max_deliveries=2)
+        entry(run, "1-0", "k1")
+        deliver(run, "k1", "1-0", 1.0, 1.1, answer="retry")
+        run.hist.faults.append({"kind": fault, "replica": 0, "t0": 1.5, "t1": 1.6})
+        dead(run, "1-0", "max_deliveries (2) reached")
+        done(run, "k1")
+        assert tags(run) == ([] if excused else ["bad-cause"]), fault
 
 
 def test_dead_lettered_but_not_done():

@@ -8,9 +8,14 @@ nothing more comes back on that connection, and after 'cut_wait' seconds (or,
 armed with cut_reply_to, once the test's applied() sees the write in Redis) the
 connection is closed: a write that took effect, its reply lost.
 
+With cut_reply_matching(), the loss is chosen by the reply: the next chunk
+from the server that matches a pattern (a reply that carries entries, say) is
+dropped, and that connection closed.
+
 With hold_replies_after(), a reply comes late instead: from the next command
 holding a pattern on, that connection's replies wait a set time (a slow
 answer, in order, not lost)."""
+import re
 import socket
 import threading
 import time
@@ -27,6 +32,7 @@ class SlowLink:
         self.cut_applied = None
         self.cut_lock = threading.Lock()
         self.hold_on, self.hold_s, self.held = None, 0, 0
+        self.reply_cut = None
         self.lsock = socket.socket()
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.lsock.bind(("127.0.0.1", 0))
@@ -65,6 +71,21 @@ class SlowLink:
         connection is shut once applied() is true (at most 10 s)."""
         with self.cut_lock:
             self.cut_on, self.cuts_left, self.cut_applied = pattern, 1, applied
+
+    def cut_reply_matching(self, regex: bytes):
+        """Lose the next chunk of replies that matches 'regex': it and every
+        later reply on its connection never arrive, and the connection is
+        closed (commands Redis applied, their replies lost). 'reply_cut' is
+        None again once it happened."""
+        with self.cut_lock:
+            self.reply_cut = re.compile(regex, re.S)
+
+    def _reply_cut_now(self, data):
+        with self.cut_lock:
+            if self.reply_cut is None or not self.reply_cut.search(data):
+                return False
+            self.reply_cut = None
+            return True
 
     def hold_replies_after(self, pattern: bytes, seconds):
         """The next command containing 'pattern': its reply, and every later
@@ -107,6 +128,15 @@ class SlowLink:
                     time.sleep(d)
                 if state["cut"] and not up:
                     continue                  # the reply is lost
+                if not up and data and self.reply_cut is not None and self._reply_cut_now(data):
+                    state["cut"] = True       # this reply and the rest are lost
+                    for s in (src, dst):
+                        try:
+                            s.shutdown(socket.SHUT_RDWR)
+                        except OSError:
+                            pass
+                    self.cut += 1
+                    continue
                 if not up and state.get("hold_until"):
                     d = state["hold_until"] - time.monotonic()
                     if d > 0:

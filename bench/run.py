@@ -74,6 +74,9 @@ Knobs (environment, default):
   BENCH_BATCH 256            baseline (b)'s pipeline batch
   BENCH_RATES 1000,5000,20000, BENCH_RATE_SECONDS 5, BENCH_LAT_LAYOUT single,
   BENCH_LAT_COPIES (= BENCH_COPIES)
+  BENCH_LINGER_MS 5          the rate rows at 1k and 5k/s again with streams[].linger_ms
+                             at this value (off by default in idemproxy), shown beside
+                             the rows without it; 0 or empty: not run
   BENCH_WORKERS (cores, at least 2)  worker threads, one REP socket each: a worker pool
                              sized to the machine, as one would deploy it (4 threads on 2
                              cores measured ~9 % fewer keys/s: they compete with Redis)
@@ -143,6 +146,8 @@ N = env("BENCH_N", 200000, int)
 COPIES = env("BENCH_COPIES", 0.5, float)
 LAT_COPIES = env("BENCH_LAT_COPIES", COPIES, float)
 RATES = [int(x) for x in env("BENCH_RATES", "1000,5000,20000").split(",") if x]
+# streams[].linger_ms of the extra rate rows at 1k and 5k/s (0: none; it is off by default)
+LINGER_MS = int(env("BENCH_LINGER_MS", "5") or 0)
 RATE_SECONDS = env("BENCH_RATE_SECONDS", 5.0, float)
 SAMPLE_A = env("BENCH_SAMPLE_A", 5000, int)
 WORKERS = env("BENCH_WORKERS", max(2, os.cpu_count() or 2), int)
@@ -339,7 +344,7 @@ class Bench:
     # --- processes --------------------------------------------------------
 
     def proxy(self, layout, max_inflight=MAX_INFLIGHT, ack_timeout_ms=30000, read="group", binary=None,
-              tls=False):
+              tls=False, linger_ms=0):
         self.nproxy += 1
         name = f"proxy{self.nproxy}"
         endpoint = f"ipc://{self.tmp}/app.sock"
@@ -365,7 +370,7 @@ streams:
     payload_field: payload
     key: "#event.eventId"
     layout: {layout}
-""")
+""" + (f"    linger_ms: {linger_ms}\n" if linger_ms else ""))
         return Proxy(binary or self.bin, cfg, self.tmp / f"{name}.log", mport, endpoint)
 
     def worker(self, endpoint, expect=0, hold=False, concurrency=0):
@@ -774,16 +779,16 @@ def loop_busy(m0, m1, n):
             "max_us": top, "busy_s": m1.get(name + "_sum", 0) - m0.get(name + "_sum", 0)}
 
 
-def latency(b, rate, first):
+def latency(b, rate, first, linger_ms=0):
     floor = latency_floor(b, rate)
     b.r.flushall()
     w = b.worker(f"ipc://{b.tmp}/app.sock")
-    p = b.proxy(LAT_LAYOUT)
+    p = b.proxy(LAT_LAYOUT, linger_ms=linger_ms)
     p.start()
     b.wait(p.ready, 30, "proxy ready")
     b.wait(lambda: p.metrics().get("idemproxy_workers_connected", 0) >= WORKERS, 10, "workers")
     time.sleep(1.0)
-    res = {"rate": rate}
+    res = {"rate": rate, "linger_ms": linger_ms}
     if first:
         res["rss_idle_kib"] = p.rss_kib()
     b.reset_stats()
@@ -825,7 +830,7 @@ def latency(b, rate, first):
         log(f"  loop: {lb['iterations_per_entry']:.2f} iterations per entry; busy per iteration (bucket bounds) "
             f"p50 ≤ {lb['p50_us']:g} µs, p99 ≤ {lb['p99_us']:g} µs, p99.9 ≤ {lb['p999_us']:g} µs, "
             f"max ≤ {lb['max_us']:g} µs")
-    if SYSCALLS:
+    if SYSCALLS and not linger_ms:
         res["syscalls"] = syscalls(b, rate)
     return res
 
@@ -1130,6 +1135,31 @@ def tax_section(lat):
     return L
 
 
+def linger_section(lat, lat_linger):
+    """The rate rows again with streams[].linger_ms (off by default), beside the
+    rows without it: issue 18 allows a linger only as a setting, both shown."""
+    if not lat_linger:
+        return []
+    by = {r["rate"]: r for r in lat}
+    L = [f"With `linger_ms: {lat_linger[0]['linger_ms']}` (a setting, off by default: after a short "
+         "page the reader waits that long before reading again, so entries that arrive alone are read, "
+         "claimed and committed together), beside the rows above without it:\n",
+         "| entries/s | proxy CPU s per 1k entries: linger / none | main-loop iterations per entry: linger / none "
+         "| p99 over floor ms: linger / none | p99.9 over floor ms: linger / none | deliveries / unique keys |",
+         "|---:|---:|---:|---:|---:|---:|"]
+    for r in lat_linger:
+        o = by.get(r["rate"])
+        if o is None:
+            continue
+        it = lambda x: f"{x['loop_busy']['iterations_per_entry']:.2f}" if x.get("loop_busy") else "-"
+        over = lambda x, q: ms(x[q] - x["floor"][q])
+        L.append(f"| {r['rate']:,} | {r['cpu_per_1k']:.3f} / {o['cpu_per_1k']:.3f} | {it(r)} / {it(o)} | "
+                 f"{over(r, 'p99_us')} / {over(o, 'p99_us')} | {over(r, 'p999_us')} / {over(o, 'p999_us')} | "
+                 f"{r['delivered']} / {r['unique']} |")
+    L.append("")
+    return L
+
+
 def syscall_tool(lat):
     tools = {r["syscalls"]["tool"] for r in lat if r.get("syscalls")}
     if not tools:
@@ -1139,7 +1169,7 @@ def syscall_tool(lat):
             "strace -c -f, all threads together" if tools == {"strace"} else " and ".join(sorted(tools)))
 
 
-def report(meta, tp, base, lat, mem, allocs=None):
+def report(meta, tp, base, lat, mem, allocs=None, lat_linger=()):
     L = []
     L.append(f"## Benchmark ({meta['date']})\n")
     L.append(f"`make bench` on {meta['machine']}; load average {meta['load_start']} at the start, "
@@ -1209,6 +1239,7 @@ def report(meta, tp, base, lat, mem, allocs=None):
 
     L += redis_cost_section(tp, base, a)
     L += tax_section(lat)
+    L += linger_section(lat, lat_linger)
     L.append(f"Latency from XADD to the worker (layout {LAT_LAYOUT}, {RATE_SECONDS:g} s per rate, "
              f"{LAT_COPIES:.0%} copies, idle proxy beforehand):\n")
     L.append("| entries/s asked | achieved | deliveries / unique keys | p50 ms | p99 ms | p99.9 ms | max ms | proxy CPU s / 1k entries "
@@ -1307,7 +1338,7 @@ def report(meta, tp, base, lat, mem, allocs=None):
     for r in lat:
         if r["rate"] == 5000:
             L.append(f"| p99 ≤ 2 ms at 5k entries/s (issue 5) | {ms(r['p99_us'])} ms | {ok(r['p99_us'] <= 2000)} |")
-    twice = meta.get("extra_deliveries", 0) + sum(r["delivered"] - r["unique"] for r in lat)
+    twice = meta.get("extra_deliveries", 0) + sum(r["delivered"] - r["unique"] for r in list(lat) + list(lat_linger))
     L.append(f"| every unique key delivered once (every throughput round and latency run: "
              f"deliveries − unique keys) | {twice} | "
              f"{ok(twice == 0)} |")
@@ -1355,6 +1386,7 @@ def main():
         base = {k: median_run(runs) for k, runs in base_runs.items()}
         allocs = allocations(b, VARIANTS[0]) if VARIANTS else None
         lat = [latency(b, rate, i == 0) for i, rate in enumerate(RATES)]
+        lat_linger = [latency(b, rate, False, LINGER_MS) for rate in RATES if rate <= 5000] if LINGER_MS else []
         mem = hold(b) if HOLD else None
         clu = bench_cluster.measure(sys.modules[__name__], b, CLUSTER_N) if CLUSTER_N else []
         abr = ab(b) if AB_BIN else None
@@ -1369,11 +1401,12 @@ def main():
     (s0, t0), (s1, t1) = meta["ticks_start"], cpu_ticks()
     meta["steal_pct"] = 100.0 * (s1 - s0) / max(t1 - t0, 1)
     meta["ab_bin"] = AB_BIN
-    md = (report(meta, tp, base, lat, mem, allocs) if tp or base or lat or mem else "") \
+    md = (report(meta, tp, base, lat, mem, allocs, lat_linger) if tp or base or lat or mem else "") \
         + bench_cluster.report(clu, spread) + (ab_report(meta, abr) if abr else "")
     (OUT / "results.md").write_text(md)
     (OUT / "results.json").write_text(json.dumps({"meta": meta, "throughput": tp, "baselines": base,
-                                                  "latency": lat, "memory": mem, "cluster": clu,
+                                                  "latency": lat, "latency_linger": lat_linger,
+                                                  "memory": mem, "cluster": clu,
                                                   "allocations": allocs, "ab": abr},
                                                  indent=1))
     print(md)

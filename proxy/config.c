@@ -1456,6 +1456,8 @@ static const cfg_opt cfg_stream_opts[] = {
     CFG_ENUM("on_missing_key", px_stream_conf, on_missing_key, cfg_missing),
     CFG_BOOL(px_stream_conf, fencing),
     CFG_MS(px_stream_conf, claim_idle_ms, 100), /* kept fresh every third of it (reader.c) */
+    /* a batching wait, not a delay: bounded well under any lease */
+    { .name = "linger_ms", .set = cfg_set_ms, .offset = offsetof(px_stream_conf, linger_ms), .min = 0, .max = PX_LINGER_MAX_MS },
     CFG_BOOL(px_stream_conf, hash_tag),
     { .name = NULL }
 };

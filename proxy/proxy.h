@@ -111,6 +111,8 @@ struct px_stream {
     size_t lease_budget; /* entries extended at most per tick (bounds the bursts) */
     ev_timer janitor;    /* group mode: idle consumer removal */
     ev_timer pause;      /* a short wait after an error reply, then read again */
+    ev_timer linger;     /* linger_ms after a short live page, then read again */
+    size_t asked;        /* COUNT of the read in flight */
     px_entry *head;      /* tracked entries of this stream */
     size_t tracked;
 #define PX_COUNTER_FIELD(n, family, label, value, help) unsigned long long n;

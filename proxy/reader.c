@@ -375,6 +375,13 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
         px_log_info("stream %s: reading new entries as %s/%s", st->conf->stream, st->conf->group,
                     st->conf->consumer);
     }
+    /* linger_ms (off by default): after a live page shorter than asked, let
+     * more entries arrive so they are read, claimed and committed together. */
+    if (st->rstate == R_LIVE && got > 0 && got < st->asked && st->conf->linger_ms > 0) {
+        ev_timer_set(&st->linger, (double)st->conf->linger_ms / 1000.0, 0.);
+        ev_timer_start(st->px->loop, &st->linger);
+        return;
+    }
     read_next(st);
 }
 
@@ -409,7 +416,9 @@ static void create_reply_cb(px_redis *r, redisReply *reply, void *priv)
 static void read_next(px_stream *st)
 {
     px_stream_conf *sc = st->conf;
-    if (st->reading || st->rstate == R_STOPPED || st->rstate == R_DOWN || st->px->stopping) return;
+    if (st->reading || st->rstate == R_STOPPED || st->rstate == R_DOWN || st->px->stopping ||
+        ev_is_active(&st->linger))
+        return;
     if (!px_redis_is_up(st->link)) return;
     /* A lost reclaim's entries are in our history: replay it, once the
      * command link is back, which the replay needs to set back the count of
@@ -469,7 +478,10 @@ static void read_next(px_stream *st)
         rc = px_redis_argv(st->link, sc->stream, PX_READER_BLOCK_MS, read_reply_cb, st, 8, argv,
                            lens);
     }
-    if (rc == PX_OK) st->reading = true;
+    if (rc == PX_OK) {
+        st->reading = true;
+        st->asked = n;
+    }
 }
 
 /* --- XAUTOCLAIM ------------------------------------------------------------ */
@@ -607,6 +619,8 @@ void px_reader_start(px_stream *st)
     st->page_count = PX_PAGE_FIRST;
     ev_timer_init(&st->pause, pause_cb, 0.5, 0.);
     st->pause.data = st;
+    ev_timer_init(&st->linger, pause_cb, 0., 0.);
+    st->linger.data = st;
     st->link = px_redis_create(st->px->loop, &o, link_state_cb, st);
     if (st->conf->group) {
         double every = (double)st->conf->claim_idle_ms / 2000.0;
@@ -644,6 +658,7 @@ void px_reader_stop(px_stream *st)
 {
     st->rstate = R_STOPPED;
     ev_timer_stop(st->px->loop, &st->pause);
+    ev_timer_stop(st->px->loop, &st->linger);
     ev_timer_stop(st->px->loop, &st->autoclaim);
     ev_timer_stop(st->px->loop, &st->refresh);
     ev_timer_stop(st->px->loop, &st->janitor);

@@ -489,3 +489,40 @@ def test_fields_variable_in_a_payload_stream(env):
     r.xadd("room", {"source": "app", "payload": '{"eventId": "f1"}'})
     wait_for(lambda: settled(p, "room", 3), what="every entry's outcome")
     assert sorted(w.keys()) == ["app:f1", "web:f1"]
+
+
+def reads_of(r, cmd):
+    return r.info("commandstats").get(f"cmdstat_{cmd}", {}).get("calls", 0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_linger_reads_entries_that_arrive_alone_together(env, mode):
+    """streams[].linger_ms (off by default): after a live page shorter than it
+    asked for, the reader waits that long before it reads again, so entries
+    that arrive one by one are read (and claimed, and committed) together.
+    Twelve entries 20 ms apart: with no linger each is read on its own (the
+    control, about 12 reads); with 100 ms, about four reads take them all.
+    Each is delivered once either way."""
+    r = env.r
+    cmd = "xreadgroup" if mode == "group" else "xread"
+    reads = {}
+    for linger in (0, 100):
+        stream = f"trickle{linger}"
+        conf = stream_conf(mode, "single", stream=stream, linger_ms=linger, start="$")
+        if mode == "group":
+            conf["start"] = "0"
+        p = env.proxy([conf])
+        w = env.worker(p.endpoint)
+        wait_for(lambda: p.metrics().get("idemproxy_workers_connected") == 1, what="the worker")
+        time.sleep(0.5)                     # the reader is live
+        before = reads_of(r, cmd)
+        for i in range(12):
+            publish(r, stream, [{"eventId": f"{stream}-{i}"}])
+            time.sleep(0.02)
+        wait_for(lambda: len(w.keys()) == 12, what="the trickle delivered")
+        reads[linger] = reads_of(r, cmd) - before
+        assert sorted(w.keys()) == sorted(f"{stream}-{i}" for i in range(12))
+        p.stop()
+        w.close()
+    assert reads[0] >= 9, reads            # the control: one read per entry, or nearly
+    assert reads[100] <= 6, reads

@@ -200,6 +200,7 @@ static void test_defaults(void)
     test_cond("default fencing", s->fencing == false);
     test_cond("default hash_tag", s->hash_tag == false);
     test_cond("default claim_idle_ms", s->claim_idle_ms == 30000);
+    test_cond("default linger_ms: off", s->linger_ms == 0);
     test_cond("line", s->line == 1);
     px_config_destroy(c);
 
@@ -322,6 +323,8 @@ static void test_errors(void)
                  "t.yaml:3:21: ", "must be at least 1");
     expect_error("claim_idle_ms 0", "streams:\n  - stream: room\n    group: g\n    claim_idle_ms: 0\n",
                  "t.yaml:4:20: ", "claim_idle_ms: must be at least 100 (got 0)");
+    expect_error("linger_ms over 100", "streams:\n  - stream: room\n    linger_ms: 101\n",
+                 "t.yaml:3:16: ", "linger_ms: must be at most 100 (got 101)");
     expect_error("max_entry_bytes 0", "app:\n  max_entry_bytes: 0\n" S,
                  "t.yaml:2:20: ", "app.max_entry_bytes: must be at least 1");
 

@@ -115,7 +115,8 @@ struct px_entry {
     struct {                  /* deliver.c; reader.c for Redis' counts */
         uint32_t attempt;     /* deliveries so far; group mode starts from Redis' count */
         uint32_t redis_count; /* group mode: the delivery count Redis holds for it */
-        uint32_t counts_wait; /* cluster: claimed only once this batch's delivery counts are in */
+        uint32_t counts_wait; /* claimed only once this batch's delivery counts are in */
+        uint32_t rereads;     /* history reads of it while its counts were out (reader.c) */
         uint32_t req_id;      /* SP request id of the current delivery */
         uint64_t deadline_ms; /* ack deadline of the current delivery */
         double sent_at;       /* loop time the current delivery went out (ack_latency) */

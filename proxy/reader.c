@@ -151,7 +151,11 @@ static void counts_reply_cb(px_redis *r, redisReply *reply, void *priv)
         if (p->type != REDIS_REPLY_ARRAY || p->elements < 4 || p->element[0]->type != REDIS_REPLY_STRING ||
             p->element[3]->type != REDIS_REPLY_INTEGER) continue;
         px_entry *e = px_proxy_find(st, p->element[0]->str);
-        if (e == NULL || e->delivery.attempt != 0 || p->element[3]->integer < 1) continue;
+        /* Only the entries this ask is for: one read again meanwhile waits for
+         * the ask after that read (take_entries), which sees its count. */
+        if (e == NULL || e->delivery.counts_wait != a->seq || e->delivery.attempt != 0 ||
+            p->element[3]->integer < 1)
+            continue;
         /* The read that brought it counted the delivery it is about to get:
          * the deliveries before are one fewer. Each read of ours lost since
          * the last whole history replay may have counted one more that no
@@ -159,7 +163,9 @@ static void counts_reply_cb(px_redis *r, redisReply *reply, void *priv)
          * so it stays the evidence after a restart. Erring low costs a
          * delivery more at worst; high, a dead letter never delivered. */
         uint32_t count = (uint32_t)p->element[3]->integer;
-        uint32_t extra = a->lost < count - 1 ? a->lost : count - 1;
+        uint32_t lost = a->lost + e->delivery.rereads;
+        uint32_t extra = lost < count - 1 ? lost : count - 1;
+        e->delivery.rereads = 0;
         e->delivery.redis_count = count;
         e->delivery.attempt = count - 1 - extra;
         if (extra) set_count(e, count - extra);
@@ -307,6 +313,15 @@ static size_t take_entries(px_stream *st, redisReply *entries, bool fresh, unsig
         if (cursor) snprintf(cursor, sizeof(st->last_id), "%s", id);
         if (!fresh) {
             px_entry *known = px_proxy_find(st, id);
+            if (known && known->delivery.counts_wait && counts) {
+                /* Still ours, and its count not known yet (its batch's XPENDING
+                 * is out, or lost and asked again): setting it back now would
+                 * guess it. It waits for this page's ask instead, which sees
+                 * this read's count, and takes this read off. */
+                known->delivery.rereads++;
+                known->delivery.counts_wait = counts->seq;
+                continue;
+            }
             if (known) { /* still ours: that read counted no delivery, undo it */
                 set_count(known, known->delivery.redis_count);
                 continue;

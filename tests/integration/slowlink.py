@@ -12,6 +12,9 @@ With cut_reply_matching(), the loss is chosen by the reply: the next chunk
 from the server that matches a pattern (a reply that carries entries, say) is
 dropped, and that connection closed.
 
+With refuse(), a connection that sends one of some commands within a time is
+closed without forwarding them: a link that keeps dropping as it is used.
+
 With hold_replies_after(), a reply comes late instead: from the next command
 holding a pattern on, that connection's replies wait a set time (a slow
 answer, in order, not lost)."""
@@ -33,6 +36,7 @@ class SlowLink:
         self.cut_lock = threading.Lock()
         self.hold_on, self.hold_s, self.held = None, 0, 0
         self.reply_cut = None
+        self.refused, self.refuse_until, self.refusing = [], 0.0, 0
         self.lsock = socket.socket()
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.lsock.bind(("127.0.0.1", 0))
@@ -85,6 +89,19 @@ class SlowLink:
             if self.reply_cut is None or not self.reply_cut.search(data):
                 return False
             self.reply_cut = None
+            return True
+
+    def refuse(self, patterns, seconds):
+        """For 'seconds': a chunk from a client that holds any of 'patterns'
+        is not forwarded, and its connection is closed ('refusing' counts)."""
+        with self.cut_lock:
+            self.refused, self.refuse_until = list(patterns), time.monotonic() + seconds
+
+    def _refuse_now(self, data):
+        with self.cut_lock:
+            if time.monotonic() > self.refuse_until or not any(p in data for p in self.refused):
+                return False
+            self.refusing += 1
             return True
 
     def hold_replies_after(self, pattern: bytes, seconds):
@@ -155,6 +172,13 @@ class SlowLink:
             try:
                 data = src.recv(65536)
             except OSError:
+                data = b""
+            if up and data and self._refuse_now(data):
+                for s in (src, dst):
+                    try:
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
                 data = b""
             cut = up and data and self._cut_now(data)
             hold = up and data and self._hold_now(data)

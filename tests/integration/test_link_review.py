@@ -394,3 +394,52 @@ def test_a_reclaim_answered_during_a_replay_does_not_move_the_replay(env):
         wait_for(lambda: pending(r, "room", "game-server") == 0, what="everything acked")
     finally:
         link.close()
+
+
+def test_an_entry_read_again_before_its_count_is_known_is_not_charged_for_it(env):
+    """Found by the review of the replay fix (harm: a reclaimed entry
+    dead-lettered as exhausted that no worker of ours saw; SPEC 5.2, 5.5).
+
+    A replay that reads again an entry we hold (Redis counts one more) sets
+    its count back with XCLAIM RETRYCOUNT. For an entry whose count was not
+    known yet (its batch's XPENDING still out) that guessed the count; and
+    when the command link was down the set-back never went out, so the
+    XPENDING, answered later, took the replay's read as a delivery. Here c0
+    read two entries and died; we reclaim them (count 2), their XPENDING goes
+    out 1.5 s later (a test hook), the reader's connection is reset so the
+    replay reads them again (count 3) while the command link drops each time
+    it sends a set-back or an XPENDING. With max_deliveries 2 they were
+    dead-lettered undelivered; each must reach the worker."""
+    r = env.r
+    r.xgroup_create("room", "game-server", id="0", mkstream=True)
+    keys = ["dead-1", "dead-2"]
+    ids = publish(r, "room", [{"eventId": k} for k in keys])
+    r.xreadgroup("game-server", "c0", {"room": ">"}, count=2)      # c0 took them and died
+    link = SlowLink(env.redis.port, 0)
+    try:
+        p = Proxy(env.tmp, "proxy1", link.url, env.endpoint(),
+                  [dict(STREAM, claim_idle_ms=600, max_deliveries=2, dead_letter="dlq")])
+        env.proxies.append(p)
+        p.start(IDEMPROXY_DEBUG_COUNTS_DELAY_MS=1500)
+        w = env.worker(p.endpoint)
+        deadline = time.time() + 15
+        while reader_connection(r) is None and time.time() < deadline:
+            r.xclaim("room", "game-server", "c0", 0, ids, idle=0, justid=True)
+            time.sleep(0.05)
+        r.xclaim("room", "game-server", "c0", 0, ids, idle=60000, justid=True)
+
+        def ours():
+            return {e["consumer"] for e in r.xpending_range("room", "game-server", "-", "+", 10)} in ({b"c1"}, {"c1"})
+        wait_for(ours, timeout=5, what="the reclaim applied")
+        time.sleep(0.1)                                              # ... and its reply in
+        link.refuse([b"XCLAIM", b"XPENDING"], 1.0)                   # the command link drops when used
+        r.client_kill_filter(_id=reader_connection(r))              # the replay reads them again
+        wait_for(lambda: len(w.keys()) + r.xlen("dlq") >= 2, timeout=20,
+                 what="the reclaimed entries delivered or dead-lettered")
+        assert link.refusing >= 1
+        assert r.xlen("dlq") == 0, [f["idemproxy-reason"] for _, f in r.xrange("dlq")]
+        assert sorted(w.keys()) == keys
+        assert all(1 <= g.attempt <= 2 for g in w.got), [g.attempt for g in w.got]
+        wait_for(lambda: pending(r, "room", "game-server") == 0, what="everything acked")
+    finally:
+        link.close()

@@ -101,6 +101,8 @@ struct px_stream {
     unsigned lost_reads;               /* group: reads lost since the last whole history replay */
     bool replay_due;                   /* group: a reclaim was lost: replay the history next (reader.c) */
     bool reclaiming;                   /* group: an XAUTOCLAIM is out (one at a time, reader.c) */
+    bool reading_history;              /* the read in flight is a history read */
+    unsigned history_lost;             /* history reads whose reply was lost, ever (reader.c) */
     struct counts_ask *counts_waiting; /* reader.c: XPENDING asks on their retry timer */
     char last_id[64];                  /* group-less: last id read; group: history cursor */
     ev_timer autoclaim;                /* group mode: periodic XAUTOCLAIM */

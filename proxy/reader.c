@@ -75,6 +75,15 @@ static void page_seen(px_stream *st, size_t n, size_t bytes)
     st->page_count = c;
 }
 
+/* Stream id a after b ("ms-seq"; "0" is before every entry). */
+static bool id_after(const char *a, const char *b)
+{
+    char *end;
+    unsigned long long ams = strtoull(a, &end, 10), aseq = *end == '-' ? strtoull(end + 1, NULL, 10) : 0;
+    unsigned long long bms = strtoull(b, &end, 10), bseq = *end == '-' ? strtoull(end + 1, NULL, 10) : 0;
+    return ams > bms || (ams == bms && aseq > bseq);
+}
+
 /* A read or reclaim's reply was lost (a deadline, a reset), maybe after
  * Redis applied it: its entries are in our pending list with a delivery
  * counted that no worker saw, which the next history replay does not charge
@@ -104,6 +113,7 @@ typedef struct counts_ask {
     uint32_t seq; /* the batch: its entries' counts_wait */
     size_t n;
     unsigned lost;           /* history: reads lost before it (px_stream.lost_reads) */
+    unsigned history_lost;   /* px_stream.history_lost when it was made */
     ev_timer delay;          /* the test hook, or a retry */
     struct counts_ask *next; /* in st->counts_waiting while 'delay' runs */
     char first[64], last[64];
@@ -162,8 +172,13 @@ static void counts_reply_cb(px_redis *r, redisReply *reply, void *priv)
          * worker saw (SPEC 5.2): not charged, and Redis' count is set back,
          * so it stays the evidence after a restart. Erring low costs a
          * delivery more at worst; high, a dead letter never delivered. */
+        /* ... and so may a history read since this ask was made whose
+         * reply was lost, or one still out that reads past this entry's id
+         * (one that came took the entry off this ask: take_entries). */
+        uint32_t later = (st->history_lost - a->history_lost) +
+                         (st->reading && st->reading_history && id_after(e->id, st->last_id) ? 1u : 0u);
         uint32_t count = (uint32_t)p->element[3]->integer;
-        uint32_t lost = a->lost + e->delivery.rereads;
+        uint32_t lost = a->lost + e->delivery.rereads + later;
         uint32_t extra = lost < count - 1 ? lost : count - 1;
         e->delivery.rereads = 0;
         e->delivery.redis_count = count;
@@ -213,6 +228,7 @@ static counts_ask *counts_new(px_stream *st, const char *first, const char *last
     a->st = st;
     a->n = n;
     a->lost = lost;
+    a->history_lost = st->history_lost;
     if (++seq == 0) seq = 1;
     a->seq = seq; /* claims wait for the counts, on one server too (see counts_reply_cb) */
     snprintf(a->first, sizeof(a->first), "%s", first);
@@ -355,6 +371,7 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
     st->reading = false;
     if (st->rstate == R_STOPPED) return;
     if (reply == NULL) {
+        if (st->reading_history) st->history_lost++;
         page_lost(st, "read");
         /* Link down: the state callback restarts us. A cluster may stay up
          * while one command is lost (its node failed over): pause, then again,
@@ -445,6 +462,7 @@ static void read_next(px_stream *st)
         strcpy(st->last_id, "0");
     }
     int rc = PX_ERR;
+    st->reading_history = false; /* nothing is in flight here */
     if (st->rstate == R_CREATE) {
         if (sc->group) {
             const char *argv[] = { "XGROUP", "CREATE", sc->stream, sc->group, sc->start, "MKSTREAM" };
@@ -478,6 +496,7 @@ static void read_next(px_stream *st)
         size_t lens[9];
         for (int i = 0; i < 9; i++) lens[i] = strlen(argv[i]);
         rc = px_redis_argv(st->link, sc->stream, 0, read_reply_cb, st, 9, argv, lens);
+        if (rc == PX_OK) st->reading_history = true;
     } else if (sc->group) {
         const char *argv[] = { "XREADGROUP", "GROUP", sc->group, sc->consumer, "COUNT", count,
                                "BLOCK", block, "STREAMS", sc->stream, ">" };

@@ -443,3 +443,49 @@ def test_an_entry_read_again_before_its_count_is_known_is_not_charged_for_it(env
         wait_for(lambda: pending(r, "room", "game-server") == 0, what="everything acked")
     finally:
         link.close()
+
+
+def test_a_replay_read_lost_before_a_reclaims_count_comes_is_not_charged(env):
+    """Found by the review of the fix above (harm: a reclaimed entry
+    dead-lettered as exhausted that no worker of ours saw; SPEC 5.2, 5.5).
+
+    We reclaim c0's entries (count 2); their XPENDING goes out late (a test
+    hook). Meanwhile the reader's connection is reset and the replay's first
+    read, which Redis applies (count 3), loses its reply. The XPENDING then
+    saw 3 with no loss on record for it (a reclaim's ask counted none) and
+    charged the replay's read: attempt 3 past max_deliveries 2, dead-lettered
+    undelivered. A history read lost, or still out, after an ask was made may
+    have counted a delivery of its entries too: each must reach the worker."""
+    r = env.r
+    r.xgroup_create("room", "game-server", id="0", mkstream=True)
+    keys = ["dead-1", "dead-2"]
+    ids = publish(r, "room", [{"eventId": k} for k in keys])
+    r.xreadgroup("game-server", "c0", {"room": ">"}, count=2)      # c0 took them and died
+    link = SlowLink(env.redis.port, 0, cut_wait=1.5)
+    try:
+        p = Proxy(env.tmp, "proxy1", link.url, env.endpoint(),
+                  [dict(STREAM, claim_idle_ms=600, max_deliveries=2, dead_letter="dlq")])
+        env.proxies.append(p)
+        p.start(IDEMPROXY_DEBUG_COUNTS_DELAY_MS=800)
+        w = env.worker(p.endpoint)
+        deadline = time.time() + 15
+        while reader_connection(r) is None and time.time() < deadline:
+            r.xclaim("room", "game-server", "c0", 0, ids, idle=0, justid=True)
+            time.sleep(0.05)
+        r.xclaim("room", "game-server", "c0", 0, ids, idle=60000, justid=True)
+
+        def ours():
+            return {e["consumer"] for e in r.xpending_range("room", "game-server", "-", "+", 10)} in ({b"c1"}, {"c1"})
+        wait_for(ours, timeout=5, what="the reclaim applied")
+        # the replay's first read (from 0): applied, its reply lost
+        link.cut_reply_to(b"STREAMS\r\n$4\r\nroom\r\n$1\r\n0\r\n", None)
+        r.client_kill_filter(_id=reader_connection(r))
+        wait_for(lambda: len(w.keys()) + r.xlen("dlq") >= 2, timeout=20,
+                 what="the reclaimed entries delivered or dead-lettered")
+        wait_for(lambda: link.cut == 1, timeout=5, what="the replay's read lost")
+        assert r.xlen("dlq") == 0, [f["idemproxy-reason"] for _, f in r.xrange("dlq")]
+        assert sorted(w.keys()) == keys
+        assert all(1 <= g.attempt <= 2 for g in w.got), [g.attempt for g in w.got]
+        wait_for(lambda: pending(r, "room", "game-server") == 0, what="everything acked")
+    finally:
+        link.close()

@@ -396,6 +396,43 @@ def test_a_reclaim_answered_during_a_replay_does_not_move_the_replay(env):
         link.close()
 
 
+DEAD_KEYS = ["dead-1", "dead-2"]
+
+
+def reclaim_with_late_counts(env, link, counts_delay_ms):
+    """c0 read DEAD_KEYS and died; a proxy (c1) on 'link' whose XPENDING asks
+    go out counts_delay_ms late (a test hook) reclaims them (count 2). Returns
+    its worker once the reclaim is applied in Redis and its reply is in."""
+    r = env.r
+    r.xgroup_create("room", "game-server", id="0", mkstream=True)
+    ids = publish(r, "room", [{"eventId": k} for k in DEAD_KEYS])
+    r.xreadgroup("game-server", "c0", {"room": ">"}, count=2)      # c0 took them and died
+    p = Proxy(env.tmp, "proxy1", link.url, env.endpoint(),
+              [dict(STREAM, claim_idle_ms=600, max_deliveries=2, dead_letter="dlq")])
+    env.proxies.append(p)
+    p.start(IDEMPROXY_DEBUG_COUNTS_DELAY_MS=counts_delay_ms)
+    w = env.worker(p.endpoint)
+    deadline = time.time() + 15
+    while reader_connection(r) is None and time.time() < deadline:
+        r.xclaim("room", "game-server", "c0", 0, ids, idle=0, justid=True)
+        time.sleep(0.05)
+    r.xclaim("room", "game-server", "c0", 0, ids, idle=60000, justid=True)
+
+    def ours():
+        return {e["consumer"] for e in r.xpending_range("room", "game-server", "-", "+", 10)} in ({b"c1"}, {"c1"})
+    wait_for(ours, timeout=5, what="the reclaim applied")
+    time.sleep(0.1)                                                  # ... and its reply in
+    return w
+
+
+def assert_each_delivered(r, w):
+    """No dead letter; each of DEAD_KEYS delivered as attempt 1 or 2; nothing pending."""
+    assert r.xlen("dlq") == 0, [f["idemproxy-reason"] for _, f in r.xrange("dlq")]
+    assert sorted(w.keys()) == DEAD_KEYS
+    assert all(1 <= g.attempt <= 2 for g in w.got), [g.attempt for g in w.got]
+    wait_for(lambda: pending(r, "room", "game-server") == 0, what="everything acked")
+
+
 def test_an_entry_read_again_before_its_count_is_known_is_not_charged_for_it(env):
     """Found by the review of the replay fix (harm: a reclaimed entry
     dead-lettered as exhausted that no worker of ours saw; SPEC 5.2, 5.5).
@@ -411,36 +448,15 @@ def test_an_entry_read_again_before_its_count_is_known_is_not_charged_for_it(env
     it sends a set-back or an XPENDING. With max_deliveries 2 they were
     dead-lettered undelivered; each must reach the worker."""
     r = env.r
-    r.xgroup_create("room", "game-server", id="0", mkstream=True)
-    keys = ["dead-1", "dead-2"]
-    ids = publish(r, "room", [{"eventId": k} for k in keys])
-    r.xreadgroup("game-server", "c0", {"room": ">"}, count=2)      # c0 took them and died
     link = SlowLink(env.redis.port, 0)
     try:
-        p = Proxy(env.tmp, "proxy1", link.url, env.endpoint(),
-                  [dict(STREAM, claim_idle_ms=600, max_deliveries=2, dead_letter="dlq")])
-        env.proxies.append(p)
-        p.start(IDEMPROXY_DEBUG_COUNTS_DELAY_MS=1500)
-        w = env.worker(p.endpoint)
-        deadline = time.time() + 15
-        while reader_connection(r) is None and time.time() < deadline:
-            r.xclaim("room", "game-server", "c0", 0, ids, idle=0, justid=True)
-            time.sleep(0.05)
-        r.xclaim("room", "game-server", "c0", 0, ids, idle=60000, justid=True)
-
-        def ours():
-            return {e["consumer"] for e in r.xpending_range("room", "game-server", "-", "+", 10)} in ({b"c1"}, {"c1"})
-        wait_for(ours, timeout=5, what="the reclaim applied")
-        time.sleep(0.1)                                              # ... and its reply in
+        w = reclaim_with_late_counts(env, link, 1500)
         link.refuse([b"XCLAIM", b"XPENDING"], 1.0)                   # the command link drops when used
         r.client_kill_filter(_id=reader_connection(r))              # the replay reads them again
         wait_for(lambda: len(w.keys()) + r.xlen("dlq") >= 2, timeout=20,
                  what="the reclaimed entries delivered or dead-lettered")
         assert link.refusing >= 1
-        assert r.xlen("dlq") == 0, [f["idemproxy-reason"] for _, f in r.xrange("dlq")]
-        assert sorted(w.keys()) == keys
-        assert all(1 <= g.attempt <= 2 for g in w.got), [g.attempt for g in w.got]
-        wait_for(lambda: pending(r, "room", "game-server") == 0, what="everything acked")
+        assert_each_delivered(r, w)
     finally:
         link.close()
 
@@ -457,35 +473,15 @@ def test_a_replay_read_lost_before_a_reclaims_count_comes_is_not_charged(env):
     undelivered. A history read lost, or still out, after an ask was made may
     have counted a delivery of its entries too: each must reach the worker."""
     r = env.r
-    r.xgroup_create("room", "game-server", id="0", mkstream=True)
-    keys = ["dead-1", "dead-2"]
-    ids = publish(r, "room", [{"eventId": k} for k in keys])
-    r.xreadgroup("game-server", "c0", {"room": ">"}, count=2)      # c0 took them and died
     link = SlowLink(env.redis.port, 0, cut_wait=1.5)
     try:
-        p = Proxy(env.tmp, "proxy1", link.url, env.endpoint(),
-                  [dict(STREAM, claim_idle_ms=600, max_deliveries=2, dead_letter="dlq")])
-        env.proxies.append(p)
-        p.start(IDEMPROXY_DEBUG_COUNTS_DELAY_MS=800)
-        w = env.worker(p.endpoint)
-        deadline = time.time() + 15
-        while reader_connection(r) is None and time.time() < deadline:
-            r.xclaim("room", "game-server", "c0", 0, ids, idle=0, justid=True)
-            time.sleep(0.05)
-        r.xclaim("room", "game-server", "c0", 0, ids, idle=60000, justid=True)
-
-        def ours():
-            return {e["consumer"] for e in r.xpending_range("room", "game-server", "-", "+", 10)} in ({b"c1"}, {"c1"})
-        wait_for(ours, timeout=5, what="the reclaim applied")
+        w = reclaim_with_late_counts(env, link, 800)
         # the replay's first read (from 0): applied, its reply lost
         link.cut_reply_to(b"STREAMS\r\n$4\r\nroom\r\n$1\r\n0\r\n", None)
         r.client_kill_filter(_id=reader_connection(r))
         wait_for(lambda: len(w.keys()) + r.xlen("dlq") >= 2, timeout=20,
                  what="the reclaimed entries delivered or dead-lettered")
         wait_for(lambda: link.cut == 1, timeout=5, what="the replay's read lost")
-        assert r.xlen("dlq") == 0, [f["idemproxy-reason"] for _, f in r.xrange("dlq")]
-        assert sorted(w.keys()) == keys
-        assert all(1 <= g.attempt <= 2 for g in w.got), [g.attempt for g in w.got]
-        wait_for(lambda: pending(r, "room", "game-server") == 0, what="everything acked")
+        assert_each_delivered(r, w)
     finally:
         link.close()

@@ -39,6 +39,13 @@
  * "ts_us" per entry: what XADD -> a blocked reader costs here, at this load.
  * Prints {"mode":"l","entries":..,"lat_n":..,"p50_us":..,...}.
  *
+ * --block MS (mode b with --group): the live guard, what a service that does the
+ * dedup itself costs at a rate: XREADGROUP ... BLOCK MS, each page claimed and
+ * done as above as soon as it comes, until a BLOCK ends with nothing (the
+ * producer stopped). The JSON line gains "cpu_s", this process' CPU seconds
+ * (user + system) while reading: the in-process cost idemproxy's CPU per entry
+ * is compared with at the same rate.
+ *
  * --limit N stops after N entries (baseline a runs on a sample).
  * Modes a and b print one JSON line: {"mode":..,"layout":..,"entries":..,
  * "keys":..,"copies":..,"busy":..,"unresolved":..,"bad":..,"seconds":..,
@@ -47,6 +54,7 @@
  * the end (0), entries whose payload had no eventId.
  */
 #include <getopt.h>
+#include <sys/resource.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,6 +80,14 @@ static const char *stream = "bench";
 /* Group mode: the ids a page settles, XACKed in one command. */
 static const char **ack_argv;
 static size_t nack;
+
+static double cpu_s(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
 
 static double now_s(void)
 {
@@ -330,16 +346,16 @@ int main(int argc, char **argv)
     const char *host = "127.0.0.1", *layout = "split";
     int port = 6379;
     char mode = 'b';
-    long batch = 256, limit = 0;
+    long batch = 256, limit = 0, block_ms = -1;
     static const struct option opts[] = {
         { "host", required_argument, NULL, 'h' },   { "port", required_argument, NULL, 'p' },
         { "stream", required_argument, NULL, 's' }, { "mode", required_argument, NULL, 'm' },
         { "layout", required_argument, NULL, 'l' }, { "batch", required_argument, NULL, 'b' },
         { "limit", required_argument, NULL, 'n' },  { "lease", required_argument, NULL, 'L' },
         { "ttl", required_argument, NULL, 'T' },    { "group", required_argument, NULL, 'g' },
-        { NULL, 0, NULL, 0 } };
+        { "block", required_argument, NULL, 'B' },  { NULL, 0, NULL, 0 } };
     int o;
-    while ((o = getopt_long(argc, argv, "h:p:s:m:l:b:n:L:T:g:", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "h:p:s:m:l:b:n:L:T:g:B:", opts, NULL)) != -1) {
         switch (o) {
         case 'h': host = optarg; break;
         case 'p': port = atoi(optarg); break;
@@ -351,16 +367,17 @@ int main(int argc, char **argv)
         case 'L': lease_ms = atol(optarg); break;
         case 'T': ttl_ms = atol(optarg); break;
         case 'g': group = optarg; break;
+        case 'B': block_ms = atol(optarg); break;
         default:
             fprintf(stderr, "usage: bench_baseline --mode a|b|l [--layout single|split] [--host H]"
-                            " [--port P] [--stream S] [--batch N] [--limit N] [--group G]\n");
+                            " [--port P] [--stream S] [--batch N] [--limit N] [--group G [--block MS]]\n");
             return 2;
         }
     }
     int single = strcmp(layout, "single") == 0;
     if ((mode != 'a' && mode != 'b' && mode != 'l') || (!single && strcmp(layout, "split") != 0) || batch < 1 ||
-        (group && mode != 'b')) {
-        fprintf(stderr, "bench_baseline: bad --mode, --layout, --batch or --group (mode b only)\n");
+        (group && mode != 'b') || (block_ms >= 0 && !group)) {
+        fprintf(stderr, "bench_baseline: bad --mode, --layout, --batch, --group (mode b only) or --block (with --group)\n");
         return 2;
     }
     if (mode == 'a') single = 0;   /* the seeds use lock: and done: keys */
@@ -392,12 +409,13 @@ int main(int argc, char **argv)
         ack_argv[0] = "XACK";
         ack_argv[1] = stream;
         ack_argv[2] = group;
-        r = cmd("XGROUP CREATE", 5, (const char *[]){ "XGROUP", "CREATE", stream, group, "0" });
+        r = cmd("XGROUP CREATE", 6, (const char *[]){ "XGROUP", "CREATE", stream, group, "0", "MKSTREAM" });
         freeReplyObject(r);
     }
     size_t carried = 0;
-    char start[64] = "-", count[24];
-    double t0 = now_s();
+    char start[64] = "-", count[24], block[24];
+    snprintf(block, sizeof(block), "%ld", block_ms);
+    double t0 = now_s(), c0 = cpu_s();
     for (;;) {
         long want = batch;
         if (limit > 0 && (long)n_entries + want > limit) want = limit - (long)n_entries;
@@ -406,8 +424,11 @@ int main(int argc, char **argv)
         redisReply *reply, *page;
         if (group) {
             /* XREADGROUP's reply: [[stream, entries]], or nil when nothing is new. */
-            reply = cmd("XREADGROUP", 9, (const char *[]){ "XREADGROUP", "GROUP", group, "bench", "COUNT",
-                                                         count, "STREAMS", stream, ">" });
+            reply = block_ms >= 0
+                        ? cmd("XREADGROUP", 11, (const char *[]){ "XREADGROUP", "GROUP", group, "bench", "COUNT",
+                                                                  count, "BLOCK", block, "STREAMS", stream, ">" })
+                        : cmd("XREADGROUP", 9, (const char *[]){ "XREADGROUP", "GROUP", group, "bench", "COUNT",
+                                                                 count, "STREAMS", stream, ">" });
             page = reply->type == REDIS_REPLY_ARRAY && reply->elements == 1 ? reply->element[0]->element[1]
                                                                                : NULL;
         } else {
@@ -441,14 +462,14 @@ int main(int argc, char **argv)
             if (got == 0 && carried > 0)   /* the stream is read: one more round for the busy */
                 carried = single ? page_single(v, carried, state) : page_split(v, carried, state);
         }
-        if (got == 0) break;
+        if (got == 0 && (block_ms < 0 || n_entries > 0)) break;   /* live: wait for the first */
     }
-    double dt = now_s() - t0;
+    double dt = now_s() - t0, cpu = cpu_s() - c0;
     printf("{\"mode\":\"%c\",\"layout\":\"%s\",\"entries\":%llu,\"keys\":%llu,\"copies\":%llu,"
            "\"busy\":%llu,\"unresolved\":%zu,\"bad\":%llu,\"seconds\":%.6f,\"keys_per_s\":%.1f,"
-           "\"entries_per_s\":%.1f}\n",
+           "\"entries_per_s\":%.1f,\"cpu_s\":%.6f}\n",
            mode, single ? "single" : "split", n_entries, n_keys, n_copies, n_busy, carried, n_bad, dt,
-           (double)n_keys / dt, (double)n_entries / dt);
+           (double)n_keys / dt, (double)n_entries / dt, cpu);
     free(v);
     free(state);
     redisFree(c);

@@ -206,6 +206,12 @@ def cpu_ticks():
     return f[7] if len(f) > 7 else 0, sum(f[:8])
 
 
+def machine_busy():
+    """(busy, total) ticks of all CPUs from /proc/stat; busy is all but idle and iowait."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(f[:8]) - f[3] - f[4], sum(f[:8])
+
+
 def cpu_seconds(pid):
     """utime + stime of a process, in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -763,6 +769,31 @@ def latency_floor(b, rate):
     return json.loads(out)
 
 
+def live_guard(b, rate):
+    """Baseline (b) live: the same dedup done in one process, reading with
+    XREADGROUP BLOCK as entries come at 'rate' (bench_baseline --block). Its CPU
+    per 1k entries is what a service that guards itself pays at this rate, on
+    this machine: the reference for idemproxy's own CPU per entry."""
+    b.r.flushall()
+    b.reset_stats()
+    g = spawn([str(BIN_DIR / "bench_baseline"), "--port", str(b.port), "--stream", STREAM, "--mode", "b",
+               "--layout", LAT_LAYOUT, "--group", GROUP, "--block", "2000", "--batch", str(BATCH)],
+              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    b.wait(lambda: b.r.exists(STREAM) and b.r.xinfo_groups(STREAM), 10, "live guard's group")
+    time.sleep(0.2)                                       # its first blocking read is out
+    data = b.load(rate=rate, seconds=RATE_SECONDS, prefix=f"g{rate}", copies=LAT_COPIES)
+    out, err = g.communicate(timeout=TIMEOUT)
+    if g.returncode != 0:
+        raise RuntimeError(f"bench_baseline --block: {err.strip()}")
+    res = json.loads(out)
+    usec = b.command_stats("usec", skip=("xadd", "xgroup|create", "script|load"))
+    res.update(cpu_per_1k=res["cpu_s"] / (res["entries"] / 1000), produced=data["entries"],
+               redis_usec_per_entry=sum(usec.values()) / max(res["entries"], 1))
+    log(f"  live guard (b) at {rate}/s: CPU {res['cpu_per_1k'] * 1000:.0f} µs per entry, Redis "
+        f"{res['redis_usec_per_entry']:.2f} µs per entry, {res['keys']} keys of {res['entries']} entries")
+    return res
+
+
 def loop_busy(m0, m1, n):
     """idemproxy_loop_busy_seconds between two scrapes: loop iterations per
     entry and the busy time per iteration at p50, p99, p99.9 and the largest,
@@ -795,10 +826,12 @@ def latency(b, rate, first, linger_ms=0):
     pid = p.proc.pid
     th0 = thread_stats(pid)
     lb0 = p.metrics()
-    cpu0 = p.cpu()
+    cpu0, mb0 = p.cpu(), machine_busy()
     data = b.load(rate=rate, seconds=RATE_SECONDS, prefix=f"r{rate}", copies=LAT_COPIES)
+    mb1 = machine_busy()
     m = b.wait(lambda: p.finished(data["entries"]), TIMEOUT, f"rate {rate} drained")
     res["cpu_per_1k"] = (p.cpu() - cpu0) / (data["entries"] / 1000)
+    res["machine_busy"] = (mb1[0] - mb0[0]) / max(mb1[1] - mb0[1], 1)   # while the producer ran
     th1 = thread_stats(pid)
     usec = b.command_stats("usec", skip=("xadd",))        # the producer's XADDs are the app's, not the proxy's
     n = data["entries"]
@@ -824,7 +857,8 @@ def latency(b, rate, first, linger_ms=0):
         f"p99 {wr['p99_us'] / 1000:.2f} ms, p99.9 {wr['p999_us'] / 1000:.2f} ms, max {wr['max_us'] / 1000:.1f} ms")
     log(f"  per entry: proxy CPU {res['cpu_per_1k'] * 1000:.0f} µs; context switches (voluntary + not) "
         + ", ".join(f"{k} {v['voluntary']:.2f} + {v['nonvoluntary']:.2f}" for k, v in res["threads"].items())
-        + f"; Redis {res['redis_usec_per_entry']:.2f} µs (commandstats, XADD left out)")
+        + f"; Redis {res['redis_usec_per_entry']:.2f} µs (commandstats, XADD left out); "
+        f"machine busy {res['machine_busy'] * 100:.0f} % of all vCPUs")
     if res["loop_busy"]:
         lb = res["loop_busy"]
         log(f"  loop: {lb['iterations_per_entry']:.2f} iterations per entry; busy per iteration (bucket bounds) "
@@ -832,6 +866,8 @@ def latency(b, rate, first, linger_ms=0):
             f"max ≤ {lb['max_us']:g} µs")
     if SYSCALLS and not linger_ms:
         res["syscalls"] = syscalls(b, rate)
+    if not linger_ms:
+        res["guard"] = live_guard(b, rate)
     return res
 
 
@@ -1071,17 +1107,27 @@ def tax_section(lat):
          "every rate. The last column is issue 18's own run of the code before it (another hour on "
          "this machine, whose load moves these figures by a third: an A/B with IDEMPROXY_BIN says more).\n",
          "| entries/s | proxy CPU s per 1k entries | p99 ms (floor p99) | p99 over floor | p99.9 ms (floor p99.9) "
-         "| p99.9 over floor | issue 18's baseline: CPU, p99 (floor), p99.9 |",
-         "|---:|---:|---:|---:|---:|---:|---:|"]
+         "| p99.9 over floor | the dedup in-process, live (b): CPU s per 1k, idemproxy / it "
+         "| issue 18's baseline: CPU, p99 (floor), p99.9 |",
+         "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in lat:
         f, lim = r["floor"], CPU_TARGETS.get(r["rate"])
         o99, o999 = r["p99_us"] - f["p99_us"], r["p999_us"] - f["p999_us"]
         cpu = f"{r['cpu_per_1k']:.3f}" + (f" (≤ {lim}: {ok(r['cpu_per_1k'] <= lim)})" if lim else "")
         L.append(f"| {r['rate']:,} | {cpu} | {ms(r['p99_us'])} ({ms(f['p99_us'])}) | {ms(o99)} ({ok(o99 <= 500)}) | "
                  f"{ms(r['p999_us'])} ({ms(f['p999_us'])}) | {ms(o999)} ({ok(o999 <= 2000)}) | "
+                 + (f"{r['guard']['cpu_per_1k']:.3f}, {r['cpu_per_1k'] / r['guard']['cpu_per_1k']:.2f} | "
+                    if r.get("guard") else " | ")
                  + ("{:.3f}, {:.2f} ({:.2f}), {:.2f} |".format(*ISSUE18_BASELINE[r["rate"]])
                     if r["rate"] in ISSUE18_BASELINE else " |"))
     L.append("")
+    if any(r.get("guard") for r in lat):
+        L.append("The in-process column is baseline (b) reading live (bench_baseline --block: XREADGROUP BLOCK, "
+                 "each page claimed, marked done and XACKed as it comes, no handler hop), fed by the same "
+                 "producer at the same rate just after idemproxy's run: what a service that does this "
+                 "dedup itself spends on the same Redis commands here. Where it is above a target, no "
+                 "sidecar that sends those commands and also hands each entry to a worker meets that "
+                 "target on this machine; the ratio is the sidecar's price over doing it in-process.\n")
     L.append("Per entry at those rates: the timed run's CPU and context switches (/proc/PID/task/*/stat "
              "and status: voluntary + involuntary switches, i.e. wake-ups and preemptions), Redis CPU "
              "(commandstats usec, the producer's XADD left out), and the proxy's system calls by kind "
@@ -1128,6 +1174,9 @@ def tax_section(lat):
                  "idemproxy_loop_busy_seconds) | " + " | ".join(
                      f"{x['p50_us']:g} / {x['p99_us']:g} / {x['p999_us']:g} / {x['max_us']:g}" if x else ""
                      for x in lbs) + " |")
+    L.append("| machine busy while the producer ran, all vCPUs (/proc/stat: all but idle and iowait; "
+             "producer, Redis, proxy and workers together) | " + " | ".join(
+                 f"{r['machine_busy'] * 100:.0f} %" if "machine_busy" in r else "" for r in lat) + " |")
     L.append("| Redis µs (commandstats) | " + " | ".join(f"{r['redis_usec_per_entry']:.2f}" for r in lat) + " |")
     L.append("| pods per Redis core, each at this rate (commandstats) | " + " | ".join(
         f"{pods_per_core(r['redis_usec_per_entry'], r['rate']):,.0f}" for r in lat) + " |")

@@ -835,7 +835,7 @@ def latency(b, rate, first, linger_ms=0):
     all1, t1 = run_cpu(b, p, w), time.monotonic()
     m = b.wait(lambda: p.finished(data["entries"]), TIMEOUT, f"rate {rate} drained")
     res["cpu_per_1k"] = (p.cpu() - cpu0) / (data["entries"] / 1000)
-    res["machine_busy"] = (all1 - all0) / ((t1 - t0) * (os.cpu_count() or 1))   # while the producer ran
+    res["run_cpu_share"] = (all1 - all0) / ((t1 - t0) * (os.cpu_count() or 1))   # while the producer ran
     th1 = thread_stats(pid)
     usec = b.command_stats("usec", skip=("xadd",))        # the producer's XADDs are the app's, not the proxy's
     n = data["entries"]
@@ -862,7 +862,7 @@ def latency(b, rate, first, linger_ms=0):
     log(f"  per entry: proxy CPU {res['cpu_per_1k'] * 1000:.0f} µs; context switches (voluntary + not) "
         + ", ".join(f"{k} {v['voluntary']:.2f} + {v['nonvoluntary']:.2f}" for k, v in res["threads"].items())
         + f"; Redis {res['redis_usec_per_entry']:.2f} µs (commandstats, XADD left out); "
-        f"the run's processes used {res['machine_busy'] * 100:.0f} % of all vCPUs")
+        f"the run's processes used {res['run_cpu_share'] * 100:.0f} % of all vCPUs")
     if res["loop_busy"]:
         lb = res["loop_busy"]
         log(f"  loop: {lb['iterations_per_entry']:.2f} iterations per entry; busy per iteration (bucket bounds) "
@@ -1180,7 +1180,7 @@ def tax_section(lat):
                      for x in lbs) + " |")
     L.append("| share of all vCPUs the run used while the producer ran (producer, Redis, proxy and "
              "workers together) | " + " | ".join(
-                 f"{r['machine_busy'] * 100:.0f} %" if "machine_busy" in r else "" for r in lat) + " |")
+                 f"{r['run_cpu_share'] * 100:.0f} %" if "run_cpu_share" in r else "" for r in lat) + " |")
     L.append("| Redis µs (commandstats) | " + " | ".join(f"{r['redis_usec_per_entry']:.2f}" for r in lat) + " |")
     L.append("| pods per Redis core, each at this rate (commandstats) | " + " | ".join(
         f"{pods_per_core(r['redis_usec_per_entry'], r['rate']):,.0f}" for r in lat) + " |")

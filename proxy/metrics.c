@@ -25,6 +25,7 @@
 #include <dirent.h>
 #include <math.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,15 +50,22 @@
 
 /*
  * The metrics server shares the process's file descriptors with Redis and the
- * workers, so what it may hold is bounded: at most PX_METRICS_MAX_CONNECTIONS
- * connections at once, at most PX_METRICS_MAX_PER_IP of them from one address
- * (so one client that opens connections and sends nothing cannot crowd out the
- * kubelet's probes or Prometheus; MHD closes the ones over a limit at once), and
- * each closed after PX_METRICS_IDLE_TIMEOUT_S seconds without traffic.
+ * workers, and in a pod it listens on every interface, so what any client may
+ * hold is bounded: at most PX_METRICS_MAX_CONNECTIONS connections at once, at
+ * most PX_METRICS_MAX_PER_IP of them from one address (MHD closes the ones over
+ * a limit at once), each closed after PX_METRICS_IDLE_TIMEOUT_S seconds without
+ * traffic, and each closed when a request has taken PX_METRICS_REQUEST_S
+ * seconds in all (a client that sends one header byte a second is never idle,
+ * but never finishes either). PX_METRICS_PROBE_SLOTS of the connections are
+ * kept for loopback (127.0.0.1, ::1), where `idemproxy health` comes from: no
+ * other pod can fill them, so a liveness probe that runs it in the container
+ * answers whatever the network sends.
  */
 #define PX_METRICS_MAX_CONNECTIONS 64
 #define PX_METRICS_MAX_PER_IP      16
 #define PX_METRICS_IDLE_TIMEOUT_S  10
+#define PX_METRICS_REQUEST_S       5.0
+#define PX_METRICS_PROBE_SLOTS     8
 
 /* Upper bounds, in seconds. */
 const double px_ack_latency_bounds[PX_HIST_BUCKETS] = {
@@ -71,8 +79,20 @@ const double px_loop_busy_bounds[PX_HIST_BUCKETS] = {
     0.025, 0.1, 1
 };
 
+/* One open connection of the metrics server, from MHD's connect notice to its
+ * close notice (owner: metrics.c). */
+typedef struct px_mconn {
+    struct px_mconn *prev, *next;
+    int fd;
+    bool probe;      /* from loopback: counted apart from the others */
+    bool cut;        /* shut down for taking too long; MHD closes it next */
+    ev_tstamp since; /* when it connected, or its last request ended */
+} px_mconn;
+
 typedef struct px_metrics {
     struct MHD_Daemon *mhd;
+    px_mconn *conns; /* every open connection */
+    unsigned others; /* of them, how many are not from loopback */
     ev_io io;        /* MHD's epoll fd */
     ev_timer timer;  /* MHD's connection timeouts */
     ev_timer groups; /* XINFO GROUPS every PX_GROUP_INFO_S */
@@ -469,6 +489,81 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     return reply(c, MHD_HTTP_NOT_FOUND, "text/plain", "not found\n", 10);
 }
 
+/* --- connections ------------------------------------------------------------ */
+
+static bool from_loopback(const struct sockaddr *a)
+{
+    if (a == NULL) return false;
+    if (a->sa_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr == htonl(INADDR_LOOPBACK);
+    if (a->sa_family == AF_INET6) {
+        const struct in6_addr *v6 = &((const struct sockaddr_in6 *)a)->sin6_addr;
+        if (IN6_IS_ADDR_LOOPBACK(v6)) return true;
+        return IN6_IS_ADDR_V4MAPPED(v6) && memcmp(&v6->s6_addr[12], "\x7f\0\0\x01", 4) == 0;
+    }
+    return false;
+}
+
+/* Accept a connection from loopback up to MHD's own limits; any other only
+ * while it leaves PX_METRICS_PROBE_SLOTS free. */
+static enum MHD_Result accept_cb(void *cls, const struct sockaddr *addr, socklen_t len)
+{
+    (void)len;
+    px_proxy *px = cls;
+    if (from_loopback(addr)) return MHD_YES;
+    return px->metrics->others < PX_METRICS_MAX_CONNECTIONS - PX_METRICS_PROBE_SLOTS ? MHD_YES : MHD_NO;
+}
+
+static void conn_cb(void *cls, struct MHD_Connection *c, void **ctx, enum MHD_ConnectionNotificationCode toe)
+{
+    px_proxy *px = cls;
+    px_metrics *m = px->metrics;
+    px_mconn *k = *ctx;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *fd = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *addr = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        k = px_calloc(1, sizeof(*k));
+        k->fd = fd ? fd->connect_fd : -1;
+        k->probe = addr && from_loopback(addr->client_addr);
+        k->since = ev_now(px->loop);
+        k->next = m->conns;
+        if (m->conns) m->conns->prev = k;
+        m->conns = k;
+        if (!k->probe) m->others++;
+        *ctx = k;
+    } else if (k != NULL) {
+        if (k->prev) k->prev->next = k->next;
+        else m->conns = k->next;
+        if (k->next) k->next->prev = k->prev;
+        if (!k->probe) m->others--;
+        free(k);
+        *ctx = NULL;
+    }
+}
+
+/* A request answered: the connection's clock starts again for the next one. */
+static void done_cb(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    (void)con_cls;
+    (void)toe;
+    px_proxy *px = cls;
+    const union MHD_ConnectionInfo *i = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    px_mconn *k = i ? i->socket_context : NULL;
+    if (k) k->since = ev_now(px->loop);
+}
+
+/* Shut down each connection whose request has taken PX_METRICS_REQUEST_S:
+ * MHD sees the end of its stream at its next run and closes it. */
+static void cut_slow(px_proxy *px)
+{
+    ev_tstamp now = ev_now(px->loop);
+    for (px_mconn *k = px->metrics->conns; k; k = k->next) {
+        if (k->cut || k->fd < 0 || now - k->since < PX_METRICS_REQUEST_S) continue;
+        shutdown(k->fd, SHUT_RDWR);
+        k->cut = true;
+    }
+}
+
 static void rearm(px_proxy *px)
 {
     px_metrics *m = px->metrics;
@@ -484,6 +579,7 @@ static void mhd_io_cb(struct ev_loop *loop, ev_io *w, int revents)
     (void)loop;
     (void)revents;
     px_proxy *px = w->data;
+    cut_slow(px);
     MHD_run(px->metrics->mhd);
     rearm(px);
 }
@@ -493,6 +589,7 @@ static void mhd_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop;
     (void)revents;
     px_proxy *px = w->data;
+    cut_slow(px);
     MHD_run(px->metrics->mhd);
     rearm(px);
 }
@@ -514,8 +611,11 @@ int px_metrics_start(px_proxy *px)
         return PX_ERR;
     }
     px_metrics *m = px_calloc(1, sizeof(*m));
+    px->metrics = m; /* the connection callbacks below may run from the first MHD_run */
     m->mhd = MHD_start_daemon(MHD_USE_EPOLL | (res->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0), 0,
-                              NULL, NULL, handler, px, MHD_OPTION_SOCK_ADDR, res->ai_addr,
+                              accept_cb, px, handler, px, MHD_OPTION_SOCK_ADDR, res->ai_addr,
+                              MHD_OPTION_NOTIFY_CONNECTION, conn_cb, px,
+                              MHD_OPTION_NOTIFY_COMPLETED, done_cb, px,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)PX_METRICS_IDLE_TIMEOUT_S,
                               MHD_OPTION_CONNECTION_LIMIT, (unsigned)PX_METRICS_MAX_CONNECTIONS,
                               MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)PX_METRICS_MAX_PER_IP,
@@ -526,9 +626,9 @@ int px_metrics_start(px_proxy *px)
         px_log_error("metrics: cannot listen on %s", listen);
         if (m->mhd) MHD_stop_daemon(m->mhd);
         free(m);
+        px->metrics = NULL;
         return PX_ERR;
     }
-    px->metrics = m;
     ev_io_init(&m->io, mhd_io_cb, info->epoll_fd, EV_READ);
     m->io.data = px;
     ev_io_start(px->loop, &m->io);
@@ -550,7 +650,12 @@ void px_metrics_stop(px_proxy *px)
     ev_io_stop(px->loop, &m->io);
     ev_timer_stop(px->loop, &m->timer);
     ev_timer_stop(px->loop, &m->groups);
-    MHD_stop_daemon(m->mhd);
+    MHD_stop_daemon(m->mhd); /* tells conn_cb of each connection it closes */
+    while (m->conns) {
+        px_mconn *k = m->conns;
+        m->conns = k->next;
+        free(k);
+    }
     free(m);
     px->metrics = NULL;
 }

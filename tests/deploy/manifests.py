@@ -15,7 +15,8 @@
         idemproxy is a native sidecar (initContainer, restartPolicy: Always)
         with requests and limits; its config (the ConfigMap mounted where -c
         points) listens on 0.0.0.0:<the metrics containerPort>, the probes GET
-        /healthz and /readyz there and the scrape annotations name that port;
+        /readyz there, liveness and startup run `idemproxy health -c CONFIG`,
+        and the scrape annotations name that port;
         terminationGracePeriodSeconds exceeds shutdown_grace_ms; password_file
         and redis.tls's ca_file, cert_file and key_file lie in a Secret volume
         mounted readOnly (and among its items, if it lists some); the ipc endpoint lies in an emptyDir mounted in
@@ -172,11 +173,16 @@ def consistency(path):
         ports = {p.get("name"): p.get("containerPort") for p in px.get("ports") or []}
         if str(ports.get("metrics")) != port:
             say(f"containerPort 'metrics' is {ports.get('metrics')}, metrics.listen port {port}")
-        for kind, want in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz"),
-                           ("startupProbe", "/healthz")):
-            g = _probe(px, kind)
+        # Liveness and startup run `idemproxy health -c CONFIG` in the container (it
+        # comes from loopback, which no other pod can crowd out); readiness GETs /readyz.
+        for kind in ("livenessProbe", "startupProbe"):
             if kind == "startupProbe" and not px.get(kind):
                 continue
+            cmd = ((px.get(kind) or {}).get("exec") or {}).get("command") or []
+            if not (cmd and cmd[0].endswith("idemproxy") and cmd[1:] == ["health", "-c", cfg_path]):
+                say(f"{kind} does not run idemproxy health -c {cfg_path}: {cmd!r}")
+        for kind, want in (("readinessProbe", "/readyz"),):
+            g = _probe(px, kind)
             if g.get("path") != want:
                 say(f"{kind} GETs {g.get('path')!r}, want {want}")
             if g.get("port") not in ("metrics", int(port) if port.isdigit() else None):

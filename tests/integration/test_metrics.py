@@ -229,10 +229,12 @@ def _metrics_conns(pid, port):
 
 def test_idle_connections_are_bounded_and_do_not_stop_healthz(env):
     """The metrics server shares the daemon's file descriptors: at most 16
-    connections per address and 64 in all are kept, the rest are closed at
-    once, idle ones are closed after 10 s, and /healthz keeps answering.
-    Each phase starts from no connection, so a slow machine cannot let the
-    10 s idle timeout of one phase free the slots the next one counts."""
+    connections per address and 64 in all are kept, 8 of them only for
+    loopback (where `idemproxy health` comes from), the rest are closed at
+    once, idle ones are closed after 5 s (a request's whole time), and
+    /healthz keeps answering. Each phase starts from no connection, so a slow
+    machine cannot let one phase's timeout free the slots the next one counts.
+    127.0.0.2 and up stand for other pods' addresses."""
     p = env.proxy([conf("room")])
     wait_for(lambda: p.get("/healthz")[0] == 200, what="metrics server")
     conns = lambda: _metrics_conns(p.proc.pid, p.metrics_port)
@@ -246,42 +248,99 @@ def test_idle_connections_are_bounded_and_do_not_stop_healthz(env):
 
     try:
         # Within the limit: 14 idle connections, and /healthz from the same address answers.
-        held += [_connect_idle(p.metrics_port, "127.0.0.1") for _ in range(14)]
-        line, took = _healthz_from(p.metrics_port, "127.0.0.1")
+        held += [_connect_idle(p.metrics_port, "127.0.0.2") for _ in range(14)]
+        line, took = _healthz_from(p.metrics_port, "127.0.0.2")
         assert line == "HTTP/1.1 200 OK" and took < 2.0, (line, took)
 
         # 200 more from that address: MHD takes each and closes every one over 16.
-        held += [_connect_idle(p.metrics_port, "127.0.0.1") for _ in range(200)]
-        wait_for(lambda: sum(_closed_by_server(s) for s in held) >= len(held) - 16, timeout=10,
+        held += [_connect_idle(p.metrics_port, "127.0.0.2") for _ in range(200)]
+        wait_for(lambda: sum(_closed_by_server(s) for s in held) >= len(held) - 16, timeout=4,
                  what="every connection over 16 from one address closed")
         assert conns() <= 16, conns()
         # ... and /healthz from another address answers at once.
-        line, took = _healthz_from(p.metrics_port, "127.0.0.2")
+        line, took = _healthz_from(p.metrics_port, "127.0.0.3")
         assert line == "HTTP/1.1 200 OK" and took < 2.0, (line, took)
         close_all()
 
-        # Many addresses: 64 connections in all at most; MHD leaves the rest in
-        # the listen backlog (not accepted, no descriptor) until a slot frees.
+        # Many addresses: 56 connections from them in all at most, the rest
+        # closed at once; loopback's 8 slots stay free for the probe.
         held += [_connect_idle(p.metrics_port, f"127.0.0.{a}") for a in range(3, 11) for _ in range(10)]
-        wait_for(lambda: conns() == 64, timeout=10, what="64 connections taken in all")
+        wait_for(lambda: conns() == 56, timeout=4, what="56 connections taken in all")
         line, took = _healthz_from(p.metrics_port, "127.0.0.11", timeout=1.0)
-        assert line.startswith("error"), "a 65th connection was served"
-        assert conns() == 64, conns()
+        assert not line.startswith("HTTP/1.1 200"), "a 57th connection from another address was served"
+        line, took = _healthz_from(p.metrics_port, "127.0.0.1")
+        assert line == "HTTP/1.1 200 OK" and took < 2.0, ("the probe's slot", line, took)
+        assert conns() == 56, conns()
         close_all()
 
-        # Idle ones are closed after 10 s; then the same address is served again.
-        held += [_connect_idle(p.metrics_port, "127.0.0.1") for _ in range(16)]
-        wait_for(lambda: conns() == 16, timeout=5, what="16 idle connections taken")
-        time.sleep(5)
-        assert conns() == 16, "an idle connection closed before its 10 s"
-        wait_for(lambda: all(_closed_by_server(s) for s in held), timeout=30,
-                 what="idle connections closed by the server after 10 s")
-        line, took = _healthz_from(p.metrics_port, "127.0.0.1")
+        # Idle ones are closed after 5 s; then the same address is served again.
+        held += [_connect_idle(p.metrics_port, "127.0.0.2") for _ in range(16)]
+        wait_for(lambda: conns() == 16, timeout=4, what="16 idle connections taken")
+        time.sleep(3)
+        assert conns() == 16, "an idle connection closed before its 5 s"
+        wait_for(lambda: all(_closed_by_server(s) for s in held), timeout=10,
+                 what="idle connections closed by the server after 5 s")
+        line, took = _healthz_from(p.metrics_port, "127.0.0.2")
         assert line == "HTTP/1.1 200 OK" and took < 2.0, (line, took)
         wait_for(lambda: conns() == 0, timeout=5, what="the descriptors given back")
     finally:
         for s in held:
             s.close()
+
+
+def test_slow_requests_are_cut_and_the_probe_keeps_answering(env):
+    """Clients on 4 addresses, 16 connections each, sending one header byte
+    a second (never idle, never done): each connection is closed once its
+    request has taken 5 s, and `idemproxy health` (loopback) answers healthy
+    all along, so a liveness probe that runs it never restarts the sidecar."""
+    import socket
+    import threading
+    p = env.proxy([conf("room")])
+    wait_for(lambda: p.get("/healthz")[0] == 200, what="metrics server")
+    stop = threading.Event()
+    lives = []  # seconds each slow connection stayed open
+
+    def slow(source):
+        s = socket.socket()
+        s.settimeout(2)
+        try:
+            s.bind((source, 0))
+            s.connect(("127.0.0.1", p.metrics_port))
+        except OSError:
+            s.close()
+            return
+        t0 = time.monotonic()
+        try:
+            for b in b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100:
+                if stop.is_set():
+                    return
+                s.send(bytes([b]))
+                time.sleep(1.0)
+        except OSError:
+            lives.append(time.monotonic() - t0)
+        finally:
+            s.close()
+
+    threads = [threading.Thread(target=slow, args=(f"127.0.0.{a}",), daemon=True)
+               for a in range(2, 6) for _ in range(16)]
+    for t in threads:
+        t.start()
+    try:
+        unhealthy = []
+        t_end = time.monotonic() + 14
+        while time.monotonic() < t_end:
+            r = subprocess.run([str(BIN), "health", "-c", str(p.config)], capture_output=True, text=True,
+                               timeout=10)
+            if r.returncode != 0:
+                unhealthy.append(r.stderr.strip())
+            time.sleep(0.5)
+        assert not unhealthy, unhealthy
+        assert len(lives) >= 32, f"only {len(lives)} slow connections were closed by the server"
+        assert max(lives) < 9, f"a slow request was kept {max(lives):.1f} s"
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=5)
 
 
 # --- one stream, several groups (issue 17) -------------------------------------------

@@ -12,6 +12,14 @@
  *   bit 31 set (SP's "last hop" mark) | generation | slot (just enough bits
  *   for max_inflight, at most 20: config.c refuses more)
  *
+ * The generation is the slot's delivery count put through a keyed permutation
+ * of its bits (gen_of: an alternating Feistel network, key drawn at start), so
+ * it does not repeat before the count wraps, and yet a peer on the socket
+ * cannot compute the id of a delivery sent to another worker from the ids it
+ * was sent itself, as it could from a plain counter: a forged answer must guess
+ * the generation, 1 in 2^(31 - slot bits). Peers are trusted within the pod
+ * (SECURITY.md): this stops counting, not a peer that sprays guesses.
+ *
  * Free slots are reused oldest first, so a slot comes round again only after
  * every other; with max_inflight 256 a slot's id repeats after 2^23 of its
  * own deliveries. A reply late enough to meet its id again is not a worry.
@@ -48,6 +56,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 
 #include <nanomsg/nn.h>
@@ -68,7 +77,9 @@ typedef struct px_deliver {
     int sock;
     ev_io rcv_w, snd_w;
     px_entry **slots;     /* entry per slot, NULL when free */
-    uint32_t *gens;       /* generation per slot */
+    uint32_t *gens;       /* deliveries per slot, wrapping at gen_mask */
+    uint32_t *ids;        /* the request id of each slot's delivery out */
+    uint64_t key[8];      /* gen_of's round keys */
     uint32_t *free_slots; /* ring of free slot numbers, oldest first */
     size_t free_head, nfree, nslots;
     unsigned slot_bits; /* of a request id (see above) */
@@ -113,6 +124,33 @@ static void window_timeout(px_proxy *px, px_deliver *d)
     d->calm_until = now + (double)px->conf->ack_timeout_ms / 1000.0;
 }
 
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* The generation field of slot s's count-th delivery: a permutation of the
+ * 31 - slot_bits bits (each round changes one half by a keyed function of the
+ * other, which can be undone), so distinct counts give distinct generations. */
+static uint32_t gen_of(const px_deliver *d, uint32_t s, uint32_t count)
+{
+    unsigned bits = 31 - d->slot_bits, lb = bits / 2, rb = bits - lb;
+    uint32_t lmask = (1u << lb) - 1, rmask = (1u << rb) - 1;
+    uint32_t l = (count >> rb) & lmask, r = count & rmask;
+    for (int i = 0; i < 8; i++) {
+        uint64_t k = d->key[i] ^ ((uint64_t)s << 32);
+        if (i % 2 == 0)
+            l ^= (uint32_t)mix64(k ^ r) & lmask;
+        else
+            r ^= (uint32_t)mix64(k ^ l) & rmask;
+    }
+    return (l << rb) | r;
+}
+
 static uint32_t slot_take(px_deliver *d, px_entry *e)
 {
     uint32_t s = d->free_slots[d->free_head];
@@ -120,7 +158,8 @@ static uint32_t slot_take(px_deliver *d, px_entry *e)
     d->nfree--;
     d->slots[s] = e;
     d->gens[s] = (d->gens[s] + 1) & d->gen_mask;
-    return 0x80000000u | (d->gens[s] << d->slot_bits) | s;
+    d->ids[s] = 0x80000000u | (gen_of(d, s, d->gens[s]) << d->slot_bits) | s;
+    return d->ids[s];
 }
 
 static void slot_put(px_deliver *d, uint32_t req_id)
@@ -135,7 +174,7 @@ static px_entry *slot_find(px_deliver *d, uint32_t req_id)
 {
     uint32_t s = req_id & d->slot_mask;
     if (s >= d->nslots || d->slots[s] == NULL) return NULL;
-    if (((req_id >> d->slot_bits) & d->gen_mask) != d->gens[s]) return NULL;
+    if (req_id != d->ids[s]) return NULL;
     return d->slots[s];
 }
 
@@ -348,6 +387,11 @@ int px_deliver_init(px_proxy *px)
     d->nslots = (size_t)c->max_inflight;
     d->slots = px_calloc(d->nslots, sizeof(*d->slots));
     d->gens = px_calloc(d->nslots, sizeof(*d->gens));
+    d->ids = px_calloc(d->nslots, sizeof(*d->ids));
+    if (getrandom(d->key, sizeof(d->key), 0) != (ssize_t)sizeof(d->key)) {
+        px_log_error("app socket: no random key for request ids: %s", strerror(errno));
+        return PX_ERR;
+    }
     d->free_slots = px_malloc(sizeof(uint32_t) * d->nslots);
     for (size_t i = 0; i < d->nslots; i++) d->free_slots[i] = (uint32_t)i;
     d->nfree = d->nslots;
@@ -408,6 +452,7 @@ void px_deliver_deinit(px_proxy *px)
     if (d->sock >= 0) nn_close(d->sock);
     free(d->slots);
     free(d->gens);
+    free(d->ids);
     free(d->free_slots);
     free(d->fields);
     px_buf_deinit(&d->enc);

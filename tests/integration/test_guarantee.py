@@ -484,6 +484,54 @@ def test_request_ids_do_not_repeat_on_a_reused_slot(env):
     wait_for(lambda: finished(r), 10, "all acked")
 
 
+def test_a_peer_cannot_answer_deliveries_sent_to_another_worker(env):
+    """Request ids were slot + a counting generation, so a peer on the app
+    socket could compute the ids of deliveries sent to other workers from its
+    own, and ACK them: the entries were marked done that no worker handled.
+    A raw peer that takes its share of deliveries and then sends ACKs for
+    every slot at every generation within 10 of the ones it saw (thousands of guesses)
+    must hit none of the honest worker's deliveries."""
+    import struct
+    from pxtest import free_port
+    from sppeer import RawRep
+    r = env.r
+    port = free_port()
+    p = env.proxy([group_conf()], endpoint=f"tcp://127.0.0.1:{port}", max_inflight=64,
+                  ack_timeout_ms=60000)
+    honest = env.worker(f"tcp://127.0.0.1:{port}", behave=lambda d: None)  # holds what it gets
+    rogue = RawRep(port)
+    try:
+        wait_for(lambda: p.metrics()["idemproxy_workers_connected"] == 2, 10, "two workers")
+        publish(r, "room", [ev(i) for i in range(40)])
+        mine = []
+        rogue.s.settimeout(3)
+        try:
+            while True:
+                mine.append(struct.unpack(">I", rogue.recv()[0])[0])
+        except OSError:
+            pass
+        wait_for(lambda: len(honest.keys()) >= 2, 10, "deliveries to the honest worker")
+        assert mine, "the peer got no delivery"
+        slot_bits = 6  # max_inflight 64
+        gens = [(i & 0x7FFFFFFF) >> slot_bits for i in mine]
+        guesses = 0
+        near = sorted({g + k for g in gens for k in range(-10, 11) if g + k >= 0})
+        for g in near:
+            for s in range(64):
+                rid = 0x80000000 | (g << slot_bits) | s
+                if rid not in mine:
+                    rogue.send(struct.pack(">I", rid))
+                    guesses += 1
+        time.sleep(1.5)
+        m = p.metrics()
+        done = [k for k in honest.keys() if r.get(f"idem:{k}") == "D"]
+        taken = m['idemproxy_acks_total{stream="room",group="g",status="ack"}']
+        assert taken == 0, f"{taken} of {guesses} forged answers taken"
+        assert not done, f"entries marked done that no worker handled: {done}"
+    finally:
+        rogue.close()
+
+
 # --- a retried single-layout commit (issue 15, smaller items) -------------------------
 
 def test_retried_commit_reading_back_its_own_done_mark_is_no_lease_loss(env, tmp_path):

@@ -42,6 +42,13 @@ long long px_decide_backoff_ms(long long base_ms, uint32_t attempt)
     return ms > PX_DECIDE_BACKOFF_CAP_MS ? PX_DECIDE_BACKOFF_CAP_MS : ms;
 }
 
+px_window_next px_decide_window(double l, double lmin, double ack_s)
+{
+    if (l > ack_s / 3) return PX_WINDOW_SHRINK; /* three times the wait: room for a stall */
+    if (l + lmin <= ack_s / 4) return PX_WINDOW_GROW;
+    return PX_WINDOW_KEEP;
+}
+
 px_busy_next px_decide_busy(uint64_t now_ms, uint64_t wait_until_ms, bool lock_key_busy,
                             px_on_busy on_busy)
 {

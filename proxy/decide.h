@@ -51,6 +51,16 @@ px_answer_next px_decide_answer(px_ack_status status, uint32_t attempt, int max_
 long long px_decide_backoff_ms(long long base_ms, uint32_t attempt);
 
 typedef enum {
+    PX_WINDOW_KEEP,   /* in between */
+    PX_WINDOW_GROW,   /* one more queued behind would answer within a quarter of ack_timeout */
+    PX_WINDOW_SHRINK, /* answered later than a third of ack_timeout */
+} px_window_next;
+
+/* Flow control (deliver.c): an answer 'l' s after its delivery, 'lmin' the
+ * quickest recent answer (one handler's time), ack_timeout 'ack_s' s. */
+px_window_next px_decide_window(double l, double lmin, double ack_s);
+
+typedef enum {
     PX_BUSY_WAIT,   /* within wait_ms: look again in 10-50 ms */
     PX_BUSY_PARK,   /* release, look again after the holder's lease */
     PX_BUSY_REFUSE, /* lock_key busy with on_busy: dead_letter */

@@ -41,6 +41,7 @@
  * answer later than a third of ack_timeout_ms shrinks it by a quarter, a
  * timeout halves it, at most once per round trip, never below one: three
  * times the queue's wait is room for a stall of the worker or the machine.
+ * Which answer grows or shrinks it is px_decide_window (decide.c).
  * It starts at PX_WINDOW_START. A worker running one handler at a time at
  * 20 ms each and ack_timeout_ms 2000 settles near 25: its last delivery
  * waits about 0.5 s.
@@ -62,6 +63,7 @@
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 
+#include "decide.h"
 #include "deliver.h"
 #include "log.h"
 #include "reader.h"
@@ -104,13 +106,12 @@ static void window_answer(px_proxy *px, px_deliver *d, double l)
         d->lmin_next = l;
         d->lmin_since = now;
     }
-    if (l > ack / 3) {
-        if (now >= d->calm_until) {
-            d->w = d->w * 0.75 > 1.0 ? d->w * 0.75 : 1.0;
-            d->shrunk = true;
-            d->calm_until = now + l;
-        }
-    } else if (l + d->lmin <= ack / 4 && d->w < PX_WORKER_WINDOW) {
+    px_window_next next = px_decide_window(l, d->lmin, ack);
+    if (next == PX_WINDOW_SHRINK && now >= d->calm_until) {
+        d->w = d->w * 0.75 > 1.0 ? d->w * 0.75 : 1.0;
+        d->shrunk = true;
+        d->calm_until = now + l;
+    } else if (next == PX_WINDOW_GROW && d->w < PX_WORKER_WINDOW) {
         d->w += d->shrunk ? 1.0 / d->w : 1.0;
     }
 }

@@ -60,6 +60,24 @@ static void test_backoff(void)
     test_cond("base above the cap is capped", px_decide_backoff_ms(60000, 1) == 30000);
 }
 
+static void test_window(void)
+{
+    /* ack_timeout 3 s: a quarter is 0.75 s, a third 1 s (binary fractions: exact sums). */
+    static const struct {
+        double l, lmin; px_window_next want; const char *name;
+    } cases[] = {
+        { 0.015625, 0.015625, PX_WINDOW_GROW, "quick answers: grow" },
+        { 0.5, 0.25, PX_WINDOW_GROW, "one more queued would answer at a quarter of ack_timeout: grow" },
+        { 0.53125, 0.25, PX_WINDOW_KEEP, "one more queued would answer past a quarter: keep" },
+        { 0.75, 0.015625, PX_WINDOW_KEEP, "a quarter: keep" },
+        { 1.0, 0.015625, PX_WINDOW_KEEP, "a third: keep" },
+        { 1.03125, 0.015625, PX_WINDOW_SHRINK, "over a third: shrink" },
+        { 2.5, 2.5, PX_WINDOW_SHRINK, "slow handlers: shrink" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        test_cond(cases[i].name, px_decide_window(cases[i].l, cases[i].lmin, 3.0) == cases[i].want);
+}
+
 static void test_busy(void)
 {
     test_cond("within wait_ms: wait", px_decide_busy(100, 200, false, PX_BUSY_RETRY) == PX_BUSY_WAIT);
@@ -97,6 +115,7 @@ int main(void)
     test_claim();
     test_answer();
     test_backoff();
+    test_window();
     test_busy();
     return test_report();
 }

@@ -526,3 +526,35 @@ def test_linger_reads_entries_that_arrive_alone_together(env, mode):
         w.close()
     assert reads[0] >= 9, reads            # the control: one read per entry, or nearly
     assert reads[100] <= 6, reads
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_linger_holds_an_entry_back_at_most_linger_ms(env, mode):
+    """An entry that arrives while the reader lingers (just after another was
+    read) waits at most linger_ms to be read. The test above bounds the number
+    of reads, which a longer wait only satisfies better (a linger ten times
+    too long passed it). Each entry is published as soon as the one before
+    was delivered, so each arrives inside that one's linger; with 100 ms the
+    quickest of five must reach the worker within 500 ms (a margin for a loaded
+    machine: ten times too long is a second)."""
+    r = env.r
+    linger = 100
+    conf = stream_conf(mode, "single", linger_ms=linger, start="0" if mode == "group" else "$")
+    arrived = {}
+
+    def behave(d):
+        arrived.setdefault(d.key, time.monotonic())
+        return (pb.Ack.ACK, "")
+
+    p = env.proxy([conf])
+    env.worker(p.endpoint, behave=behave)
+    wait_for(lambda: p.metrics().get("idemproxy_workers_connected") == 1, what="the worker")
+    time.sleep(0.5)                         # the reader is live
+    waited = []
+    for i in range(6):
+        t0 = time.monotonic()
+        publish(r, "room", [{"eventId": f"e{i}"}])
+        wait_for(lambda: f"e{i}" in arrived, 10, f"e{i} delivered")
+        if i > 0:                           # e0 arrived alone, with no linger running
+            waited.append(arrived[f"e{i}"] - t0)
+    assert min(waited) < 5 * linger / 1000, [round(x * 1000) for x in waited]

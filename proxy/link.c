@@ -6,6 +6,10 @@
  * timeout_ms), so deadlines grow along the FIFO and the head's is the
  * earliest; the handshake's commands are queued before the name is resolved,
  * so one deadline covers the lookup, the connect, TLS and the handshake.
+ * A deadline bounds silence, not transfer (SPEC 5.6): while a reply's bytes
+ * keep arriving, the link's deadlines are at least timeout_ms after the last
+ * of them ('heard', due), so a huge reply on a slow link is read to its end
+ * and one that stops arriving still times out.
  */
 #include "link.h"
 
@@ -88,6 +92,7 @@ struct px_link {
     ev_prepare flush;                   /* writes 'out' once per loop turn (queue_out) */
     bool tls_wants_read;                /* SSL_write waits for the socket to be readable */
     ev_timer deadline;                  /* the earliest pending command's deadline */
+    ev_tstamp heard;                    /* loop time bytes last came in on this connection */
     ev_timer retry;                     /* reconnect backoff */
     ev_timer addr_wait;                 /* the connect to one address of several (try_next_addr) */
     ev_async resolved;                  /* the resolver thread is done */
@@ -187,7 +192,17 @@ static void resp_append(px_buf *out, int argc, const char **argv, const size_t *
     out->data[out->len] = '\0';
 }
 
-/* Arm the timer for the oldest command; re-armed lazily, when it fires. */
+/* When the oldest command times out: at its deadline, or timeout_ms after
+ * the last bytes came in if that is later (a reply still arriving). Only
+ * ever later: neither the deadline nor 'heard' moves back. */
+static ev_tstamp due(const px_link *l)
+{
+    ev_tstamp quiet = l->heard + (double)l->opts.timeout_ms / 1000.0;
+    return l->head->deadline > quiet ? l->head->deadline : quiet;
+}
+
+/* Arm the timer for the oldest command; re-armed lazily, when it fires (bytes
+ * coming in do not touch the timer: deadline_cb looks at 'heard'). */
 static void deadline_rearm(px_link *l)
 {
     if (l->head == NULL) {
@@ -195,7 +210,7 @@ static void deadline_rearm(px_link *l)
         return;
     }
     if (ev_is_active(&l->deadline)) return;
-    ev_tstamp after = l->head->deadline - ev_now(l->loop);
+    ev_tstamp after = due(l) - ev_now(l->loop);
     ev_timer_set(&l->deadline, after > 0 ? after : 0.001, 0.);
     ev_timer_start(l->loop, &l->deadline);
 }
@@ -839,6 +854,7 @@ static void read_in(px_link *l)
                 return;
             }
         }
+        l->heard = ev_now(l->loop);
         if (redisReaderFeed(l->reader, buf, (size_t)n) != REDIS_OK) {
             drop(l, "out of memory reading a reply", PX_LOG_WARN);
             return;
@@ -928,6 +944,7 @@ static void close_conn(px_link *l)
     }
     if (l->fd >= 0) close(l->fd);
     l->fd = -1;
+    l->heard = 0;
     px_buf_reset(&l->out);
     l->out_off = 0;
     if (l->out.cap > PX_BUF_KEEP) px_buf_deinit(&l->out);
@@ -1121,10 +1138,10 @@ static void deadline_cb(struct ev_loop *loop, ev_timer *w, int revents)
     (void)revents;
     px_link *l = w->data;
     if (l->head == NULL || l->st == ST_DOWN) return;
-    if (l->head->deadline > ev_now(loop)) {
+    if (due(l) > ev_now(loop)) {
         deadline_rearm(l);
         return;
-    } /* not yet: re-arm */
+    } /* not yet (a later command, or bytes came in): re-arm */
     switch (l->st) {
     case ST_RESOLVING: {
         char why[400];

@@ -17,7 +17,14 @@ closed without forwarding them: a link that keeps dropping as it is used.
 
 With hold_replies_after(), a reply comes late instead: from the next command
 holding a pattern on, that connection's replies wait a set time (a slow
-answer, in order, not lost)."""
+answer, in order, not lost).
+
+With 'rate' (bytes a second; may be changed while connections are open), the
+server-to-client direction is throttled: a slow link, not a delayed one, where
+a large reply takes seconds to arrive while its bytes keep coming. With
+stall_replies_after(), a reply stops mid-way instead: a connection that has
+carried that many bytes to the client sends nothing more, and stays open
+until the client closes it."""
 import re
 import socket
 import threading
@@ -25,9 +32,12 @@ import time
 
 
 class SlowLink:
-    def __init__(self, target_port, delay_s, cut_on=None, cuts=1, cut_wait=0.3):
+    def __init__(self, target_port, delay_s, cut_on=None, cuts=1, cut_wait=0.3, rate=None):
         self.target = ("127.0.0.1", target_port)
         self.delay = delay_s
+        self.rate = rate
+        self.stall_at = None
+        self.stalled_at = self.stall_closed_at = None   # time.monotonic() of each
         self.cut_on = cut_on
         self.cuts_left = cuts if cut_on else 0
         self.cut_wait = cut_wait
@@ -118,6 +128,34 @@ class SlowLink:
             self.held += 1
             return self.hold_s
 
+    def stall_replies_after(self, nbytes):
+        """The first connection to carry 'nbytes' bytes to the client (counted
+        from its start) stops there: the rest of its replies never arrive, and
+        it stays open until the client closes it. 'stalled_at' and
+        'stall_closed_at' say when each happened."""
+        with self.cut_lock:
+            self.stall_at = nbytes
+
+    def _send_down(self, dst, data, state):
+        """Server to client: paced to 'rate', up to a stall."""
+        while data and not state.get("stalled"):
+            piece = data[:16384] if self.rate else data
+            with self.cut_lock:
+                sent = state.get("down", 0)
+                if self.stall_at is not None and sent + len(piece) >= self.stall_at:
+                    piece = piece[:self.stall_at - sent]
+                    self.stall_at, state["stalled"] = None, True
+                    self.stalled_at = time.monotonic()
+                state["down"] = sent + len(piece)
+            if self.rate:
+                t = max(state.get("next", 0.0), time.monotonic()) + len(piece) / self.rate
+                state["next"] = t
+                d = t - time.monotonic()
+                if d > 0:
+                    time.sleep(d)
+            dst.sendall(piece)
+            data = data[len(piece):]
+
     def _cut_now(self, data):
         if not self.cut_on or self.cut_on not in data:
             return False
@@ -159,7 +197,10 @@ class SlowLink:
                     if d > 0:
                         time.sleep(d)
                 try:
-                    dst.sendall(data)
+                    if up:
+                        dst.sendall(data)
+                    else:
+                        self._send_down(dst, data, state)
                 except OSError:
                     break
             try:
@@ -208,6 +249,8 @@ class SlowLink:
                 self.cut += 1
                 return
             if not data:
+                if up and state.get("stalled"):
+                    self.stall_closed_at = time.monotonic()
                 return
 
     def close(self):

@@ -819,9 +819,23 @@ static void xack_reply_cb(px_redis *r, redisReply *reply, void *priv)
     free(b);
 }
 
+/* Some stream's XACK could be written now: the server is up, or on a
+ * cluster, the master of some stream. */
+static bool xack_writable(px_proxy *px)
+{
+    if (px_redis_is_up(px->redis)) return true;
+    if (!px_redis_clustered(px->redis)) return false;
+    for (size_t s = 0; s < px->nstreams; s++)
+        if (key_up(px->redis, px->streams[s].conf->stream)) return true;
+    return false;
+}
+
 void px_claim_xack_flush(px_proxy *px, bool carried)
 {
-    if (px->xack_q.n == 0) {
+    /* Nothing queued, or nowhere to write it: no ride is waited for. While
+     * Redis is down, a ride armed anew after each one ran out added a wake-up
+     * 10 ms after every other one; the first loop turn with Redis back arms it. */
+    if (px->xack_q.n == 0 || !xack_writable(px)) {
         ev_timer_stop(px->loop, &px->xack_wait);
         px->xack_due = false;
         return;

@@ -12,31 +12,44 @@
 #include "event.h"
 #include "jscan.h"
 
+/* How deep a payload's JSON may nest (json-c's default, given explicitly):
+ * 31 objects or arrays. A dotted name nests no deeper, so no event is a tree
+ * deeper than this: json-c frees and prints trees recursively. */
+#define PX_JSON_MAX_DEPTH JSON_TOKENER_DEFAULT_DEPTH
+
 /* Put 'value' at the dotted path 'name' inside 'obj', creating objects on the way.
- * A path that runs into a non-object keeps the flat name instead. */
-static void put_dotted(json_object *obj, const char *name, json_object *value)
+ * A path that runs into a non-object keeps the flat name instead. False when
+ * the path would nest deeper than a payload may (value freed): a name of
+ * 250,000 parts once overflowed the stack when json-c freed the tree. */
+static bool put_dotted(json_object *obj, const char *name, json_object *value)
 {
     const char *dot;
     json_object *cur = obj;
     const char *seg = name;
+    int depth = 1; /* obj */
     while ((dot = strchr(seg, '.')) != NULL && dot != seg && dot[1] != '\0') {
         char part[256];
         size_t n = (size_t)(dot - seg);
         if (n >= sizeof(part)) break;
         memcpy(part, seg, n);
         part[n] = '\0';
+        if (++depth >= PX_JSON_MAX_DEPTH) {
+            json_object_put(value);
+            return false;
+        }
         json_object *next = NULL;
         if (!json_object_object_get_ex(cur, part, &next)) {
             next = json_object_new_object();
             json_object_object_add(cur, part, next);
         } else if (!json_object_is_type(next, json_type_object)) {
             json_object_object_add(obj, name, value);
-            return;
+            return true;
         }
         cur = next;
         seg = dot + 1;
     }
     json_object_object_add(cur, seg, value);
+    return true;
 }
 
 /* Write one name at 'p', NUL-terminated; return the byte after it. */
@@ -167,7 +180,7 @@ int px_event_prepare(px_entry *e, const px_stream_conf *sc, long long max_entry_
         /* A new tokener each time: json-c 0.16's json_tokener_reset keeps some
          * state (a pending \uD8xx surrogate), so a reused one can read the
          * next payload differently (fuzz_event found it). */
-        json_tokener *tok = json_tokener_new();
+        json_tokener *tok = json_tokener_new_ex(PX_JSON_MAX_DEPTH);
         json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
         event = json_tokener_parse_ex(tok, p->value, (int)p->value_len);
         enum json_tokener_error jerr = json_tokener_get_error(tok);
@@ -192,7 +205,12 @@ int px_event_prepare(px_entry *e, const px_stream_conf *sc, long long max_entry_
         event = json_object_new_object();
         for (size_t i = 0; i < e->nfields; i++) {
             px_field *f = &e->fields[i];
-            put_dotted(event, f->name, json_object_new_string_len(f->value, (int)f->value_len));
+            if (!put_dotted(event, f->name,
+                            json_object_new_string_len(f->value, (int)f->value_len))) {
+                snprintf(why, whylen, "field name %zu nests deeper than %d objects",
+                         i, PX_JSON_MAX_DEPTH - 1);
+                goto done;
+            }
         }
     }
 

@@ -203,6 +203,54 @@ static void test_fields_mode(void)
     }
 }
 
+/* A dotted name nests one object per part: at most as deep as a payload's JSON
+ * may be (31 objects with the event itself), else bad input. 250,000 parts
+ * once built 250,000 nested objects, and json-c's recursive free overflowed
+ * the stack (issue 37). */
+static void test_deep_dotted_name(void)
+{
+    char why[512];
+    int rc;
+    px_stream_conf sc = conf("#event.eventId", NULL, false);
+    for (size_t parts = 30; parts <= 33; parts++) {
+        char name[200] = "", label[64];
+        for (size_t i = 0; i < parts; i++) strcat(name, i ? ".a" : "a");
+        px_entry *e = prepare(&sc, KV("eventId", "d-1", name, "v"), &rc, why, sizeof(why));
+        snprintf(label, sizeof(label), "a name of %zu parts: %s", parts, why);
+        if (parts <= 31)
+            test_cond(label, rc == PX_OK && strcmp(e->key, "d-1") == 0);
+        else
+            test_cond(label, rc == PX_ERR && e->key == NULL &&
+                                 strstr(why, "field name 1 nests deeper than 31 objects"));
+        entry_free(e);
+    }
+    conf_free(&sc);
+
+    /* the template reads as deep as a name may nest */
+    char tpl[200] = "#event", name[200] = "";
+    for (int i = 0; i < 31; i++) {
+        strcat(tpl, ".a");
+        strcat(name, i ? ".a" : "a");
+    }
+    sc = conf(tpl, NULL, false);
+    px_entry *e = prepare(&sc, KV(name, "deep"), &rc, why, sizeof(why));
+    test_cond("31 parts read back", rc == PX_OK && strcmp(e->key, "deep") == 0);
+    entry_free(e);
+    conf_free(&sc);
+
+    size_t n = 250000;
+    char *huge = malloc(2 * n);
+    for (size_t i = 0; i < n; i++) memcpy(huge + 2 * i, "a.", 2);
+    huge[2 * n - 1] = '\0';
+    sc = conf("#event.eventId", NULL, false);
+    e = prepare(&sc, KV("eventId", "d-2", huge, "v"), &rc, why, sizeof(why));
+    test_cond("a name of 250,000 parts is bad input", rc == PX_ERR && e->key == NULL &&
+                                                      strstr(why, "nests deeper than 31"));
+    entry_free(e);
+    conf_free(&sc);
+    free(huge);
+}
+
 /* The Redis key names: prefix + key, or split prefixes, '{key}' with hash_tag. */
 static void test_names(void)
 {
@@ -239,6 +287,7 @@ int main(void)
     test_payload_keys();
     test_bad_payloads();
     test_fields_mode();
+    test_deep_dotted_name();
     test_names();
     return test_report();
 }

@@ -2064,7 +2064,8 @@ void px_config_redis_opts(const px_config *c, const char *name, const char *pass
         .timeout_ms = c->timeout_ms,
         .seeds = (const char *const *)c->cluster,
         .nseeds = c->ncluster,
-        .max_array_bytes = (size_t)c->max_entry_bytes, /* entries past it are elided */
+        .max_array_bytes = (size_t)c->max_entry_bytes,  /* entries past it are elided */
+        .max_elements = 2 * (size_t)c->max_entry_bytes, /* reply.h says why */
         .tls = &c->redis_tls,
         .master_name = c->sentinel.master_name,
         .sentinels = (const char *const *)c->sentinel.sentinels,

@@ -100,6 +100,8 @@ struct px_link {
     struct addrinfo *addrs, *next_addr; /* the lookup's answer, the next to try */
     char last_err[200];                 /* why the last address failed */
     long long backoff_ms;
+    bool bad_reply;       /* lost to a protocol error: the backoff keeps growing until a
+                             command after the handshake is answered */
     px_rcmd *head, *tail; /* pending commands, oldest first */
     px_buf out;           /* RESP not yet written */
     size_t out_off;       /* bytes of 'out' written */
@@ -761,6 +763,24 @@ static bool pubsub_message(const redisReply *r)
            r->element[0]->type == REDIS_REPLY_STRING && strcmp(r->element[0]->str, "message") == 0;
 }
 
+/* The server sent what no Redis reply can be, or more than the daemon ever
+ * needs (reply.h: a header alone must not take gigabytes): counted, one line
+ * at most every PX_REFUSED_LOG_S, and the link dropped and dialled again
+ * with backoff, which a good handshake does not reset (the server would send
+ * the same again): a real command's answer does. */
+static void protocol_error(px_link *l, const char *what)
+{
+    static px_log_limit limit;
+    char why[200];
+    snprintf(why, sizeof(why), "protocol error: %s", what);
+    px_redis_errors++;
+    l->bad_reply = true;
+    px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_WARN,
+                   "redis %s: link lost: %s; reconnecting in %lld ms", l->opts.name, why,
+                   l->backoff_ms);
+    drop(l, why, PX_LOG_DEBUG);
+}
+
 /* Hand every complete reply in the reader to its command. */
 static void dispatch_replies(px_link *l)
 {
@@ -769,13 +789,14 @@ static void dispatch_replies(px_link *l)
     while (l->st == ST_OPEN && l->gen == gen && !l->dead) {
         void *reply = NULL;
         if (redisReaderGetReply(l->reader, &reply) != REDIS_OK) {
-            char why[200];
-            snprintf(why, sizeof(why), "protocol error: %s", l->reader->errstr);
-            drop(l, why, PX_LOG_WARN);
+            protocol_error(l, px_reply_error(l->reader));
             break;
         }
         if (reply == NULL) {
-            readbuf_shrink(l->reader);
+            char why[160];
+            if (!px_reply_pending_ok(l->reader, PX_REPLY_MAX_BULK, why, sizeof(why)))
+                protocol_error(l, why);
+            else readbuf_shrink(l->reader);
             break;
         }
         if (l->msg_cb && pubsub_message(reply)) {
@@ -796,6 +817,7 @@ static void dispatch_replies(px_link *l)
             ev_timer_stop(l->loop, &l->deadline);
         }
         redisReplyObjectFunctions *fn = l->reader->fn; /* the arena's (reply.c) */
+        if (l->up) l->bad_reply = false;
         complete(l, c, reply);
         fn->freeObject(reply);
     }
@@ -1292,7 +1314,7 @@ static void handshake_reply_cb(px_redis *r, redisReply *reply, void *priv)
     /* While a command is refused the backoff keeps growing: each connect
      * would be refused again, and must not spin. */
     bool quiet = l->opts.cluster_node || l->opts.sentinel_peer || nrefused;
-    if (!nrefused) l->backoff_ms = PX_LINK_BACKOFF_MIN_MS;
+    if (!nrefused && !l->bad_reply) l->backoff_ms = PX_LINK_BACKOFF_MIN_MS;
     if (quiet) px_log_debug("redis %s: connected", l->opts.name);
     else px_log_info("redis %s: connected", l->opts.name);
     set_up(l, true);
@@ -1389,6 +1411,7 @@ static void connect_start(px_link *l)
      * elide a node id or a consumer name. */
     size_t limit = l->opts.max_array_bytes;
     px_reply_arena_limit(l->arena, limit && limit < 65536 ? 65536 : limit);
+    px_reply_arena_max_elements(l->arena, l->opts.max_elements);
     l->last_err[0] = '\0';
     l->st = ST_RESOLVING;
 

@@ -56,6 +56,8 @@ typedef struct px_redis_opts {
     bool cluster_node;      /* a cluster's link to one node: errors are the router's to report */
     size_t max_array_bytes; /* strings of a reply's array past this many bytes are
                                     elided (reply.h): max_entry_bytes; 0 keeps all */
+    size_t max_elements;    /* a reply's array of more elements is a protocol error
+                                    (reply.h): 2 x max_entry_bytes; 0: PX_REPLY_MIN_ELEMENTS */
     const px_tls_opts *tls; /* (ref) NULL, or not enabled: plain TCP */
     /* Redis Sentinel (sentinel.h): with master_name set, the master is asked of
      * these sentinels at every connect; host/port unused. */

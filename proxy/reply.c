@@ -15,6 +15,7 @@
 #include "reply.h"
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,6 +55,8 @@ struct px_reply_arena {
     size_t spare_bytes;
     size_t live;            /* roots made and not yet freed */
     size_t limit;           /* string bytes kept per array; 0: no limit */
+    size_t max_elements;    /* an array longer is refused (reply.h) */
+    char refused[96];       /* why the last array was refused; "" if none */
     const void *run_parent; /* the array whose strings are being summed */
     size_t run_bytes;       /* ... and their bytes so far */
     bool released;          /* its link is gone: free it once 'live' is 0 */
@@ -171,7 +174,14 @@ static void *create_string(const redisReadTask *task, char *str, size_t len)
 static void *create_array(const redisReadTask *task, int elements)
 {
     size_t n = elements > 0 ? (size_t)elements : 0;
-    redisReply *r = new_object(task_arena(task), task, REDIS_REPLY_ARRAY, n * sizeof(redisReply *));
+    px_reply_arena *a = task_arena(task);
+    if (n > a->max_elements) {
+        /* hiredis then stops with a protocol error ("Out of memory"): say why */
+        snprintf(a->refused, sizeof(a->refused), "an array of %zu elements, over the limit of %zu",
+                 n, a->max_elements);
+        return NULL;
+    }
+    redisReply *r = new_object(a, task, REDIS_REPLY_ARRAY, n * sizeof(redisReply *));
     if (n) {
         r->element = (redisReply **)(r + 1);
         memset(r->element, 0, n * sizeof(redisReply *));
@@ -207,7 +217,9 @@ static redisReplyObjectFunctions reply_functions = {
 
 px_reply_arena *px_reply_arena_new(void)
 {
-    return px_calloc(1, sizeof(px_reply_arena));
+    px_reply_arena *a = px_calloc(1, sizeof(px_reply_arena));
+    a->max_elements = PX_REPLY_MIN_ELEMENTS;
+    return a;
 }
 
 void px_reply_arena_release(px_reply_arena *a)
@@ -221,11 +233,52 @@ void px_reply_attach(redisReader *reader, px_reply_arena *a)
 {
     reader->fn = &reply_functions;
     reader->privdata = a;
+    a->refused[0] = '\0';
 }
 
 void px_reply_arena_limit(px_reply_arena *a, size_t limit)
 {
     a->limit = limit;
+}
+
+void px_reply_arena_max_elements(px_reply_arena *a, size_t n)
+{
+    a->max_elements = n > PX_REPLY_MIN_ELEMENTS ? n : PX_REPLY_MIN_ELEMENTS;
+}
+
+const char *px_reply_error(const redisReader *r)
+{
+    const px_reply_arena *a = r->privdata;
+    return a && r->fn == &reply_functions && a->refused[0] ? a->refused : r->errstr;
+}
+
+bool px_reply_pending_ok(const redisReader *r, size_t max_bulk, char *why, size_t whylen)
+{
+    size_t held = r->len - r->pos;
+    if (r->ridx >= 0 && r->rstack[r->ridx].type == REDIS_REPLY_STRING) {
+        /* a bulk string begun: its length (hiredis consumed the '$') */
+        unsigned long long n = 0;
+        bool more = false; /* digits after those read */
+        for (const char *p = r->buf + r->pos; p < r->buf + r->len && *p >= '0' && *p <= '9'; p++) {
+            if (n > max_bulk) {
+                more = true;
+                break;
+            }
+            n = n * 10 + (unsigned long long)(*p - '0');
+        }
+        if (n > max_bulk) {
+            snprintf(why, whylen, "a string of %s%llu bytes, over the limit of %zu",
+                     more ? "over " : "", n, max_bulk);
+            return false;
+        }
+    }
+    /* whatever the item: a line or a string is never longer than that */
+    if (held > max_bulk + 64) {
+        snprintf(why, whylen, "%zu bytes of one reply item and no end, over the limit of %zu", held,
+                 max_bulk);
+        return false;
+    }
+    return true;
 }
 
 size_t px_reply_arena_in_use(const px_reply_arena *a)

@@ -8,6 +8,8 @@
 #ifndef PX_REPLY_H
 #define PX_REPLY_H
 
+#include <stdbool.h>
+
 #include <hiredis/read.h>
 
 typedef struct px_reply_arena px_reply_arena;
@@ -30,6 +32,44 @@ void px_reply_attach(redisReader *reader, px_reply_arena *a);
  */
 #define PX_REPLY_ELIDED 64
 void px_reply_arena_limit(px_reply_arena *a, size_t limit);
+
+/*
+ * Caps on what a reply may announce (issue 37): a server, or anyone on a plain
+ * or unverified link, could otherwise make the daemon allocate from a header
+ * alone ("*2147483647" asked for 17 GB). Past a cap the reply is a protocol
+ * error and the link is dropped (link.c).
+ *
+ * Arrays: hiredis asks for the whole element array as soon as it reads the
+ * header. The longest array the daemon can need is an entry's fields (two
+ * elements a field): every field takes at least 2 bytes of its Delivery, so an
+ * entry it can deliver has fewer than max_entry_bytes elements, and twice
+ * that still reads (and dead-letters by reference) entries over the limit.
+ * Every other reply is far shorter (a page of at most 256 entries, 16384
+ * cluster slots, an XRANGE of 1000 dead letters), so the cap is
+ * 2 x max_entry_bytes (config.c), and never less than PX_REPLY_MIN_ELEMENTS:
+ * a header costs at most 8 bytes an element (16 MiB by default).
+ *
+ * Strings: hiredis allocates nothing from a bulk header; it buffers the bytes
+ * as they come, and the daemon must read an entry of any size a producer can
+ * write to dead-letter it (SPEC 5.6), so the cap is the largest string Redis
+ * takes by default (proto-max-bulk-len, 512 MiB): no default server can hold
+ * a longer value. It also bounds a status or error line that never ends.
+ */
+#define PX_REPLY_MIN_ELEMENTS ((size_t)1 << 20)
+#define PX_REPLY_MAX_BULK     ((size_t)512 << 20)
+
+/* Refuse arrays of more than 'n' elements (at least PX_REPLY_MIN_ELEMENTS,
+ * the default). */
+void px_reply_arena_max_elements(px_reply_arena *a, size_t n);
+
+/* Why the reader stopped with an error: an array over the cap (hiredis only
+ * says "Out of memory"), else the reader's own message. */
+const char *px_reply_error(const redisReader *r);
+
+/* After the reader gave no reply: false, with 'why', when the item it is in
+ * the middle of is a string announced longer than 'max_bulk' (usually
+ * PX_REPLY_MAX_BULK), or when it holds more than that of one item. */
+bool px_reply_pending_ok(const redisReader *r, size_t max_bulk, char *why, size_t whylen);
 
 /* For tests: bytes of replies now alive, and bytes kept for the next ones. */
 size_t px_reply_arena_in_use(const px_reply_arena *a);

@@ -2,10 +2,14 @@
 entry, or a Redis server sends back, must not crash the daemon, blow up its
 memory, or be taken for idemproxy's own records."""
 import re
+import socket
+import threading
+import time
 
+import pytest
 import redis
 
-from pxtest import pending, wait_for
+from pxtest import Proxy, free_port, pending, wait_for
 
 
 def test_deep_dotted_field_name_is_bad_input_and_loses_nothing_else(env):
@@ -32,3 +36,138 @@ def test_deep_dotted_field_name_is_bad_input_and_loses_nothing_else(env):
     assert re.search(rf"stream room entry {bad_id} key \S+ attempt \d+: bad entry: field name 1 nests",
                      p.log_text())
     assert p.proc.poll() is None            # still running
+
+
+class EvilRedis:
+    """A RESP server on 127.0.0.1 that passes idemproxy's handshake as Redis
+    7.2 and answers every XREAD with 'evil' (then holds the connection open).
+    It counts the XREADs it was sent."""
+
+    def __init__(self, evil):
+        self.evil = evil
+        self.port = free_port()
+        self.xreads = []            # when each XREAD came
+        self.lock = threading.Lock()
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", self.port))
+        self.sock.listen(16)
+        self.conns = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _answer(self, argv):
+        name = argv[0].upper()
+        if name == b"HELLO":
+            fields = [b"server", b"redis", b"version", b"7.2.4", b"proto", b"2", b"id", b"3",
+                      b"mode", b"standalone", b"role", b"master"]
+            return b"*%d\r\n" % (len(fields) + 2) + b"".join(
+                b"$%d\r\n%s\r\n" % (len(f), f) for f in fields) + b"$7\r\nmodules\r\n*0\r\n"
+        if name == b"PING":
+            return b"+PONG\r\n"
+        if name == b"SCRIPT":
+            return b"$40\r\n" + b"0" * 40 + b"\r\n"
+        if name == b"XREAD":
+            with self.lock:
+                self.xreads.append(time.monotonic())
+            return self.evil
+        return b"-ERR unknown command\r\n"
+
+    def _serve(self, c):
+        buf = b""
+        while True:
+            try:
+                data = c.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            buf += data
+            while True:
+                argv, buf = _resp_command(buf)
+                if argv is None:
+                    break
+                try:
+                    c.sendall(self._answer(argv))
+                except OSError:
+                    return
+
+    def close(self):
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+def _resp_command(buf):
+    """One RESP array of bulk strings off the front of buf: (argv, rest) or (None, buf)."""
+    if b"\r\n" not in buf:
+        return None, buf
+    head, rest = buf.split(b"\r\n", 1)
+    argv = []
+    for _ in range(int(head[1:])):
+        if b"\r\n" not in rest:
+            return None, buf
+        ln, rest = rest.split(b"\r\n", 1)
+        n = int(ln[1:])
+        if len(rest) < n + 2:
+            return None, buf
+        argv.append(rest[:n])
+        rest = rest[n + 2:]
+    return argv, rest
+
+
+def peak_rss(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+# An XREAD reply up to the fields of its one entry (stream s, entry 1-0).
+ENTRY = b"*1\r\n*2\r\n$1\r\ns\r\n*1\r\n*2\r\n$3\r\n1-0\r\n"
+EVIL = [
+    ("array 1e8", b"*100000000\r\n", "an array of 100000000 elements, over the limit of 2097152"),
+    ("array INT_MAX", b"*2147483647\r\n", "an array of 2147483647 elements, over the limit of 2097152"),
+    ("fields array", ENTRY + b"*50000000\r\n", "an array of 50000000 elements, over the limit of 2097152"),
+    ("bulk 2e9", ENTRY + b"*2\r\n$7\r\npayload\r\n$2000000000\r\n" + b"x" * 65536,
+     "a string of 2000000000 bytes, over the limit of 536870912"),
+]
+
+
+@pytest.mark.parametrize("evil,reason", [(e[1], e[2]) for e in EVIL], ids=[e[0] for e in EVIL])
+def test_a_huge_reply_header_is_a_protocol_error_not_gigabytes(tmp_path, evil, reason):
+    """A 13-byte reply from a malicious server ('*100000000') drove the RSS to
+    788 MB, and '*2147483647' to a 17 GB allocation: hiredis asks for a whole
+    array from its header. Past what the daemon can need (2 x max_entry_bytes
+    elements, 1 MiB by default; a string past 512 MiB) the reply is a protocol
+    error: counted, logged once, the link dropped and dialled again with
+    backoff; the daemon stays up with its memory bounded."""
+    fake = EvilRedis(evil)
+    px = Proxy(tmp_path, "proxy1", f"redis://127.0.0.1:{fake.port}", f"ipc://{tmp_path}/app.sock",
+               [{"stream": "s", "payload_field": "payload", "key": "#event.eventId"}])
+    try:
+        px.start()
+        wait_for(lambda: len(fake.xreads) >= 4, timeout=15, what="a read, and more after reconnects")
+        assert px.proc.poll() is None, px.log_text()[-3000:]
+        peak = peak_rss(px.proc.pid)
+        assert peak < 64 * 1024 * 1024, f"peak RSS {peak / 2**20:.0f} MiB"
+        log = px.log_text()
+        warned = [ln for ln in log.splitlines() if " warn " in ln and "protocol error" in ln]
+        assert len(warned) == 1 and reason in warned[0], log[-3000:]   # once, not per reconnect
+        assert px.metrics()["idemproxy_redis_errors_total"] >= 3
+        # The backoff grows (0.1, 0.2, 0.4 s...) although each handshake
+        # succeeds: a lower bound, which no load can break.
+        gaps = [b - a for a, b in zip(fake.xreads, fake.xreads[1:])]
+        assert gaps[2] >= 0.35, gaps
+    finally:
+        px.stop()
+        fake.close()

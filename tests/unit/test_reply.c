@@ -207,10 +207,96 @@ static void test_limit(void)
     free(resp);
 }
 
+/* An array's header no longer sizes an allocation beyond what the daemon can
+ * need (issue 37): "*2147483647" asked for 17 GB, and "*100000000" took
+ * 800 MB, from 13 bytes a server sent. Past the cap the reply is a protocol
+ * error that says why, and the arena holds nothing of it. */
+static void test_huge_headers(void)
+{
+    static const struct { const char *resp, *label; } huge[] = {
+        { "*2147483647\r\n", "*2147483647" },
+        { "*100000000\r\n", "*100000000" },
+        { "*2\r\n:1\r\n*100000000\r\n", "one nested in a reply begun" },
+        { "*1\r\n*1\r\n*1048577\r\n", "one element over the default cap" },
+    };
+    px_reply_arena *a = px_reply_arena_new();
+    for (size_t i = 0; i < sizeof(huge) / sizeof(huge[0]); i++) {
+        redisReader *r = reader(a);
+        void *reply = NULL;
+        char label[128];
+        redisReaderFeed(r, huge[i].resp, strlen(huge[i].resp));
+        snprintf(label, sizeof(label), "%s: a protocol error, nothing kept", huge[i].label);
+        test_cond(label, redisReaderGetReply(r, &reply) == REDIS_ERR && reply == NULL &&
+                             px_reply_arena_in_use(a) == 0);
+        snprintf(label, sizeof(label), "%s: the reason", huge[i].label);
+        test_cond(label, strstr(px_reply_error(r), "elements, over the limit of 1048576") != NULL);
+        redisReaderFree(r);
+    }
+
+    /* The cap is the caller's (2 x max_entry_bytes), never below 1 Mi. */
+    px_reply_arena_max_elements(a, 3u << 20);
+    redisReader *r = reader(a);
+    void *reply = NULL;
+    redisReaderFeed(r, "*3145728\r\n", 10);
+    test_cond("at the cap: read on", redisReaderGetReply(r, &reply) == REDIS_OK && reply == NULL &&
+                                         px_reply_arena_in_use(a) > 0);
+    redisReaderFree(r);
+    r = reader(a);
+    redisReaderFeed(r, "*3145729\r\n", 10);
+    test_cond("one over: refused", redisReaderGetReply(r, &reply) == REDIS_ERR &&
+                                       strstr(px_reply_error(r), "3145729 elements, over the limit of 3145728"));
+    redisReaderFree(r);
+    px_reply_arena_max_elements(a, 10);
+    r = reader(a);
+    redisReaderFeed(r, "*1000\r\n", 7);
+    test_cond("never below 1 Mi", redisReaderGetReply(r, &reply) == REDIS_OK && reply == NULL);
+    redisReaderFree(r);
+    r = reader(a);
+    redisReaderFeed(r, "!x\r\n", 4);
+    test_cond("other protocol errors keep hiredis' words",
+              redisReaderGetReply(r, &reply) == REDIS_ERR && strstr(px_reply_error(r), "Protocol error"));
+    redisReaderFree(r);
+    px_reply_arena_release(a);
+}
+
+/* A string announced longer than the cap is refused from its header, before
+ * its bytes are buffered; so is a reply item that holds more than the cap. */
+static void test_huge_strings(void)
+{
+    static const struct { const char *resp; size_t max; bool ok; const char *why; } cases[] = {
+        { "$1000\r\nabc", 1000, true, NULL },
+        { "$1001\r\nabc", 1000, false, "a string of 1001 bytes, over the limit of 1000" },
+        { "$1001", 1000, false, "a string of 1001 bytes" },   /* its line not even ended */
+        { "$99999999999999999999", 1000, false, "a string of over 9999 bytes" },
+        { "*2\r\n$1\r\na\r\n$600000000\r\nxyz", PX_REPLY_MAX_BULK, false,
+          "a string of 600000000 bytes, over the limit of 536870912" },
+        { "*2\r\n$1\r\na\r\n$536870912\r\nxyz", PX_REPLY_MAX_BULK, true, NULL },
+        { "+a status line that goes on and on, longer than any string may be, and never ends",
+          10, false, "bytes of one reply item and no end, over the limit of 10" },
+        { "*3\r\n:1\r\n", 10, true, NULL },
+    };
+    px_reply_arena *a = px_reply_arena_new();
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        redisReader *r = reader(a);
+        void *reply = NULL;
+        char why[160] = "", label[160];
+        redisReaderFeed(r, cases[i].resp, strlen(cases[i].resp));
+        int rc = redisReaderGetReply(r, &reply);
+        bool ok = px_reply_pending_ok(r, cases[i].max, why, sizeof(why));
+        snprintf(label, sizeof(label), "string case %zu: %s", i, why);
+        test_cond(label, rc == REDIS_OK && reply == NULL && ok == cases[i].ok &&
+                             (cases[i].why == NULL || strstr(why, cases[i].why)));
+        redisReaderFree(r);
+    }
+    px_reply_arena_release(a);
+}
+
 int main(void)
 {
     test_trees();
     test_cut_short();
     test_limit();
+    test_huge_headers();
+    test_huge_strings();
     return test_report();
 }

@@ -668,7 +668,11 @@ static void dl_mark_name(px_entry *e, px_buf *b)
     px_dl_mark_name(e->st->conf, e->id, b);
 }
 
-/* XADD the entry to the dead-letter stream with the idemproxy-* fields, once. */
+/* XADD the entry to the dead-letter stream with the idemproxy-* fields, once.
+ * The entry's fields come first, exactly as they were (a producer's own
+ * "idemproxy-stream" included), then idemproxy's four, last and in this
+ * order: inspect and redrive (ops.c, dl_meta_of) read them by position, so a
+ * producer cannot write them. */
 static void dead_letter_add(px_entry *e, const char *reason)
 {
     px_stream_conf *sc = e->st->conf;

@@ -3,7 +3,7 @@
  * per dead letter, which does everything or nothing:
  *
  *   the dead letter is still there?  no: return 0 (another run took it)
- *   XDEL it, XADD its original fields (the idemproxy-* ones left out) to the
+ *   XDEL it, XADD its original fields (all but idemproxy's last four) to the
  *   source stream, and delete the done mark its dead-lettering wrote
  *
  * so two runs at once, or one run twice, redrive each dead letter once. The
@@ -256,38 +256,52 @@ static void next_id(const char *id, char *out, size_t size)
 
 /* --- an entry as the daemon sees it ---------------------------------------- */
 
-static bool is_own_field(const char *name, size_t len)
+/* idemproxy's own fields of a dead letter are its last four, in this order,
+ * after the entry's fields as they were (claim.c, dead_letter_add; every
+ * version wrote them so). They are read there and only there, never by name:
+ * a producer may write fields of the same names, and those are the entry's
+ * (they go back with it when it is redriven). */
+static const char *const own_fields[] = { "idemproxy-reason", "idemproxy-stream",
+                                          "idemproxy-entry-id", "idemproxy-attempts" };
+#define OWN_N 4
+
+typedef struct dl_meta {
+    const char *reason, *stream, *entry_id, *attempts;
+    size_t nelem; /* elements before them: the entry's fields */
+} dl_meta;
+
+/* Whether 'f' (a field/value array) ends as a dead letter idemproxy wrote;
+ * its fields in 'm'. */
+static bool dl_meta_of(const redisReply *f, dl_meta *m)
 {
-    static const char *const own[] = { "idemproxy-reason", "idemproxy-stream",
-                                       "idemproxy-entry-id", "idemproxy-attempts" };
-    for (size_t i = 0; i < 4; i++)
-        if (len == strlen(own[i]) && memcmp(name, own[i], len) == 0) return true;
-    return false;
+    if (f->type != REDIS_REPLY_ARRAY || f->elements < 2 * OWN_N || f->elements % 2) return false;
+    size_t base = f->elements - 2 * OWN_N;
+    const char *v[OWN_N];
+    for (size_t i = 0; i < OWN_N; i++) {
+        const redisReply *k = f->element[base + 2 * i], *x = f->element[base + 2 * i + 1];
+        if (k->type != REDIS_REPLY_STRING || x->type != REDIS_REPLY_STRING ||
+            k->len != strlen(own_fields[i]) || memcmp(k->str, own_fields[i], k->len) != 0)
+            return false;
+        v[i] = x->str;
+    }
+    *m = (dl_meta){ v[0], v[1], v[2], v[3], base };
+    return true;
 }
 
-/* The value of field 'name' in a field/value array reply, or NULL. */
-static const char *field_of(const redisReply *f, const char *name)
-{
-    for (size_t i = 0; i + 1 < f->elements; i += 2)
-        if (f->element[i]->type == REDIS_REPLY_STRING && strcmp(f->element[i]->str, name) == 0)
-            return f->element[i + 1]->str;
-    return NULL;
-}
-
-/* A px_entry over the fields of a reply (the idemproxy-* ones left out when
- * 'strip'), its key rendered by px_event_prepare as the daemon renders it.
- * Returns false with 'why' when the key cannot be rendered (bad input); the
- * caller frees e->fields, e->key and e->lock_key. */
+/* A px_entry over the first 'nelem' elements of the field/value array 'f'
+ * (an entry's, or the entry's part of its dead letter), its key rendered by
+ * px_event_prepare as the daemon renders it. Returns false with 'why' when
+ * the key cannot be rendered (bad input); the caller frees e->fields, e->key
+ * and e->lock_key. */
 static bool prepare(px_entry *e, const px_stream_conf *sc, const px_config *c, const char *id,
-                    const redisReply *f, bool strip, char *why, size_t whylen)
+                    const redisReply *f, size_t nelem, char *why, size_t whylen)
 {
     memset(e, 0, sizeof(*e));
     e->id = (char *)id;
     e->payload_idx = -1;
-    e->fields = px_calloc(f->elements / 2 + 1, sizeof(px_field));
-    for (size_t i = 0; i + 1 < f->elements; i += 2) {
+    e->fields = px_calloc(nelem / 2 + 1, sizeof(px_field));
+    for (size_t i = 0; i + 1 < nelem; i += 2) {
         const redisReply *k = f->element[i], *v = f->element[i + 1];
-        if (strip && is_own_field(k->str, k->len)) continue;
         px_field *x = &e->fields[e->nfields];
         x->name = k->str;
         x->name_len = k->len;
@@ -525,14 +539,12 @@ static bool find_dead(ops_conn *ctx, const px_stream_conf *sc, const char *id, d
             redisReply *ent = r->element[i];
             if (ent->type != REDIS_REPLY_ARRAY || ent->elements < 2) continue;
             const char *eid = ent->element[0]->str;
-            redisReply *f = ent->element[1];
-            const char *fid = f->type == REDIS_REPLY_ARRAY ? field_of(f, "idemproxy-entry-id") : NULL;
-            const char *fst = f->type == REDIS_REPLY_ARRAY ? field_of(f, "idemproxy-stream") : NULL;
-            if (fid && strcmp(fid, id) == 0 && (fst == NULL || strcmp(fst, sc->stream) == 0)) {
+            dl_meta m;
+            if (dl_meta_of(ent->element[1], &m) && strcmp(m.entry_id, id) == 0 &&
+                strcmp(m.stream, sc->stream) == 0) {
                 *out = px_realloc(*out, (*n + 1) * sizeof(**out));
-                const char *reason = field_of(f, "idemproxy-reason"), *att = field_of(f, "idemproxy-attempts");
-                (*out)[*n] = (dead_found){ px_strdup(eid), px_strdup(reason ? reason : ""),
-                                           px_strdup(att ? att : "?") };
+                (*out)[*n] = (dead_found){ px_strdup(eid), px_strdup(m.reason),
+                                           px_strdup(m.attempts) };
                 (*n)++;
             }
             next_id(eid, start, sizeof(start));
@@ -609,6 +621,7 @@ static int inspect_entry(ops_conn *ctx, const px_config *c, const px_stream_conf
 
     /* its key: from the entry, or from its dead letter's copy of the fields */
     redisReply *dl_fields = NULL;
+    dl_meta dm = { 0 };
     if (fields == NULL && ndead > 0) {
         const char *dr[] = { "XRANGE", sc->dead_letter, dead[0].id, dead[0].id };
         size_t dll[] = { 6, strlen(sc->dead_letter), strlen(dead[0].id), strlen(dead[0].id) };
@@ -616,12 +629,14 @@ static int inspect_entry(ops_conn *ctx, const px_config *c, const px_stream_conf
         if (d == NULL) goto out;
         freeReplyObject(entry); /* keep one reply alive: reuse 'entry' */
         entry = d;
-        if (d->type == REDIS_REPLY_ARRAY && d->elements == 1 && d->element[0]->elements >= 2)
+        if (d->type == REDIS_REPLY_ARRAY && d->elements == 1 && d->element[0]->elements >= 2 &&
+            dl_meta_of(d->element[0]->element[1], &dm) && dm.nelem > 0)
             dl_fields = d->element[0]->element[1];
     }
     redisReply *kf = fields ? fields : dl_fields;
     if (kf) {
-        have_key = prepare(&e, sc, c, id, kf, fields == NULL, why, sizeof(why));
+        have_key = prepare(&e, sc, c, id, kf, fields ? fields->elements : dm.nelem, why,
+                           sizeof(why));
         if (have_key && !read_key_state(ctx, sc, &e, &k)) goto out;
         if (have_key && e.lock_key) {
             if (!get_ttl(ctx, "inspect", e.lock_key, &lk_val, &lk_ttl)) goto out;
@@ -766,17 +781,18 @@ int px_cmd_inspect(px_config *c, const px_ops_args *a)
 /* --- redrive --------------------------------------------------------------- */
 
 /* KEYS: dead-letter stream, source stream[, done mark]. ARGV: the dead
- * letter's id, the done mark's value to delete ("" = whatever it holds). */
+ * letter's id, the done mark's value to delete ("" = whatever it holds), the
+ * source stream's name. The entry's fields are all but the last four pairs,
+ * idemproxy's (dl_meta_of), whatever their names. */
 static const char redrive_lua[] =
     "local e = redis.call('xrange', KEYS[1], ARGV[1], ARGV[1]) "
     "if #e == 0 then return 0 end "
     "local f, out = e[1][2], {} "
-    "for i = 1, #f, 2 do "
-    "  local n = f[i] "
-    "  if n ~= 'idemproxy-reason' and n ~= 'idemproxy-stream' and n ~= 'idemproxy-entry-id' "
-    "     and n ~= 'idemproxy-attempts' then out[#out + 1] = n; out[#out + 1] = f[i + 1] end "
-    "end "
-    "if #out == 0 then return 0 end "
+    "local n = #f - 8 "
+    "if n < 2 or f[n + 1] ~= 'idemproxy-reason' or f[n + 3] ~= 'idemproxy-stream' "
+    "   or f[n + 4] ~= ARGV[3] or f[n + 5] ~= 'idemproxy-entry-id' "
+    "   or f[n + 7] ~= 'idemproxy-attempts' then return 0 end "
+    "for i = 1, n do out[i] = f[i] end "
     "redis.call('xdel', KEYS[1], ARGV[1]) "
     "local id = redis.call('xadd', KEYS[2], '*', unpack(out)) "
     "if KEYS[3] and (ARGV[2] == '' or redis.call('get', KEYS[3]) == ARGV[2]) then "
@@ -826,15 +842,12 @@ int px_cmd_redrive(px_config *c, const px_ops_args *a)
             next_id(dlid, start, sizeof(start));
             if (++looked % 1000 == 0)
                 printf("redrive: %llu looked at, %s %llu, skipped %llu\n", looked, verb, chosen, skipped);
-            if (f->type != REDIS_REPLY_ARRAY) continue;
-            const char *st = field_of(f, "idemproxy-stream"), *reason = field_of(f, "idemproxy-reason");
-            const char *eid = field_of(f, "idemproxy-entry-id");
-            if (st == NULL || strcmp(st, sc->stream) != 0) {
+            dl_meta m;
+            if (!dl_meta_of(f, &m) || strcmp(m.stream, sc->stream) != 0) {
                 other++;
                 continue;
             }
-            if (reason == NULL) reason = "";
-            if (eid == NULL) eid = "?";
+            const char *reason = m.reason, *eid = m.entry_id;
             if (a->reason && strstr(reason, a->reason) == NULL) {
                 other++;
                 continue;
@@ -843,10 +856,7 @@ int px_cmd_redrive(px_config *c, const px_ops_args *a)
                 stop = true;
                 break;
             }
-            size_t own = 0;
-            for (size_t j = 0; j + 1 < f->elements; j += 2)
-                if (is_own_field(f->element[j]->str, f->element[j]->len)) own++;
-            if (own * 2 == f->elements) {
+            if (m.nelem == 0) {
                 printf("skip %s (entry %s): it holds no fields of the entry, only a reference "
                        "(reason %s)\n",
                        dlid, eid, reason);
@@ -855,7 +865,7 @@ int px_cmd_redrive(px_config *c, const px_ops_args *a)
             }
             px_entry e;
             char why[512];
-            bool keyed = prepare(&e, sc, c, eid, f, true, why, sizeof(why));
+            bool keyed = prepare(&e, sc, c, eid, f, m.nelem, why, sizeof(why));
             bool clear = keyed && wrote_done(reason);
             if (a->dry_run) {
                 printf("would redrive %s (entry %s, ", dlid, eid);
@@ -868,10 +878,10 @@ int px_cmd_redrive(px_config *c, const px_ops_args *a)
             }
             const char *ev[] = { "EVAL", redrive_lua, clear ? "3" : "2", sc->dead_letter,
                                  sc->stream, clear ? e.done_name : "", dlid,
-                                 sc->layout == PX_LAYOUT_SINGLE ? "D" : "" };
+                                 sc->layout == PX_LAYOUT_SINGLE ? "D" : "", sc->stream };
             int evc = 0;
-            const char *args[9];
-            size_t al[9];
+            const char *args[10];
+            size_t al[10];
             for (size_t j = 0; j < sizeof(ev) / sizeof(*ev); j++) {
                 if (!clear && j == 5) continue; /* no third key */
                 args[evc] = ev[j];

@@ -1,15 +1,17 @@
 """Hostile producers and servers (issue 37): what a producer writes into an
 entry, or a Redis server sends back, must not crash the daemon, blow up its
 memory, or be taken for idemproxy's own records."""
+import json
 import re
 import socket
+import subprocess
 import threading
 import time
 
 import pytest
 import redis
 
-from pxtest import Proxy, free_port, pending, wait_for
+from pxtest import BIN, Proxy, free_port, pb, pending, wait_for
 
 
 def test_deep_dotted_field_name_is_bad_input_and_loses_nothing_else(env):
@@ -171,3 +173,70 @@ def test_a_huge_reply_header_is_a_protocol_error_not_gigabytes(tmp_path, evil, r
     finally:
         px.stop()
         fake.close()
+
+
+def run(*args):
+    return subprocess.run([str(BIN), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_forged_dead_letter_fields_are_the_entrys_not_idemproxys(env):
+    """A dead letter is the entry's fields, then idemproxy's four. A producer
+    of orders that added 'idemproxy-stream: payments' (and other forged
+    idemproxy-* fields) to an entry that got dead-lettered made 'redrive
+    --stream payments' (first match) move it into payments and clear a
+    payment's done mark: delivered twice. idemproxy's fields are read from
+    their place, the last four; the producer's go back with the entry."""
+    r = env.r
+    raw = redis.Redis(port=env.redis.port)
+    streams = [
+        {"stream": "orders", "group": "g", "consumer": "c1", "payload_field": "payload",
+         "key": "#event.id", "prefix": "ord:", "dead_letter": "dead"},
+        {"stream": "payments", "group": "g", "consumer": "c1", "payload_field": "payload",
+         "key": "#event.id", "prefix": "pay:", "dead_letter": "dead"},
+    ]
+    drop = {"on": True}
+
+    def behave(d):
+        if d.stream == "orders" and drop["on"]:
+            return (pb.Ack.DROP, "order refused")
+        return (pb.Ack.ACK, "")
+    p = env.proxy(streams)
+    w = env.worker(p.endpoint, behave=behave)
+    r.xadd("payments", {"payload": json.dumps({"id": "p1"})})
+    wait_for(lambda: r.get("pay:p1") == "D", what="the payment done")
+    forged = [("payload", json.dumps({"id": "p1"})), ("idemproxy-stream", "payments"),
+              ("idemproxy-entry-id", "1-1"), ("idemproxy-reason", "forged"),
+              ("idemproxy-attempts", "9")]
+    order_id = raw.xadd("orders", dict(forged)).decode()
+    wait_for(lambda: r.xlen("dead") == 1, what="the order dead-lettered")
+    wait_for(lambda: pending(r, "orders", "g") == 0, what="the order acked")
+    cfg = str(p.config)
+
+    # inspect reads the same place: the dead letter is the order's
+    res = run("inspect", "-c", cfg, "--stream", "orders", "--entry", order_id)
+    assert res.returncode == 0, res.stderr
+    assert "reason order refused, attempts 1" in res.stdout, res.stdout
+    res = run("inspect", "-c", cfg, "--stream", "payments", "--entry", "1-1")
+    assert res.returncode == 0 and "dead letters: none in dead" in res.stdout, res.stdout
+
+    # the attack: nothing of payments is touched
+    for extra, said in ((["--dry-run"], "would redrive 0, skip 0 (1 dead letters not selected)"),
+                        ([], "redriven 0, skipped 0 (1 dead letters not selected)")):
+        res = run("redrive", "-c", cfg, "--stream", "payments", *extra)
+        assert res.returncode == 0, res.stderr
+        assert said in res.stdout, res.stdout
+    assert r.xlen("payments") == 1 and r.get("pay:p1") == "D"
+    assert r.xlen("dead") == 1
+
+    # into orders, its fields exactly as the producer wrote them
+    drop["on"] = False
+    res = run("redrive", "-c", cfg, "--stream", "orders")
+    assert res.returncode == 0, res.stderr
+    assert "redriven 1, skipped 0" in res.stdout, res.stdout
+    assert r.xlen("dead") == 0 and r.xlen("payments") == 1
+    (_, back), = raw.xrange("orders", min="(" + order_id)
+    assert [(k.decode(), v.decode()) for k, v in back.items()] == forged
+    wait_for(lambda: [d.key for d in w.got].count("p1") == 3, what="the order delivered again")
+    assert [d.stream for d in w.got] == ["payments", "orders", "orders"]
+    wait_for(lambda: r.get("ord:p1") == "D", what="the order done")
+    assert r.get("pay:p1") == "D"

@@ -54,6 +54,7 @@ $(B)/tests/test_decide:   $(B)/proxy/decide.o
 $(B)/tests/test_codec:    $(B)/proxy/codec.o $(B)/proxy/px.o $(GEN).o
 $(B)/tests/test_reply:    $(B)/proxy/reply.o $(B)/proxy/px.o
 $(B)/tests/test_jscan:    $(B)/proxy/jscan.o $(B)/proxy/px.o
+$(B)/tests/test_px:       $(B)/proxy/px.o
 $(B)/tests/test_event:    $(B)/proxy/event.o $(B)/proxy/jscan.o $(B)/proxy/template.o $(B)/proxy/px.o
 $(B)/tests/test_addr:     $(B)/proxy/addr.o
 $(B)/tests/test_sentinel: $(B)/proxy/sentinel_reply.o

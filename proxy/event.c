@@ -90,33 +90,29 @@ void px_event_set_key(px_entry *e, const px_stream_conf *sc, const char *key, si
     e->done_name_len = dl;
 }
 
-/* Render 'tpl' for 'e' into 'out', or false with 'why' filled. */
+/* Render 'tpl' for 'e' into 'out', or false with 'why' filled (cut, if it
+ * must be, between characters: the template quoted may be long). */
 static bool render(const px_entry *e, const px_stream_conf *sc, const px_template *tpl,
                    json_object *event, json_object *fields, const char *what, px_buf *out,
                    char *why, size_t whylen)
 {
     char err[256];
     px_tvars vars = { event, fields, sc->stream, e->id };
-    if (px_template_render(tpl, &vars, out, err, sizeof(err)) != PX_OK) {
-        snprintf(why, whylen, "%s '%s': %s", what, px_template_source(tpl), err);
-        return false;
-    }
-    if (memchr(out->data, '\0', out->len)) {
+    const char *src = px_template_source(tpl);
+    if (px_template_render(tpl, &vars, out, err, sizeof(err)) != PX_OK)
+        snprintf(why, whylen, "%s '%s': %s", what, src, err);
+    else if (memchr(out->data, '\0', out->len))
         /* Keys are C strings from here on: "a\u0000b" and "a\u0000c" would both
          * become "a" and one would be skipped as a copy (found by fuzz_event). */
-        snprintf(why, whylen, "%s '%s' renders a NUL character", what, px_template_source(tpl));
-        return false;
-    }
-    if (out->len == 0) {
-        snprintf(why, whylen, "%s '%s' renders an empty string", what, px_template_source(tpl));
-        return false;
-    }
-    if (!px_utf8_valid(out->data, out->len)) {
-        snprintf(why, whylen, "%s '%s' renders text that is not UTF-8", what,
-                 px_template_source(tpl));
-        return false;
-    }
-    return true;
+        snprintf(why, whylen, "%s '%s' renders a NUL character", what, src);
+    else if (out->len == 0)
+        snprintf(why, whylen, "%s '%s' renders an empty string", what, src);
+    else if (!px_utf8_valid(out->data, out->len))
+        snprintf(why, whylen, "%s '%s' renders text that is not UTF-8", what, src);
+    else
+        return true;
+    px_utf8_cut_end(why);
+    return false;
 }
 
 /* --- the fast path -----------------------------------------------------------

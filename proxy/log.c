@@ -10,6 +10,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/time.h>
 #include <time.h>
 
@@ -51,6 +52,7 @@ void px_log_about_v(px_log_level level, px_log_limit *l, double every_s, const p
         snprintf(msg + n, sizeof(msg) - (size_t)n, " (and %lu more like it since the last)",
                  l->left_out);
     if (l) l->left_out = 0;
+    px_utf8_cut_end(msg); /* a long message cut between characters */
     log_line(level, about, msg);
 }
 
@@ -70,15 +72,11 @@ void px_log_limited(px_log_limit *l, double every_s, px_log_level level, const c
     va_end(ap);
 }
 
-/* 's' as the inside of a JSON string. */
+/* 's' as the inside of a JSON string: valid UTF-8 whatever its bytes (a
+ * worker's reason, a key, a Redis error), or the line would not be JSON. */
 static void json_chars(px_buf *b, const char *s)
 {
-    for (const char *p = s; *p; p++) {
-        unsigned char c = (unsigned char)*p;
-        if (c == '"' || c == '\\') px_buf_printf(b, "\\%c", c);
-        else if (c < 0x20) px_buf_printf(b, "\\u%04x", c);
-        else px_buf_append(b, p, 1);
-    }
+    px_buf_escape(b, s, strlen(s), PX_ESC_JSON);
 }
 
 static void log_line(px_log_level level, const px_log_about *about, const char *msg)
@@ -99,15 +97,10 @@ static void log_line(px_log_level level, const px_log_about *about, const char *
                           about->entry_id, about->key ? about->key : "-", about->attempt);
         px_buf_appends(&line, msg);
         /* One message, one line: a key or a Redis error holding a newline or
-         * another control character cannot forge a line of its own. */
+         * another control character cannot forge a line of its own, nor send
+         * a terminal an escape sequence; bytes that are not UTF-8 read \xNN. */
         px_buf t = { 0 };
-        for (const char *p = line.data; *p; p++) {
-            unsigned char c = (unsigned char)*p;
-            if (c == '\n') px_buf_appends(&t, "\\n");
-            else if (c == '\r') px_buf_appends(&t, "\\r");
-            else if (c < 0x20 || c == 0x7f) px_buf_printf(&t, "\\x%02x", c);
-            else px_buf_append(&t, p, 1);
-        }
+        px_buf_escape(&t, line.data, line.len, 0);
         fprintf(stderr, "%s %-5s %s\n", ts, level_names[level], t.data ? t.data : "");
         px_buf_deinit(&t);
         px_buf_deinit(&line);

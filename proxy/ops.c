@@ -31,6 +31,38 @@
 #define OPS_SCAN_MAX   100000 /* inspect: dead letters looked at, at most */
 #define OPS_SHOW_BYTES 1000   /* inspect: a field value longer is cut */
 
+/* 's' as text a terminal shows as it is (px_buf_escape): no escape
+ * sequence or byte that is not UTF-8 of a producer's key, a worker's reason
+ * or anything else read from Redis reaches it raw. One of four buffers, so
+ * one printf can show up to four. */
+static const char *show(const char *s)
+{
+    static px_buf ring[4];
+    static unsigned next;
+    px_buf *b = &ring[next++ % 4];
+    px_buf_reset(b);
+    px_buf_escape(b, s, strlen(s), PX_ESC_BACKSLASH);
+    return b->data ? b->data : "";
+}
+
+/* A JSON string of 's' ('n' bytes): json-c escapes controls but copies
+ * bytes as they are, so a byte that is not UTF-8 becomes the text \xNN
+ * first, or the output would not be JSON. */
+static json_object *jstr_len(const char *s, size_t n)
+{
+    if (px_utf8_valid(s, n)) return json_object_new_string_len(s, (int)n);
+    px_buf b = { 0 };
+    px_buf_escape(&b, s, n, PX_ESC_BYTES);
+    json_object *o = json_object_new_string_len(b.data, (int)b.len);
+    px_buf_deinit(&b);
+    return o;
+}
+
+static json_object *jstr(const char *s)
+{
+    return jstr_len(s, strlen(s));
+}
+
 bool px_config_password(const px_config *c, const char *who, char **out)
 {
     *out = NULL;
@@ -216,7 +248,7 @@ static redisReply *call(ops_conn *ctx, const char *cmd, int argc, const char **a
         return NULL;
     }
     if (r->type == REDIS_REPLY_ERROR) {
-        fprintf(stderr, "idemproxy %s: %s: %s\n", cmd, argv[0], r->str);
+        fprintf(stderr, "idemproxy %s: %s: %s\n", cmd, argv[0], show(r->str));
         freeReplyObject(r);
         return NULL;
     }
@@ -419,20 +451,20 @@ static void print_ttl(long long ms, const char *what)
 
 static void print_key_state(const px_stream_conf *sc, const px_entry *e, const key_state *k)
 {
-    printf("key: %s\n", e->key);
+    printf("key: %s\n", show(e->key));
     if (sc->layout == PX_LAYOUT_SINGLE)
-        printf("  layout single, state key %s\n", e->done_name);
+        printf("  layout single, state key %s\n", show(e->done_name));
     else
-        printf("  layout split, lock key %s, done key %s\n", e->lock_name, e->done_name);
+        printf("  layout split, lock key %s, done key %s\n", show(e->lock_name), show(e->done_name));
     printf("  state: ");
     if (k->done) {
         printf("done, ");
         print_ttl(k->done_ttl, "done mark");
-        if (k->locked) printf("; and still locked by token %s, lease left %lld ms", k->token, k->lease_left);
+        if (k->locked) printf("; and still locked by token %s, lease left %lld ms", show(k->token), k->lease_left);
     } else if (k->locked) {
-        printf("locked by token %s, lease left %lld ms (not done)", k->token, k->lease_left);
+        printf("locked by token %s, lease left %lld ms (not done)", show(k->token), k->lease_left);
     } else if (k->other) {
-        printf("not done, not locked: the key holds '%s', not a value idemproxy writes", k->other);
+        printf("not done, not locked: the key holds '%s', not a value idemproxy writes", show(k->other));
     } else {
         printf("not done, not locked");
     }
@@ -448,16 +480,16 @@ static void print_key_state(const px_stream_conf *sc, const px_entry *e, const k
 static json_object *key_state_json(const px_stream_conf *sc, const px_entry *e, const key_state *k)
 {
     json_object *o = json_object_new_object();
-    json_object_object_add(o, "key", json_object_new_string(e->key));
+    json_object_object_add(o, "key", jstr(e->key));
     json_object_object_add(o, "layout", json_object_new_string(sc->layout == PX_LAYOUT_SINGLE ? "single" : "split"));
-    json_object_object_add(o, "lock_name", json_object_new_string(e->lock_name));
-    json_object_object_add(o, "done_name", json_object_new_string(e->done_name));
+    json_object_object_add(o, "lock_name", jstr(e->lock_name));
+    json_object_object_add(o, "done_name", jstr(e->done_name));
     json_object_object_add(o, "done", json_object_new_boolean(k->done));
     json_object_object_add(o, "done_ttl_ms", k->done ? json_object_new_int64(k->done_ttl) : NULL);
     json_object_object_add(o, "locked", json_object_new_boolean(k->locked));
-    json_object_object_add(o, "lock_token", k->locked ? json_object_new_string(k->token) : NULL);
+    json_object_object_add(o, "lock_token", k->locked ? jstr(k->token) : NULL);
     json_object_object_add(o, "lease_left_ms", k->locked ? json_object_new_int64(k->lease_left) : NULL);
-    if (k->other) json_object_object_add(o, "other_value", json_object_new_string(k->other));
+    if (k->other) json_object_object_add(o, "other_value", jstr(k->other));
     if (k->fence_on)
         json_object_object_add(o, "fence", k->fence_set ? json_object_new_int64(k->fence) : NULL);
     return o;
@@ -469,18 +501,16 @@ static void print_json(json_object *o)
                                                          JSON_C_TO_STRING_NOSLASHESCAPE));
 }
 
-/* Printable text: control bytes and others escaped, long values cut. */
+/* A field's name or value, escaped as show() does, a long one cut. */
 static void print_value(const char *s, size_t n)
 {
-    size_t show = n > OPS_SHOW_BYTES ? OPS_SHOW_BYTES : n;
-    for (size_t i = 0; i < show; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (ch == '\n') fputs("\\n", stdout);
-        else if (ch == '\\') fputs("\\\\", stdout);
-        else if (ch < 0x20 || ch == 0x7f) printf("\\x%02x", ch);
-        else putchar(ch);
-    }
-    if (show < n) printf("... (%zu bytes)", n);
+    size_t show_n = n > OPS_SHOW_BYTES ? OPS_SHOW_BYTES : n;
+    while (show_n < n && show_n > 0 && ((unsigned char)s[show_n] & 0xC0) == 0x80) show_n--;
+    px_buf b = { 0 };
+    px_buf_escape(&b, s, show_n, PX_ESC_BACKSLASH);
+    fputs(b.data ? b.data : "", stdout);
+    px_buf_deinit(&b);
+    if (show_n < n) printf("... (%zu bytes)", n);
 }
 
 /* --- inspect --------------------------------------------------------------- */
@@ -601,7 +631,7 @@ static int inspect_entry(ops_conn *ctx, const px_config *c, const px_stream_conf
         }
         if (pend->type == REDIS_REPLY_ERROR) {
             if (strncmp(pend->str, "NOGROUP", 7) != 0) {
-                fprintf(stderr, "idemproxy inspect: XPENDING: %s\n", pend->str);
+                fprintf(stderr, "idemproxy inspect: XPENDING: %s\n", show(pend->str));
                 goto out;
             }
             pend_err = "the group does not exist (yet)";
@@ -653,10 +683,13 @@ static int inspect_entry(ops_conn *ctx, const px_config *c, const px_stream_conf
             je = json_object_new_object();
             json_object_object_add(je, "id", json_object_new_string(id));
             json_object *jf = json_object_new_object();
-            for (size_t i = 0; i + 1 < fields->elements; i += 2)
-                json_object_object_add(jf, fields->element[i]->str,
-                                       json_object_new_string_len(fields->element[i + 1]->str,
-                                                                  (int)fields->element[i + 1]->len));
+            for (size_t i = 0; i + 1 < fields->elements; i += 2) {
+                json_object *name = jstr_len(fields->element[i]->str, fields->element[i]->len);
+                json_object_object_add(jf, json_object_get_string(name),
+                                       jstr_len(fields->element[i + 1]->str,
+                                                fields->element[i + 1]->len));
+                json_object_put(name);
+            }
             json_object_object_add(je, "fields", jf);
         }
         json_object_object_add(o, "entry", je);
@@ -664,31 +697,31 @@ static int inspect_entry(ops_conn *ctx, const px_config *c, const px_stream_conf
         json_object *jp = NULL;
         if (pinfo) {
             jp = json_object_new_object();
-            json_object_object_add(jp, "consumer", json_object_new_string(pinfo->element[1]->str));
+            json_object_object_add(jp, "consumer", jstr(pinfo->element[1]->str));
             json_object_object_add(jp, "idle_ms", json_object_new_int64(pinfo->element[2]->integer));
             json_object_object_add(jp, "deliveries", json_object_new_int64(pinfo->element[3]->integer));
         }
         json_object_object_add(o, "pending", jp);
         json_object_object_add(o, "key", have_key ? key_state_json(sc, &e, &k) : NULL);
-        if (kf && !have_key) json_object_object_add(o, "key_error", json_object_new_string(why));
+        if (kf && !have_key) json_object_object_add(o, "key_error", jstr(why));
         if (have_lk) {
             json_object *jl = json_object_new_object();
-            json_object_object_add(jl, "name", json_object_new_string(e.lock_key));
-            json_object_object_add(jl, "token", lk_val ? json_object_new_string(lk_val) : NULL);
+            json_object_object_add(jl, "name", jstr(e.lock_key));
+            json_object_object_add(jl, "token", lk_val ? jstr(lk_val) : NULL);
             json_object_object_add(jl, "lease_left_ms", lk_val ? json_object_new_int64(lk_ttl) : NULL);
             json_object_object_add(o, "lock_key", jl);
         }
         json_object *jd = json_object_new_array();
         for (size_t i = 0; i < ndead; i++) {
             json_object *x = json_object_new_object();
-            json_object_object_add(x, "id", json_object_new_string(dead[i].id));
-            json_object_object_add(x, "reason", json_object_new_string(dead[i].reason));
-            json_object_object_add(x, "attempts", json_object_new_string(dead[i].attempts));
+            json_object_object_add(x, "id", jstr(dead[i].id));
+            json_object_object_add(x, "reason", jstr(dead[i].reason));
+            json_object_object_add(x, "attempts", jstr(dead[i].attempts));
             json_object_array_add(jd, x);
         }
         json_object_object_add(o, "dead_letters", jd);
         json_object_object_add(o, "dead_letters_all_scanned", json_object_new_boolean(dead_all));
-        json_object_object_add(o, "dead_letter_mark", mark_val ? json_object_new_string(mark_val) : NULL);
+        json_object_object_add(o, "dead_letter_mark", mark_val ? jstr(mark_val) : NULL);
         print_json(o);
         goto out;
     }
@@ -709,35 +742,35 @@ static int inspect_entry(ops_conn *ctx, const px_config *c, const px_stream_conf
     else if (pend_err) printf("pending: no (%s: %s)\n", sc->group, pend_err);
     else if (pinfo)
         printf("pending: consumer %s, idle %lld ms, delivery count %lld (group %s)\n",
-               pinfo->element[1]->str, pinfo->element[2]->integer, pinfo->element[3]->integer,
+               show(pinfo->element[1]->str), pinfo->element[2]->integer, pinfo->element[3]->integer,
                sc->group);
     else printf("pending: no (not pending in group %s)\n", sc->group);
     if (have_key) {
         if (fields == NULL) printf("(key rendered from the dead letter's copy of the fields)\n");
         print_key_state(sc, &e, &k);
         if (have_lk) {
-            printf("lock_key: %s: ", e.lock_key);
-            if (lk_val) printf("held by token %s, lease left %lld ms\n", lk_val, lk_ttl);
+            printf("lock_key: %s: ", show(e.lock_key));
+            if (lk_val) printf("held by token %s, lease left %lld ms\n", show(lk_val), lk_ttl);
             else printf("free\n");
         }
     } else if (kf) {
-        printf("key: none, bad input: %s\n", why);
+        printf("key: none, bad input: %s\n", show(why));
     }
     if (sc->dead_letter == NULL) {
         printf("dead letters: no dead_letter stream configured\n");
     } else {
         if (ndead == 0) printf("dead letters: none in %s\n", sc->dead_letter);
         for (size_t i = 0; i < ndead; i++)
-            printf("dead letter %s in %s: reason %s, attempts %s\n", dead[i].id, sc->dead_letter,
-                   dead[i].reason, dead[i].attempts);
+            printf("dead letter %s in %s: reason %s, attempts %s\n", show(dead[i].id),
+                   sc->dead_letter, show(dead[i].reason), show(dead[i].attempts));
         if (!dead_all)
             printf("(looked at the first %d dead letters from the entry's time only)\n", OPS_SCAN_MAX);
         if (mark_val) {
-            printf("dead-letter mark: written (%s, dead letter %s, ", mark.data, mark_val);
+            printf("dead-letter mark: written (%s, dead letter %s, ", show(mark.data), show(mark_val));
             print_ttl(mark_ttl, "mark");
             printf(")\n");
         } else {
-            printf("dead-letter mark: none (%s)\n", mark.data);
+            printf("dead-letter mark: none (%s)\n", show(mark.data));
         }
     }
 out:
@@ -859,7 +892,7 @@ int px_cmd_redrive(px_config *c, const px_ops_args *a)
             if (m.nelem == 0) {
                 printf("skip %s (entry %s): it holds no fields of the entry, only a reference "
                        "(reason %s)\n",
-                       dlid, eid, reason);
+                       show(dlid), show(eid), show(reason));
                 skipped++;
                 continue;
             }
@@ -868,10 +901,10 @@ int px_cmd_redrive(px_config *c, const px_ops_args *a)
             bool keyed = prepare(&e, sc, c, eid, f, m.nelem, why, sizeof(why));
             bool clear = keyed && wrote_done(reason);
             if (a->dry_run) {
-                printf("would redrive %s (entry %s, ", dlid, eid);
-                if (keyed) printf("key %s%s", e.key, clear ? ", its done mark to be cleared" : "");
-                else printf("no key: %s", why);
-                printf(", reason %s)\n", reason);
+                printf("would redrive %s (entry %s, ", show(dlid), show(eid));
+                if (keyed) printf("key %s%s", show(e.key), clear ? ", its done mark to be cleared" : "");
+                else printf("no key: %s", show(why));
+                printf(", reason %s)\n", show(reason));
                 chosen++;
                 entry_deinit(&e);
                 continue;

@@ -104,38 +104,81 @@ void px_buf_deinit(px_buf *b)
     b->len = b->cap = 0;
 }
 
-bool px_utf8_valid(const char *str, size_t n)
+size_t px_utf8_char(const char *str, size_t n)
 {
     const unsigned char *s = (const unsigned char *)str;
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        size_t k;
-        unsigned cp;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if ((c & 0xE0) == 0xC0) {
-            k = 1;
-            cp = c & 0x1F;
-            if (c < 0xC2) return false;
-        } else if ((c & 0xF0) == 0xE0) {
-            k = 2;
-            cp = c & 0x0F;
-        } else if ((c & 0xF8) == 0xF0 && c <= 0xF4) {
-            k = 3;
-            cp = c & 0x07;
-        } else return false;
-        if (i + k >= n) return false; /* truncated sequence */
-        for (size_t j = 1; j <= k; j++) {
-            if ((s[i + j] & 0xC0) != 0x80) return false;
-            cp = (cp << 6) | (s[i + j] & 0x3F);
-        }
-        if (k == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) return false;
-        if (k == 3 && (cp < 0x10000 || cp > 0x10FFFF)) return false;
-        i += k + 1;
+    if (n == 0) return 0;
+    unsigned c = s[0], cp;
+    size_t k;
+    if (c < 0x80) return 1;
+    if ((c & 0xE0) == 0xC0) {
+        if (c < 0xC2) return 0;
+        k = 1;
+        cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+        k = 2;
+        cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0 && c <= 0xF4) {
+        k = 3;
+        cp = c & 0x07;
+    } else {
+        return 0;
     }
+    if (k >= n) return 0; /* truncated sequence */
+    for (size_t j = 1; j <= k; j++) {
+        if ((s[j] & 0xC0) != 0x80) return 0;
+        cp = (cp << 6) | (s[j] & 0x3F);
+    }
+    if (k == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) return 0;
+    if (k == 3 && (cp < 0x10000 || cp > 0x10FFFF)) return 0;
+    return k + 1;
+}
+
+bool px_utf8_valid(const char *str, size_t n)
+{
+    for (size_t i = 0, k; i < n; i += k)
+        if ((k = px_utf8_char(str + i, n - i)) == 0) return false;
     return true;
+}
+
+void px_utf8_cut_end(char *s)
+{
+    size_t n = strlen(s), i = n;
+    while (i > 0 && n - i < 3 && ((unsigned char)s[i - 1] & 0xC0) == 0x80) i--;
+    if (i > 0 && (unsigned char)s[i - 1] >= 0xC0 && px_utf8_char(s + i - 1, n - i + 1) == 0)
+        s[i - 1] = '\0';
+}
+
+void px_buf_escape(px_buf *b, const char *s, size_t n, int flags)
+{
+    bool json = flags & PX_ESC_JSON;
+    px_buf_reserve(b, n);
+    for (size_t i = 0, k; i < n; i += k) {
+        unsigned char c = (unsigned char)s[i];
+        k = px_utf8_char(s + i, n - i);
+        if (k == 0) { /* not a character: the byte, as text */
+            px_buf_printf(b, json ? "\\\\x%02x" : "\\x%02x", c);
+            k = 1;
+        } else if (flags & PX_ESC_BYTES) {
+            px_buf_append(b, s + i, k);
+        } else if (c == '\n' || c == '\r' || (c == '\t' && json)) {
+            px_buf_appends(b, c == '\n' ? "\\n" : c == '\r' ? "\\r"
+                                                            : "\\t");
+        } else if (c < 0x20 || c == 0x7f || (c == 0xC2 && (unsigned char)s[i + 1] < 0xA0)) {
+            /* C0 controls, DEL and the C1 controls U+0080-U+009F (a terminal
+             * may take U+009B for an escape sequence) */
+            unsigned cp = c == 0xC2 ? (unsigned char)s[i + 1] : c;
+            if (json) px_buf_printf(b, "\\u%04x", cp);
+            else if (c == 0xC2) px_buf_printf(b, "\\xc2\\x%02x", cp);
+            else px_buf_printf(b, "\\x%02x", cp);
+        } else if (c == '"' && json) {
+            px_buf_appends(b, "\\\"");
+        } else if (c == '\\' && (json || (flags & PX_ESC_BACKSLASH))) {
+            px_buf_appends(b, "\\\\");
+        } else {
+            px_buf_append(b, s + i, k);
+        }
+    }
 }
 
 uint64_t px_now_ms(void)

@@ -38,6 +38,24 @@ void px_buf_deinit(px_buf *b); /* frees the memory */
 
 /* True when 's' ('n' bytes) is well-formed UTF-8 (no overlongs, no surrogates). */
 bool px_utf8_valid(const char *s, size_t n);
+/* The length (1-4) of the well-formed UTF-8 character at 's', or 0. */
+size_t px_utf8_char(const char *s, size_t n);
+/* Cut the NUL-terminated 's' before a character left incomplete at its end
+ * (where a snprintf ran out of room). */
+void px_utf8_cut_end(char *s);
+
+/* Append 's' ('n' bytes) as text that is valid UTF-8 and holds no control
+ * character: what a terminal or a JSON parser can take whatever the bytes.
+ * Characters are kept; newline and return become \n and \r, other C0 and
+ * C1 controls and DEL \xNN (in JSON \u00NN, tab \t); a byte that is not
+ * part of a well-formed character becomes the text \xNN. PX_ESC_JSON also
+ * escapes '"' and '\' (the inside of a JSON string); PX_ESC_BACKSLASH
+ * writes '\' as \\, so the text reads back without doubt. */
+#define PX_ESC_JSON      1
+#define PX_ESC_BACKSLASH 2
+#define PX_ESC_BYTES     4 /* only the bytes that are not UTF-8 (for a JSON writer that
+                              escapes the rest) */
+void px_buf_escape(px_buf *b, const char *s, size_t n, int flags);
 
 /* Wall clock in milliseconds since the epoch. */
 uint64_t px_now_ms(void);

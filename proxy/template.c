@@ -179,6 +179,7 @@ static void parse_error(parser *ps, size_t pos, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(ps->err, ps->errlen, fmt, ap);
         va_end(ap);
+        px_utf8_cut_end(ps->err); /* a cut message ends between characters */
     }
 }
 
@@ -920,6 +921,7 @@ static int render_error(rctx *c, const tnode *n, const char *fmt, ...)
         vsnprintf(c->err + k, c->errlen - (size_t)k, fmt, ap);
         va_end(ap);
     }
+    px_utf8_cut_end(c->err); /* a cut message ends between characters */
     return PX_ERR;
 }
 

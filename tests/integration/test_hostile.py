@@ -240,3 +240,85 @@ def test_forged_dead_letter_fields_are_the_entrys_not_idemproxys(env):
     assert [d.stream for d in w.got] == ["payments", "orders", "orders"]
     wait_for(lambda: r.get("ord:p1") == "D", what="the order done")
     assert r.get("pay:p1") == "D"
+
+
+# A worker's reason as bytes no proto3 library would send: not UTF-8 (\xff),
+# a terminal escape sequence (ESC [ 2 J clears the screen), a C1 control
+# (U+009B, CSI on some terminals), a quote and a backslash.
+EVIL_REASON = b'no \xff\xfe \x1b[2J \xc2\x9b "q" \\ end'
+
+
+def ack_bytes(status, reason):
+    """An Ack whose reason is 'reason', bytes as they are."""
+    placeholder = "R" * len(reason)
+    raw = pb.Ack(status=status, reason=placeholder).SerializeToString()
+    return raw.replace(placeholder.encode(), reason)
+
+
+def json_log_proxy(env, streams):
+    p = Proxy(env.tmp, f"pj{len(env.proxies) + 1}", env.redis.url, env.endpoint(), streams)
+    p.config.write_text(p.config.read_text().replace("level: debug", "level: debug\n  format: json"))
+    env.proxies.append(p)
+    return p.start()
+
+
+def assert_terminal_safe(data: bytes, what):
+    text = data.decode("utf-8")                          # strict: raises on a byte not UTF-8
+    assert "\x1b" not in text and not any(0x80 <= ord(ch) <= 0x9f for ch in text), (what, text[-2000:])
+    return text
+
+
+def test_a_workers_reason_not_utf8_keeps_json_log_lines_json(env):
+    """A RETRY or DROP reason that is not UTF-8 made the JSON log line that
+    quoted it invalid (its bytes were copied as they came)."""
+    r = env.r
+    p = json_log_proxy(env, [{"stream": "room", "group": "g", "consumer": "c1",
+                              "payload_field": "payload", "key": "#event.eventId",
+                              "dead_letter": "dlq", "retry_backoff_ms": 50}])
+
+    def behave(d):
+        return ack_bytes(pb.Ack.RETRY if d.attempt == 1 else pb.Ack.DROP, EVIL_REASON)
+    env.worker(p.endpoint, behave=behave)
+    r.xadd("room", {"payload": json.dumps({"eventId": "k\x1b[2J"})})
+    wait_for(lambda: r.xlen("dlq") == 1, what="the dead letter")
+    wait_for(lambda: pending(r, "room", "g") == 0, what="acked")
+    raw = redis.Redis(port=env.redis.port)
+    [(_, dl)] = raw.xrange("dlq")
+    assert dl[b"idemproxy-reason"] == EVIL_REASON           # the dead letter keeps the bytes
+    lines = p.log.read_bytes().splitlines()
+    parsed = [json.loads(ln.decode("utf-8")) for ln in lines if ln.strip()]   # every line
+    about = [l["msg"] for l in parsed if l.get("key") == "k\x1b[2J"]
+    said = [m for m in about if "no \\xff\\xfe \x1b[2J \x9b \"q\" \\ end" in m]
+    assert said, about
+
+
+def test_inspect_and_redrive_escape_keys_and_reasons(env):
+    """inspect and redrive --dry-run printed a producer's key and a worker's
+    reason as they were: a key or reason holding ESC [ 2 J cleared the
+    operator's screen. Now they are shown escaped, in valid UTF-8."""
+    r = env.r
+    p = env.proxy([{"stream": "room", "group": "g", "consumer": "c1", "payload_field": "payload",
+                    "key": "#event.eventId", "dead_letter": "dlq"}], log_level="debug")
+    env.worker(p.endpoint, behave=lambda d: ack_bytes(pb.Ack.DROP, EVIL_REASON))
+    eid = r.xadd("room", {"payload": json.dumps({"eventId": "k\x1b[2J\u009b"})})
+    wait_for(lambda: r.xlen("dlq") == 1, what="the dead letter")
+    wait_for(lambda: pending(r, "room", "g") == 0, what="acked")
+    out = subprocess.run([str(BIN), "inspect", "-c", str(p.config), "--stream", "room", "--entry", eid],
+                         capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    text = assert_terminal_safe(out.stdout, "inspect")
+    assert "key: k\\x1b[2J\\xc2\\x9b" in text, text
+    assert 'reason no \\xff\\xfe \\x1b[2J \\xc2\\x9b "q" \\\\ end, attempts 1' in text, text
+    out = subprocess.run([str(BIN), "inspect", "-c", str(p.config), "--stream", "room", "--entry", eid,
+                          "--json"], capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    j = json.loads(out.stdout.decode("utf-8"))                 # JSON, whatever the bytes
+    assert j["key"]["key"] == "k\x1b[2J\u009b"
+    assert j["dead_letters"][0]["reason"] == 'no \\xff\\xfe \x1b[2J \u009b "q" \\ end'
+    out = subprocess.run([str(BIN), "redrive", "-c", str(p.config), "--stream", "room", "--dry-run"],
+                         capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    text = assert_terminal_safe(out.stdout, "redrive --dry-run")
+    assert "key k\\x1b[2J\\xc2\\x9b" in text and 'reason no \\xff\\xfe \\x1b[2J' in text, text
+    # the text log too: the key and the reason escaped
+    assert_terminal_safe(p.log.read_bytes(), "the log")

@@ -251,6 +251,24 @@ static void test_deep_dotted_name(void)
     free(huge);
 }
 
+/* A reason cut by the end of its buffer is cut between characters: it is a
+ * dead letter's reason and a log line's text (issue 37). */
+static void test_reason_cut_between_characters(void)
+{
+    for (int shift = 0; shift < 4; shift++) {
+        char tpl[1200] = "#event.", why[512], label[64];
+        int rc;
+        for (int i = 0; i < shift; i++) strcat(tpl, "x");
+        for (int i = 0; i < 300; i++) strcat(tpl, "\xe2\x82\xac"); /* € */
+        px_stream_conf sc = conf(tpl, NULL, true);
+        px_entry *e = prepare(&sc, KV("payload", "{}"), &rc, why, sizeof(why));
+        snprintf(label, sizeof(label), "a cut reason is UTF-8 (shift %d)", shift);
+        test_cond(label, rc == PX_ERR && strlen(why) > 500 && px_utf8_valid(why, strlen(why)));
+        entry_free(e);
+        conf_free(&sc);
+    }
+}
+
 /* The Redis key names: prefix + key, or split prefixes, '{key}' with hash_tag. */
 static void test_names(void)
 {
@@ -288,6 +306,7 @@ int main(void)
     test_bad_payloads();
     test_fields_mode();
     test_deep_dotted_name();
+    test_reason_cut_between_characters();
     test_names();
     return test_report();
 }

@@ -362,6 +362,19 @@ static void test_errors(struct json_object *event)
     px_buf_appends(&src, "'].x");
     test_cond("errors: non-ASCII quote", render(src.data, event, &out, err) == PX_ERR);
     test_cond("errors: shortened quote is UTF-8", strstr(err, "...: ") && px_utf8_valid(err, strlen(err)));
+    /* A message cut by the end of the buffer is cut between characters too:
+     * it reaches dead-letter reasons and JSON log lines (issue 37). Each
+     * shift of one byte lands the cut at another byte of a character. */
+    for (int shift = 0; shift < 4; shift++) {
+        char label[64];
+        px_buf_reset(&src);
+        px_buf_appends(&src, "#event.missing.");
+        for (int i = 0; i < shift; i++) px_buf_appends(&src, "x");
+        for (int i = 0; i < 150; i++) px_buf_appends(&src, "\xe2\x82\xac"); /* € */
+        snprintf(label, sizeof(label), "errors: a cut message is UTF-8 (shift %d)", shift);
+        test_cond(label, render(src.data, event, &out, err) == PX_ERR &&
+                             strstr(err, "cannot read '") && px_utf8_valid(err, strlen(err)));
+    }
 
     /* Nesting is bounded so that compile and render cannot run out of stack. */
     px_buf_reset(&src);

@@ -217,6 +217,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_CHECK(rc == PX_OK || rc == PX_ERR, "rc %d", rc);
     if (rc == PX_ERR) {
         FUZZ_CHECK(why[0] != '\0', "bad input without a reason");
+        /* a dead letter's reason and a log line's text: cut between characters */
+        FUZZ_CHECK(px_utf8_valid(why, strlen(why)), "a reason that is not UTF-8: %s", why);
     } else {
         FUZZ_CHECK(e->key != NULL, "PX_OK without a key");
         FUZZ_CHECK(e->key[0] != '\0' || fuzz_known("key-nul"), "PX_OK with an empty key");

@@ -550,17 +550,23 @@ class Run:
             if c.get("net"):
                 self.links.append(SlowLink(self.redis.port, 0))
                 address = self.links[-1].url
-            p = Proxy(self.tmp, f"replica{i}", address, ep, [self.stream_conf(i)],
-                      timeout_ms=300, ack_timeout_ms=c["ack_timeout_ms"],
-                      max_inflight=c["max_inflight"], max_entry_bytes=c["max_entry_bytes"],
-                      log_level="info", shutdown_grace_ms=c["shutdown_grace_ms"],
-                      redis=self.redis_options())
+            p = self.replica_proxy(i, address, ep)
             self.start_proxy(p)
             self.proxies.append(p)
             for j in range(c["workers_per_replica"]):
                 w = Worker(self, i, j, ep)
                 w.start()
                 self.workers.append(w)
+
+    def replica_proxy(self, i, address, ep):
+        """Replica i's Proxy, its config written (tests/chaos/test_checker.py
+        puts every drawn config to `idemproxy check`)."""
+        c = self.c
+        return Proxy(self.tmp, f"replica{i}", address, ep, [self.stream_conf(i)],
+                     timeout_ms=300, ack_timeout_ms=c["ack_timeout_ms"],
+                     max_inflight=c["max_inflight"], max_entry_bytes=c["max_entry_bytes"],
+                     log_level="info", shutdown_grace_ms=c["shutdown_grace_ms"],
+                     redis=self.redis_options())
 
     def start_proxy(self, p):
         """Start a replica and return once its own code runs: SIGTERM is blocked or

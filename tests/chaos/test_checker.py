@@ -295,3 +295,26 @@ def test_recorded_failures_and_unrecorded_timeouts_add_up():
     run.proxies[0].text = "".join(f"x warn  stream room entry 1-0 key k1 attempt {a}: ack timeout\n"
                                   for a in (1, 2, 4))
     assert tags(run) == ["bad-cause"]
+
+
+def test_the_generator_draws_only_configs_check_accepts(tmp_path):
+    """Every replica config of 100 seeds (plain, --net and cluster draws) passes
+    `idemproxy check` without an error: SPEC 4's rules (lease_ms >= 2 x
+    timeout_ms, claim_idle_ms >= 3 x timeout_ms, done_ttl_ms >= lease_ms, key
+    and dedup names) hold for what the search runs, so a finding is never a
+    config the daemon would refuse."""
+    import subprocess
+    for seed in range(100):
+        c = chaos.generate(seed)
+        if seed % 3 == 1:
+            chaos.netize(c, seed)
+        elif seed % 3 == 2:
+            chaos.clusterize(c, seed)
+        run = chaos.Run.__new__(chaos.Run)
+        run.c, run.tmp, run.pki, run.seed = c, tmp_path, None, seed
+        address = ["127.0.0.1:7000", "127.0.0.1:7001"] if c["cluster"] else "redis://127.0.0.1:6379"
+        for i in range(c["replicas"]):
+            p = run.replica_proxy(i, address, f"ipc://{tmp_path}/app{i}.sock")
+            res = subprocess.run([str(chaos.pxtest.BIN), "check", "-c", str(p.config)],
+                                 capture_output=True, text=True, timeout=10)
+            assert res.returncode == 0, (seed, chaos.describe(c), res.stderr)

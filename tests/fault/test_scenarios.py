@@ -21,8 +21,9 @@ from pxtest import pb, pending, wait_for
 
 
 def group_conf(**kw):
+    # claim_idle_ms at least 3 x redis.timeout_ms (1000 by default; SPEC 4)
     s = {"stream": "room", "group": "g", "consumer": "c1", "payload_field": "payload",
-         "key": "#event.eventId", "claim_idle_ms": 1000, "retry_backoff_ms": 50}
+         "key": "#event.eventId", "claim_idle_ms": 3000, "retry_backoff_ms": 50}
     s.update(kw)
     return s
 

@@ -26,10 +26,11 @@ def readme_acl():
 MINIMAL_KEYS = "~room ~room:dlq ~lock:* ~done:* ~seat:* ~idemproxy:*"
 MINIMAL_COMMANDS = " ".join(readme_acl())
 
+# claim_idle_ms: at least 3 x redis.timeout_ms (1000 here; SPEC 4)
 SCENARIO = {"stream": "room", "group": "game-server", "consumer": "c1",
             "payload_field": "payload", "key": "#event.eventId", "layout": "split",
             "lock_key": "seat:#{event.seatId}", "wait_ms": 2000, "dead_letter": "room:dlq",
-            "fencing": True, "retry_backoff_ms": 20, "claim_idle_ms": 300}
+            "fencing": True, "retry_backoff_ms": 20, "claim_idle_ms": 3000}
 
 
 def setuser(r, name, *rules):
@@ -332,7 +333,7 @@ def test_a_key_the_user_may_not_touch_dead_letters_that_entry_only(env, tmp_path
     setuser(r, "app", *minimal_rules())
     pw = tmp_path / "password"
     pw.write_text(PASSWORD)
-    conf = dict(SCENARIO, lock_key="seat#{event.seatId}", wait_ms=0, claim_idle_ms=2000)
+    conf = dict(SCENARIO, lock_key="seat#{event.seatId}", wait_ms=0, claim_idle_ms=3000)
     p = proxy(env, password_file=pw, username="app", streams=(conf,))
     w = env.worker(p.endpoint)
     wait_for(lambda: ready(p), timeout=10, what="ready")

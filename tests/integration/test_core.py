@@ -384,7 +384,7 @@ def test_pending_entry_of_dead_consumer_is_reclaimed(env):
     publish(r, "room", [{"eventId": "orphan1"}, {"eventId": "orphan2"}])
     r.xreadgroup("game-server", "dead-pod", {"room": ">"})   # read, never acked
     assert pending(r, "room", "game-server") == 2
-    p = env.proxy([stream_conf("group", "single", claim_idle_ms=300)])
+    p = env.proxy([stream_conf("group", "single", claim_idle_ms=900)], timeout_ms=300)
     w = env.worker(p.endpoint)
     wait_for(lambda: sorted(w.keys()) == ["orphan1", "orphan2"], what="reclaimed")
     wait_for(lambda: pending(r, "room", "game-server") == 0, what="acked")
@@ -398,7 +398,7 @@ def test_trimmed_pending_entry_is_acked_away(env):
     ids = publish(r, "room", [{"eventId": "gone1"}, {"eventId": "kept"}])
     r.xreadgroup("game-server", "dead-pod", {"room": ">"})
     r.xdel("room", ids[0])
-    p = env.proxy([stream_conf("group", "single", claim_idle_ms=300)])
+    p = env.proxy([stream_conf("group", "single", claim_idle_ms=900)], timeout_ms=300)
     w = env.worker(p.endpoint)
     wait_for(lambda: w.keys() == ["kept"], what="the surviving entry")
     wait_for(lambda: pending(r, "room", "game-server") == 0, what="trimmed entry acked away")
@@ -426,8 +426,8 @@ def test_entry_delivered_max_deliveries_times_is_dead_lettered_without_delivery(
     r.xreadgroup("game-server", "crashed-pod", {"room": ">"}, count=1)
     for _ in range(3):
         r.xclaim("room", "game-server", "crashed-pod", 0, [ids[0]])   # count 4
-    p = env.proxy([stream_conf("group", "single", claim_idle_ms=300, max_deliveries=3,
-                               dead_letter="dlq")])
+    p = env.proxy([stream_conf("group", "single", claim_idle_ms=900, max_deliveries=3,
+                               dead_letter="dlq")], timeout_ms=300)
     w = env.worker(p.endpoint)
     wait_for(lambda: r.xlen("dlq") == 1, what="dead letter")
     assert "delivery count" in r.xrange("dlq")[0][1]["idemproxy-reason"]
@@ -438,7 +438,8 @@ def test_entry_delivered_max_deliveries_times_is_dead_lettered_without_delivery(
 
 def test_done_mark_expiry_allows_the_key_again(env):
     # Seed 003: a coupon re-opened after its done mark expired is handled again.
-    p = env.proxy([stream_conf("group", "single", done_ttl_ms=800)])
+    # done_ttl_ms at its least: lease_ms (SPEC 4), itself at least 2 x timeout_ms
+    p = env.proxy([stream_conf("group", "single", done_ttl_ms=1500, lease_ms=1500)], timeout_ms=500)
     w = env.worker(p.endpoint)
     publish(env.r, "room", [{"eventId": "coupon-1"}])
     wait_for(lambda: w.keys() == ["coupon-1"], what="first")

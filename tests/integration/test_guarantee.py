@@ -156,14 +156,14 @@ def _counts(r, stream="room", group="g"):
 
 
 def test_slow_worker_does_not_inflate_the_delivery_count(env):
-    """A worker that takes 3 s (claim_idle_ms 500): the entry stays this
+    """A worker that takes 3 s (claim_idle_ms 900): the entry stays this
     consumer's, its delivery count stays 1, and after a kill -9 and a restart
     it is delivered again as attempt 2, not dead-lettered (max_deliveries 3).
     The reclaim without JUSTID counted a delivery every claim_idle_ms (1 -> 7)."""
     r = env.r
     ep = env.endpoint()
-    conf = group_conf(claim_idle_ms=500, max_deliveries=3, dead_letter="dlq")
-    p = env.proxy([conf], endpoint=ep)
+    conf = group_conf(claim_idle_ms=900, max_deliveries=3, dead_letter="dlq")
+    p = env.proxy([conf], endpoint=ep, timeout_ms=300)
     w = env.worker(ep, manual=True)
     (eid,) = publish(r, "room", [ev(1)])
     wait_for(lambda: w.inbox, 5, "delivery")
@@ -171,7 +171,7 @@ def test_slow_worker_does_not_inflate_the_delivery_count(env):
     assert _counts(r) == {eid: ("c1", 1)}
     p.kill9()
     w.close()
-    p2 = env.proxy([conf], endpoint=ep)
+    p2 = env.proxy([conf], endpoint=ep, timeout_ms=300)
     w2 = env.worker(ep)
     wait_for(lambda: pending(r, "room", "g") == 0, 10, "handled after the restart")
     assert [d.attempt for d in w2.got] == [2]
@@ -180,15 +180,15 @@ def test_slow_worker_does_not_inflate_the_delivery_count(env):
 
 
 def test_live_replica_keeps_its_slow_entry(env):
-    """Two live replicas (consumers c1, c2), claim_idle_ms 500: c1's worker
+    """Two live replicas (consumers c1, c2), claim_idle_ms 900: c1's worker
     takes 3 s; c2 must not take the entry over, and nobody else sees it."""
     r = env.r
     ep1, ep2 = env.endpoint(), env.endpoint()
-    env.proxy([group_conf(claim_idle_ms=500)], endpoint=ep1)
+    env.proxy([group_conf(claim_idle_ms=900)], endpoint=ep1, timeout_ms=300)
     w1 = env.worker(ep1, manual=True)
     (eid,) = publish(r, "room", [ev(1)])
     wait_for(lambda: w1.inbox, 5, "delivery to c1")
-    env.proxy([group_conf(consumer="c2", claim_idle_ms=500)], endpoint=ep2)
+    env.proxy([group_conf(consumer="c2", claim_idle_ms=900)], endpoint=ep2, timeout_ms=300)
     w2 = env.worker(ep2)
     seen = set()
     for _ in range(30):
@@ -206,8 +206,8 @@ def test_redelivery_is_counted_in_redis_and_survives_a_restart(env):
     a kill -9 the next delivery is attempt 3, the last of max_deliveries 3."""
     r = env.r
     ep = env.endpoint()
-    conf = group_conf(claim_idle_ms=500, max_deliveries=3, retry_backoff_ms=50, dead_letter="dlq")
-    p = env.proxy([conf], endpoint=ep)
+    conf = group_conf(claim_idle_ms=900, max_deliveries=3, retry_backoff_ms=50, dead_letter="dlq")
+    p = env.proxy([conf], endpoint=ep, timeout_ms=300)
     w = env.worker(ep, manual=True)
     (eid,) = publish(r, "room", [ev(1)])
     wait_for(lambda: w.inbox, 5, "delivery 1")
@@ -216,7 +216,7 @@ def test_redelivery_is_counted_in_redis_and_survives_a_restart(env):
     wait_for(lambda: _counts(r) == {eid: ("c1", 2)}, 3, "Redis counts the redelivery")
     p.kill9()
     w.close()
-    env.proxy([conf], endpoint=ep)
+    env.proxy([conf], endpoint=ep, timeout_ms=300)
     w2 = env.worker(ep)
     wait_for(lambda: pending(r, "room", "g") == 0, 10, "handled after the restart")
     assert [d.attempt for d in w2.got] == [3]
@@ -293,10 +293,10 @@ def test_group_busy_refusal_by_a_replica_that_took_the_entry_over_is_final(env):
     the dead letter would handle it twice. Now B sees the dead letter's mark."""
     r = env.r
     conf = group_conf(lock_key="room-lock:#{event.roomId}", on_busy="dead_letter", dead_letter="dlq",
-                      claim_idle_ms=600)
+                      claim_idle_ms=900)
     r.set("idem:e1", "L:someone-else", px=60000)       # B waits on the dedup lock
     ep_b, ep_a = env.endpoint(), env.endpoint()
-    pb_ = env.proxy([dict(conf, consumer="b")], endpoint=ep_b, log_level="debug")
+    pb_ = env.proxy([dict(conf, consumer="b")], endpoint=ep_b, log_level="debug", timeout_ms=300)
     wb = env.worker(ep_b)
     wait_for(lambda: has_group(r, "room", "g"), 10, "B's group")
     publish(r, "room", [ev(1, roomId=1)])
@@ -306,7 +306,7 @@ def test_group_busy_refusal_by_a_replica_that_took_the_entry_over_is_final(env):
     try:
         r.delete("idem:e1")
         r.set("room-lock:1", "someone-else", px=60000)  # the room is busy for A
-        pa = env.proxy([dict(conf, consumer="a")], endpoint=ep_a)
+        pa = env.proxy([dict(conf, consumer="a")], endpoint=ep_a, timeout_ms=300)
         wa = env.worker(ep_a)
         wait_for(lambda: len(r.xrange("dlq")) == 1, 10, "A took the entry over and refused it")
         assert r.xrange("dlq")[0][1]["idemproxy-reason"] == "busy"

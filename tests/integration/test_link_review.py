@@ -279,10 +279,11 @@ def test_a_reclaim_whose_reply_was_lost_is_not_a_delivery(env):
     keys = ["re-1", "re-2", "re-3"]
     publish(r, "room", [{"eventId": k} for k in keys])
     r.xreadgroup("game-server", "c0", {"room": ">"}, count=3)       # c0 took them and died
-    time.sleep(0.5)                                                 # idle past claim_idle_ms
+    time.sleep(1.0)                                                 # idle past claim_idle_ms
     link = SlowLink(env.redis.port, 0, cut_on=b"XAUTOCLAIM", cuts=1)
     try:
-        p = proxy_at(env, link.url, dict(STREAM, claim_idle_ms=300, max_deliveries=2, dead_letter="dlq"))
+        p = proxy_at(env, link.url, dict(STREAM, claim_idle_ms=900, max_deliveries=2, dead_letter="dlq"),
+                     timeout_ms=300)
         w = env.worker(p.endpoint)
         wait_for(lambda: len(w.keys()) + r.xlen("dlq") >= 3, timeout=20,
                  what="the reclaimed entries delivered or dead-lettered")
@@ -309,7 +310,7 @@ def test_a_lost_reclaim_leaves_the_count_of_held_entries_alone(env):
     r.xgroup_create("room", "game-server", id="0", mkstream=True)
     link = SlowLink(env.redis.port, 0, cut_on=b"XAUTOCLAIM", cuts=1)
     try:
-        p = proxy_at(env, link.url, dict(STREAM, claim_idle_ms=300))
+        p = proxy_at(env, link.url, dict(STREAM, claim_idle_ms=900), timeout_ms=300)
         w = env.worker(p.endpoint, manual=True)
         publish(r, "room", [{"eventId": "held-0"}])
         wait_for(lambda: len(w.inbox) == 1, what="the first delivery held")
@@ -362,7 +363,8 @@ def test_a_reclaim_answered_during_a_replay_does_not_move_the_replay(env):
     r.xreadgroup("game-server", "c0", {"room": ">"}, count=6)      # c0 took them all
     link = SlowLink(env.redis.port, 0)
     try:
-        p = proxy_at(env, link.url, dict(STREAM, claim_idle_ms=600, lease_ms=10000), max_inflight=2,
+        # a reclaim's answer is held 2 s: timeout_ms 4000, so claim_idle_ms 12000 (SPEC 4)
+        p = proxy_at(env, link.url, dict(STREAM, claim_idle_ms=12000, lease_ms=10000), max_inflight=2,
                      timeout_ms=4000)
         w = env.worker(p.endpoint, manual=True)
         # Until the reader is live, keep them fresh so no reclaim takes them yet.
@@ -378,7 +380,7 @@ def test_a_reclaim_answered_during_a_replay_does_not_move_the_replay(env):
             # c0's: idle long since, for the next reclaim
             tx.xclaim("room", "game-server", "c0", 0, ids[4:], idle=60000, justid=True)
             tx.execute()
-        wait_for(lambda: link.held == 1, timeout=5, what="a reclaim sent, its answer held")
+        wait_for(lambda: link.held == 1, timeout=15, what="a reclaim sent, its answer held")
         r.client_kill_filter(_id=reader_connection(r))             # the replay starts now
         deadline = time.time() + 20
         while len(w.got) < 6 and time.time() < deadline:
@@ -408,7 +410,7 @@ def reclaim_with_late_counts(env, link, counts_delay_ms):
     ids = publish(r, "room", [{"eventId": k} for k in DEAD_KEYS])
     r.xreadgroup("game-server", "c0", {"room": ">"}, count=2)      # c0 took them and died
     p = Proxy(env.tmp, "proxy1", link.url, env.endpoint(),
-              [dict(STREAM, claim_idle_ms=600, max_deliveries=2, dead_letter="dlq")])
+              [dict(STREAM, claim_idle_ms=900, max_deliveries=2, dead_letter="dlq")], timeout_ms=300)
     env.proxies.append(p)
     p.start(IDEMPROXY_DEBUG_COUNTS_DELAY_MS=counts_delay_ms)
     w = env.worker(p.endpoint)

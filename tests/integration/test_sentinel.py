@@ -136,8 +136,9 @@ def senv(tmp_path, sentinels):
     e.close()
 
 
+# claim_idle_ms: at least 3 x redis.timeout_ms (1000 here; SPEC 4)
 STREAM = {"stream": "room", "group": "g", "payload_field": "payload", "key": "#event.eventId",
-          "claim_idle_ms": 2000}
+          "claim_idle_ms": 3000}
 
 
 def ready(p):

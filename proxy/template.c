@@ -37,6 +37,12 @@
  * a boolean: null, missing, objects and arrays are errors, never the text
  * "null". Numbers read from JSON render as written there (1.50 stays "1.50").
  *
+ * Literal text that holds a variable (room:#event.eventId, a:#id) is a
+ * compile error that shows the #{...} form meant: SpEL would keep it as text,
+ * the same key for every event (issue 31). Whether a template reads the entry
+ * at all is px_template_check_key's question, asked of keys only. A source
+ * that is not valid UTF-8 does not compile.
+ *
  * Compile errors carry a 1-based column counted in characters (UTF-8), not
  * bytes. Names are SpEL's ASCII letters, digits, '_' and '$' plus any
  * non-ASCII character; other keys are reached with ['...']. An integer that
@@ -705,6 +711,107 @@ static int compile_part(parser *ps, px_template *t, size_t open, size_t *end)
     return PX_OK;
 }
 
+/* The variable a '#' at byte 'p' of the literal text names, if any: "#event"
+ * and the others followed by no name character. Its length (with the '#') in
+ * '*len'. */
+static bool literal_var(const char *s, size_t n, size_t p, size_t *len)
+{
+    static const char *const names[] = { "event", "root", "fields", "stream", "id" };
+    if (s[p] != '#') return false;
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        size_t k = strlen(names[i]);
+        if (p + 1 + k <= n && memcmp(s + p + 1, names[i], k) == 0 &&
+            (p + 1 + k == n || !is_ident_char(s[p + 1 + k]))) {
+            *len = 1 + k;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Where the property path that starts at byte 'p' ends: names after '.' or
+ * '?.', '()' and balanced [...] (within the first 'n' bytes). */
+static size_t path_end(const char *s, size_t n, size_t p)
+{
+    for (;;) {
+        size_t q = p;
+        if (q < n && s[q] == '?' && q + 1 < n && s[q + 1] == '.') q++;
+        if (q < n && s[q] == '.' && q + 1 < n && is_ident_start(s[q + 1])) {
+            q++;
+            while (q < n && is_ident_char(s[q])) q++;
+            if (q + 1 < n && s[q] == '(' && s[q + 1] == ')') q += 2;
+        } else if (q < n && s[q] == '[') {
+            int depth = 0;
+            for (; q < n; q++) {
+                if (s[q] == '[') depth++;
+                if (s[q] == ']' && --depth == 0) break;
+            }
+            if (q >= n) return p;
+            q++;
+        } else {
+            return p;
+        }
+        p = q;
+    }
+}
+
+/* Longest suggestion quoted back in a message. */
+#define PX_TEMPLATE_MAX_SUGGEST 120
+
+/* "did you mean "<src with its bytes [from, to) written as #{...}>"?" into
+ * 'b': the literal 'src[from..to)' (a variable, with or without its '#')
+ * moved into a #{...} part, shortened at a character boundary. */
+static void suggest_part(px_buf *b, const char *src, size_t from, size_t to,
+                         const char *insert)
+{
+    px_buf s = { 0 };
+    size_t skip = src[from] == '#' ? 1 : 0;
+    px_buf_append(&s, src, from);
+    px_buf_appends(&s, "#{");
+    px_buf_appends(&s, insert);
+    px_buf_append(&s, src + from + skip, to - from - skip);
+    px_buf_appends(&s, "}");
+    px_buf_appends(&s, src + to);
+    size_t cut = utf8_cut(s.data, s.len, PX_TEMPLATE_MAX_SUGGEST);
+    px_buf_printf(b, "did you mean \"%.*s%s\"?", (int)cut, s.data, cut < s.len ? "..." : "");
+    px_buf_deinit(&s);
+}
+
+/* Literal text 'src[from..to)' of a template must not hold a variable such as
+ * "room:#event.eventId": it would be text, the same for every event, where a
+ * #{...} part was meant (issue 31). Refused with the #{...} form. */
+static void check_literal(parser *ps, size_t from, size_t to)
+{
+    const char *s = ps->src;
+    size_t len;
+    for (size_t i = from; i < to; i++) {
+        if (!literal_var(s, to, i, &len)) continue;
+        size_t end = path_end(s, to, i + len);
+        px_buf b = { 0 };
+        suggest_part(&b, s, i, end, "");
+        parse_error(ps, i, "%.*s%s after literal text is text, not a variable: %s",
+                    (int)utf8_cut(s + i, end - i, 40), s + i, end - i > 40 ? "..." : "",
+                    b.data);
+        px_buf_deinit(&b);
+        return;
+    }
+}
+
+/* The first byte of 's' ('n' bytes) that is not part of a valid UTF-8
+ * character, or 'n'. */
+static size_t utf8_bad(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        size_t w = c < 0x80 ? 1 : c >= 0xF0 ? 4
+                              : c >= 0xE0   ? 3
+                                            : 2;
+        if (i + w > n || !px_utf8_valid(s + i, w)) return i;
+        i += w;
+    }
+    return n;
+}
+
 /* The variables 'n' reads, as 1 << px_tvar each. */
 static unsigned vars_used(const tnode *n)
 {
@@ -726,7 +833,11 @@ px_template *px_template_compile(const char *src, char *err, size_t errlen, int 
     ps.cur.kind = T_EOF;
     if (err && errlen) err[0] = '\0';
 
-    if (ps.n > 0 && src[0] == '#' && !(ps.n > 1 && src[1] == '{')) {
+    size_t bad = utf8_bad(src, ps.n);
+    if (bad < ps.n)
+        parse_error(&ps, bad, "the template is not valid UTF-8 (byte 0x%02x)",
+                    (unsigned char)src[bad]);
+    else if (ps.n > 0 && src[0] == '#' && !(ps.n > 1 && src[1] == '{')) {
         /* An expression. */
         next(&ps);
         tnode *n = parse_expr(&ps);
@@ -741,6 +852,8 @@ px_template *px_template_compile(const char *src, char *err, size_t errlen, int 
         size_t i = 0, lit = 0;
         while (i < ps.n && !ps.failed) {
             if (src[i] == '#' && i + 1 < ps.n && src[i + 1] == '{') {
+                check_literal(&ps, lit, i);
+                if (ps.failed) break;
                 if (i > lit) add_text(t, src + lit, i - lit, lit);
                 if (compile_part(&ps, t, i, &i) != PX_OK) break;
                 lit = i;
@@ -748,6 +861,7 @@ px_template *px_template_compile(const char *src, char *err, size_t errlen, int 
                 i++;
             }
         }
+        if (!ps.failed) check_literal(&ps, lit, i);
         if (!ps.failed && i > lit) add_text(t, src + lit, i - lit, lit);
     }
 
@@ -852,6 +966,67 @@ void px_template_literal_prefix(const px_template *t, px_buf *out)
     px_buf_reset(out);
     for (size_t i = 0; i < t->nparts; i++)
         if (!lit_prefix(t->parts[i], out).complete) break;
+}
+
+/* Whether 'n', a node that reads nothing of the entry, is never null or "":
+ * then an Elvis never evaluates its right side. */
+static bool never_empty(const tnode *n)
+{
+    px_buf b = { 0 };
+    px_buf_reserve(&b, 0);
+    lit_info r = lit_prefix(n, &b);
+    bool sure = r.complete && (!r.str || b.len > 0);
+    px_buf_deinit(&b);
+    return sure;
+}
+
+/* Whether evaluating 'n' can read the entry: #event, #root, #fields or #id
+ * on a path that evaluation can take. */
+static bool reads_entry(const tnode *n)
+{
+    if (n == NULL) return false;
+    switch (n->kind) {
+    case N_VAR: return n->var != TV_STREAM;
+    case N_ELVIS:
+        if (reads_entry(n->a)) return true;
+        return !never_empty(n->a) && reads_entry(n->b);
+    default: return reads_entry(n->a) || reads_entry(n->b);
+    }
+}
+
+bool px_template_reads_entry(const px_template *t)
+{
+    for (size_t i = 0; i < t->nparts; i++)
+        if (reads_entry(t->parts[i])) return true;
+    return false;
+}
+
+int px_template_check_key(const px_template *t, char *err, size_t errlen, int *errcol)
+{
+    if (px_template_reads_entry(t)) return PX_OK;
+    if (errcol) *errcol = 1;
+    if (err == NULL || errlen == 0) return PX_ERR;
+    const char *s = t->src;
+    size_t n = strlen(s), name = 0;
+    while (name < n && is_ident_char(s[name])) name++;
+    px_buf b = { 0 };
+    px_buf_reserve(&b, 0);
+    if (n > 0 && is_ident_start(s[0]) && path_end(s, n, name) == n) {
+        /* event.eventId, eventId: a property path written as literal text */
+        tvar v;
+        bool var = name < n && var_lookup(s, name, &v);
+        suggest_part(&b, s, 0, n, var ? "" : "event.");
+        snprintf(err, errlen, "reads nothing from the entry: '%.*s%s' is literal text, the "
+                              "same key for every event: %s",
+                 (int)utf8_cut(s, n, 40), s, n > 40 ? "..." : "", b.data);
+    } else {
+        snprintf(err, errlen, "reads nothing from the entry (no #event, #fields or #id%s), so "
+                              "every event gets the same key and all but the first count as "
+                              "duplicates",
+                 px_template_uses(t, TV_STREAM) ? "; #stream is the same for every entry" : "");
+    }
+    px_buf_deinit(&b);
+    return PX_ERR;
 }
 
 void px_template_destroy(px_template *t)

@@ -80,6 +80,25 @@ bool px_template_uses(const px_template *t, px_tvar v);
  */
 const char *px_template_simple_member(const px_template *t, size_t *len);
 
+/*
+ * Whether rendering 't' can read the entry: #event, #root, #fields or #id on
+ * a path rendering can take. #stream does not count (it is the same for every
+ * entry of a stream), nor does the right side of a ?: whose left side is a
+ * constant that is never null or "" ('x' ?: #event.a).
+ */
+bool px_template_reads_entry(const px_template *t);
+
+/*
+ * What a template that decides which events are copies (a key, a fingerprint)
+ * must pass beyond compiling (SPEC 4): it reads the entry
+ * (px_template_reads_entry), or every event would have the same key. Returns
+ * PX_OK, or PX_ERR with a message in 'err' and the column in '*errcol' (1:
+ * the whole template); a template that is a property path written as literal
+ * text (event.eventId, eventId) gets the #{...} form meant in the message.
+ * Literal text holding a variable (room:#event.eventId) never compiles.
+ */
+int px_template_check_key(const px_template *t, char *err, size_t errlen, int *errcol);
+
 void px_template_destroy(px_template *t);
 
 #endif

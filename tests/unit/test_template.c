@@ -506,6 +506,107 @@ static void test_facts(void)
     }
 }
 
+/* A template must be valid UTF-8 (issue 37: a ${VAR} can bring any bytes into
+ * a config's template), refused at the first bad byte's column. */
+static void test_utf8(void)
+{
+    static const struct {
+        const char *src;
+        int col;
+    } bad[] = {
+        { "\xff", 1 },
+        { "room:\xc3", 6 },             /* a character cut short */
+        { "#{event.a}:\xc0\xaf", 12 },  /* an overlong '/' */
+        { "\xc5\xbc:\xed\xa0\x80", 3 }, /* a surrogate after 'ż:' */
+        { "#event['\xfe']", 9 },
+    };
+    char err[ERRLEN];
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int col = 0;
+        px_template *t = px_template_compile(bad[i].src, err, sizeof(err), &col);
+        char label[64];
+        snprintf(label, sizeof(label), "utf8: bad template %zu refused", i);
+        test_cond(label, t == NULL && strstr(err, "not valid UTF-8") != NULL &&
+                             col == bad[i].col && px_utf8_valid(err, strlen(err)));
+        if (t == NULL && col != bad[i].col)
+            fprintf(stderr, "    column %d, want %d: %s\n", col, bad[i].col, err);
+        px_template_destroy(t);
+    }
+    px_template *t = px_template_compile("\xc5\xbc\xc3\xb3\xc5\x82w:#{event['\xf0\x9f\x90\xa2']}",
+                                         err, sizeof(err), NULL);
+    test_cond("utf8: a valid non-ASCII template compiles", t != NULL);
+    px_template_destroy(t);
+}
+
+/* What a key must read (issue 31): some variable of the entry on a path that
+ * rendering takes; #stream alone is the same for every entry of a stream. */
+static void test_reads_entry(void)
+{
+    static const struct {
+        const char *src;
+        bool reads;
+    } cases[] = {
+        { "#event.eventId", true },
+        { "#root", true },
+        { "#fields['a']", true },
+        { "#id", true },
+        { "room:#{event.a}", true },
+        { "#stream + ':' + #id", true },
+        { "#{event.a ?: 'x'}", true },
+        { "#{'' ?: event.a}", true },      /* '' is empty: the right side is read */
+        { "#{stream ?: event.a}", true },  /* not known at compile time: counted */
+        { "#{'x'['y'] ?: event.a}", true },
+        { "#stream", false },
+        { "orders", false },
+        { "event.eventId", false },
+        { "a:#{1 + 2}:#{'b'}", false },
+        { "#{'x' ?: event.a}", false },    /* 'x' is never null or "": never read */
+        { "#{0 ?: fields.a}", false },
+        { "#{('a' + 'b') ?: id}", false },
+        { "#{stream}:#{'k'}", false },
+    };
+    char err[ERRLEN];
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        px_template *t = px_template_compile(cases[i].src, err, sizeof(err), NULL);
+        char label[128];
+        snprintf(label, sizeof(label), "reads_entry: [%s]", cases[i].src);
+        test_cond(label, t != NULL && px_template_reads_entry(t) == cases[i].reads);
+        int col = 0;
+        int rc = t ? px_template_check_key(t, err, sizeof(err), &col) : PX_ERR;
+        snprintf(label, sizeof(label), "check_key: [%s]", cases[i].src);
+        test_cond(label, cases[i].reads ? rc == PX_OK
+                                        : rc == PX_ERR && col == 1 &&
+                                              strstr(err, "reads nothing from the entry"));
+        px_template_destroy(t);
+    }
+
+    /* a key written as literal text that is a property path: the #{...} meant */
+    static const struct {
+        const char *src, *want;
+    } typos[] = {
+        { "event.eventId", "did you mean \"#{event.eventId}\"?" },
+        { "eventId", "did you mean \"#{event.eventId}\"?" },
+        { "root.winner.name()", "did you mean \"#{root.winner.name()}\"?" },
+        { "fields.a", "did you mean \"#{fields.a}\"?" },
+        { "event?.a", "did you mean \"#{event?.a}\"?" },
+    };
+    for (size_t i = 0; i < sizeof(typos) / sizeof(typos[0]); i++) {
+        px_template *t = px_template_compile(typos[i].src, err, sizeof(err), NULL);
+        int col = 0;
+        int rc = t ? px_template_check_key(t, err, sizeof(err), &col) : PX_OK;
+        char label[128];
+        snprintf(label, sizeof(label), "check_key: [%s] suggests the #{...}", typos[i].src);
+        test_cond(label, rc == PX_ERR && col == 1 && strstr(err, typos[i].want) != NULL);
+        if (rc == PX_ERR && strstr(err, typos[i].want) == NULL) fprintf(stderr, "    %s\n", err);
+        px_template_destroy(t);
+    }
+    px_template *t = px_template_compile("orders-v1", err, sizeof(err), NULL);
+    test_cond("check_key: a constant that is no path suggests nothing",
+              t && px_template_check_key(t, err, sizeof(err), NULL) == PX_ERR &&
+                  strstr(err, "did you mean") == NULL);
+    px_template_destroy(t);
+}
+
 int main(int argc, char **argv)
 {
     test_table(find_table(argc, argv));
@@ -519,6 +620,8 @@ int main(int argc, char **argv)
     test_vars(event);
     test_facts();
     test_errors(event);
+    test_utf8();
+    test_reads_entry();
     test_fuzz(event);
     json_object_put(event);
 

@@ -41,8 +41,13 @@
  * - Beyond SPEC 4, also refused: timeout_ms, ack_timeout_ms, lease_ms and
  *   done_ttl_ms of 0 (a timeout or a Redis expiry of 0 cannot work), durations
  *   over 100 years, max_entry_bytes over INT_MAX, a dead_letter equal to the
- *   stream read, equal lock_prefix and done_prefix in the split layout, and a
- *   second YAML document in the file.
+ *   stream read, dedup names that can be idemproxy's own keys or names of
+ *   another kind (a lock and a done mark: cfg_check_names), an ipc path longer
+ *   than a unix socket's sun_path, and a second YAML document in the file.
+ * - claim_idle_ms is held to 3 x timeout_ms in group mode only: without a
+ *   group nothing is claimed after it.
+ * - A constant lock_key is legal and gets a note ("FILE:LINE:COL: note: ...");
+ *   stream blocks that share dedup names get a warning.
  * - A duplicate stream block is one with the same stream and the same group
  *   (both absent counts as the same); one stream read by two groups is fine.
  * - IDEMPROXY_* variables set to "" are ignored; IDEMPROXY_LOG_LEVEL is matched
@@ -66,6 +71,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <yaml.h>
 
@@ -120,6 +126,9 @@ static int cfg_echo_len(const char *s)
 /* String setters: what an empty value means. */
 #define CFG_EMPTY_NULL 1 /* "" is the same as not set (NULL) */
 #define CFG_EMPTY_ERR  2 /* "" is an error */
+/* Template setters: what the template is for. */
+#define CFG_TPL_KEY  4 /* it decides which events are copies: it must read the entry */
+#define CFG_TPL_LOCK 8 /* a lock_key: a constant one is legal, with a note */
 
 /* The enums are written through an int pointer by cfg_set_enum. */
 _Static_assert(sizeof(px_layout) == sizeof(int), "enum size");
@@ -138,6 +147,9 @@ typedef struct cfg_seen {
 typedef struct cfg_stream_aux {
     yaml_node_t *block;       /* (ref) the block's mapping */
     yaml_node_t *lease;       /* (ref) lease_ms value, NULL when defaulted */
+    yaml_node_t *done_ttl;    /* (ref) done_ttl_ms value, or NULL */
+    yaml_node_t *claim_idle;  /* (ref) claim_idle_ms value, or NULL */
+    yaml_node_t *prefix;      /* (ref) or NULL */
     yaml_node_t *lock_prefix; /* (ref) or NULL */
     yaml_node_t *done_prefix; /* (ref) or NULL */
     yaml_node_t *dead_letter; /* (ref) or NULL */
@@ -216,17 +228,19 @@ static void diag_push(px_diags *d, bool warning, char *text)
     if (!warning) d->nerrors++;
 }
 
-static void diag_addv(px_diags *d, bool warning, const char *prefix, const char *fmt,
+static void diag_addv(px_diags *d, const char *kind, const char *prefix, const char *fmt,
                       va_list ap) __attribute__((format(printf, 4, 0)));
 
-static void diag_addv(px_diags *d, bool warning, const char *prefix, const char *fmt,
+/* "PREFIX: message", or "PREFIX: KIND: message" for a 'kind' ("warning",
+ * "note") of message that does not make the config invalid. */
+static void diag_addv(px_diags *d, const char *kind, const char *prefix, const char *fmt,
                       va_list ap)
 {
     char *body = cfg_vformat(fmt, ap);
     px_buf b = { 0 };
-    px_buf_printf(&b, "%s: %s%s", prefix, warning ? "warning: " : "", body);
+    px_buf_printf(&b, "%s: %s%s%s", prefix, kind ? kind : "", kind ? ": " : "", body);
     free(body);
-    diag_push(d, warning, b.data);
+    diag_push(d, kind != NULL, b.data);
 }
 
 static void cfg_diag_at(cfg_parser *p, bool warning, size_t line, size_t col,
@@ -240,13 +254,15 @@ static void cfg_diag_at(cfg_parser *p, bool warning, size_t line, size_t col,
     snprintf(prefix, sizeof prefix, "%s:%zu:%zu", p->path, line, col);
     va_list ap;
     va_start(ap, fmt);
-    diag_addv(p->d, warning, prefix, fmt, ap);
+    diag_addv(p->d, warning ? "warning" : NULL, prefix, fmt, ap);
     va_end(ap);
 }
 
 static void cfg_error(cfg_parser *p, const yaml_node_t *n, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void cfg_warning(cfg_parser *p, const yaml_node_t *n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void cfg_note(cfg_parser *p, const yaml_node_t *n, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void cfg_env_error(cfg_parser *p, const char *var, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -261,7 +277,7 @@ static void cfg_error(cfg_parser *p, const yaml_node_t *n, const char *fmt, ...)
              n->start_mark.line + 1, n->start_mark.column + 1);
     va_list ap;
     va_start(ap, fmt);
-    diag_addv(p->d, false, prefix, fmt, ap);
+    diag_addv(p->d, NULL, prefix, fmt, ap);
     va_end(ap);
 }
 
@@ -273,7 +289,19 @@ static void cfg_warning(cfg_parser *p, const yaml_node_t *n, const char *fmt, ..
              n->start_mark.line + 1, n->start_mark.column + 1);
     va_list ap;
     va_start(ap, fmt);
-    diag_addv(p->d, true, prefix, fmt, ap);
+    diag_addv(p->d, "warning", prefix, fmt, ap);
+    va_end(ap);
+}
+
+/* A note at the start of node 'n': legal, but worth knowing. */
+static void cfg_note(cfg_parser *p, const yaml_node_t *n, const char *fmt, ...)
+{
+    char prefix[PATH_MAX + 64];
+    snprintf(prefix, sizeof prefix, "%s:%zu:%zu", p->path,
+             n->start_mark.line + 1, n->start_mark.column + 1);
+    va_list ap;
+    va_start(ap, fmt);
+    diag_addv(p->d, "note", prefix, fmt, ap);
     va_end(ap);
 }
 
@@ -282,7 +310,7 @@ static void cfg_env_error(cfg_parser *p, const char *var, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    diag_addv(p->d, false, var, fmt, ap);
+    diag_addv(p->d, NULL, var, fmt, ap);
     va_end(ap);
 }
 
@@ -291,7 +319,7 @@ static void diag_plain(px_diags *d, const char *prefix, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    diag_addv(d, false, prefix, fmt, ap);
+    diag_addv(d, NULL, prefix, fmt, ap);
     va_end(ap);
 }
 
@@ -715,14 +743,24 @@ static bool cfg_loopback(const char *host)
 }
 
 /*
- * Check app endpoint 'ep': ipc://PATH, or tcp://HOST:PORT on a loopback
- * address unless 'allow_remote'. Returns true, or false with the reason in 'why'.
+ * Check app endpoint 'ep': ipc://PATH (a path that fits a unix socket's
+ * sun_path), or tcp://HOST:PORT on a loopback address unless 'allow_remote'.
+ * Returns true, or false with the reason in 'why'.
  */
 static bool cfg_endpoint_ok(const char *ep, bool allow_remote, char *why, size_t whylen)
 {
     if (strncmp(ep, "ipc://", 6) == 0) {
+        size_t max = sizeof(((struct sockaddr_un *)0)->sun_path) - 1;
         if (ep[6] == '\0') {
             snprintf(why, whylen, "ipc:// needs a path, as in ipc:///tmp/idemproxy.sock");
+            return false;
+        }
+        if (strlen(ep + 6) > max) {
+            /* nanomsg 1.1.5 asserts (aborts) on a longer path */
+            snprintf(why, whylen, "the ipc path is %zu bytes long; a unix socket path holds at "
+                                  "most %zu: choose a shorter one, such as "
+                                  "ipc:///tmp/idemproxy.sock",
+                     strlen(ep + 6), max);
             return false;
         }
         return true;
@@ -1129,7 +1167,8 @@ static void cfg_set_cluster(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, voi
     }
 }
 
-/* key / lock_key: the source goes to 'offset', the compiled template to 'offset2'. */
+/* key / lock_key: the source goes to 'offset', the compiled template to
+ * 'offset2'; 'flags' say what else it must pass (CFG_TPL_*). */
 static void cfg_set_template(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
                              const char *name)
 {
@@ -1152,6 +1191,15 @@ static void cfg_set_template(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, vo
     char err[256] = "";
     int errcol = 0;
     px_template *t = px_template_compile(sc.s, err, sizeof err, &errcol);
+    if (t != NULL && (o->flags & CFG_TPL_KEY) &&
+        px_template_check_key(t, err, sizeof err, &errcol) != PX_OK) {
+        px_template_destroy(t);
+        t = NULL;
+    }
+    if (t != NULL && (o->flags & CFG_TPL_LOCK) && !px_template_reads_entry(t))
+        cfg_note(p, v, "%s: reads nothing from the entry, so it is one lock for every event "
+                       "of the stream: one event at a time across all replicas",
+                 name);
     if (t == NULL) {
         /* 'errcol' counts characters of the value: find its byte, then its source */
         size_t chars = errcol > 0 ? (size_t)errcol - 1 : 0, k = 0, line, col;
@@ -1440,8 +1488,8 @@ static const cfg_opt cfg_stream_opts[] = {
     CFG_STR(px_stream_conf, consumer, CFG_EMPTY_NULL),
     { .name = "start", .set = cfg_set_start, .offset = offsetof(px_stream_conf, start) },
     CFG_STR(px_stream_conf, payload_field, CFG_EMPTY_NULL),
-    { .name = "key", .set = cfg_set_template, .offset = offsetof(px_stream_conf, key), .offset2 = offsetof(px_stream_conf, key_tpl) },
-    { .name = "lock_key", .set = cfg_set_template, .offset = offsetof(px_stream_conf, lock_key), .offset2 = offsetof(px_stream_conf, lock_tpl), .flags = CFG_EMPTY_NULL },
+    { .name = "key", .set = cfg_set_template, .offset = offsetof(px_stream_conf, key), .offset2 = offsetof(px_stream_conf, key_tpl), .flags = CFG_TPL_KEY },
+    { .name = "lock_key", .set = cfg_set_template, .offset = offsetof(px_stream_conf, lock_key), .offset2 = offsetof(px_stream_conf, lock_tpl), .flags = CFG_EMPTY_NULL | CFG_TPL_LOCK },
     CFG_ENUM("layout", px_stream_conf, layout, cfg_layouts),
     CFG_STR(px_stream_conf, prefix, 0),
     CFG_STR(px_stream_conf, lock_prefix, 0),
@@ -1560,6 +1608,9 @@ static void cfg_set_streams(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, voi
         if (s->consumer == NULL) s->consumer = px_strdup(cfg_default_consumer(p));
         aux->block = b;
         aux->lease = cfg_seen_val(cfg_stream_opts, seen, "lease_ms");
+        aux->done_ttl = cfg_seen_val(cfg_stream_opts, seen, "done_ttl_ms");
+        aux->claim_idle = cfg_seen_val(cfg_stream_opts, seen, "claim_idle_ms");
+        aux->prefix = cfg_seen_val(cfg_stream_opts, seen, "prefix");
         aux->lock_prefix = cfg_seen_val(cfg_stream_opts, seen, "lock_prefix");
         aux->done_prefix = cfg_seen_val(cfg_stream_opts, seen, "done_prefix");
         aux->dead_letter = cfg_seen_val(cfg_stream_opts, seen, "dead_letter");
@@ -1638,21 +1689,28 @@ static void cfg_check_app(cfg_parser *p)
 }
 
 /*
- * Names (issue 15, 12). A lock_key renders to the Redis key as it stands, so it
- * must never be able to name a dedup key: `lock:` + the eventId "game:room:42"
- * would otherwise be room 42's lock. The dedup names of a stream are
- * prefix + key (single layout), lock_prefix + key and done_prefix + key
- * (split), with "{" + key + "}" under hash_tag; they all start with the name
- * prefix, the "{" and the key template's literal prefix (template.h). Every
- * rendering of a lock_key starts with its own literal prefix P. A lock_key name
- * can equal a dedup name of a stream with dedup names starting with D exactly
- * when P starts with D or D starts with P (the rest of both is event text,
- * anything): that is refused, against every stream block, its own included.
- * An empty P (an expression such as #event.roomId) is the beginning of every
- * D, so it is always refused. idemproxy's own keys (idemproxy:fence,
- * idemproxy:dlw:...) count as one more D. Dedup names of different streams may
- * be equal on purpose (the default prefix is shared: done keys are global, as
- * the seeds' are), and so may lock_keys of different streams (one room lock).
+ * Names (issue 15, 12, 37). The dedup names of a stream are prefix + key
+ * (single layout: one state key), lock_prefix + key and done_prefix + key
+ * (split: a lock and a done mark), with "{" + key + "}" under hash_tag; all
+ * the names of one such family start with the name prefix, the "{" and the key
+ * template's literal prefix (template.h): its start D. Two families can share
+ * a name exactly when one start begins the other (the rest of both is event
+ * text, anything): cfg_prefix_overlap.
+ * - idemproxy's own keys (PX_FENCE_KEY, idemproxy:dlw:...) start with
+ *   CFG_OWN_PREFIX: no family may overlap it (prefix: "" would put a key
+ *   rendered "idemproxy:fence" on the fencing counter).
+ * - Families of different kinds must not overlap, in one stream or two: a
+ *   lock read as a done mark acks an event nobody handled (split
+ *   lock_prefix: "d" with the key "one:x" is done: + "x").
+ * - Families of one kind in two blocks may overlap on purpose (done keys are
+ *   global, as the seeds' are): a warning names the blocks, since then an
+ *   event of one stream is a duplicate of an event of the other with its key.
+ * - A lock_key renders to the Redis key as it stands, so it must never be able
+ *   to name a dedup key (`lock:` + the eventId "game:room:42" would otherwise
+ *   be room 42's lock): its literal prefix P must not overlap any family, nor
+ *   idemproxy's own keys. An empty P (an expression such as #event.roomId)
+ *   overlaps everything. lock_keys of different streams may be equal (one
+ *   room lock).
  */
 #define CFG_OWN_PREFIX "idemproxy:"
 
@@ -1662,56 +1720,165 @@ static bool cfg_prefix_overlap(const char *a, size_t alen, const char *b, size_t
     return memcmp(a, b, n) == 0;
 }
 
+/* One family of dedup names of a stream block. */
+typedef struct cfg_names {
+    size_t stream;    /* its block in c->streams */
+    int kind;         /* 0 single-layout keys, 1 split locks, 2 split done marks */
+    const char *opt;  /* the option that names them: "prefix", ... */
+    const char *what; /* "dedup keys (prefix", ... */
+    yaml_node_t *at;  /* (ref) that option's value, else the block */
+    px_buf start;     /* D: what every name of the family starts with */
+} cfg_names;
+
+/* The families of every stream block into 'f' (at most 2 per block); returns
+ * how many. */
+static size_t cfg_names_of(cfg_parser *p, cfg_names *f)
+{
+    static const char *const opts[] = { "prefix", "lock_prefix", "done_prefix" };
+    static const char *const whats[] = { "dedup keys (prefix", "dedup locks (lock_prefix",
+                                         "done marks (done_prefix" };
+    px_config *c = p->c;
+    px_buf kp = { 0 };
+    size_t n = 0;
+    for (size_t i = 0; i < c->nstreams; i++) {
+        px_stream_conf *s = &c->streams[i];
+        cfg_stream_aux *a = &p->aux[i];
+        const char *names[2];
+        yaml_node_t *ats[2];
+        int kinds[2], nn = 0;
+        if (s->layout == PX_LAYOUT_SINGLE) {
+            names[nn] = s->prefix, ats[nn] = a->prefix, kinds[nn++] = 0;
+        } else {
+            names[nn] = s->lock_prefix, ats[nn] = a->lock_prefix, kinds[nn++] = 1;
+            names[nn] = s->done_prefix, ats[nn] = a->done_prefix, kinds[nn++] = 2;
+        }
+        if (s->key_tpl) px_template_literal_prefix(s->key_tpl, &kp);
+        else px_buf_reset(&kp);
+        for (int k = 0; k < nn; k++) {
+            if (names[k] == NULL) continue;
+            cfg_names *x = &f[n++];
+            memset(x, 0, sizeof *x);
+            x->stream = i;
+            x->kind = kinds[k];
+            x->opt = opts[kinds[k]];
+            x->what = whats[kinds[k]];
+            x->at = ats[k] ? ats[k] : a->block;
+            px_buf_reserve(&x->start, 0);
+            px_buf_printf(&x->start, "%s%s%s", names[k], s->hash_tag ? "{" : "",
+                          kp.data ? kp.data : "");
+        }
+    }
+    px_buf_deinit(&kp);
+    return n;
+}
+
+/* "its own dedup keys (prefix + key)" or "streams[1]'s done marks (done_prefix
+ * + '{' + key + '}')": family 'f' as seen from block 'self' ('own': "its own"
+ * or "its"). */
+static void cfg_names_who(cfg_parser *p, const cfg_names *f, size_t self, const char *own,
+                          char *buf, size_t len)
+{
+    bool tag = p->c->streams[f->stream].hash_tag;
+    snprintf(buf, len, "%s%s %s + %skey%s)", f->stream == self ? own : p->aux[f->stream].name,
+             f->stream == self ? "" : "'s", f->what, tag ? "'{' + " : "", tag ? " + '}'" : "");
+}
+
+/* "streams[1] (orders, group b)", for the warning about shared names. */
+static void cfg_block_label(cfg_parser *p, size_t i, char *buf, size_t len)
+{
+    px_stream_conf *s = &p->c->streams[i];
+    snprintf(buf, len, "%s (%.*s%s%.*s)", p->aux[i].name, cfg_echo_len(s->stream ? s->stream : ""),
+             s->stream ? s->stream : "", s->group ? ", group " : "",
+             cfg_echo_len(s->group ? s->group : ""), s->group ? s->group : "");
+}
+
+/* The families against idemproxy's own keys and each other. */
+static void cfg_check_families(cfg_parser *p, cfg_names *f, size_t n)
+{
+    char who[128], mine[128], la[160], lb[160];
+    bool *warned = px_calloc(p->c->nstreams + 1, sizeof *warned);
+    for (size_t i = 0; i < n; i++) {
+        cfg_names *x = &f[i];
+        const char *name = p->aux[x->stream].name;
+        if (cfg_prefix_overlap(x->start.data, x->start.len, CFG_OWN_PREFIX,
+                               sizeof CFG_OWN_PREFIX - 1)) {
+            cfg_names_who(p, x, x->stream, "its", mine, sizeof mine);
+            cfg_error(p, x->at, "%s.%s: %s start with '%.*s' and can equal idemproxy's own "
+                                "keys, which start with '" CFG_OWN_PREFIX "' (its fencing counter, "
+                                "its dead-letter marks); choose a prefix that neither begins with "
+                                "'" CFG_OWN_PREFIX "' nor is the beginning of it",
+                      name, x->opt, mine, cfg_echo_len(x->start.data), x->start.data);
+            continue;
+        }
+        for (size_t j = 0; j < i; j++) {
+            cfg_names *y = &f[j];
+            if (!cfg_prefix_overlap(x->start.data, x->start.len, y->start.data, y->start.len))
+                continue;
+            if (y->stream == x->stream && x->start.len == y->start.len)
+                continue; /* equal prefixes: cfg_check_streams says so */
+            if (x->kind != y->kind) {
+                /* in one block, said at the option that is set */
+                bool swap = y->stream == x->stream && x->at == p->aux[x->stream].block &&
+                            y->at != x->at;
+                const cfg_names *u = swap ? y : x, *w = swap ? x : y;
+                cfg_names_who(p, u, u->stream, "its", mine, sizeof mine);
+                cfg_names_who(p, w, u->stream, "its own", who, sizeof who);
+                cfg_error(p, u->at, "%s.%s: %s start with '%.*s' and %s start with '%.*s', so "
+                                    "one name can be both (a lock would be taken for a done mark)",
+                          name, u->opt, mine, cfg_echo_len(u->start.data), u->start.data, who,
+                          cfg_echo_len(w->start.data), w->start.data);
+                break;
+            }
+            if (y->stream == x->stream || warned[x->stream]) continue;
+            /* once per block, naming the first block it shares names with */
+            warned[x->stream] = true;
+            const px_buf *both = y->start.len < x->start.len ? &y->start : &x->start;
+            const char *sname = p->c->streams[x->stream].stream;
+            cfg_block_label(p, x->stream, la, sizeof la);
+            cfg_block_label(p, y->stream, lb, sizeof lb);
+            cfg_warning(p, x->at, "%s shares dedup names with %s: both start with '%.*s', so "
+                                  "an event of one is a duplicate of an event of the other with "
+                                  "the same key; give each block a prefix of its own (such as "
+                                  "\"idem:%.*s:\") unless done marks are meant to be shared",
+                        la, lb, cfg_echo_len(both->data), both->data,
+                        cfg_echo_len(sname ? sname : ""), sname ? sname : "");
+        }
+    }
+    free(warned);
+}
+
 static void cfg_check_names(cfg_parser *p)
 {
     px_config *c = p->c;
-    px_buf lp = { 0 }, kp = { 0 }, d = { 0 };
+    cfg_names *f = px_calloc(2 * c->nstreams + 1, sizeof *f);
+    size_t nf = cfg_names_of(p, f);
+    px_buf lp = { 0 };
+    char who[128];
+    cfg_check_families(p, f, nf);
     for (size_t i = 0; i < c->nstreams; i++) {
         px_stream_conf *s = &c->streams[i];
         cfg_stream_aux *a = &p->aux[i];
         if (s->lock_tpl == NULL || a->lock_key == NULL) continue;
         px_template_literal_prefix(s->lock_tpl, &lp);
         bool refused = false;
-        for (size_t j = 0; j < c->nstreams && !refused; j++) {
-            px_stream_conf *t = &c->streams[j];
-            const char *names[2], *what[2];
-            int nn = 0;
-            if (t->layout == PX_LAYOUT_SINGLE) {
-                names[nn] = t->prefix;
-                what[nn++] = "dedup keys (prefix";
-            } else {
-                names[nn] = t->lock_prefix;
-                what[nn++] = "dedup locks (lock_prefix";
-                names[nn] = t->done_prefix;
-                what[nn++] = "done marks (done_prefix";
-            }
-            if (t->key_tpl) px_template_literal_prefix(t->key_tpl, &kp);
-            else px_buf_reset(&kp);
-            for (int k = 0; k < nn && !refused; k++) {
-                if (names[k] == NULL) continue;
-                px_buf_reset(&d);
-                px_buf_printf(&d, "%s%s%s", names[k], t->hash_tag ? "{" : "",
-                              kp.data ? kp.data : "");
-                if (!cfg_prefix_overlap(lp.data, lp.len, d.data, d.len)) continue;
-                refused = true;
-                char who[96];
-                snprintf(who, sizeof who, "%s%s %s + %skey%s)",
-                         j == i ? "its own" : p->aux[j].name, j == i ? "" : "'s", what[k],
-                         t->hash_tag ? "'{' + " : "", t->hash_tag ? " + '}'" : "");
-                if (lp.len == 0)
-                    cfg_error(p, a->lock_key, "%s.lock_key: it starts with no literal text, so "
-                                              "a name it renders can equal one of %s, which start with '%.*s'; "
-                                              "begin it with text that neither begins with a dedup name's "
-                                              "prefix nor is the beginning of one (such as room-lock:#{...})",
-                              a->name, who, cfg_echo_len(d.data), d.data);
-                else
-                    cfg_error(p, a->lock_key, "%s.lock_key: its names start with '%.*s' and "
-                                              "%s start with '%.*s', so one name can be both; a lock_key's "
-                                              "literal prefix must neither begin with a dedup name's prefix nor "
-                                              "be the beginning of one",
-                              a->name, cfg_echo_len(lp.data), lp.data, who,
-                              cfg_echo_len(d.data), d.data);
-            }
+        for (size_t j = 0; j < nf && !refused; j++) {
+            const cfg_names *d = &f[j];
+            if (!cfg_prefix_overlap(lp.data, lp.len, d->start.data, d->start.len)) continue;
+            refused = true;
+            cfg_names_who(p, d, i, "its own", who, sizeof who);
+            if (lp.len == 0)
+                cfg_error(p, a->lock_key, "%s.lock_key: it starts with no literal text, so "
+                                          "a name it renders can equal one of %s, which start with '%.*s'; "
+                                          "begin it with text that neither begins with a dedup name's "
+                                          "prefix nor is the beginning of one (such as room-lock:#{...})",
+                          a->name, who, cfg_echo_len(d->start.data), d->start.data);
+            else
+                cfg_error(p, a->lock_key, "%s.lock_key: its names start with '%.*s' and "
+                                          "%s start with '%.*s', so one name can be both; a lock_key's "
+                                          "literal prefix must neither begin with a dedup name's prefix nor "
+                                          "be the beginning of one",
+                          a->name, cfg_echo_len(lp.data), lp.data, who,
+                          cfg_echo_len(d->start.data), d->start.data);
         }
         if (!refused && cfg_prefix_overlap(lp.data, lp.len, CFG_OWN_PREFIX,
                                            sizeof CFG_OWN_PREFIX - 1))
@@ -1719,9 +1886,9 @@ static void cfg_check_names(cfg_parser *p)
                                       "idemproxy's own keys, which start with '" CFG_OWN_PREFIX "'",
                       a->name, cfg_echo_len(lp.data), lp.data);
     }
+    for (size_t j = 0; j < nf; j++) px_buf_deinit(&f[j].start);
+    free(f);
     px_buf_deinit(&lp);
-    px_buf_deinit(&kp);
-    px_buf_deinit(&d);
 }
 
 /* Every stream block against redis.timeout_ms, itself and the blocks before it. */
@@ -1751,6 +1918,24 @@ static void cfg_check_streams(cfg_parser *p, yaml_node_t *root)
                              "a lease must outlive two Redis round trips",
                       a->name,
                       a->lease ? "" : "the default ", s->lease_ms, c->timeout_ms);
+        }
+        /* group mode: entries are kept fresh every third of claim_idle_ms, and
+         * one refresh may take a whole timeout (issue 30) */
+        if (s->group && c->timeout_ms > s->claim_idle_ms / 3) {
+            yaml_node_t *at = a->claim_idle ? a->claim_idle : timeout ? timeout
+                                                                      : a->block;
+            cfg_error(p, at, "%s.claim_idle_ms: %s%lld is less than three times "
+                             "redis.timeout_ms (%lld): entries still being worked on would be "
+                             "taken over by another consumer",
+                      a->name, a->claim_idle ? "" : "the default ", s->claim_idle_ms,
+                      c->timeout_ms);
+        }
+        if (s->done_ttl_ms < s->lease_ms) {
+            yaml_node_t *at = a->done_ttl ? a->done_ttl : a->lease ? a->lease
+                                                                   : a->block;
+            cfg_error(p, at, "%s.done_ttl_ms: %s%lld is less than lease_ms (%lld): a done mark "
+                             "must outlive the lease of the copies it stops",
+                      a->name, a->done_ttl ? "" : "the default ", s->done_ttl_ms, s->lease_ms);
         }
         if (s->layout == PX_LAYOUT_SPLIT && s->lock_prefix && s->done_prefix &&
             strcmp(s->lock_prefix, s->done_prefix) == 0) {

@@ -151,6 +151,10 @@ static int cmd_key(const char *src, const char *stream, const char *id, char **f
     char err[256];
     int col = 0;
     px_template *t = px_template_compile(src, err, sizeof(err), &col);
+    if (t != NULL && px_template_check_key(t, err, sizeof(err), &col) != PX_OK) {
+        px_template_destroy(t); /* a key that reads nothing (SPEC 4), as check says */
+        t = NULL;
+    }
     if (t == NULL) {
         fprintf(stderr, "template:%d: %s\n  %s\n  %*s^\n", col, err, src, col > 0 ? col - 1 : 0, "");
         return 2;

@@ -89,6 +89,13 @@ static void check_config(const px_config *c)
                    "streams[%zu]: lock_key", i);
         FUZZ_CHECK(s->lease_ms >= 2 * c->timeout_ms, "streams[%zu]: lease_ms %lld, timeout %lld",
                    i, s->lease_ms, c->timeout_ms);
+        FUZZ_CHECK(s->done_ttl_ms >= s->lease_ms, "streams[%zu]: done_ttl_ms %lld < lease_ms %lld",
+                   i, s->done_ttl_ms, s->lease_ms);
+        FUZZ_CHECK(s->group == NULL || s->claim_idle_ms / 3 >= c->timeout_ms,
+                   "streams[%zu]: claim_idle_ms %lld, timeout %lld", i, s->claim_idle_ms,
+                   c->timeout_ms);
+        FUZZ_CHECK(px_template_reads_entry(s->key_tpl), "streams[%zu]: a key that reads nothing",
+                   i);
         FUZZ_CHECK(s->wait_ms >= 0 && s->done_ttl_ms > 0 && s->retry_backoff_ms >= 0 &&
                    s->claim_idle_ms >= 0, "streams[%zu]: a negative duration", i);
         FUZZ_CHECK(s->max_deliveries >= 1, "streams[%zu]: max_deliveries %d", i,

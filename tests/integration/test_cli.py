@@ -74,3 +74,96 @@ def test_socket_mode(tmp_path):
     finally:
         p.terminate()
         p.wait(5)
+
+
+# Issue 31: the three typos of a key that reads nothing, as a new user writes
+# them, with the column of the template and the #{...} form meant.
+KEY_TYPOS = [
+    # template, column in the template, the suggestion
+    ("room:#event.eventId", 6, 'did you mean "room:#{event.eventId}"?'),
+    ("eventId", 1, 'did you mean "#{event.eventId}"?'),
+    ("event.eventId", 1, 'did you mean "#{event.eventId}"?'),
+]
+
+
+def _key_config(tmp_path, key, extra=""):
+    cfg = tmp_path / "c.yaml"
+    # the key's value starts at column 10 of line 5, its text at 11 (quoted)
+    cfg.write_text("redis:\n  url: redis://127.0.0.1:1\nstreams:\n  - stream: room\n"
+                   f"    key: \"{key}\"\n{extra}")
+    return cfg
+
+
+def test_check_refuses_keys_that_read_nothing(tmp_path):
+    for key, col, hint in KEY_TYPOS:
+        cfg = _key_config(tmp_path, key)
+        res = run("check", "-c", str(cfg))
+        assert res.returncode == 2, (key, res.stderr)
+        assert f"{cfg}:5:{10 + col}: streams[0].key: " in res.stderr, (key, res.stderr)
+        assert hint in res.stderr, (key, res.stderr)
+    cfg = _key_config(tmp_path, "#{'all'}")
+    res = run("check", "-c", str(cfg))
+    assert res.returncode == 2 and "reads nothing from the entry" in res.stderr
+
+
+def test_daemon_refuses_keys_that_read_nothing_at_start(tmp_path):
+    # Redis at port 1 is never reached: the config is refused first
+    for key, col, hint in KEY_TYPOS:
+        cfg = _key_config(tmp_path, key, "app:\n  endpoint: ipc://%s/s.sock\nmetrics:\n  listen: \"\"\n" % tmp_path)
+        res = subprocess.run([str(BIN), "-c", str(cfg)], capture_output=True, text=True, timeout=10)
+        assert res.returncode == 2, (key, res.stderr)
+        assert f"{cfg}:5:{10 + col}: streams[0].key: " in res.stderr and hint in res.stderr, res.stderr
+        assert "connect" not in res.stderr
+
+
+def test_key_command_refuses_keys_that_read_nothing():
+    for key, col, hint in KEY_TYPOS:
+        res = run("key", key, stdin='{"eventId": "e-1"}')
+        assert res.returncode == 2 and res.stdout == "", (key, res.stdout)
+        assert f"template:{col}: " in res.stderr and hint in res.stderr, (key, res.stderr)
+        assert "\n  " + " " * (col - 1) + "^" in res.stderr, res.stderr
+    res = run("key", "#stream", "--stream", "room", stdin="{}")
+    assert res.returncode == 2 and "reads nothing from the entry" in res.stderr
+
+
+def test_check_notes_a_constant_lock_key(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("streams:\n  - stream: room\n    lock_key: running\n")
+    res = run("check", "-c", str(cfg))
+    assert res.returncode == 0, res.stderr
+    assert f"{cfg}:3:15: note: streams[0].lock_key: reads nothing from the entry" in res.stderr
+    assert "ok, 1 stream" in res.stderr
+
+
+def test_check_timings_and_names(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cases = [
+        # issue 30: claim_idle_ms >= 3 x timeout_ms, done_ttl_ms >= lease_ms (SPEC 4)
+        ("streams:\n  - stream: room\n    group: g\n    claim_idle_ms: 300\n", "4:20",
+         "claim_idle_ms: 300 is less than three times redis.timeout_ms (1000)"),
+        ("streams:\n  - stream: room\n    lease_ms: 8000\n    done_ttl_ms: 5000\n", "4:18",
+         "done_ttl_ms: 5000 is less than lease_ms (8000)"),
+        # issue 37: dedup names that can be idemproxy's own keys, or each other
+        ("streams:\n  - stream: room\n    prefix: \"\"\n", "3:13", "can equal idemproxy's own keys"),
+        ("streams:\n  - stream: room\n    layout: split\n    lock_prefix: d\n", "4:18",
+         "its own done marks (done_prefix + key) start with 'done:', so one name can be both"),
+    ]
+    for text, at, msg in cases:
+        cfg.write_text(text)
+        res = run("check", "-c", str(cfg))
+        assert res.returncode == 2 and f"{cfg}:{at}: " in res.stderr and msg in res.stderr, (text, res.stderr)
+    cfg.write_text("streams:\n  - stream: orders\n  - stream: payments\n")
+    res = run("check", "-c", str(cfg))
+    assert res.returncode == 0, res.stderr
+    assert (f"{cfg}:3:5: warning: streams[1] (payments) shares dedup names with streams[0] "
+            "(orders)") in res.stderr
+
+
+def test_check_refuses_an_ipc_path_nanomsg_cannot_bind(tmp_path):
+    # 108 bytes: nanomsg 1.1.5 used to abort the daemon at start (sun_path)
+    path = "/tmp/" + "p" * 103
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"app:\n  endpoint: ipc://{path}\nstreams:\n  - stream: room\n")
+    res = run("check", "-c", str(cfg))
+    assert res.returncode == 2 and f"{cfg}:2:13: app.endpoint: the ipc path is 108 bytes" in res.stderr
+    assert not (tmp_path / path).exists()

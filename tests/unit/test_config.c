@@ -58,6 +58,21 @@ static void expect_error(const char *what, const char *yaml, const char *at, con
     px_config_destroy(c);
 }
 
+/* 'yaml' is accepted with exactly one message, a warning or note at 'at'
+ * that contains 'sub'. */
+static void expect_warning(const char *what, const char *yaml, const char *at, const char *sub)
+{
+    px_config *c = parse(yaml);
+    const px_diag *d = find(at, sub);
+    bool ok = c != NULL && diags.n == 1 && d != NULL && d->warning;
+    test_cond(what, ok);
+    if (!ok) {
+        fprintf(stderr, "    wanted only %s...%s, got:\n", at, sub);
+        dump_diags();
+    }
+    px_config_destroy(c);
+}
+
 /* 'yaml' is accepted without any message; the caller destroys the config. */
 static px_config *expect_ok(const char *what, const char *yaml)
 {
@@ -233,8 +248,10 @@ static void test_defaults(void)
 
     c = expect_ok("plain octal mode, entry ids, TRUE",
                   "app:\n  socket_mode: 0600\n  allow_remote: TRUE\n"
-                  "streams:\n  - {stream: a, start: 0}\n  - {stream: b, start: 12345}\n"
-                  "  - {stream: c, start: 12345-7}\n  - {stream: d, start: \"$\"}\n");
+                  "streams:\n  - {stream: a, start: 0, prefix: \"a:\"}\n"
+                  "  - {stream: b, start: 12345, prefix: \"b:\"}\n"
+                  "  - {stream: c, start: 12345-7, prefix: \"c:\"}\n"
+                  "  - {stream: d, start: \"$\", prefix: \"d:\"}\n");
     if (c) {
         test_cond("mode 0600", c->socket_mode == 0600 && c->allow_remote);
         test_streq("start 0", c->streams[0].start, "0");
@@ -245,8 +262,8 @@ static void test_defaults(void)
     px_config_destroy(c);
 
     c = expect_ok("same stream, different groups",
-                  "streams:\n  - {stream: room, group: a}\n  - {stream: room, group: b}\n"
-                  "  - {stream: room}\n");
+                  "streams:\n  - {stream: room, group: a, prefix: \"a:\"}\n"
+                  "  - {stream: room, group: b, prefix: \"b:\"}\n  - {stream: room}\n");
     test_cond("three blocks", c && c->nstreams == 3);
     px_config_destroy(c);
 
@@ -394,6 +411,26 @@ static void test_errors(void)
                  "t.yaml:2:13: ", "app.endpoint: 'http://x' must start with ipc:// or tcp://");
     expect_error("empty ipc path", "app:\n  endpoint: ipc://\n" S,
                  "t.yaml:2:13: ", "ipc:// needs a path");
+    {
+        /* a unix socket path holds 107 bytes (sun_path); nanomsg 1.1.5 aborts
+         * on 108 to 121 and says "File name too long" from 122 (issue 37) */
+        char yaml[512], path[200];
+        memset(path, 'p', sizeof path);
+        memcpy(path, "/tmp/", 5);
+        path[108] = '\0';
+        snprintf(yaml, sizeof yaml, "app:\n  endpoint: ipc://%s\n" S, path);
+        expect_error("ipc path longer than sun_path", yaml, "t.yaml:2:13: ",
+                     "app.endpoint: the ipc path is 108 bytes long; a unix socket path holds "
+                     "at most 107");
+        path[107] = '\0';
+        snprintf(yaml, sizeof yaml, "app:\n  endpoint: ipc://%s\n" S, path);
+        px_config_destroy(expect_ok("ipc path of 107 bytes", yaml));
+        setenv("IDEMPROXY_ENDPOINT", "ipc:///tmp/ppppppppppppppppppppppppppppppppppppppppppppppppp"
+                                     "ppppppppppppppppppppppppppppppppppppppppppppppppppppppppppp", 1);
+        expect_error("IDEMPROXY_ENDPOINT too long", S, "IDEMPROXY_ENDPOINT: ",
+                     "the ipc path is 113 bytes long");
+        unsetenv("IDEMPROXY_ENDPOINT");
+    }
     expect_error("tcp without port", "app:\n  endpoint: tcp://127.0.0.1\n" S,
                  "t.yaml:2:13: ", "needs a host and a port");
     expect_error("remote tcp endpoint", "app:\n  endpoint: tcp://10.0.0.1:5555\n" S,
@@ -491,8 +528,9 @@ static void test_many_errors(void)
     /* streams[1] has no stream but still the default lease_ms, too short for 3000 */
     test_cond("many errors: 2:15 default lease of streams[1]",
               find("t.yaml:2:15: ", "streams[1].lease_ms: the default 5000") != NULL);
-    test_cond("many errors: exactly 10, all errors", diags.n == 10 && diags.nerrors == 10);
-    if (diags.n != 10) dump_diags();
+    /* and two warnings: streams[1] and [2] share streams[0]'s dedup names */
+    test_cond("many errors: exactly 10 errors", diags.n == 12 && diags.nerrors == 10);
+    if (diags.n != 12) dump_diags();
 
     /* px_diags accumulates: a second parse into the same diags adds to it */
     px_config *c2 = px_config_parse("u.yaml", "streams: [{stream: x}]\n", 23, &diags);
@@ -920,16 +958,179 @@ static void test_names(void)
     px_config_destroy(c);
     /* shared on purpose: dedup names of two streams (done keys are global) and
      * one lock_key of two streams (one room, one lock) */
-    c = expect_ok("shared dedup prefix and shared lock_key",
-                  "streams:\n  - stream: room\n    lock_key: \"game:room:#{event.roomId}\"\n"
-                  "  - stream: room:leave\n    lock_key: \"game:room:#{event.roomId}\"\n"
-                  "  - stream: seat\n    layout: split\n"
-                  "    lock_key: \"room-lock:#{event.roomId}\"\n");
-    px_config_destroy(c);
+    expect_warning("shared dedup prefix (a warning) and shared lock_key",
+                   "streams:\n  - stream: room\n    lock_key: \"game:room:#{event.roomId}\"\n"
+                   "  - stream: room:leave\n    lock_key: \"game:room:#{event.roomId}\"\n"
+                   "  - stream: seat\n    layout: split\n"
+                   "    lock_key: \"room-lock:#{event.roomId}\"\n",
+                   "t.yaml:4:5: ", "streams[1] (room:leave) shares dedup names with streams[0] (room)");
     c = expect_ok("case matters: L: is not lock:",
                   "streams:\n  - stream: room\n    layout: split\n    lock_prefix: \"L:\"\n"
                   "    done_prefix: \"D:\"\n    lock_key: \"lock:#{event.roomId}\"\n");
     px_config_destroy(c);
+}
+
+/* Keys that read nothing (issue 31, SPEC 4): a constant key makes every event
+ * a copy of the first; literal text that looks like a variable is a typo for
+ * #{...}. Both refused at the template, with the #{...} form meant. */
+static void test_key_reads(void)
+{
+    expect_error("key: a variable after literal text",
+                 "streams:\n  - stream: room\n    key: \"room:#event.eventId\"\n",
+                 "t.yaml:3:16: ",
+                 "streams[0].key: #event.eventId after literal text is text, not a variable: "
+                 "did you mean \"room:#{event.eventId}\"?");
+    expect_error("key: a bare property name",
+                 "streams:\n  - stream: room\n    key: eventId\n",
+                 "t.yaml:3:10: ",
+                 "streams[0].key: reads nothing from the entry: 'eventId' is literal text, the "
+                 "same key for every event: did you mean \"#{event.eventId}\"?");
+    expect_error("key: a bare property path",
+                 "streams:\n  - stream: room\n    key: \"event.eventId\"\n",
+                 "t.yaml:3:11: ", "did you mean \"#{event.eventId}\"?");
+    expect_error("key: #fields[...] after text",
+                 "streams:\n  - stream: room\n    key: \"k-#fields['id']\"\n",
+                 "t.yaml:3:13: ", "did you mean \"k-#{fields['id']}\"?");
+    expect_error("key: #id after text, after a part",
+                 "streams:\n  - stream: room\n    key: \"#{event.a}/#id\"\n",
+                 "t.yaml:3:22: ", "did you mean \"#{event.a}/#{id}\"?");
+    expect_error("key: a constant",
+                 "streams:\n  - stream: room\n    key: \"#{'all'}:#{1}\"\n",
+                 "t.yaml:3:11: ", "streams[0].key: reads nothing from the entry");
+    expect_error("key: #stream alone is constant per stream",
+                 "streams:\n  - stream: room\n    key: \"#stream\"\n",
+                 "t.yaml:3:11: ", "#stream is the same for every entry");
+    expect_error("key: the right side of ?: never reached",
+                 "streams:\n  - stream: room\n    key: \"#{'x' ?: event.a}\"\n",
+                 "t.yaml:3:11: ", "reads nothing from the entry");
+    expect_error("lock_key: a variable after literal text too",
+                 "streams:\n  - stream: room\n    lock_key: \"room-lock:#event.roomId\"\n",
+                 "t.yaml:3:26: ", "did you mean \"room-lock:#{event.roomId}\"?");
+    /* a template source must be UTF-8 (issue 37); a ${VAR} can bring any byte */
+    setenv("PX_T_BYTES", "r\xff", 1);
+    expect_error("key: not valid UTF-8 through ${VAR}",
+                 "streams:\n  - stream: room\n    key: \"#{event.a}:${PX_T_BYTES}\"\n",
+                 "t.yaml:3:", "streams[0].key: the template is not valid UTF-8 (byte 0xff)");
+    unsetenv("PX_T_BYTES");
+
+    px_config *c;
+    c = expect_ok("key: #id reads the entry", "streams:\n  - stream: room\n    key: \"#id\"\n");
+    px_config_destroy(c);
+    c = expect_ok("key: #stream with the event",
+                  "streams:\n  - stream: room\n    key: \"#{stream}:#{event.a ?: 'x'}\"\n");
+    px_config_destroy(c);
+    /* seed 003's `running`: one event at a time across replicas */
+    expect_warning("lock_key: a constant is legal, with a note",
+                   "streams:\n  - stream: room\n    lock_key: running\n",
+                   "t.yaml:3:15: ",
+                   "note: streams[0].lock_key: reads nothing from the entry, so it is one lock "
+                   "for every event of the stream");
+}
+
+/* SPEC 4's timings: a refresh every third of claim_idle_ms must fit three
+ * command timeouts (issue 30), and a done mark must outlive the lease. */
+static void test_timings(void)
+{
+    expect_error("claim_idle_ms < 3 x timeout_ms",
+                 "streams:\n  - stream: room\n    group: g\n    claim_idle_ms: 2999\n",
+                 "t.yaml:4:20: ",
+                 "streams[0].claim_idle_ms: 2999 is less than three times redis.timeout_ms "
+                 "(1000)");
+    expect_error("the default claim_idle_ms < 3 x timeout_ms",
+                 "redis:\n  timeout_ms: 10001\nstreams:\n  - stream: room\n    group: g\n"
+                 "    lease_ms: 60000\n",
+                 "t.yaml:2:15: ", "streams[0].claim_idle_ms: the default 30000 is less than "
+                                  "three times redis.timeout_ms (10001)");
+    expect_error("done_ttl_ms < lease_ms",
+                 "streams:\n  - stream: room\n    done_ttl_ms: 4999\n",
+                 "t.yaml:3:18: ",
+                 "streams[0].done_ttl_ms: 4999 is less than lease_ms (5000)");
+    expect_error("the default done_ttl_ms < lease_ms",
+                 "streams:\n  - stream: room\n    lease_ms: 600001\n",
+                 "t.yaml:3:15: ", "streams[0].done_ttl_ms: the default 600000 is less than "
+                                  "lease_ms (600001)");
+    px_config *c;
+    c = expect_ok("claim_idle_ms == 3 x timeout_ms, done_ttl_ms == lease_ms",
+                  "redis:\n  timeout_ms: 500\nstreams:\n  - stream: room\n    group: g\n"
+                  "    claim_idle_ms: 1500\n    lease_ms: 2000\n    done_ttl_ms: 2000\n");
+    px_config_destroy(c);
+    /* without a group nothing is claimed after claim_idle_ms: not checked */
+    c = expect_ok("group-less: claim_idle_ms unused",
+                  "streams:\n  - stream: room\n    claim_idle_ms: 300\n");
+    px_config_destroy(c);
+}
+
+/* Dedup names against idemproxy's own keys and each other (issue 37). */
+static void test_dedup_names(void)
+{
+    expect_error("prefix \"\" can name idemproxy's own keys",
+                 "streams:\n  - stream: room\n    prefix: \"\"\n",
+                 "t.yaml:3:13: ",
+                 "streams[0].prefix: its dedup keys (prefix + key) start with '' and can equal "
+                 "idemproxy's own keys, which start with 'idemproxy:'");
+    expect_error("prefix under idemproxy:",
+                 "streams:\n  - stream: room\n    prefix: \"idemproxy:d:\"\n",
+                 "t.yaml:3:13: ", "start with 'idemproxy:d:' and can equal idemproxy's own keys");
+    expect_error("prefix that begins idemproxy:",
+                 "streams:\n  - stream: room\n    prefix: idem\n",
+                 "t.yaml:3:13: ", "start with 'idem' and can equal idemproxy's own keys");
+    expect_error("split: lock_prefix under idemproxy:",
+                 "streams:\n  - stream: room\n    layout: split\n    lock_prefix: \"idemproxy:\"\n",
+                 "t.yaml:4:18: ", "streams[0].lock_prefix: its dedup locks (lock_prefix + key) "
+                                  "start with 'idemproxy:'");
+    expect_error("split: done_prefix empty",
+                 "streams:\n  - stream: room\n    layout: split\n    done_prefix: \"\"\n",
+                 "t.yaml:4:18: ", "streams[0].done_prefix: its done marks (done_prefix + key) "
+                                  "start with ''");
+    expect_error("split: a lock_prefix that begins the done_prefix",
+                 "streams:\n  - stream: room\n    layout: split\n    lock_prefix: d\n",
+                 "t.yaml:4:18: ",
+                 "streams[0].lock_prefix: its dedup locks (lock_prefix + key) start with 'd' and "
+                 "its own done marks (done_prefix + key) start with 'done:', so one name can be "
+                 "both");
+    expect_error("split: a done_prefix under the lock_prefix",
+                 "streams:\n  - stream: room\n    layout: split\n    done_prefix: \"lock:d:\"\n",
+                 "t.yaml:4:18: ", "streams[0].done_prefix: its done marks (done_prefix + key) "
+                                  "start with 'lock:d:' and its own dedup locks");
+    expect_error("another stream's done marks under this one's locks",
+                 "streams:\n  - stream: a\n    layout: split\n"
+                 "  - stream: b\n    layout: split\n    lock_prefix: \"done:\"\n"
+                 "    done_prefix: \"fin:\"\n",
+                 "t.yaml:6:18: ",
+                 "streams[1].lock_prefix: its dedup locks (lock_prefix + key) start with 'done:' "
+                 "and streams[0]'s done marks (done_prefix + key) start with 'done:'");
+    expect_error("a single-layout key under another stream's done marks",
+                 "streams:\n  - stream: a\n    layout: split\n"
+                 "  - stream: b\n    prefix: \"done:b:\"\n",
+                 "t.yaml:5:13: ", "streams[1].prefix: its dedup keys (prefix + key) start with "
+                                  "'done:b:' and streams[0]'s done marks");
+
+    /* one namespace for two streams: allowed (the seeds' done keys are
+     * global), but said */
+    expect_warning("two streams share the default prefix",
+                   "streams:\n  - stream: orders\n  - stream: payments\n",
+                   "t.yaml:3:5: ",
+                   "warning: streams[1] (payments) shares dedup names with streams[0] (orders): "
+                   "both start with 'idem:'");
+    expect_warning("two split streams share locks and done marks: one warning",
+                   "streams:\n  - stream: a\n    layout: split\n"
+                   "  - stream: b\n    layout: split\n",
+                   "t.yaml:4:5: ", "streams[1] (b) shares dedup names with streams[0] (a)");
+    px_config *c;
+    c = expect_ok("hash_tag: an empty prefix names {key}, never idemproxy's keys",
+                  "streams:\n  - stream: room\n    prefix: \"\"\n    hash_tag: true\n");
+    px_config_destroy(c);
+    c = expect_ok("a prefix per stream", "streams:\n  - stream: orders\n    prefix: \"idem:o:\"\n"
+                                         "  - stream: payments\n    prefix: \"idem:p:\"\n");
+    px_config_destroy(c);
+    c = expect_ok("keys that start apart", "streams:\n  - stream: orders\n    key: \"o:#{event.id}\"\n"
+                                           "  - stream: payments\n    key: \"p:#{event.id}\"\n");
+    px_config_destroy(c);
+    expect_warning("two groups of one stream share dedup names too",
+                   "streams:\n  - {stream: orders, group: a}\n  - {stream: orders, group: b}\n",
+                   "t.yaml:3:5: ",
+                   "streams[1] (orders, group b) shares dedup names with streams[0] (orders, "
+                   "group a)");
 }
 
 /* A host the daemon cannot hold (PX_ADDR_HOST_MAX: a DNS name is at most 253
@@ -1015,6 +1216,9 @@ int main(void)
     test_many_errors();
     test_template_columns();
     test_names();
+    test_key_reads();
+    test_timings();
+    test_dedup_names();
     test_expansion();
     test_env_overrides();
     test_urls();

@@ -167,6 +167,26 @@ static void new_token(px_entry *e)
     for (size_t i = 0; i < 16; i++) e->claim.token[i] = hex[(a >> (4 * i)) & 15];
     for (size_t i = 16; i < 20; i++) e->claim.token[i] = hex[(b >> (4 * (i - 16))) & 15];
     e->claim.token[20] = '\0';
+    e->claim.token_seq = px_step_next_seq(); /* replies to commands before it are not about it */
+    e->claim.dedup_held_ms = e->claim.lock_held_ms = 0;
+}
+
+/* --- what is known held ------------------------------------------------------
+ * SPEC 5.4: an entry is sent only while its lease is known to be held. Each
+ * lock records when the command whose reply last confirmed it ours was sent
+ * (step.h: px_step_replying): the SET NX that took it (not one that found our
+ * own token there: that left the TTL as it was), or an extension that found
+ * our token. A reply about an older token of the entry confirms nothing. An
+ * extension that finds the token gone is a lease lost only if a reply had
+ * confirmed the lock held: a claim whose reply was lost may never have taken
+ * it, and a lease never held is not lost (SPEC 6). */
+
+/* When the command whose reply is being read was sent, if it carried the
+ * entry's current token; else 0. */
+static uint64_t reply_sent_ms(px_entry *e)
+{
+    px_step_sent s = px_step_replying();
+    return s.seq >= e->claim.token_seq ? s.sent_ms : 0;
 }
 
 /* Send `SET key value NX PX lease GET`. */
@@ -229,6 +249,8 @@ static void on_lock_set(px_entry *e, redisReply *r)
     lock_value(e, mine, sizeof(mine));
     e->claim.set = (int)px_decide_lock_reply(r->type == REDIS_REPLY_STRING ? r->str : NULL, mine);
     e->claim.own = r->type == REDIS_REPLY_STRING && e->claim.set == PX_LOCK_TAKEN;
+    uint64_t sent = reply_sent_ms(e);
+    if (e->claim.set == PX_LOCK_TAKEN && !e->claim.own && sent) e->claim.dedup_held_ms = sent;
 }
 
 static void on_done_exists(px_entry *e, redisReply *r)
@@ -249,7 +271,8 @@ static void exists_done(px_entry *e)
     px_step_cmd(e, e->done_name, on_done_exists, 2, argv, lens);
 }
 
-static void on_extended(px_entry *e, redisReply *r);
+static void on_dedup_extended(px_entry *e, redisReply *r);
+static void on_lock_extended(px_entry *e, redisReply *r);
 
 /* The lease of a lock just taken is extended from now on, every lease_every
  * (px_claim_extend), whatever state the entry is in while it holds it. The
@@ -265,7 +288,7 @@ static void lease_start(px_entry *e)
 static void extend_now(px_entry *e, const char *key, bool dedup)
 {
     char val[32];
-    px_step_script(e, &extend_script, on_extended, false, key,
+    px_step_script(e, &extend_script, dedup ? on_dedup_extended : on_lock_extended, false, key,
                    dedup ? lock_value(e, val, sizeof(val)) : e->claim.token, e->st->lease_s);
 }
 
@@ -312,6 +335,9 @@ static void claim_decided(px_entry *e)
         break;
     case PX_CLAIM_CLAIMED:
         e->claim.has_dedup = true;
+        /* Ours now, whatever an extension said of it before this claim
+         * (its reply came first): not bounced as lost (issue 30, 5). */
+        e->claim.lease_lost = false;
         lease_start(e);
         /* Our own lock from a claim whose reply was lost: SET NX left its
          * TTL as it was, maybe nearly spent. Extend it now. */
@@ -494,6 +520,8 @@ static void on_lock_key_set(px_entry *e, redisReply *r)
     const char *old = r->type == REDIS_REPLY_STRING ? r->str : NULL;
     e->claim.set = old == NULL || strcmp(old, e->claim.token) == 0 ? PX_LOCK_TAKEN : PX_LOCK_BUSY;
     e->claim.own = old != NULL && e->claim.set == PX_LOCK_TAKEN;
+    uint64_t sent = reply_sent_ms(e);
+    if (old == NULL && sent) e->claim.lock_held_ms = sent;
 }
 
 void px_claim_lock_key(px_entry *e)
@@ -537,13 +565,33 @@ void px_claim_release(px_entry *e)
     }
 }
 
-static void on_extended(px_entry *e, redisReply *r)
+/* An extension's (or a release's) answer about one of our locks, whose
+ * confirmation time is 'held' (see "what is known held" above). */
+static void extended(px_entry *e, redisReply *r, uint64_t *held)
 {
-    if (r->type == REDIS_REPLY_INTEGER && r->integer == 0 && !e->claim.lease_lost) {
+    uint64_t sent = reply_sent_ms(e);
+    if (sent == 0 || r->type != REDIS_REPLY_INTEGER) return; /* an older token's, or no answer */
+    if (r->integer == 1) {
+        if (sent > *held) *held = sent;
+        return;
+    }
+    if (*held == 0) return; /* never confirmed ours: not a lease that was held */
+    *held = 0;
+    if (!e->claim.lease_lost) {
         e->claim.lease_lost = true;
         e->st->c.lease_lost++;
         px_log_entry(PX_LOG_WARN, e, "lease lost");
     }
+}
+
+static void on_dedup_extended(px_entry *e, redisReply *r)
+{
+    extended(e, r, &e->claim.dedup_held_ms);
+}
+
+static void on_lock_extended(px_entry *e, redisReply *r)
+{
+    extended(e, r, &e->claim.lock_held_ms);
 }
 
 /* Extend every lock an entry holds, in every state in which it holds it
@@ -592,7 +640,7 @@ static void on_done_set(px_entry *e, redisReply *r)
 
 static void on_released(px_entry *e, redisReply *r)
 {
-    if (e->outcome == PX_OUT_ACKED) on_extended(e, r); /* 0: not our lock any more */
+    if (e->outcome == PX_OUT_ACKED) on_dedup_extended(e, r); /* 0: not our lock any more */
 }
 
 static void on_dl_added(px_entry *e, redisReply *r)

@@ -85,9 +85,12 @@ struct px_entry {
         char token[24];          /* our random lock token for this claim */
         uint64_t fence;          /* fencing token of this claim, 0 when off */
         bool examined;           /* claimed at least once before: a later 'done' is after_lock */
+        uint64_t token_seq;      /* step.h number of the first command with this token */
         bool has_dedup;          /* we hold the dedup lock (or may: reply lost) */
-        bool has_lock;           /* we hold lock_key */
-        bool lease_lost;         /* an extension found our token gone */
+        bool has_lock;           /* we hold lock_key (or may) */
+        uint64_t dedup_held_ms;  /* the dedup lock was confirmed ours by a reply to a command */
+        uint64_t lock_held_ms;   /* sent then (px_mono_ms), lock_key too; 0: by none (claim.c) */
+        bool lease_lost;         /* an extension found a confirmed lock of ours gone */
         double lease_next;       /* loop time its next lease extension is due */
         bool in_io;              /* a claim or XACK round trip is in flight */
         int set;                 /* a px_lock_reply (decide.h) */

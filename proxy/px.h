@@ -59,5 +59,11 @@ void px_buf_escape(px_buf *b, const char *s, size_t n, int flags);
 
 /* Wall clock in milliseconds since the epoch. */
 uint64_t px_now_ms(void);
+/* A clock that never steps, in milliseconds: for the ages that decide
+ * whether a lease is still held (claim.c), which a step of the wall clock
+ * must not change. CLOCK_BOOTTIME, which also counts the time the machine
+ * was suspended (Redis' leases ran on meanwhile); CLOCK_MONOTONIC where
+ * there is none. Never 0. */
+uint64_t px_mono_ms(void);
 
 #endif

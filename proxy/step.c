@@ -12,8 +12,22 @@ typedef struct cmd_ctx {
     px_entry *e;
     px_reply_fn *on;
     bool step;
+    px_step_sent sent;    /* its number and when it was sent */
     struct cmd_ctx *next; /* in ctx_pool */
 } cmd_ctx;
+
+static uint64_t next_seq = 1; /* the number of the next command */
+static px_step_sent replying; /* the command whose reply a handler is reading */
+
+uint64_t px_step_next_seq(void)
+{
+    return next_seq;
+}
+
+px_step_sent px_step_replying(void)
+{
+    return replying;
+}
 
 /* Contexts are reused, as redis.c reuses its command records: a few commands
  * per entry would otherwise be a malloc and a free each. */
@@ -80,7 +94,9 @@ static void entry_reply_cb(px_redis *r, redisReply *reply, void *priv)
             e->step.redis_error = px_strndup(reply->str, reply->len < 200 ? reply->len : 200);
         }
     } else if (reply && reply->type != REDIS_REPLY_ERROR && ctx.on) {
+        replying = ctx.sent;
         ctx.on(e, reply);
+        replying = (px_step_sent){ 0 };
     }
     if (ctx.step) {
         e->step.pending--;
@@ -96,6 +112,7 @@ static cmd_ctx *ctx_new(px_entry *e, px_reply_fn *on, bool step)
     ctx->e = e;
     ctx->on = on;
     ctx->step = step;
+    ctx->sent = (px_step_sent){ next_seq++, px_mono_ms() };
     px_step_io_hold(e);
     if (step) e->step.pending++;
     return ctx;

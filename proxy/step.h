@@ -44,6 +44,18 @@ void px_step_cmd(px_entry *e, const char *key, px_reply_fn *on, int argc, const 
 void px_step_script(px_entry *e, px_script *s, px_reply_fn *on, bool step, const char *key,
                     const char *arg1, const char *arg2);
 
+/* Every command about an entry gets a number, one more than the last, and
+ * the time it was sent (px_mono_ms: queued in this loop turn, written at its
+ * end, or never). px_step_next_seq is the number the next one gets; inside a
+ * reply handler ('on'), px_step_replying says which command it answers, so
+ * claim.c knows which token a reply confirms and from when (SPEC 5.4). */
+typedef struct px_step_sent {
+    uint64_t seq;     /* the command's number */
+    uint64_t sent_ms; /* px_mono_ms when it was sent */
+} px_step_sent;
+uint64_t px_step_next_seq(void);
+px_step_sent px_step_replying(void);
+
 /* A command about 'e' sent outside this module (an XACK batch): held while
  * its reply is awaited. px_step_io_done drops the hold: false when 'e' is
  * gone (and then freed if that was its last), so the caller leaves it be. */

@@ -189,6 +189,15 @@ static uint64_t reply_sent_ms(px_entry *e)
     return s.seq >= e->claim.token_seq ? s.sent_ms : 0;
 }
 
+bool px_claim_held(px_entry *e, uint64_t now_ms)
+{
+    long long lease = e->st->conf->lease_ms, timeout = e->st->px->conf->timeout_ms;
+    if (!e->claim.has_dedup || !px_decide_lease_held(now_ms, e->claim.dedup_held_ms, lease, timeout))
+        return false;
+    return e->lock_key == NULL ||
+           (e->claim.has_lock && px_decide_lease_held(now_ms, e->claim.lock_held_ms, lease, timeout));
+}
+
 /* Send `SET key value NX PX lease GET`. */
 static void set_nx_get(px_entry *e, px_reply_fn *on, const char *key, const char *value)
 {

@@ -21,5 +21,9 @@ size_t px_claim_commit_flush(px_proxy *px); /* commit_q -> done mark / dead lett
  * turn), the queue is long, the ride's wait is over or the proxy stops. */
 void px_claim_xack_flush(px_proxy *px, bool carried);
 void px_claim_xack_wait_cb(struct ev_loop *loop, ev_timer *w, int revents); /* px->xack_wait */
+/* Every lock 'e' needs is known to be ours at 'now_ms' (px_mono_ms): the
+ * last reply confirming each answered a command sent less than lease_ms -
+ * timeout_ms before (SPEC 5.4; decide.h: px_decide_lease_held). */
+bool px_claim_held(px_entry *e, uint64_t now_ms);
 
 #endif

@@ -49,6 +49,13 @@ px_window_next px_decide_window(double l, double lmin, double ack_s)
     return PX_WINDOW_KEEP;
 }
 
+bool px_decide_lease_held(uint64_t now_ms, uint64_t held_ms, long long lease_ms, long long timeout_ms)
+{
+    if (held_ms == 0) return false;     /* never confirmed: a claim whose reply was lost */
+    if (now_ms <= held_ms) return true; /* confirmed by a command sent this very millisecond */
+    return (long long)(now_ms - held_ms) < lease_ms - timeout_ms;
+}
+
 px_busy_next px_decide_busy(uint64_t now_ms, uint64_t wait_until_ms, bool lock_key_busy,
                             px_on_busy on_busy)
 {

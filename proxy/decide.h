@@ -50,6 +50,18 @@ px_answer_next px_decide_answer(px_ack_status status, uint32_t attempt, int max_
 /* The wait before the delivery after 'attempt': base doubling, capped at 30 s. */
 long long px_decide_backoff_ms(long long base_ms, uint32_t attempt);
 
+/*
+ * Whether a lock is known to be ours at 'now_ms' (SPEC 5.4): 'held_ms' is when
+ * the command whose reply last confirmed it (the SET that took it, or an
+ * extension) was sent, 0 when no reply has; both on one clock that never
+ * steps (px_mono_ms). Redis gave it lease_ms from no earlier than that send.
+ * It is known held while less than lease_ms - timeout_ms has passed: an
+ * entry sent then still has timeout_ms of lease, time for the extension due
+ * by then to reach Redis. Past that it may have run out, and another holder
+ * may have the key.
+ */
+bool px_decide_lease_held(uint64_t now_ms, uint64_t held_ms, long long lease_ms, long long timeout_ms);
+
 typedef enum {
     PX_WINDOW_KEEP,   /* in between */
     PX_WINDOW_GROW,   /* one more queued behind would answer within a quarter of ack_timeout */

@@ -63,6 +63,7 @@
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 
+#include "claim.h"
 #include "decide.h"
 #include "deliver.h"
 #include "log.h"
@@ -291,11 +292,24 @@ size_t px_deliver_window(px_proxy *px)
     return d ? send_window(d) : 0;
 }
 
+/* Send what the window has room for, in order. An entry whose lease is not
+ * known to be held now (SPEC 5.4: claim.c, px_claim_held) is not sent: it
+ * was claimed longer ago than the lease can be trusted, and no extension has
+ * answered since (Redis is out of reach, or slow). It waits, in front of the
+ * queue, for the answer of the extension px_claim_extend sends as soon as it
+ * can (a lock is extended whatever state its entry is in): found ours, it is
+ * sent; found gone (lease_lost), it goes back to the claim, where the done
+ * check decides. A replica cut off from Redis while its worker was absent
+ * sent such an entry after another replica's worker had acked it (issue 30,
+ * finding 1). */
 void px_deliver_flush(px_proxy *px)
 {
     px_deliver *d = px->deliver;
     px_entry *e;
+    px_queue unsure = { 0 };
     size_t window = 0;
+    uint64_t now = 0;
+    bool blocked = false;
     while ((e = px->send_q.head) != NULL) {
         if (e->claim.lease_lost) { /* not delivered on a lock it no longer holds */
             px_queue_pop(&px->send_q);
@@ -304,13 +318,25 @@ void px_deliver_flush(px_proxy *px)
         }
         if (window == 0) window = send_window(d);
         if (d->nslots - d->nfree >= window) break; /* a reply frees room: the next flush */
+        if (now == 0) now = px_mono_ms();
+        if (!px_claim_held(e, now)) {
+            px_queue_push(&unsure, px_queue_pop(&px->send_q));
+            continue;
+        }
         if (send_one(px, d, e) != PX_OK) {
-            if (!ev_is_active(&d->snd_w)) ev_io_start(px->loop, &d->snd_w);
-            return;
+            blocked = true;
+            break;
         }
         px_queue_pop(&px->send_q);
     }
-    ev_io_stop(px->loop, &d->snd_w);
+    if (unsure.n) { /* back in front, in their order */
+        unsure.tail->qnext = px->send_q.head;
+        if (px->send_q.head == NULL) px->send_q.tail = unsure.tail;
+        px->send_q.head = unsure.head;
+        px->send_q.n += unsure.n;
+    }
+    if (!blocked) ev_io_stop(px->loop, &d->snd_w);
+    else if (!ev_is_active(&d->snd_w)) ev_io_start(px->loop, &d->snd_w);
 }
 
 static void snd_cb(struct ev_loop *loop, ev_io *w, int revents)

@@ -27,6 +27,92 @@ def one(m, family, **labels):
     return found[0]
 
 
+@pytest.mark.parametrize("fencing", [False, True], ids=["plain", "fencing"])
+@pytest.mark.parametrize("mode", ["group", "groupless"])
+def test_a_lease_that_ran_out_while_cut_off_is_never_sent(env, tmp_path, mode, fencing):
+    """Finding 1: replica A claims E (lease_ms 1000) but has no worker to send
+    it to. A's link to Redis is then refused: no extension can answer, E's lock
+    expires, replica B claims E, delivers it, its worker ACKs, E is done. Then a
+    worker connects to A. A sent E at once (it checked only for an extension
+    that had answered 0, and none could): delivered twice, and with fencing
+    the second delivery carried the lower token. Now A sends E only while the
+    last reply that confirmed its lock answered a command sent less than
+    lease_ms - timeout_ms ago: never while cut off; once the link is back an
+    extension finds the lease lost and the claim finds E done."""
+    r = env.r
+    link = SlowLink(env.redis.port, 0)
+    try:
+        ep_a, ep_b = env.endpoint(), env.endpoint()
+        a = Proxy(tmp_path, "a", link.url, ep_a,
+                  [stream_conf(mode, consumer="a", lease_ms=1000, fencing=fencing)], timeout_ms=300)
+        env.proxies.append(a)
+        a.start()
+        wait_for(lambda: a.get("/readyz")[0] == 200, 10, "A ready")
+        publish(r, "room", [{"eventId": "E"}])
+        wait_for(lambda: (r.get("idem:E") or "").startswith("L:"), 10, "A holds E's lock")
+        link.refuse([b"*"], 3600)                      # every command A sends: its link drops
+        b = env.proxy([stream_conf(mode, consumer="b", lease_ms=1000, fencing=fencing)],
+                      endpoint=ep_b, timeout_ms=300)
+        w_b = env.worker(ep_b)
+        wait_for(lambda: r.get("idem:E") == "D", 20, "E claimed by B after A's lease, acked, done")
+        assert w_b.keys() == ["E"]
+        assert link.refusing >= 1
+        w_a = env.worker(ep_a)
+        wait_for(lambda: a.metrics().get("idemproxy_workers_connected") == 1, 10,
+                 "a worker connected to A")
+        # Before, A sent E within a loop turn of the connection; a second is
+        # ample time to see it. Nothing may come while A is cut off.
+        time.sleep(1.0)
+        if fencing:                                    # a stale holder's token is the lower one
+            stale = [(d.fencing_token, w_b.got[0].fencing_token) for d in w_a.got
+                     if d.fencing_token <= w_b.got[0].fencing_token]
+            assert stale == [], f"A sent tokens after B's higher one: {stale}"
+        assert w_a.keys() == [], "A sent E on a lease that had run out while it was cut off"
+        link.refuse([], 0)                             # the link is back
+        wait_for(lambda: one(a.metrics(), "idemproxy_outcomes_total", outcome="duplicate") == 1, 20,
+                 "A finds E done")
+        assert one(a.metrics(), "idemproxy_entries_pending") == 0
+        assert w_a.keys() == [], "A sent E after B's worker acked it"
+        assert r.get("idem:E") == "D"
+    finally:
+        link.close()
+
+
+@pytest.mark.parametrize("mode", ["group", "groupless"])
+def test_a_lease_that_ran_out_while_cut_off_alone_is_claimed_again_and_sent_once(env, tmp_path, mode):
+    """The other side of finding 1: with no other replica, an entry whose
+    lease may have run out while its replica was cut off waits for Redis,
+    not for ever: once the link is back, the extension finds the lock gone
+    (a lease that was held: counted), the entry is claimed again and
+    delivered once."""
+    r = env.r
+    link = SlowLink(env.redis.port, 0)
+    try:
+        ep = env.endpoint()
+        a = Proxy(tmp_path, "a", link.url, ep, [stream_conf(mode, consumer="a", lease_ms=1000)],
+                  timeout_ms=300)
+        env.proxies.append(a)
+        a.start()
+        wait_for(lambda: a.get("/readyz")[0] == 200, 10, "A ready")
+        publish(r, "room", [{"eventId": "E"}])
+        wait_for(lambda: (r.get("idem:E") or "").startswith("L:"), 10, "A holds E's lock")
+        link.refuse([b"*"], 3600)
+        wait_for(lambda: r.get("idem:E") is None, 10, "A's lease ran out")
+        w = env.worker(ep)
+        wait_for(lambda: a.metrics().get("idemproxy_workers_connected") == 1, 10, "a worker connected")
+        time.sleep(1.0)
+        assert w.keys() == [], "sent on a lease that had run out"
+        link.refuse([], 0)
+        wait_for(lambda: r.get("idem:E") == "D", 20, "E claimed again, delivered and acked")
+        wait_for(lambda: one(a.metrics(), "idemproxy_entries_pending") == 0, 10, "E left")
+        m = a.metrics()
+        assert [(d.key, d.attempt) for d in w.got] == [("E", 1)]
+        assert one(m, "idemproxy_outcomes_total", outcome="acked") == 1
+        assert one(m, "idemproxy_lease_lost_total") == 1
+    finally:
+        link.close()
+
+
 @pytest.mark.parametrize("mode", ["group", "groupless"])
 def test_a_failed_claim_is_no_lease_lost(env, tmp_path, mode):
     """Finding 5: a claim whose SET never reached Redis (its link dropped as

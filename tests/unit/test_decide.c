@@ -90,6 +90,30 @@ static void test_busy(void)
     test_cond("wait_ms 0 refuses at once", px_decide_busy(100, 100, true, PX_BUSY_DEAD_LETTER) == PX_BUSY_REFUSE);
 }
 
+static void test_lease_held(void)
+{
+    /* lease_ms 1000, timeout_ms 300: known held while less than 700 ms has
+     * passed since the confirming command was sent. */
+    static const struct {
+        uint64_t now, held; long long lease, timeout; bool want; const char *name;
+    } cases[] = {
+        { 5000, 0,    1000, 300, false, "never confirmed (a claim whose reply was lost)" },
+        { 5000, 5000, 1000, 300, true,  "confirmed by a command sent just now" },
+        { 5000, 5001, 1000, 300, true,  "sent a millisecond after now (rounding): held" },
+        { 5699, 5000, 1000, 300, true,  "699 ms old: held" },
+        { 5700, 5000, 1000, 300, false, "700 ms old: lease_ms - timeout_ms, may be too little left" },
+        { 5999, 5000, 1000, 300, false, "999 ms old: maybe still there, not known" },
+        { 9000, 5000, 1000, 300, false, "long cut off: may have run out" },
+        { 6000, 5000, 2000, 1000, false, "timeout_ms half the lease: 1000 ms is too old" },
+        { 5999, 5000, 2000, 1000, true,  "timeout_ms half the lease: 999 ms is held" },
+        { 30000, 2000, 30000, 1000, true, "a long lease, 28 s old" },
+        { 31000, 2000, 30000, 1000, false, "a long lease, 29 s old" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        test_cond(cases[i].name, px_decide_lease_held(cases[i].now, cases[i].held, cases[i].lease,
+                                                      cases[i].timeout) == cases[i].want);
+}
+
 static void test_errors(void)
 {
     test_cond("BUSYGROUP is expected", px_decide_error_expected("BUSYGROUP Consumer Group name already exists"));
@@ -117,5 +141,6 @@ int main(void)
     test_backoff();
     test_window();
     test_busy();
+    test_lease_held();
     return test_report();
 }

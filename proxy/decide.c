@@ -65,6 +65,15 @@ px_busy_next px_decide_busy(uint64_t now_ms, uint64_t wait_until_ms, bool lock_k
     return PX_BUSY_PARK;
 }
 
+px_attempt px_decide_attempt(const px_count_view *v)
+{
+    if (v->count == 0) return (px_attempt){ 0, 0 };
+    uint32_t lost = v->reads_lost + v->reclaims_lost + (v->reclaim_out ? 1u : 0u) + v->rereads +
+                    v->history_lost + (v->history_out_past ? 1u : 0u);
+    uint32_t extra = lost < v->count - 1 ? lost : v->count - 1;
+    return (px_attempt){ v->count - 1 - extra, v->count - extra };
+}
+
 bool px_decide_error_expected(const char *err)
 {
     return err && strncmp(err, "BUSYGROUP", 9) == 0 && (err[9] == ' ' || err[9] == '\0');

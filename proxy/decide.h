@@ -81,6 +81,34 @@ typedef enum {
 px_busy_next px_decide_busy(uint64_t now_ms, uint64_t wait_until_ms, bool lock_key_busy,
                             px_on_busy on_busy);
 
+/*
+ * Group mode: what the reader knows when XPENDING tells the delivery count of
+ * an entry it replayed from its history or reclaimed (SPEC 5.2). Redis counts
+ * one delivery per read that hands an entry out, so the count includes the
+ * read that brought it (the delivery about to go out) and any read of ours
+ * whose reply was lost, or is still out, after Redis applied it: deliveries
+ * no worker saw, which are not charged.
+ */
+typedef struct px_count_view {
+    uint32_t count;         /* XPENDING's delivery count */
+    uint32_t reads_lost;    /* history page: reads lost since the last whole replay */
+    uint32_t reclaims_lost; /* history page: reclaims lost since then */
+    bool reclaim_out;       /* history page: a reclaim was out when it was read */
+    uint32_t rereads;       /* history reads of it while its count was asked */
+    uint32_t history_lost;  /* history reads lost since its count was asked */
+    bool history_out_past;  /* a history read still out reads past its id */
+} px_count_view;
+
+typedef struct px_attempt {
+    uint32_t attempt; /* deliveries before the one about to go out */
+    uint32_t count;   /* Redis' count as it should be: set it back when below v.count */
+} px_attempt;
+
+/* Each read that may have counted a delivery no worker saw is taken off, down
+ * to no delivery before: erring low costs a delivery more at worst; high, a
+ * dead letter no worker ever saw. */
+px_attempt px_decide_attempt(const px_count_view *v);
+
 /* An error reply that waiting can cure (a loading, busy, failing-over or
  * full server, a cluster in motion): true. WRONGTYPE, NOPERM, ERR and the
  * rest come back the same however often they are retried: false. */

@@ -99,6 +99,7 @@ struct px_stream {
     size_t page_count;                 /* COUNT of the next read, adapted to the bytes of the last */
     bool reading;                      /* a read is in flight */
     unsigned lost_reads;               /* group: reads lost since the last whole history replay */
+    unsigned lost_reclaims;            /* group: reclaims lost since then (reader.c) */
     bool replay_due;                   /* group: a reclaim was lost: replay the history next (reader.c) */
     bool reclaiming;                   /* group: an XAUTOCLAIM is out (one at a time, reader.c) */
     bool reading_history;              /* the read in flight is a history read */

@@ -89,9 +89,11 @@ static bool id_after(const char *a, const char *b)
  * counted that no worker saw, which the next history replay does not charge
  * (counts_reply_cb); and a page too large to arrive in time is not asked for
  * again as it was. */
-static void page_lost(px_stream *st, const char *what)
+static void page_lost(px_stream *st, bool reclaim)
 {
-    if (st->conf->group) st->lost_reads++;
+    const char *what = reclaim ? "reclaim" : "read";
+    if (st->conf->group && reclaim) st->lost_reclaims++;
+    else if (st->conf->group) st->lost_reads++;
     if (st->page_count > 1) {
         st->page_count /= 2;
         px_log_debug("stream %s: a %s was lost; reading %zu at a time", st->conf->stream, what,
@@ -112,7 +114,9 @@ typedef struct counts_ask {
     px_stream *st;
     uint32_t seq; /* the batch: its entries' counts_wait */
     size_t n;
-    unsigned lost;           /* history: reads lost before it (px_stream.lost_reads) */
+    uint32_t reads_lost;     /* history: px_stream.lost_reads when it was made */
+    uint32_t reclaims_lost;  /* history: px_stream.lost_reclaims then */
+    bool reclaim_out;        /* history: a reclaim was out then */
     unsigned history_lost;   /* px_stream.history_lost when it was made */
     ev_timer delay;          /* the test hook, or a retry */
     struct counts_ask *next; /* in st->counts_waiting while 'delay' runs */
@@ -166,24 +170,27 @@ static void counts_reply_cb(px_redis *r, redisReply *reply, void *priv)
         if (e == NULL || e->delivery.counts_wait != a->seq || e->delivery.attempt != 0 ||
             p->element[3]->integer < 1)
             continue;
-        /* The read that brought it counted the delivery it is about to get:
-         * the deliveries before are one fewer. Each read of ours lost since
-         * the last whole history replay may have counted one more that no
-         * worker saw (SPEC 5.2): not charged, and Redis' count is set back,
-         * so it stays the evidence after a restart. Erring low costs a
-         * delivery more at worst; high, a dead letter never delivered. */
-        /* ... and so may a history read since this ask was made whose
-         * reply was lost, or one still out that reads past this entry's id
-         * (one that came took the entry off this ask: take_entries). */
-        uint32_t later = (st->history_lost - a->history_lost) +
-                         (st->reading && st->reading_history && id_after(e->id, st->last_id) ? 1u : 0u);
-        uint32_t count = (uint32_t)p->element[3]->integer;
-        uint32_t lost = a->lost + e->delivery.rereads + later;
-        uint32_t extra = lost < count - 1 ? lost : count - 1;
+        /* Reads of ours that may have counted a delivery no worker saw
+         * are not charged (px_decide_attempt), and Redis' count is set
+         * back, so it stays the evidence after a restart: reads lost
+         * before the ask (or a reclaim still out then), history reads of
+         * it since (rereads: one that came took the entry off its first
+         * ask, take_entries), a history read since whose reply was lost,
+         * or one still out that reads past this entry's id. */
+        px_count_view v = {
+            .count = (uint32_t)p->element[3]->integer,
+            .reads_lost = a->reads_lost,
+            .reclaims_lost = a->reclaims_lost,
+            .reclaim_out = a->reclaim_out,
+            .rereads = e->delivery.rereads,
+            .history_lost = st->history_lost - a->history_lost,
+            .history_out_past = st->reading && st->reading_history && id_after(e->id, st->last_id),
+        };
+        px_attempt at = px_decide_attempt(&v);
         e->delivery.rereads = 0;
-        e->delivery.redis_count = count;
-        e->delivery.attempt = count - 1 - extra;
-        if (extra) set_count(e, count - extra);
+        e->delivery.redis_count = v.count;
+        e->delivery.attempt = at.attempt;
+        if (at.count != v.count) set_count(e, at.count);
     }
     /* Answered or lost, the batch's claims go ahead now. */
     for (px_entry *e = st->head; e; e = e->next)
@@ -221,13 +228,17 @@ static void counts_delay_cb(struct ev_loop *loop, ev_timer *w, int revents)
  * the entries' counts_wait before
  * counts_go sends it, after the entries exist and before their claims. */
 static counts_ask *counts_new(px_stream *st, const char *first, const char *last, size_t n,
-                              unsigned lost)
+                              bool history)
 {
     static uint32_t seq;
     counts_ask *a = px_calloc(1, sizeof(*a));
     a->st = st;
     a->n = n;
-    a->lost = lost;
+    if (history) { /* reads and reclaims that may have counted a delivery of its entries */
+        a->reads_lost = st->lost_reads;
+        a->reclaims_lost = st->lost_reclaims;
+        a->reclaim_out = st->reclaiming;
+    }
     a->history_lost = st->history_lost;
     if (++seq == 0) seq = 1;
     a->seq = seq; /* claims wait for the counts, on one server too (see counts_reply_cb) */
@@ -305,11 +316,11 @@ static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
 }
 
 /* Take the entries of one stream out of an XREAD/XREADGROUP/XAUTOCLAIM reply.
- * Returns how many there were; adds their field bytes to *bytes. 'lost': reads
- * whose reply was lost that may have counted a delivery of these entries too.
+ * Returns how many there were; adds their field bytes to *bytes. 'history':
+ * a history page, which reads lost before it may have counted too.
  * 'cursor' (a read's last_id, NULL for a reclaim) moves past each: a reclaim
  * answered during a history replay must not move the replay's place. */
-static size_t take_entries(px_stream *st, redisReply *entries, bool fresh, unsigned lost,
+static size_t take_entries(px_stream *st, redisReply *entries, bool fresh, bool history,
                            char *cursor, size_t *bytes)
 {
     if (entries == NULL || entries->type != REDIS_REPLY_ARRAY) return 0;
@@ -319,7 +330,7 @@ static size_t take_entries(px_stream *st, redisReply *entries, bool fresh, unsig
         redisReply *last = entries->element[entries->elements - 1];
         if (last->type == REDIS_REPLY_ARRAY && last->elements > 0)
             counts = counts_new(st, entries->element[0]->element[0]->str, last->element[0]->str,
-                                entries->elements, lost);
+                                entries->elements, history);
     }
     for (size_t i = 0; i < entries->elements; i++) {
         redisReply *en = entries->element[i];
@@ -355,15 +366,6 @@ static size_t take_entries(px_stream *st, redisReply *entries, bool fresh, unsig
     return entries->elements;
 }
 
-/* Reads and reclaims that may have counted a delivery of a history page's
- * entries that no worker saw: those lost, and a reclaim still out, whose
- * reply may yet be lost after Redis applied it (erring low costs at most one
- * delivery more; high, a dead letter never delivered). */
-static unsigned lost_before(const px_stream *st)
-{
-    return st->lost_reads + (st->reclaiming ? 1u : 0u);
-}
-
 static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
@@ -372,7 +374,7 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
     if (st->rstate == R_STOPPED) return;
     if (reply == NULL) {
         if (st->reading_history) st->history_lost++;
-        page_lost(st, "read");
+        page_lost(st, false);
         /* Link down: the state callback restarts us. A cluster may stay up
          * while one command is lost (its node failed over): pause, then again,
          * from the history in group mode (what the lost read took is there). */
@@ -393,7 +395,7 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
             redisReply *sr = reply->element[i];
             if (sr->type == REDIS_REPLY_ARRAY && sr->elements == 2)
                 got += take_entries(st, sr->element[1], st->rstate == R_LIVE,
-                                    st->rstate == R_HISTORY ? lost_before(st) : 0,
+                                    st->rstate == R_HISTORY,
                                     st->conf->group == NULL || st->rstate == R_HISTORY ? st->last_id : NULL,
                                     &bytes);
         }
@@ -403,7 +405,7 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
         st->rstate = R_LIVE;
         /* Whatever they took has been replayed, unless a reclaim was lost
          * meanwhile: then read_next replays once more, with the count. */
-        if (!st->replay_due) st->lost_reads = 0;
+        if (!st->replay_due) st->lost_reads = st->lost_reclaims = 0;
         px_log_info("stream %s: reading new entries as %s/%s", st->conf->stream, st->conf->group,
                     st->conf->consumer);
     }
@@ -530,7 +532,7 @@ static void autoclaim_reply_cb(px_redis *r, redisReply *reply, void *priv)
          * the reader replays our history next, which brings back what it
          * took, and no reclaim goes out before (it would take them again,
          * counting once more). */
-        page_lost(st, "reclaim");
+        page_lost(st, true);
         st->replay_due = true;
         read_next(st);
         return;
@@ -538,7 +540,7 @@ static void autoclaim_reply_cb(px_redis *r, redisReply *reply, void *priv)
     if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 2) return;
     if (reply->element[0]->type == REDIS_REPLY_STRING)
         snprintf(st->autoclaim_cursor, sizeof(st->autoclaim_cursor), "%s", reply->element[0]->str);
-    size_t bytes = 0, got = take_entries(st, reply->element[1], false, 0, NULL, &bytes);
+    size_t bytes = 0, got = take_entries(st, reply->element[1], false, false, NULL, &bytes);
     page_seen(st, got, bytes);
     if (reply->elements >= 3 && reply->element[2]->type == REDIS_REPLY_ARRAY) {
         /* Redis 7: ids that were pending but deleted; XAUTOCLAIM removed them. */

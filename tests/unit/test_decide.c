@@ -132,6 +132,51 @@ static void test_errors(void)
     test_cond("BUSYGROUP is not BUSY", !px_decide_error_passes("BUSYGROUP Consumer Group name already exists"));
 }
 
+/* Group mode: an entry's attempt from the delivery count XPENDING reports
+ * (reader.c, counts_reply_cb). Each past bug of this arithmetic is a row
+ * (its commit in the comment): the situation, the count Redis reports, the
+ * attempt (deliveries before the one about to go out) and Redis' count as it
+ * should be set back. */
+static void test_attempt(void)
+{
+    static const struct {
+        const char *name;
+        px_count_view v;
+        uint32_t attempt, count;
+    } rows[] = {
+        { "replayed after a restart, never delivered", { .count = 1 }, 0, 1 },
+        { "delivered twice before, then reclaimed", { .count = 3 }, 2, 3 },
+        { "count 0 (never read, or set back and not read since)", { .count = 0 }, 0, 0 },
+        /* 72d906f: a read applied by Redis, its reply lost; the replay counts again */
+        { "a history read lost, then the replay", { .count = 2, .reads_lost = 1 }, 0, 1 },
+        { "two reads lost, one of them counted it: errs low",
+          { .count = 2, .reads_lost = 2 }, 0, 1 },
+        { "a read lost, delivered twice before", { .count = 4, .reads_lost = 1 }, 2, 3 },
+        /* 433e514: a reclaim applied, its reply lost; the replay brings it back */
+        { "a reclaim lost, then the replay", { .count = 2, .reclaims_lost = 1 }, 0, 1 },
+        /* 8a1f8a7: a history page read while a reclaim is still out */
+        { "a reclaim out while its history page was read", { .count = 2, .reclaim_out = true }, 0, 1 },
+        /* 6c33754: reclaimed (count 2), then read again by a replay before its count came */
+        { "read again by a replay while its count was asked", { .count = 3, .rereads = 1 }, 1, 2 },
+        /* 14150f2: a replay's read of it, lost after Redis applied it, before XPENDING answered */
+        { "a history read lost since its count was asked", { .count = 3, .history_lost = 1 }, 1, 2 },
+        { "a history read still out past its id", { .count = 3, .history_out_past = true }, 1, 2 },
+        { "every kind at once never goes below 0",
+          { .count = 3, .reads_lost = 1, .reclaims_lost = 1, .reclaim_out = true, .rereads = 1,
+            .history_lost = 1, .history_out_past = true },
+          0, 1 },
+        /* issue 30, finding 2: A read it and parked it (busy), its refreshes
+         * lost; B's XAUTOCLAIM took it over. A set its count back to 0 when
+         * it parked, so B sees 1: first delivery attempt 1 (before: count 2,
+         * attempt 1 spent, dead-lettered at max_deliveries 1 undelivered). */
+        { "taken over from a replica that parked it undelivered", { .count = 1 }, 0, 1 },
+    };
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+        px_attempt at = px_decide_attempt(&rows[i].v);
+        test_cond(rows[i].name, at.attempt == rows[i].attempt && at.count == rows[i].count);
+    }
+}
+
 int main(void)
 {
     test_lock_reply();
@@ -142,5 +187,6 @@ int main(void)
     test_window();
     test_busy();
     test_lease_held();
+    test_attempt();
     return test_report();
 }

@@ -74,6 +74,14 @@ static void to_claim(px_entry *e)
     px_queue_push(&e->st->px->claim_q, e);
 }
 
+/* 'e' waits undelivered (PARKED, LOCKWAIT): the delivery the read that
+ * brought it counted is not charged (reader.c). */
+static void wait_undelivered(px_entry *e, px_entry_state next)
+{
+    px_entry_to(e, next);
+    px_reader_waiting(e);
+}
+
 static void back_to_claim_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop;
@@ -329,7 +337,7 @@ void px_proxy_busy(px_entry *e, bool lock_key_busy)
     switch (px_decide_busy(now, e->park.wait_until_ms, lock_key_busy, sc->on_busy)) {
     case PX_BUSY_WAIT:
         /* Within wait_ms: look again in 10-50 ms, on the loop, never blocking. */
-        px_entry_to(e, lock_key_busy ? PX_E_LOCKWAIT : PX_E_PARKED);
+        wait_undelivered(e, lock_key_busy ? PX_E_LOCKWAIT : PX_E_PARKED);
         entry_timer(e, lock_key_busy ? lock_key_again_cb : back_to_claim_cb, jitter(10, 50));
         return;
     case PX_BUSY_REFUSE:
@@ -346,7 +354,7 @@ void px_proxy_busy(px_entry *e, bool lock_key_busy)
          * whole lease of waiting. */
         e->park.wait_until_ms = 0;
         px_claim_release(e);
-        px_entry_to(e, PX_E_PARKED);
+        wait_undelivered(e, PX_E_PARKED);
         px_entry *h = lock_key_busy ? NULL : local_holder(e);
         if (h) h->park.has_followers = true; /* woken when h leaves; the timer is a fallback */
         double ms = (double)sc->lease_ms;
@@ -400,7 +408,7 @@ void px_proxy_claim_failed(px_entry *e)
         ms = error_pause_ms(e->step.redis_errors);
     }
     /* Redis is down or refused: try again shortly (the flush waits for the link). */
-    px_entry_to(e, PX_E_PARKED);
+    wait_undelivered(e, PX_E_PARKED);
     entry_timer(e, back_to_claim_cb, ms);
 }
 

@@ -260,23 +260,36 @@ static void counts_go(counts_ask *a)
  * it (SPEC 5.2). XREADGROUP counts one as it hands an entry out (the delivery
  * it is read for), and so do a history read and XAUTOCLAIM; keeping tracked
  * entries fresh counts nothing (JUSTID). A redelivery by this process sets the
- * count, and so does a read that returned an entry we already track. */
+ * count, and so does a read that returned an entry we already track, and an
+ * entry that waits undelivered (px_reader_waiting): 0 when never delivered.
+ * Not sent (the link is down): redis_count stays, so it is sent again. */
 static void set_count(px_entry *e, uint32_t count)
 {
     px_stream_conf *sc = e->st->conf;
     char c[16];
-    snprintf(c, sizeof(c), "%u", count ? count : 1);
+    snprintf(c, sizeof(c), "%u", count);
     const char *argv[] = { "XCLAIM", sc->stream, sc->group, sc->consumer, "0", e->id,
                            "RETRYCOUNT", c, "JUSTID" };
     size_t lens[9];
     for (int i = 0; i < 9; i++) lens[i] = strlen(argv[i]);
-    px_redis_argv(e->st->px->redis, sc->stream, 0, NULL, NULL, 9, argv, lens);
-    e->delivery.redis_count = count;
+    if (px_redis_argv(e->st->px->redis, sc->stream, 0, NULL, NULL, 9, argv, lens) == PX_OK)
+        e->delivery.redis_count = count;
 }
 
 void px_reader_delivering(px_entry *e)
 {
     if (e->st->conf->group && e->delivery.attempt > e->delivery.redis_count) set_count(e, e->delivery.attempt);
+}
+
+/* The read (or takeover) that brought 'e' counted the delivery it was read
+ * for; it waits instead (busy, its claim failed): not charged (SPEC 5.2).
+ * Another replica that takes it over while it waits (our refreshes lost)
+ * counts from its real deliveries. Once: the count stays set back until the
+ * next delivery. Fire and forget, written with the loop turn's claims. */
+void px_reader_waiting(px_entry *e)
+{
+    if (e->st->conf->group && e->delivery.counts_wait == 0 && e->delivery.attempt < e->delivery.redis_count)
+        set_count(e, e->delivery.attempt);
 }
 
 /* Keep what we track fresh: `XCLAIM ... 0 <ids> JUSTID` resets the idle time

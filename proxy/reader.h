@@ -11,5 +11,6 @@ void px_reader_kick(px_stream *st);
 void px_reader_stop(px_stream *st);
 bool px_reader_live(px_stream *st);     /* connected and reading */
 void px_reader_delivering(px_entry *e); /* a delivery goes out: Redis counts it */
+void px_reader_waiting(px_entry *e);    /* it waits undelivered: Redis' count set back */
 
 #endif

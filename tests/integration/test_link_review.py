@@ -304,8 +304,8 @@ def test_a_lost_reclaim_leaves_the_count_of_held_entries_alone(env):
     many in Redis, for a restart or another replica to charge. Here a worker
     holds every delivery while entries keep coming (the reader's blocking read
     returns at once, so the replay could start inside the command link's
-    reconnect backoff); after the lost reclaim and its replay, every pending
-    entry must still show one delivery."""
+    reconnect backoff); after the lost reclaim and its replay, no pending entry
+    may show more than one delivery."""
     r = env.r
     r.xgroup_create("room", "game-server", id="0", mkstream=True)
     link = SlowLink(env.redis.port, 0, cut_on=b"XAUTOCLAIM", cuts=1)
@@ -326,7 +326,9 @@ def test_a_lost_reclaim_leaves_the_count_of_held_entries_alone(env):
         counts = {e["message_id"]: e["times_delivered"]
                   for e in r.xpending_range("room", "game-server", "-", "+", 10000)}
         assert len(counts) == n
-        assert set(counts.values()) == {1}, sorted(c for c in counts.values() if c != 1)[:5]
+        # 1 for each entry read or delivered once; 0 for one whose claim failed
+        # with the cut and that waits undelivered (its read is not charged)
+        assert set(counts.values()) <= {0, 1}, sorted(c for c in counts.values() if c > 1)[:5]
     finally:
         link.close()
 

@@ -1,0 +1,68 @@
+"""Group mode: Redis' delivery count is idemproxy's real deliveries of an
+entry, across replicas (SPEC 5.2): an entry that waits undelivered is not
+charged a delivery, and a refresh keeps only entries this consumer still owns,
+so an entry another replica took over is never delivered from here again.
+Two replicas on one group; one's command link to Redis drops whenever it
+carries chosen commands (slowlink.SlowLink.refuse), so its refreshes never
+arrive and the other takes its entries over."""
+import time
+
+import pytest
+
+from pxtest import Proxy, pb, pending, publish, wait_for
+from slowlink import SlowLink
+
+STREAM = {"stream": "room", "payload_field": "payload", "key": "#event.eventId",
+          "layout": "single", "group": "game-server", "dead_letter": "dlq"}
+
+
+def replica(env, name, url, consumer, **stream):
+    p = Proxy(env.tmp, name, url, env.endpoint(), [dict(STREAM, consumer=consumer, **stream)],
+              timeout_ms=200)
+    env.proxies.append(p)
+    return p.start()
+
+
+def owner(r, eid):
+    """(consumer, delivery count) of a pending entry, or None."""
+    for e in r.xpending_range("room", "game-server", eid, eid, 1):
+        return e["consumer"], e["times_delivered"]
+    return None
+
+
+@pytest.mark.parametrize("max_deliveries", [1, 2])
+def test_an_entry_parked_undelivered_is_not_charged_a_delivery(env, max_deliveries):
+    """A foreign lock holds E's key for 2.5 s; replica A reads E, finds it
+    busy and parks it. Then for 8 s A's command link drops whenever it
+    carries XCLAIM, SET or a script, so its refreshes never arrive, and
+    replica B's XAUTOCLAIM takes E over (Redis counts one more). No worker
+    has seen E: B's first delivery must be attempt 1. Before, A's read was
+    charged as a delivery: with max_deliveries 1 E was dead-lettered without
+    any worker seeing it, with 2 its first delivery was attempt 2. A parked
+    entry now has its count set back to its deliveries (0) when it first
+    parks. (A's claim_idle_ms is longer than B's only so that A's own
+    XAUTOCLAIM, which may take back an entry it tracks, cannot race B's.)"""
+    r = env.r
+    r.xgroup_create("room", "game-server", id="0", mkstream=True)
+    r.set("idem:k1", "L:foreign", px=2500)
+    link = SlowLink(env.redis.port, 0)
+    try:
+        a = replica(env, "A", link.url, "a", claim_idle_ms=6000, max_deliveries=max_deliveries)
+        wa = env.worker(a.endpoint)
+        (eid,) = publish(r, "room", [{"eventId": "k1"}])
+        wait_for(lambda: "busy: looking again" in a.log_text(), what="A parked E")
+        time.sleep(0.3)                                   # what A sends as it parks arrives
+        link.refuse([b"XCLAIM", b"SET", b"EVAL"], 8.0)
+        b = replica(env, "B", env.redis.url, "b", claim_idle_ms=600, max_deliveries=max_deliveries)
+        wb = env.worker(b.endpoint)
+        wait_for(lambda: len(wa.got) + len(wb.got) + r.xlen("dlq") >= 1, timeout=20,
+                 what="E delivered or dead-lettered")
+        assert r.xlen("dlq") == 0, [f["idemproxy-reason"] for _, f in r.xrange("dlq")]
+        assert [(d.key, d.attempt) for d in wa.got + wb.got] == [("k1", 1)]
+        assert link.refusing >= 1
+        wait_for(lambda: pending(r, "room", "game-server") == 0, timeout=20, what="E acked")
+        time.sleep(0.5)
+        assert [(d.key, d.attempt) for d in wa.got + wb.got] == [("k1", 1)]
+    finally:
+        link.close()
+

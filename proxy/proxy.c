@@ -66,8 +66,14 @@ static void wait_out_end(px_entry *e)
     e->st->px->waiting_out--;
 }
 
+static void drop_taken(px_entry *e);
+
 static void to_claim(px_entry *e)
 {
+    if (e->delivery.taken) { /* another consumer has it now (px_proxy_taken_over) */
+        drop_taken(e);
+        return;
+    }
     wait_out_end(e);
     if (e->park.claim_since == 0) e->park.claim_since = ev_now(e->st->px->loop);
     px_entry_to(e, PX_E_CLAIM);
@@ -294,6 +300,10 @@ void px_proxy_claimed(px_entry *e)
 {
     px_stream_conf *sc = e->st->conf;
     e->park.wait_until_ms = 0;
+    if (e->delivery.taken) { /* taken over while its claim was out */
+        drop_taken(e);
+        return;
+    }
     if ((long long)e->delivery.attempt >= sc->max_deliveries) {
         /* Delivered that often already (Redis' delivery count, across restarts
          * and consumers): a poison entry. No one delivers it again. */
@@ -436,6 +446,44 @@ void px_proxy_reclaim_unsent(px_entry *e)
     to_claim(e);
 }
 
+/* Its locks given back, it leaves this replica, still pending for the
+ * consumer that took it over. */
+static void drop_taken(px_entry *e)
+{
+    px_claim_release(e);
+    px_entry_finish(e, PX_OUT_NONE);
+}
+
+static void queue_remove(px_queue *q, px_entry *e)
+{
+    px_queue keep = { 0 };
+    px_entry *x;
+    while ((x = px_queue_pop(q)) != NULL)
+        if (x != e) px_queue_push(&keep, x);
+    *q = keep;
+}
+
+/* Another consumer of the group took 'e' over (our refreshes were lost long
+ * enough for its XAUTOCLAIM; reader.c saw it in that consumer's pending
+ * list): it is never delivered from here again (SPEC 5.2). Waiting (parked,
+ * for lock_key, in backoff, for a worker's window): dropped now, its locks
+ * given back. Being claimed: dropped when the claim is decided (to_claim,
+ * px_proxy_claimed). With a worker: the answer still counts (an ACK's done
+ * mark, a DROP's or the last attempt's dead letter, each then XACKed: an XACK
+ * after the done mark or dead letter finishes the entry for the whole group,
+ * and the new owner finds the key done), but a RETRY or a timeout is left to
+ * the new owner, which counts it. Being finished: as it was. */
+void px_proxy_taken_over(px_entry *e)
+{
+    if (e->delivery.taken) return;
+    e->delivery.taken = true;
+    px_log_entry(PX_LOG_INFO, e, "taken over by another consumer; not delivered from here");
+    if (e->state == PX_E_SEND) queue_remove(&e->st->px->send_q, e);
+    if (e->state == PX_E_SEND || e->state == PX_E_PARKED || e->state == PX_E_LOCKWAIT ||
+        e->state == PX_E_BACKOFF)
+        drop_taken(e);
+}
+
 /* --- answers from workers (from deliver.c) -------------------------------------------- */
 
 static void backoff_cb(struct ev_loop *loop, ev_timer *w, int revents)
@@ -480,7 +528,7 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
     }
     px_claim_release(e);
     wake_followers(e);
-    if (st->px->stopping) {
+    if (st->px->stopping || e->delivery.taken) { /* released, or left to its new owner */
         px_entry_finish(e, PX_OUT_NONE);
         return;
     }
@@ -732,6 +780,7 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
     px->password = px_strdup(password);
     px_hooks_init();
     px_claim_init();
+    px_reader_init();
     if (px_deliver_init(px) != PX_OK || px_metrics_start(px) != PX_OK) {
         px_proxy_destroy(px);
         return NULL;

@@ -173,6 +173,7 @@ void px_proxy_duplicate(px_entry *e, bool after_lock);
 void px_proxy_claim_failed(px_entry *e);
 void px_proxy_already_dead(px_entry *e);
 void px_proxy_reclaim_unsent(px_entry *e);
+void px_proxy_taken_over(px_entry *e);
 void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason);
 void px_proxy_committed(px_entry *e, bool ok);
 void px_proxy_xack_failed(px_entry *e);

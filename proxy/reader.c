@@ -7,7 +7,8 @@
  * same consumer name left unfinished), then read new entries with ">". A timer
  * takes over entries pending longer than claim_idle_ms (XAUTOCLAIM), including
  * our own that we no longer track (a read whose reply was lost); entries still
- * tracked are left alone. Deleted or trimmed pending entries are acked away and
+ * tracked are kept fresh, and one another consumer took over (our refreshes
+ * lost) is never taken back (keep_script). Deleted or trimmed pending entries are acked away and
  * counted. A janitor removes consumers with nothing pending, idle for an hour.
  *
  * Group-less mode: XREAD from 'start' ("$" is resolved to the last id first, so
@@ -25,6 +26,7 @@
 #include "hooks.h"
 #include "log.h"
 #include "reader.h"
+#include "step.h"
 
 #define PX_READER_BLOCK_MS 2000
 #define PX_READER_BATCH    256
@@ -256,46 +258,111 @@ static void counts_go(counts_ask *a)
     }
 }
 
-/* Group mode: Redis' delivery count of an entry is idemproxy's deliveries of
- * it (SPEC 5.2). XREADGROUP counts one as it hands an entry out (the delivery
- * it is read for), and so do a history read and XAUTOCLAIM; keeping tracked
- * entries fresh counts nothing (JUSTID). A redelivery by this process sets the
- * count, and so does a read that returned an entry we already track, and an
- * entry that waits undelivered (px_reader_waiting): 0 when never delivered.
- * Not sent (the link is down): redis_count stays, so it is sent again. */
+/* --- what this consumer owns -------------------------------------------------
+ * Group mode: entries we track are kept fresh (their idle time reset) well
+ * inside claim_idle_ms, so no XAUTOCLAIM, ours or another replica's, takes
+ * over one we still work on; and Redis' delivery count of an entry is
+ * idemproxy's deliveries of it (SPEC 5.2). Both are written by one script
+ * that keeps only what this consumer still owns: for each id, XPENDING says
+ * who holds it; ours are claimed again with min-idle 0 and JUSTID (no
+ * delivery counted), with RETRYCOUNT when ARGV[3] is a count; an id another
+ * consumer holds (it took it over while our refreshes were lost) is returned
+ * and left alone: a plain XCLAIM would take it back, and both replicas would
+ * deliver it. An id pending nowhere (acked) is left alone, as XCLAIM would.
+ * KEYS[1] the stream; ARGV: group, consumer, count or "", ids. */
+static px_script keep_script = {
+    "local a, taken = { KEYS[1], ARGV[1], ARGV[2], '0' }, {} "
+    "for i = 4, #ARGV do "
+    "local p = redis.call('xpending', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1) "
+    "if p[1] == nil or p[1][2] == ARGV[2] then a[#a + 1] = ARGV[i] "
+    "else taken[#taken + 1] = ARGV[i] end end "
+    "if #a > 4 then "
+    "if ARGV[3] ~= '' then a[#a + 1] = 'RETRYCOUNT' a[#a + 1] = ARGV[3] end "
+    "a[#a + 1] = 'JUSTID' redis.call('xclaim', unpack(a)) end "
+    "return taken",
+    ""
+};
+
+void px_reader_init(void)
+{
+    px_script_init(&keep_script);
+}
+
+/* The ids of 'reply' (the script's) another consumer holds: not ours. */
+static void taken_over(px_stream *st, redisReply *reply)
+{
+    for (size_t i = 0; reply && reply->type == REDIS_REPLY_ARRAY && i < reply->elements; i++) {
+        if (reply->element[i]->type != REDIS_REPLY_STRING) continue;
+        px_entry *e = px_proxy_find(st, reply->element[i]->str);
+        if (e) px_proxy_taken_over(e);
+    }
+}
+
+typedef struct count_set {
+    px_entry *e; /* held (px_step_io_hold) until the reply */
+    uint32_t count;
+} count_set;
+
+static void count_set_reply_cb(px_redis *r, redisReply *reply, void *priv)
+{
+    (void)r;
+    count_set c = *(count_set *)priv;
+    free(priv);
+    if (!px_step_io_done(c.e)) return;
+    /* Lost or refused: Redis' count is not known; the next wait or
+     * delivery sends it again. */
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY) c.e->delivery.count_unsure = true;
+    else taken_over(c.e->st, reply);
+}
+
+/* XREADGROUP counts a delivery as it hands an entry out (the delivery it is
+ * read for), and so do a history read and XAUTOCLAIM. A delivery by this
+ * process sets the count, and so do a read that returned an entry we already
+ * track and an entry that waits undelivered (px_reader_waiting): 0 when
+ * never delivered. */
 static void set_count(px_entry *e, uint32_t count)
 {
     px_stream_conf *sc = e->st->conf;
-    char c[16];
-    snprintf(c, sizeof(c), "%u", count);
-    const char *argv[] = { "XCLAIM", sc->stream, sc->group, sc->consumer, "0", e->id,
-                           "RETRYCOUNT", c, "JUSTID" };
-    size_t lens[9];
-    for (int i = 0; i < 9; i++) lens[i] = strlen(argv[i]);
-    if (px_redis_argv(e->st->px->redis, sc->stream, 0, NULL, NULL, 9, argv, lens) == PX_OK)
-        e->delivery.redis_count = count;
+    char n[16];
+    snprintf(n, sizeof(n), "%u", count);
+    const char *argv[] = { sc->stream, sc->group, sc->consumer, n, e->id };
+    size_t lens[5];
+    for (int i = 0; i < 5; i++) lens[i] = strlen(argv[i]);
+    count_set *c = px_malloc(sizeof(*c));
+    *c = (count_set){ e, count };
+    px_step_io_hold(e);
+    e->delivery.redis_count = count;
+    e->delivery.count_unsure = false;
+    if (px_redis_script(e->st->px->redis, &keep_script, count_set_reply_cb, c, 1, 5, argv, lens) != PX_OK)
+        count_set_reply_cb(e->st->px->redis, NULL, c); /* not sent: as lost */
 }
 
 void px_reader_delivering(px_entry *e)
 {
-    if (e->st->conf->group && e->delivery.attempt > e->delivery.redis_count) set_count(e, e->delivery.attempt);
-}
-
-/* The read (or takeover) that brought 'e' counted the delivery it was read
- * for; it waits instead (busy, its claim failed): not charged (SPEC 5.2).
- * Another replica that takes it over while it waits (our refreshes lost)
- * counts from its real deliveries. Once: the count stays set back until the
- * next delivery. Fire and forget, written with the loop turn's claims. */
-void px_reader_waiting(px_entry *e)
-{
-    if (e->st->conf->group && e->delivery.counts_wait == 0 && e->delivery.attempt < e->delivery.redis_count)
+    if (e->st->conf->group && (e->delivery.attempt > e->delivery.redis_count || e->delivery.count_unsure))
         set_count(e, e->delivery.attempt);
 }
 
-/* Keep what we track fresh: `XCLAIM ... 0 <ids> JUSTID` resets the idle time
- * of our own pending entries without counting a delivery, every third of
- * claim_idle_ms, so no XAUTOCLAIM (ours or another replica's) takes over an
- * entry this consumer is still working on. */
+/* The read (or takeover) that brought 'e' counted the delivery it was read
+ * for; it waits instead (busy, its claim failed): not charged (SPEC 5.2), so
+ * another replica that takes it over while it waits (our refreshes lost)
+ * counts its real deliveries. Sent when it first waits, or again when that
+ * was lost, written with the loop turn's claims. */
+void px_reader_waiting(px_entry *e)
+{
+    if (e->st->conf->group && e->delivery.counts_wait == 0 &&
+        (e->delivery.attempt < e->delivery.redis_count || e->delivery.count_unsure))
+        set_count(e, e->delivery.attempt);
+}
+
+static void refresh_reply_cb(px_redis *r, redisReply *reply, void *priv)
+{
+    (void)r;
+    taken_over(priv, reply);
+}
+
+/* Every third of claim_idle_ms, every entry we track, PX_REFRESH_BATCH ids a
+ * script (EVAL: more arguments than px_redis_script takes). */
 #define PX_REFRESH_BATCH 512
 
 static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
@@ -307,23 +374,23 @@ static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
     /* On a cluster, the stream's master being up is enough: a failover of
      * another master must not let another replica take over what we hold. */
     if (st->head == NULL || !px_redis_key_up(st->px->redis, sc->stream, strlen(sc->stream))) return;
-    const char *argv[5 + PX_REFRESH_BATCH + 1];
-    size_t lens[5 + PX_REFRESH_BATCH + 1];
-    argv[0] = "XCLAIM";
-    argv[1] = sc->stream;
-    argv[2] = sc->group;
-    argv[3] = sc->consumer;
-    argv[4] = "0";
-    for (int i = 0; i < 5; i++) lens[i] = strlen(argv[i]);
-    int n = 5;
+    const char *argv[7 + PX_REFRESH_BATCH];
+    size_t lens[7 + PX_REFRESH_BATCH];
+    argv[0] = "EVAL";
+    argv[1] = keep_script.body;
+    argv[2] = "1";
+    argv[3] = sc->stream;
+    argv[4] = sc->group;
+    argv[5] = sc->consumer;
+    argv[6] = "";
+    for (int i = 0; i < 7; i++) lens[i] = strlen(argv[i]);
+    int n = 7;
     for (px_entry *e = st->head; e; e = e->next) {
         argv[n] = e->id;
         lens[n++] = strlen(e->id);
-        if (n == 5 + PX_REFRESH_BATCH || e->next == NULL) {
-            argv[n] = "JUSTID";
-            lens[n++] = 6;
-            px_redis_argv(st->px->redis, sc->stream, 0, NULL, NULL, n, argv, lens);
-            n = 5;
+        if (n == 7 + PX_REFRESH_BATCH || e->next == NULL) {
+            px_redis_argv(st->px->redis, sc->stream, 0, refresh_reply_cb, st, n, argv, lens);
+            n = 7;
         }
     }
 }
@@ -362,7 +429,8 @@ static size_t take_entries(px_stream *st, redisReply *entries, bool fresh, bool 
                 known->delivery.counts_wait = counts->seq;
                 continue;
             }
-            if (known) { /* still ours: that read counted no delivery, undo it */
+            if (known) { /* ours again: that read counted no delivery, undo it */
+                known->delivery.taken = false;
                 set_count(known, known->delivery.redis_count);
                 continue;
             }

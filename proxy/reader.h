@@ -6,6 +6,7 @@
 
 #include "proxy.h"
 
+void px_reader_init(void); /* once, before any link: the script it loads */
 void px_reader_start(px_stream *st);
 void px_reader_kick(px_stream *st);
 void px_reader_stop(px_stream *st);

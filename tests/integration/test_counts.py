@@ -66,3 +66,45 @@ def test_an_entry_parked_undelivered_is_not_charged_a_delivery(env, max_deliveri
     finally:
         link.close()
 
+
+def test_an_entry_taken_over_is_never_redelivered_from_here(env):
+    """Replica A delivers E; its worker takes 2.5 s and answers RETRY. For
+    1.6 s A's command link drops whenever it carries XCLAIM or a script, so
+    its refreshes never arrive, and replica B's XAUTOCLAIM takes E over (B
+    parks it behind A's lock). Before, A never noticed: its next refresh
+    (XCLAIM min-idle 0) took E back, and both redelivered it, each counting
+    on its own: 4 deliveries with max_deliveries 3, attempt 2 sent twice.
+    A refresh now keeps only the entries this consumer still owns; E, taken
+    over, is not redelivered from here once its worker answers RETRY, and B
+    delivers it from its own count (SPEC 5.2)."""
+    r = env.r
+    r.xgroup_create("room", "game-server", id="0", mkstream=True)
+    link = SlowLink(env.redis.port, 0)
+    first = []
+
+    def slow_first(d):
+        if not first:
+            first.append(d.attempt)
+            time.sleep(2.5)
+        return pb.Ack.RETRY, "not yet"
+
+    conf = dict(claim_idle_ms=600, max_deliveries=3, retry_backoff_ms=1500)
+    try:
+        a = replica(env, "A", link.url, "a", **conf)
+        wa = env.worker(a.endpoint, behave=slow_first)
+        publish(r, "room", [{"eventId": "k1"}])
+        wait_for(lambda: len(wa.got) == 1, what="A delivered E")
+        link.refuse([b"XCLAIM", b"EVAL"], 1.6)
+        b = replica(env, "B", env.redis.url, "b", **conf)
+        wb = env.worker(b.endpoint, behave=lambda d: (pb.Ack.RETRY, "not yet"))
+        wait_for(lambda: r.xlen("dlq") == 1, timeout=30, what="E dead-lettered")
+        wait_for(lambda: pending(r, "room", "game-server") == 0, timeout=20, what="E acked")
+        time.sleep(2.0)                                   # any delivery still to come
+        attempts = sorted(d.attempt for d in wa.got + wb.got)
+        assert link.refusing >= 1
+        assert wb.got, "B never took E over: the scenario did not happen"
+        assert len(attempts) == len(set(attempts)), f"an attempt sent twice: {attempts}"
+        assert len(attempts) <= 3, attempts
+        assert r.xlen("dlq") == 1
+    finally:
+        link.close()

@@ -121,7 +121,7 @@ struct px_entry {
         uint32_t counts_wait; /* claimed only once this batch's delivery counts are in */
         uint32_t rereads;     /* history reads of it while its counts were out (reader.c) */
         bool count_unsure;    /* the last count set was lost: Redis' count not known (reader.c) */
-        bool taken;           /* another consumer took it over: never delivered from here (reader.c) */
+        bool taken;           /* another consumer owns it (px_proxy_taken_over): never delivered from here */
         uint32_t req_id;      /* SP request id of the current delivery */
         uint64_t deadline_ms; /* ack deadline of the current delivery */
         double sent_at;       /* loop time the current delivery went out (ack_latency) */

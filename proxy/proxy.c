@@ -843,7 +843,7 @@ void px_proxy_destroy(px_proxy *px)
     px->stopping = true; /* finishing entries below wakes and queues nothing */
     for (size_t s = 0; s < px->nstreams; s++) {
         px_stream *st = &px->streams[s];
-        if (st->link) px_reader_stop(st);
+        px_reader_stop(st);
         ev_timer_stop(px->loop, &st->lease);
         while (st->head) {
             px_entry *e = st->head;
@@ -859,6 +859,7 @@ void px_proxy_destroy(px_proxy *px)
     ev_timer_stop(px->loop, &px->grace);
     px_metrics_stop(px);
     px_redis_destroy(px->redis);
+    for (size_t s = 0; s < px->nstreams; s++) px_reader_free(&px->streams[s]);
     px_deliver_deinit(px);
     free(px->streams);
     free(px->password);

@@ -34,6 +34,7 @@
 typedef struct px_proxy px_proxy;
 typedef struct px_deliver px_deliver; /* deliver.c's state */
 typedef struct px_metrics px_metrics; /* metrics.c's state */
+typedef struct px_reader px_reader;   /* reader.c's state of one stream */
 
 /* A singly linked FIFO of entries through 'qnext'. */
 typedef struct px_queue {
@@ -92,30 +93,12 @@ struct px_stream {
     px_proxy *px;         /* (ref) */
     px_stream_conf *conf; /* (ref) */
     size_t index;
-    char lease_s[24];                  /* lease_ms as text, for commands */
-    char ttl_s[24];                    /* done_ttl_ms as text */
-    px_redis *link;                    /* the stream's own link for blocking reads */
-    int rstate;                        /* reader state (reader.c) */
-    size_t page_count;                 /* COUNT of the next read, adapted to the bytes of the last */
-    bool reading;                      /* a read is in flight */
-    unsigned lost_reads;               /* group: reads lost since the last whole history replay */
-    unsigned lost_reclaims;            /* group: reclaims lost since then (reader.c) */
-    bool replay_due;                   /* group: a reclaim was lost: replay the history next (reader.c) */
-    bool reclaiming;                   /* group: an XAUTOCLAIM is out (one at a time, reader.c) */
-    bool reading_history;              /* the read in flight is a history read */
-    unsigned history_lost;             /* history reads whose reply was lost, ever (reader.c) */
-    struct counts_ask *counts_waiting; /* reader.c: XPENDING asks on their retry timer */
-    char last_id[64];                  /* group-less: last id read; group: history cursor */
-    ev_timer autoclaim;                /* group mode: periodic XAUTOCLAIM */
-    ev_timer refresh;                  /* group mode: tracked entries kept fresh (JUSTID) */
-    char autoclaim_cursor[64];
+    char lease_s[24];    /* lease_ms as text, for commands */
+    char ttl_s[24];      /* done_ttl_ms as text */
+    px_reader *reader;   /* reader.c: its link, state, page and cursors (opaque) */
     ev_timer lease;      /* ticks PX_LEASE_TICKS times per lease_every */
     double lease_every;  /* seconds between two extensions of one lease: lease_ms / 3 */
     size_t lease_budget; /* entries extended at most per tick (bounds the bursts) */
-    ev_timer janitor;    /* group mode: idle consumer removal */
-    ev_timer pause;      /* a short wait after an error reply, then read again */
-    ev_timer linger;     /* linger_ms after a short live page, then read again */
-    size_t asked;        /* COUNT of the read in flight */
     px_entry *head;      /* tracked entries of this stream */
     size_t tracked;
 #define PX_COUNTER_FIELD(n, family, label, value, help) unsigned long long n;

@@ -46,35 +46,129 @@
  * with a hook (hooks.h) instead of waiting an hour. */
 static long long idle_consumer_ms = PX_IDLE_CONSUMER_MS;
 
-enum { R_DOWN = 0,
-       R_CREATE,
-       R_HISTORY,
-       R_LIVE,
-       R_STOPPED };
+/* --- the reader's states ------------------------------------------------------
+ * One reader per stream block. Every change of its state goes through
+ * reader_to, which checks it against this table (debug and sanitizer builds,
+ * PX_ASSERT). It starts DOWN (px_reader_start).
+ *
+ *   from      to        event                                          who
+ *   DOWN      CREATE    link up: group mode (the group may be gone, our
+ *                       history may hold entries whose replies were
+ *                       lost), or group-less before its first read      link_state_cb
+ *   DOWN      LIVE      link up, group-less: on from its last id         link_state_cb
+ *   CREATE    HISTORY   group: XGROUP CREATE answered (BUSYGROUP too):
+ *                       replay our pending entries from "0"              create_reply_cb
+ *   CREATE    LIVE      group-less: its start found ("$": XREVRANGE)     create_reply_cb, read_next
+ *   HISTORY   LIVE      a history page came back empty: read ">"         read_reply_cb
+ *   HISTORY   CREATE    group: a read lost while the link stays up (a
+ *                       cluster), or NOGROUP: start over                 read_reply_cb
+ *   LIVE      CREATE    the same                                         read_reply_cb
+ *   LIVE      HISTORY   a reclaim was lost (replay_due) and the command
+ *                       link is up: replay what it took                  read_next
+ *   any       DOWN      link down                                        link_state_cb
+ *   any       STOPPED   SIGTERM or exit                                  px_reader_stop
+ *
+ * Entering HISTORY starts a replay from "0" (and it is the replay a lost
+ * reclaim asked for); HISTORY -> LIVE is a whole replay: the reads and
+ * reclaims lost before it are forgotten, unless a reclaim was lost during it.
+ * Beside the state: one read at a time ('reading', 'reading_history' when it
+ * is a history read), one XAUTOCLAIM at a time ('reclaiming', LIVE only, and
+ * none while a replay is due), and the XPENDING asks of replayed and
+ * reclaimed batches (counts_ask). */
+typedef enum { R_DOWN = 0,
+               R_CREATE,
+               R_HISTORY,
+               R_LIVE,
+               R_STOPPED } r_state;
+
+struct px_reader {
+    px_redis *link;                    /* the stream's own link, for blocking reads */
+    r_state state;                     /* changed only by reader_to */
+    size_t page_count;                 /* COUNT of the next read, adapted to the bytes of the last */
+    size_t asked;                      /* COUNT of the read in flight */
+    bool reading;                      /* a read (or XGROUP CREATE, XREVRANGE) is in flight */
+    bool reading_history;              /* the last read sent is a history read */
+    bool reclaiming;                   /* group: an XAUTOCLAIM is out (one at a time) */
+    bool replay_due;                   /* group: a reclaim was lost: replay the history next */
+    unsigned lost_reads;               /* group: reads lost since the last whole history replay */
+    unsigned lost_reclaims;            /* group: reclaims lost since then */
+    unsigned history_lost;             /* history reads whose reply was lost, ever */
+    struct counts_ask *counts_waiting; /* XPENDING asks on their retry timer */
+    char last_id[64];                  /* group-less: last id read; group: history cursor */
+    char autoclaim_cursor[64];         /* group: where the next XAUTOCLAIM starts */
+    ev_timer autoclaim;                /* group: periodic XAUTOCLAIM */
+    ev_timer refresh;                  /* group: tracked entries kept fresh (keep_script) */
+    ev_timer janitor;                  /* group: idle consumer removal */
+    ev_timer pause;                    /* a short wait after an error reply, then read again */
+    ev_timer linger;                   /* linger_ms after a short live page, then read again */
+};
+
+#define T(from, to) [R_##from][R_##to] = true
+static const bool reader_legal[R_STOPPED + 1][R_STOPPED + 1] = {
+    T(DOWN, CREATE),
+    T(DOWN, LIVE),
+    T(CREATE, HISTORY),
+    T(CREATE, LIVE),
+    T(HISTORY, LIVE),
+    T(HISTORY, CREATE),
+    T(LIVE, CREATE),
+    T(LIVE, HISTORY),
+    T(DOWN, DOWN),
+    T(CREATE, DOWN),
+    T(HISTORY, DOWN),
+    T(LIVE, DOWN),
+    T(DOWN, STOPPED),
+    T(CREATE, STOPPED),
+    T(HISTORY, STOPPED),
+    T(LIVE, STOPPED),
+    T(STOPPED, STOPPED),
+};
+#undef T
+
+/* Every change of the reader's state (the table above). */
+static void reader_to(px_stream *st, r_state next)
+{
+    px_reader *rd = st->reader;
+    PX_ASSERT(reader_legal[rd->state][next]);
+    (void)reader_legal;
+    if (next == R_HISTORY) { /* a replay from the start, with nothing in flight */
+        PX_ASSERT(st->conf->group && !rd->reading);
+        strcpy(rd->last_id, "0");
+        rd->replay_due = false; /* this replay brings back what a lost reclaim took */
+    } else if (rd->state == R_HISTORY && next == R_LIVE) {
+        /* Whatever the lost reads and reclaims took has been replayed, unless a
+         * reclaim was lost meanwhile: then read_next replays once more, with
+         * the count. */
+        if (!rd->replay_due) rd->lost_reads = rd->lost_reclaims = 0;
+    }
+    rd->state = next;
+}
 
 static void read_next(px_stream *st);
 
 static size_t batch_size(px_stream *st)
 {
+    px_reader *rd = st->reader;
     size_t room = px_proxy_room(st->px);
-    return room < st->page_count ? room : st->page_count;
+    return room < rd->page_count ? room : rd->page_count;
 }
 
 /* A page of 'n' entries with 'bytes' of fields came back: the next COUNT. */
 static void page_seen(px_stream *st, size_t n, size_t bytes)
 {
-    size_t c = st->page_count;
+    px_reader *rd = st->reader;
+    size_t c = rd->page_count;
     if (bytes > PX_PAGE_BYTES) {
         size_t fit = (size_t)((double)n * PX_PAGE_BYTES / (double)bytes);
         c = fit < c / 2 ? fit : c / 2;
         if (c == 0) c = 1;
-        if (c < st->page_count)
+        if (c < rd->page_count)
             px_log_debug("stream %s: a page of %zu entries held %zu bytes; reading %zu at a time",
                          st->conf->stream, n, bytes, c);
     } else if (n >= c && bytes <= PX_PAGE_BYTES / 2 && c < PX_READER_BATCH) {
         c = 2 * c < PX_READER_BATCH ? 2 * c : PX_READER_BATCH;
     }
-    st->page_count = c;
+    rd->page_count = c;
 }
 
 /* Stream id a after b ("ms-seq"; "0" is before every entry). */
@@ -93,13 +187,14 @@ static bool id_after(const char *a, const char *b)
  * again as it was. */
 static void page_lost(px_stream *st, bool reclaim)
 {
+    px_reader *rd = st->reader;
     const char *what = reclaim ? "reclaim" : "read";
-    if (st->conf->group && reclaim) st->lost_reclaims++;
-    else if (st->conf->group) st->lost_reads++;
-    if (st->page_count > 1) {
-        st->page_count /= 2;
+    if (st->conf->group && reclaim) rd->lost_reclaims++;
+    else if (st->conf->group) rd->lost_reads++;
+    if (rd->page_count > 1) {
+        rd->page_count /= 2;
         px_log_debug("stream %s: a %s was lost; reading %zu at a time", st->conf->stream, what,
-                     st->page_count);
+                     rd->page_count);
     }
 }
 
@@ -116,31 +211,31 @@ typedef struct counts_ask {
     px_stream *st;
     uint32_t seq; /* the batch: its entries' counts_wait */
     size_t n;
-    uint32_t reads_lost;     /* history: px_stream.lost_reads when it was made */
-    uint32_t reclaims_lost;  /* history: px_stream.lost_reclaims then */
+    uint32_t reads_lost;     /* history: px_reader.lost_reads when it was made */
+    uint32_t reclaims_lost;  /* history: px_reader.lost_reclaims then */
     bool reclaim_out;        /* history: a reclaim was out then */
-    unsigned history_lost;   /* px_stream.history_lost when it was made */
+    unsigned history_lost;   /* px_reader.history_lost when it was made */
     ev_timer delay;          /* the test hook, or a retry */
-    struct counts_ask *next; /* in st->counts_waiting while 'delay' runs */
+    struct counts_ask *next; /* in rd->counts_waiting while 'delay' runs */
     char first[64], last[64];
 } counts_ask;
 
 static void counts_delay_cb(struct ev_loop *loop, ev_timer *w, int revents);
 
-/* An ask waits on its timer in st->counts_waiting, so that a stop that ends
+/* An ask waits on its timer in rd->counts_waiting, so that a stop that ends
  * the loop before the timer fires still answers and frees it. */
 static void counts_later(counts_ask *a, double after)
 {
     ev_timer_init(&a->delay, counts_delay_cb, after, 0.);
     a->delay.data = a;
     ev_timer_start(a->st->px->loop, &a->delay);
-    a->next = a->st->counts_waiting;
-    a->st->counts_waiting = a;
+    a->next = a->st->reader->counts_waiting;
+    a->st->reader->counts_waiting = a;
 }
 
 static void counts_unwait(counts_ask *a)
 {
-    for (counts_ask **p = &a->st->counts_waiting; *p; p = &(*p)->next)
+    for (counts_ask **p = &a->st->reader->counts_waiting; *p; p = &(*p)->next)
         if (*p == a) {
             *p = a->next;
             break;
@@ -155,6 +250,7 @@ static void counts_reply_cb(px_redis *r, redisReply *reply, void *priv)
     (void)r;
     counts_ask *a = priv;
     px_stream *st = a->st;
+    px_reader *rd = st->reader;
     if (reply == NULL && !st->px->stopping) {
         /* Not sent (the command link is not up yet: a restart's history
          * read can come first) or lost: asked again shortly, and the batch's
@@ -185,8 +281,8 @@ static void counts_reply_cb(px_redis *r, redisReply *reply, void *priv)
             .reclaims_lost = a->reclaims_lost,
             .reclaim_out = a->reclaim_out,
             .rereads = e->delivery.rereads,
-            .history_lost = st->history_lost - a->history_lost,
-            .history_out_past = st->reading && st->reading_history && id_after(e->id, st->last_id),
+            .history_lost = rd->history_lost - a->history_lost,
+            .history_out_past = rd->reading && rd->reading_history && id_after(e->id, rd->last_id),
         };
         px_attempt at = px_decide_attempt(&v);
         e->delivery.rereads = 0;
@@ -232,16 +328,17 @@ static void counts_delay_cb(struct ev_loop *loop, ev_timer *w, int revents)
 static counts_ask *counts_new(px_stream *st, const char *first, const char *last, size_t n,
                               bool history)
 {
+    px_reader *rd = st->reader;
     static uint32_t seq;
     counts_ask *a = px_calloc(1, sizeof(*a));
     a->st = st;
     a->n = n;
     if (history) { /* reads and reclaims that may have counted a delivery of its entries */
-        a->reads_lost = st->lost_reads;
-        a->reclaims_lost = st->lost_reclaims;
-        a->reclaim_out = st->reclaiming;
+        a->reads_lost = rd->lost_reads;
+        a->reclaims_lost = rd->lost_reclaims;
+        a->reclaim_out = rd->reclaiming;
     }
-    a->history_lost = st->history_lost;
+    a->history_lost = rd->history_lost;
     if (++seq == 0) seq = 1;
     a->seq = seq; /* claims wait for the counts, on one server too (see counts_reply_cb) */
     snprintf(a->first, sizeof(a->first), "%s", first);
@@ -403,6 +500,7 @@ static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
 static size_t take_entries(px_stream *st, redisReply *entries, bool fresh, bool history,
                            char *cursor, size_t *bytes)
 {
+    px_reader *rd = st->reader;
     if (entries == NULL || entries->type != REDIS_REPLY_ARRAY) return 0;
     counts_ask *counts = NULL;
     if (!fresh && st->conf->group && entries->elements > 0 &&
@@ -417,7 +515,7 @@ static size_t take_entries(px_stream *st, redisReply *entries, bool fresh, bool 
         if (en->type != REDIS_REPLY_ARRAY || en->elements < 2 ||
             en->element[0]->type != REDIS_REPLY_STRING) continue;
         const char *id = en->element[0]->str;
-        if (cursor) snprintf(cursor, sizeof(st->last_id), "%s", id);
+        if (cursor) snprintf(cursor, sizeof(rd->last_id), "%s", id);
         if (!fresh) {
             px_entry *known = px_proxy_find(st, id);
             if (known && known->delivery.counts_wait && counts) {
@@ -451,23 +549,24 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
     px_stream *st = priv;
-    st->reading = false;
-    if (st->rstate == R_STOPPED) return;
+    px_reader *rd = st->reader;
+    rd->reading = false;
+    if (rd->state == R_STOPPED) return;
     if (reply == NULL) {
-        if (st->reading_history) st->history_lost++;
+        if (rd->reading_history) rd->history_lost++;
         page_lost(st, false);
         /* Link down: the state callback restarts us. A cluster may stay up
          * while one command is lost (its node failed over): pause, then again,
          * from the history in group mode (what the lost read took is there). */
-        if (px_redis_is_up(st->link)) {
-            if (st->conf->group) st->rstate = R_CREATE;
-            ev_timer_start(st->px->loop, &st->pause);
+        if (px_redis_is_up(rd->link)) {
+            if (st->conf->group) reader_to(st, R_CREATE);
+            ev_timer_start(st->px->loop, &rd->pause);
         }
         return;
     }
     if (reply->type == REDIS_REPLY_ERROR) {
-        if (strncmp(reply->str, "NOGROUP", 7) == 0) st->rstate = R_CREATE; /* group or key gone */
-        ev_timer_start(st->px->loop, &st->pause);                          /* a brief pause, then again */
+        if (strncmp(reply->str, "NOGROUP", 7) == 0) reader_to(st, R_CREATE); /* group or key gone */
+        ev_timer_start(st->px->loop, &rd->pause);                            /* a brief pause, then again */
         return;
     }
     size_t got = 0, bytes = 0;
@@ -475,26 +574,23 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
         for (size_t i = 0; i < reply->elements; i++) {
             redisReply *sr = reply->element[i];
             if (sr->type == REDIS_REPLY_ARRAY && sr->elements == 2)
-                got += take_entries(st, sr->element[1], st->rstate == R_LIVE,
-                                    st->rstate == R_HISTORY,
-                                    st->conf->group == NULL || st->rstate == R_HISTORY ? st->last_id : NULL,
+                got += take_entries(st, sr->element[1], rd->state == R_LIVE,
+                                    rd->state == R_HISTORY,
+                                    st->conf->group == NULL || rd->state == R_HISTORY ? rd->last_id : NULL,
                                     &bytes);
         }
         page_seen(st, got, bytes);
     }
-    if (st->rstate == R_HISTORY && got == 0) {
-        st->rstate = R_LIVE;
-        /* Whatever they took has been replayed, unless a reclaim was lost
-         * meanwhile: then read_next replays once more, with the count. */
-        if (!st->replay_due) st->lost_reads = st->lost_reclaims = 0;
+    if (rd->state == R_HISTORY && got == 0) {
+        reader_to(st, R_LIVE); /* a whole replay */
         px_log_info("stream %s: reading new entries as %s/%s", st->conf->stream, st->conf->group,
                     st->conf->consumer);
     }
     /* linger_ms (off by default): after a live page shorter than asked, let
      * more entries arrive so they are read, claimed and committed together. */
-    if (st->rstate == R_LIVE && got > 0 && got < st->asked && st->conf->linger_ms > 0) {
-        ev_timer_set(&st->linger, (double)st->conf->linger_ms / 1000.0, 0.);
-        ev_timer_start(st->px->loop, &st->linger);
+    if (rd->state == R_LIVE && got > 0 && got < rd->asked && st->conf->linger_ms > 0) {
+        ev_timer_set(&rd->linger, (double)st->conf->linger_ms / 1000.0, 0.);
+        ev_timer_start(st->px->loop, &rd->linger);
         return;
     }
     read_next(st);
@@ -504,25 +600,24 @@ static void create_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
     px_stream *st = priv;
-    st->reading = false;
-    if (st->rstate == R_STOPPED || reply == NULL) return;
+    px_reader *rd = st->reader;
+    rd->reading = false;
+    if (rd->state == R_STOPPED || reply == NULL) return;
     if (st->conf->group) {
         if (reply->type == REDIS_REPLY_ERROR && !px_decide_error_expected(reply->str)) {
             px_log_warn("stream %s: XGROUP CREATE: %s", st->conf->stream, reply->str);
-            ev_timer_start(st->px->loop, &st->pause);
+            ev_timer_start(st->px->loop, &rd->pause);
             return;
         }
-        st->rstate = R_HISTORY;
-        strcpy(st->last_id, "0");
-        st->replay_due = false; /* this replay brings back what a lost reclaim took */
+        reader_to(st, R_HISTORY);
     } else {
         /* XREVRANGE s + - COUNT 1: start after the newest entry ("$"). */
-        strcpy(st->last_id, "0-0");
+        strcpy(rd->last_id, "0-0");
         if (reply->type == REDIS_REPLY_ARRAY && reply->elements > 0 &&
             reply->element[0]->type == REDIS_REPLY_ARRAY &&
             reply->element[0]->elements > 0)
-            snprintf(st->last_id, sizeof(st->last_id), "%s", reply->element[0]->element[0]->str);
-        st->rstate = R_LIVE;
+            snprintf(rd->last_id, sizeof(rd->last_id), "%s", reply->element[0]->element[0]->str);
+        reader_to(st, R_LIVE);
     }
     read_next(st);
 }
@@ -530,74 +625,72 @@ static void create_reply_cb(px_redis *r, redisReply *reply, void *priv)
 /* Issue the next read if the link is up, nothing is in flight and there is room. */
 static void read_next(px_stream *st)
 {
+    px_reader *rd = st->reader;
     px_stream_conf *sc = st->conf;
-    if (st->reading || st->rstate == R_STOPPED || st->rstate == R_DOWN || st->px->stopping ||
-        ev_is_active(&st->linger))
+    if (rd->reading || rd->state == R_STOPPED || rd->state == R_DOWN || st->px->stopping ||
+        ev_is_active(&rd->linger))
         return;
-    if (!px_redis_is_up(st->link)) return;
+    if (!px_redis_is_up(rd->link)) return;
     /* A lost reclaim's entries are in our history: replay it, once the
      * command link is back, which the replay needs to set back the count of
      * the entries it re-reads that we still hold (set_count). */
-    if (st->replay_due && st->rstate == R_LIVE &&
-        px_redis_key_up(st->px->redis, sc->stream, strlen(sc->stream))) {
-        st->replay_due = false;
-        st->rstate = R_HISTORY;
-        strcpy(st->last_id, "0");
-    }
+    if (rd->replay_due && rd->state == R_LIVE &&
+        px_redis_key_up(st->px->redis, sc->stream, strlen(sc->stream)))
+        reader_to(st, R_HISTORY);
     int rc = PX_ERR;
-    st->reading_history = false; /* nothing is in flight here */
-    if (st->rstate == R_CREATE) {
+    rd->reading_history = false; /* nothing is in flight here */
+    if (rd->state == R_CREATE) {
         if (sc->group) {
             const char *argv[] = { "XGROUP", "CREATE", sc->stream, sc->group, sc->start, "MKSTREAM" };
             size_t lens[] = { 6, 6, strlen(sc->stream), strlen(sc->group), strlen(sc->start), 8 };
-            rc = px_redis_argv(st->link, sc->stream, 0, create_reply_cb, st, 6, argv, lens);
+            rc = px_redis_argv(rd->link, sc->stream, 0, create_reply_cb, st, 6, argv, lens);
         } else if (strcmp(sc->start, "$") == 0) {
             const char *argv[] = { "XREVRANGE", sc->stream, "+", "-", "COUNT", "1" };
-            rc = px_redis_strv(st->link, sc->stream, create_reply_cb, st, 6, argv);
+            rc = px_redis_strv(rd->link, sc->stream, create_reply_cb, st, 6, argv);
         } else {
-            snprintf(st->last_id, sizeof(st->last_id), "%s", sc->start);
-            st->rstate = R_LIVE;
+            snprintf(rd->last_id, sizeof(rd->last_id), "%s", sc->start);
+            reader_to(st, R_LIVE);
             read_next(st);
             return;
         }
-        if (rc == PX_OK) st->reading = true;
+        if (rc == PX_OK) rd->reading = true;
         return;
     }
     /* Wait for a useful batch of room (a quarter of one), so a full pipeline
      * is not read a few entries at a time; px_reader_kick resumes us. */
     size_t n = batch_size(st);
-    size_t full = (size_t)st->px->conf->max_inflight < st->page_count
+    size_t full = (size_t)st->px->conf->max_inflight < rd->page_count
                       ? (size_t)st->px->conf->max_inflight
-                      : st->page_count;
+                      : rd->page_count;
     if (n == 0 || (n < (full + 3) / 4 && st->px->tracked > 0)) return;
     char count[24], block[24];
     snprintf(count, sizeof(count), "%zu", n);
     snprintf(block, sizeof(block), "%d", PX_READER_BLOCK_MS);
-    if (sc->group && st->rstate == R_HISTORY) {
+    if (sc->group && rd->state == R_HISTORY) {
         const char *argv[] = { "XREADGROUP", "GROUP", sc->group, sc->consumer, "COUNT", count,
-                               "STREAMS", sc->stream, st->last_id };
+                               "STREAMS", sc->stream, rd->last_id };
         size_t lens[9];
         for (int i = 0; i < 9; i++) lens[i] = strlen(argv[i]);
-        rc = px_redis_argv(st->link, sc->stream, 0, read_reply_cb, st, 9, argv, lens);
-        if (rc == PX_OK) st->reading_history = true;
+        rc = px_redis_argv(rd->link, sc->stream, 0, read_reply_cb, st, 9, argv, lens);
+        if (rc == PX_OK) rd->reading_history = true;
     } else if (sc->group) {
         const char *argv[] = { "XREADGROUP", "GROUP", sc->group, sc->consumer, "COUNT", count,
                                "BLOCK", block, "STREAMS", sc->stream, ">" };
         size_t lens[11];
         for (int i = 0; i < 11; i++) lens[i] = strlen(argv[i]);
-        rc = px_redis_argv(st->link, sc->stream, PX_READER_BLOCK_MS, read_reply_cb, st, 11, argv,
+        rc = px_redis_argv(rd->link, sc->stream, PX_READER_BLOCK_MS, read_reply_cb, st, 11, argv,
                            lens);
     } else {
         const char *argv[] = { "XREAD", "COUNT", count, "BLOCK", block, "STREAMS", sc->stream,
-                               st->last_id };
+                               rd->last_id };
         size_t lens[8];
         for (int i = 0; i < 8; i++) lens[i] = strlen(argv[i]);
-        rc = px_redis_argv(st->link, sc->stream, PX_READER_BLOCK_MS, read_reply_cb, st, 8, argv,
+        rc = px_redis_argv(rd->link, sc->stream, PX_READER_BLOCK_MS, read_reply_cb, st, 8, argv,
                            lens);
     }
     if (rc == PX_OK) {
-        st->reading = true;
-        st->asked = n;
+        rd->reading = true;
+        rd->asked = n;
     }
 }
 
@@ -607,20 +700,21 @@ static void autoclaim_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
     px_stream *st = priv;
-    st->reclaiming = false;
+    px_reader *rd = st->reader;
+    rd->reclaiming = false;
     if (reply == NULL) {
         /* As a lost read (page_lost), and the reclaim cursor did not move:
          * the reader replays our history next, which brings back what it
          * took, and no reclaim goes out before (it would take them again,
          * counting once more). */
         page_lost(st, true);
-        st->replay_due = true;
+        rd->replay_due = true;
         read_next(st);
         return;
     }
     if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 2) return;
     if (reply->element[0]->type == REDIS_REPLY_STRING)
-        snprintf(st->autoclaim_cursor, sizeof(st->autoclaim_cursor), "%s", reply->element[0]->str);
+        snprintf(rd->autoclaim_cursor, sizeof(rd->autoclaim_cursor), "%s", reply->element[0]->str);
     size_t bytes = 0, got = take_entries(st, reply->element[1], false, false, NULL, &bytes);
     page_seen(st, got, bytes);
     if (reply->elements >= 3 && reply->element[2]->type == REDIS_REPLY_ARRAY) {
@@ -637,19 +731,20 @@ static void autoclaim_cb(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop;
     (void)revents;
     px_stream *st = w->data;
+    px_reader *rd = st->reader;
     px_stream_conf *sc = st->conf;
-    if (st->px->stopping || st->rstate != R_LIVE || st->replay_due || st->reclaiming) return;
+    if (st->px->stopping || rd->state != R_LIVE || rd->replay_due || rd->reclaiming) return;
     size_t n = batch_size(st);
     if (n == 0) return;
     char idle[24], count[24];
     snprintf(idle, sizeof(idle), "%lld", sc->claim_idle_ms);
     snprintf(count, sizeof(count), "%zu", n);
     const char *argv[] = { "XAUTOCLAIM", sc->stream, sc->group, sc->consumer, idle,
-                           st->autoclaim_cursor, "COUNT", count };
+                           rd->autoclaim_cursor, "COUNT", count };
     size_t lens[8];
     for (int i = 0; i < 8; i++) lens[i] = strlen(argv[i]);
     if (px_redis_argv(st->px->redis, sc->stream, 0, autoclaim_reply_cb, st, 8, argv, lens) == PX_OK)
-        st->reclaiming = true;
+        rd->reclaiming = true;
 }
 
 /* --- janitor: consumers idle for an hour with nothing pending -------------- */
@@ -693,7 +788,8 @@ static void janitor_cb(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop;
     (void)revents;
     px_stream *st = w->data;
-    if (st->px->stopping || st->rstate != R_LIVE) return;
+    px_reader *rd = st->reader;
+    if (st->px->stopping || rd->state != R_LIVE) return;
     const char *argv[] = { "XINFO", "CONSUMERS", st->conf->stream, st->conf->group };
     size_t lens[] = { 5, 9, strlen(argv[2]), strlen(argv[3]) };
     px_redis_argv(st->px->redis, st->conf->stream, 0, consumers_reply_cb, st, 4, argv, lens);
@@ -712,58 +808,60 @@ static void link_state_cb(px_redis *r, bool up, void *udata)
 {
     (void)r;
     px_stream *st = udata;
-    if (st->rstate == R_STOPPED) return;
+    px_reader *rd = st->reader;
+    if (rd->state == R_STOPPED) return;
     if (!up) {
-        st->reading = false;
-        st->rstate = R_DOWN;
+        rd->reading = false;
+        reader_to(st, R_DOWN);
         return;
     }
     /* Group mode starts over (the group may be gone, our history may hold
      * entries whose replies were lost); group-less resumes from the last id. */
-    st->rstate = R_CREATE;
-    if (st->conf->group == NULL && st->last_id[0]) st->rstate = R_LIVE;
+    reader_to(st, st->conf->group == NULL && rd->last_id[0] ? R_LIVE : R_CREATE);
     read_next(st);
 }
 
 void px_reader_start(px_stream *st)
 {
+    px_reader *rd = st->reader = px_calloc(1, sizeof(*st->reader));
     px_config *c = st->px->conf;
     char name[300];
     snprintf(name, sizeof(name), "reader %s", st->conf->stream);
     px_redis_opts o;
     px_config_redis_opts(c, name, st->px->password, &o);
-    st->rstate = R_DOWN;
-    st->page_count = PX_PAGE_FIRST;
-    ev_timer_init(&st->pause, pause_cb, 0.5, 0.);
-    st->pause.data = st;
-    ev_timer_init(&st->linger, pause_cb, 0., 0.);
-    st->linger.data = st;
-    st->link = px_redis_create(st->px->loop, &o, link_state_cb, st);
+    rd->state = R_DOWN; /* calloc'd: where it starts */
+    rd->page_count = PX_PAGE_FIRST;
+    ev_timer_init(&rd->pause, pause_cb, 0.5, 0.);
+    rd->pause.data = st;
+    ev_timer_init(&rd->linger, pause_cb, 0., 0.);
+    rd->linger.data = st;
+    rd->link = px_redis_create(st->px->loop, &o, link_state_cb, st);
     if (st->conf->group) {
         double every = (double)st->conf->claim_idle_ms / 2000.0;
         if (every < 0.1) every = 0.1;
-        strcpy(st->autoclaim_cursor, "0-0");
-        ev_timer_init(&st->autoclaim, autoclaim_cb, every, every);
-        st->autoclaim.data = st;
-        ev_timer_start(st->px->loop, &st->autoclaim);
+        strcpy(rd->autoclaim_cursor, "0-0");
+        ev_timer_init(&rd->autoclaim, autoclaim_cb, every, every);
+        rd->autoclaim.data = st;
+        ev_timer_start(st->px->loop, &rd->autoclaim);
         double fresh = (double)st->conf->claim_idle_ms / 3000.0;
-        ev_timer_init(&st->refresh, refresh_cb, fresh, fresh);
-        st->refresh.data = st;
-        ev_timer_start(st->px->loop, &st->refresh);
+        ev_timer_init(&rd->refresh, refresh_cb, fresh, fresh);
+        rd->refresh.data = st;
+        ev_timer_start(st->px->loop, &rd->refresh);
         if (px_hook.idle_consumer_ms > 0) idle_consumer_ms = px_hook.idle_consumer_ms;
         double janitor_s = (double)idle_consumer_ms / 1000.0 < PX_JANITOR_S
                                ? (double)idle_consumer_ms / 1000.0
                                : PX_JANITOR_S;
         if (janitor_s < 0.2) janitor_s = 0.2;
-        ev_timer_init(&st->janitor, janitor_cb, janitor_s, janitor_s);
-        st->janitor.data = st;
-        ev_timer_start(st->px->loop, &st->janitor);
+        ev_timer_init(&rd->janitor, janitor_cb, janitor_s, janitor_s);
+        rd->janitor.data = st;
+        ev_timer_start(st->px->loop, &rd->janitor);
     }
 }
 
 bool px_reader_live(px_stream *st)
 {
-    return st->link && px_redis_is_up(st->link) && (st->rstate == R_LIVE || st->rstate == R_HISTORY);
+    px_reader *rd = st->reader;
+    return rd->link && px_redis_is_up(rd->link) && (rd->state == R_LIVE || rd->state == R_HISTORY);
 }
 
 void px_reader_kick(px_stream *st)
@@ -773,17 +871,27 @@ void px_reader_kick(px_stream *st)
 
 void px_reader_stop(px_stream *st)
 {
-    st->rstate = R_STOPPED;
-    ev_timer_stop(st->px->loop, &st->pause);
-    ev_timer_stop(st->px->loop, &st->linger);
-    ev_timer_stop(st->px->loop, &st->autoclaim);
-    ev_timer_stop(st->px->loop, &st->refresh);
-    ev_timer_stop(st->px->loop, &st->janitor);
-    while (st->counts_waiting) { /* answered as lost: 'stopping' frees them */
-        counts_ask *a = st->counts_waiting;
+    px_reader *rd = st->reader;
+    if (rd == NULL || rd->state == R_STOPPED) return;
+    reader_to(st, R_STOPPED);
+    ev_timer_stop(st->px->loop, &rd->pause);
+    ev_timer_stop(st->px->loop, &rd->linger);
+    ev_timer_stop(st->px->loop, &rd->autoclaim);
+    ev_timer_stop(st->px->loop, &rd->refresh);
+    ev_timer_stop(st->px->loop, &rd->janitor);
+    while (rd->counts_waiting) { /* answered as lost: 'stopping' frees them */
+        counts_ask *a = rd->counts_waiting;
         counts_unwait(a);
         counts_reply_cb(st->px->redis, NULL, a);
     }
-    px_redis_destroy(st->link);
-    st->link = NULL;
+    px_redis_destroy(rd->link);
+    rd->link = NULL;
+}
+
+/* After the command link is gone: its replies (XPENDING, XAUTOCLAIM, the
+ * refreshes) find the reader until then. */
+void px_reader_free(px_stream *st)
+{
+    free(st->reader);
+    st->reader = NULL;
 }

@@ -9,7 +9,8 @@
 void px_reader_init(void); /* once, before any link: the script it loads */
 void px_reader_start(px_stream *st);
 void px_reader_kick(px_stream *st);
-void px_reader_stop(px_stream *st);
+void px_reader_stop(px_stream *st);     /* once stopped, again does nothing */
+void px_reader_free(px_stream *st);     /* after the command link is destroyed */
 bool px_reader_live(px_stream *st);     /* connected and reading */
 void px_reader_delivering(px_entry *e); /* a delivery goes out: Redis counts it */
 void px_reader_waiting(px_entry *e);    /* it waits undelivered: Redis' count set back */

@@ -170,6 +170,10 @@ static void test_attempt(void)
          * it parked, so B sees 1: first delivery attempt 1 (before: count 2,
          * attempt 1 spent, dead-lettered at max_deliveries 1 undelivered). */
         { "taken over from a replica that parked it undelivered", { .count = 1 }, 0, 1 },
+        /* issue 30, finding 3: A delivered it once, its refreshes were lost and
+         * B took it over: B charges A's delivery (its next is attempt 2); A,
+         * seeing it is B's now, never redelivers it (px_proxy_taken_over). */
+        { "taken over from a replica that delivered it once", { .count = 2 }, 1, 2 },
     };
     for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
         px_attempt at = px_decide_attempt(&rows[i].v);

@@ -483,6 +483,11 @@ static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
     for (int i = 0; i < 7; i++) lens[i] = strlen(argv[i]);
     int n = 7;
     for (px_entry *e = st->head; e; e = e->next) {
+        /* Claimed and still waiting for a worker's window when a refresh
+         * comes (none connected, or all full): not charged either. Here,
+         * not as it starts to wait, so flow control's short waits rarely
+         * pay a command for it, and two. */
+        if (e->state == PX_E_SEND) px_reader_waiting(e);
         argv[n] = e->id;
         lens[n++] = strlen(e->id);
         if (n == 7 + PX_REFRESH_BATCH || e->next == NULL) {

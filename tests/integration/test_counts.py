@@ -108,3 +108,36 @@ def test_an_entry_taken_over_is_never_redelivered_from_here(env):
         assert r.xlen("dlq") == 1
     finally:
         link.close()
+
+
+def test_an_entry_waiting_for_a_worker_is_not_charged_a_delivery(env):
+    """Replica A claims E but has no worker: E waits for a window, holding
+    its lock. Then A's command link drops whenever it carries XCLAIM, SET or
+    a script for 6 s, so its refreshes and lease extensions never arrive:
+    the lease runs out and replica B's XAUTOCLAIM takes E over (Redis counts
+    one more). No worker has seen E: B's first delivery must be attempt 1,
+    not a dead letter with max_deliveries 1. An entry still waiting for a
+    worker at a refresh has its count set back to its deliveries, once, so
+    flow control's short waits cost nothing. Once its link is back, A lets
+    E go (B's, or done). (A's claim_idle_ms is longer than
+    B's so that A's own XAUTOCLAIM cannot race B's.)"""
+    r = env.r
+    r.xgroup_create("room", "game-server", id="0", mkstream=True)
+    link = SlowLink(env.redis.port, 0)
+    try:
+        a = replica(env, "A", link.url, "a", claim_idle_ms=3000, lease_ms=2000, max_deliveries=1)
+        (eid,) = publish(r, "room", [{"eventId": "k1"}])
+        wait_for(lambda: (r.get("idem:k1") or "").startswith("L:"), what="A claimed E")
+        wait_for(lambda: owner(r, eid) == ("a", 0), timeout=10,
+                 what="E's count set back while it waits for a worker")
+        link.refuse([b"XCLAIM", b"SET", b"EVAL"], 6.0)
+        b = replica(env, "B", env.redis.url, "b", claim_idle_ms=600, lease_ms=2000, max_deliveries=1)
+        wb = env.worker(b.endpoint)
+        wait_for(lambda: len(wb.got) + r.xlen("dlq") >= 1, timeout=20, what="E delivered or dead-lettered")
+        assert r.xlen("dlq") == 0, [f["idemproxy-reason"] for _, f in r.xrange("dlq")]
+        assert [(d.key, d.attempt) for d in wb.got] == [("k1", 1)]
+        wait_for(lambda: pending(r, "room", "game-server") == 0, timeout=20, what="E acked")
+        wait_for(lambda: a.metrics().get('idemproxy_entries_pending{stream="room",group="game-server"}') == 0,
+                 timeout=15, what="A let E go")
+    finally:
+        link.close()

@@ -68,10 +68,20 @@ static void wait_out_end(px_entry *e)
 
 static void drop_taken(px_entry *e);
 
+static void drop_taken_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    drop_taken(w->data);
+}
+
 static void to_claim(px_entry *e)
 {
-    if (e->delivery.taken) { /* another consumer has it now (px_proxy_taken_over) */
-        drop_taken(e);
+    if (e->delivery.taken) {
+        /* Another consumer has it now (px_proxy_taken_over): let go on the
+         * next loop turn, not under a caller that walks the stream's list
+         * (wake_followers), whose next entry this would free. */
+        entry_timer(e, drop_taken_cb, 0);
         return;
     }
     wait_out_end(e);

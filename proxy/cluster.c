@@ -329,7 +329,12 @@ static void slots_reply_cb(px_redis *r, redisReply *reply, void *priv)
     cl->refreshing = false;
     if (cl->destroying) return;
     px_slot_range *v;
-    int nr = px_cluster_parse_slots(reply, asked ? asked->host : "127.0.0.1", &v);
+    char why[200];
+    int nr = px_cluster_parse_slots(reply, asked ? asked->host : "127.0.0.1", &v, why, sizeof(why));
+    if (why[0]) {
+        px_redis_errors++;
+        px_log_warn("redis %s: CLUSTER SLOTS: malformed reply, refused %s", cl->opts.name, why);
+    }
     if (nr < 0) {
         px_log_warn("redis %s: CLUSTER SLOTS: %s", cl->opts.name,
                     reply && reply->type == REDIS_REPLY_ERROR ? reply->str : "no slot map");

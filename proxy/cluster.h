@@ -40,8 +40,13 @@ typedef struct px_slot_range {
 
 /* Parse a CLUSTER SLOTS reply into '*out' (malloc'd; caller frees). A master
  * reported with an empty host is on 'asked_host', the node that answered.
- * Returns the number of ranges, or -1 when the reply is not a slot map. */
-int px_cluster_parse_slots(const redisReply *r, const char *asked_host, px_slot_range **out);
+ * Returns the number of ranges, or -1 when the reply is not a slot map. A
+ * range whose master has an address no link can dial (a port outside
+ * 1-65535; a host with a bracket, blank, control byte or NUL, or longer than
+ * PX_ADDR_HOST_MAX - 1) is left out, the others kept, and 'why' says which
+ * (empty when every range was kept). */
+int px_cluster_parse_slots(const redisReply *r, const char *asked_host, px_slot_range **out,
+                           char *why, size_t whysize);
 
 /* --- the router (used by redis.c only) ----------------------------------- */
 

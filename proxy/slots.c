@@ -53,12 +53,29 @@ bool px_cluster_redirect(const char *err, px_redirect *out)
     return true;
 }
 
-int px_cluster_parse_slots(const redisReply *r, const char *asked_host, px_slot_range **out)
+/* A host Redis sent that a link can dial: a name or an address, without the
+ * brackets, blanks, control bytes or NUL no host holds, short enough to keep. */
+static const char *host_fault(const char *h, size_t len)
+{
+    if (len >= PX_ADDR_HOST_MAX) return "a host too long";
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)h[i];
+        if (c == '\0') return "a NUL in the host";
+        if (c <= ' ' || c == 0x7f) return "a blank or control byte in the host";
+        if (c == '[' || c == ']') return "a bracket in the host";
+    }
+    return NULL;
+}
+
+int px_cluster_parse_slots(const redisReply *r, const char *asked_host, px_slot_range **out,
+                           char *why, size_t whysize)
 {
     *out = NULL;
+    if (whysize) why[0] = '\0';
     if (r == NULL || r->type != REDIS_REPLY_ARRAY) return -1;
     px_slot_range *v = px_calloc(r->elements ? r->elements : 1, sizeof(*v));
     int n = 0;
+    size_t refused = 0;
     for (size_t i = 0; i < r->elements; i++) {
         const redisReply *e = r->element[i];
         if (e->type != REDIS_REPLY_ARRAY || e->elements < 3) goto bad;
@@ -68,12 +85,26 @@ int px_cluster_parse_slots(const redisReply *r, const char *asked_host, px_slot_
             m->type != REDIS_REPLY_ARRAY || m->elements < 2 ||
             m->element[0]->type != REDIS_REPLY_STRING || m->element[1]->type != REDIS_REPLY_INTEGER)
             goto bad;
+        /* A range whose master cannot be dialled is refused here, with the
+         * reason, not left for the router to drop without a word. */
         const char *host = m->element[0]->str;
+        long long port = m->element[1]->integer;
+        const char *fault = host_fault(host, m->element[0]->len);
+        if (fault == NULL && (port < 1 || port > 65535)) fault = "a port outside 1-65535";
+        if (fault) {
+            if (refused++ == 0 && whysize)
+                snprintf(why, whysize, "slots %lld-%lld: %s", s->integer, t->integer, fault);
+            continue;
+        }
         if (host[0] == '\0' || strcmp(host, "?") == 0) host = asked_host;
         v[n].start = (unsigned)s->integer;
         v[n].end = (unsigned)t->integer;
-        snprintf(v[n].addr, sizeof(v[n].addr), "%s:%lld", host, m->element[1]->integer);
+        snprintf(v[n].addr, sizeof(v[n].addr), "%s:%lld", host, port);
         n++;
+    }
+    if (refused > 1 && whysize) {
+        size_t l = strlen(why);
+        snprintf(why + l, whysize - l, " (and %zu more ranges)", refused - 1);
     }
     *out = v;
     return n;

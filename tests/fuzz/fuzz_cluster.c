@@ -9,8 +9,11 @@
  * 3. The input as RESP, read by hiredis' own reader into the daemon's reply
  *    arena (proxy/reply.c), fed in two pieces split where the input's last
  *    byte says: a CLUSTER SLOTS map it accepts has ranges within 0..16383,
- *    start <= end, and addresses that split; a reply cut short by a protocol
- *    error leaves nothing alive in the arena.
+ *    start <= end, and addresses that split into a host and port that were
+ *    in the reply, for that range (the oracle: nothing is made up, nothing
+ *    cut: a host longer than the buffer must be refused, not shortened); a
+ *    range left out is said; a reply cut short by a protocol error leaves
+ *    nothing alive in the arena.
  */
 #include <hiredis/hiredis.h>
 
@@ -31,6 +34,28 @@ static bool huge_aggregate(const uint8_t *d, size_t n)
         for (size_t j = i + 1; j < n && d[j] >= '0' && d[j] <= '9' && v <= 4096; j++)
             v = v * 10 + (unsigned long)(d[j] - '0');
         if (v > 4096) return true;
+    }
+    return false;
+}
+
+/* The reply has a range start..end whose master is host:port. */
+static bool in_reply(const redisReply *r, unsigned start, unsigned end, const char *host, int port)
+{
+    for (size_t i = 0; i < r->elements; i++) {
+        const redisReply *e = r->element[i];
+        if (e->type != REDIS_REPLY_ARRAY || e->elements < 3) continue;
+        const redisReply *m = e->element[2];
+        if (e->element[0]->type != REDIS_REPLY_INTEGER || e->element[1]->type != REDIS_REPLY_INTEGER ||
+            e->element[0]->integer != (long long)start || e->element[1]->integer != (long long)end ||
+            m->type != REDIS_REPLY_ARRAY || m->elements < 2 ||
+            m->element[0]->type != REDIS_REPLY_STRING || m->element[1]->type != REDIS_REPLY_INTEGER ||
+            m->element[1]->integer != port)
+            continue;
+        const redisReply *h = m->element[0];
+        bool asked = h->len == 0 || (h->len == 1 && h->str[0] == '?');
+        if (asked ? strcmp(host, "10.0.0.1") == 0
+                  : strlen(host) == h->len && memcmp(host, h->str, h->len) == 0)
+            return true;
     }
     return false;
 }
@@ -85,14 +110,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                    px_reply_arena_in_use(arena));
     if (rc == REDIS_OK && reply) {
         px_slot_range *v;
-        int n = px_cluster_parse_slots(reply, "10.0.0.1", &v);
+        char why[200];
+        int n = px_cluster_parse_slots(reply, "10.0.0.1", &v, why, sizeof(why));
         FUZZ_CHECK(n >= -1, "n %d", n);
         for (int i = 0; i < n; i++) {
             FUZZ_CHECK(v[i].start <= v[i].end && v[i].end < PX_CLUSTER_SLOTS, "range %u-%u",
                        v[i].start, v[i].end);
-            /* A host from Redis may hold anything; the address is still host:port. */
-            FUZZ_CHECK(strrchr(v[i].addr, ':') != NULL, "addr %s", v[i].addr);
+            /* Every address kept is one a link can dial, and names a host and
+             * port that were in the reply (or the node asked, for ""/"?"). */
+            FUZZ_CHECK(px_addr_split(v[i].addr, host, sizeof(host), &port, PX_ADDR_BARE_IPV6),
+                       "addr %s", v[i].addr);
+            FUZZ_CHECK(in_reply((const redisReply *)reply, v[i].start, v[i].end, host, port),
+                       "%u-%u at %s is not in the reply", v[i].start, v[i].end, v[i].addr);
         }
+        /* What was left out was said. */
+        if (n >= 0) FUZZ_CHECK((size_t)n == ((const redisReply *)reply)->elements || why[0],
+                               "%d of %zu ranges kept, no reason", n,
+                               ((const redisReply *)reply)->elements);
         free(v);
         r->fn->freeObject(reply);
         FUZZ_CHECK(px_reply_arena_in_use(arena) == 0, "freed, yet %zu bytes alive",

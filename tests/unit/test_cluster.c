@@ -70,6 +70,7 @@ static redisReply *parse_resp(const char *resp)
 
 static void test_parse_slots(void)
 {
+    char why[200];
     /* Two ranges as Redis 7 writes them: master, then replicas (ignored); the
      * second master has no known host ("") and is on the node asked. */
     redisReply *r = parse_resp(
@@ -78,8 +79,9 @@ static void test_parse_slots(void)
         "*4\r\n$9\r\n127.0.0.1\r\n:7003\r\n$3\r\nid4\r\n*0\r\n"
         "*3\r\n:5461\r\n:16383\r\n*3\r\n$0\r\n\r\n:7001\r\n$3\r\nid2\r\n");
     px_slot_range *v;
-    int n = px_cluster_parse_slots(r, "10.1.2.3", &v);
+    int n = px_cluster_parse_slots(r, "10.1.2.3", &v, why, sizeof(why));
     test_cond("two ranges", n == 2);
+    test_streq("every range kept: no reason", why, "");
     if (n == 2) {
         test_cond("first range", v[0].start == 0 && v[0].end == 5460);
         test_streq("first master", v[0].addr, "127.0.0.1:7000");
@@ -90,7 +92,7 @@ static void test_parse_slots(void)
     freeReplyObject(r);
 
     r = parse_resp("*0\r\n");
-    test_cond("no slots yet: zero ranges", px_cluster_parse_slots(r, "h", &v) == 0);
+    test_cond("no slots yet: zero ranges", px_cluster_parse_slots(r, "h", &v, why, sizeof(why)) == 0);
     free(v);
     freeReplyObject(r);
 
@@ -108,10 +110,56 @@ static void test_parse_slots(void)
         r = parse_resp(bad[i]);
         char name[40];
         snprintf(name, sizeof(name), "bad slot map %zu", i);
-        test_cond(name, r != NULL && px_cluster_parse_slots(r, "h", &v) == -1 && v == NULL);
+        test_cond(name, r != NULL && px_cluster_parse_slots(r, "h", &v, why, sizeof(why)) == -1 && v == NULL);
         freeReplyObject(r);
     }
-    test_cond("NULL reply (link lost)", px_cluster_parse_slots(NULL, "h", &v) == -1);
+    test_cond("NULL reply (link lost)", px_cluster_parse_slots(NULL, "h", &v, why, sizeof(why)) == -1);
+}
+
+/* Ranges a misbehaving server may send whose address no link can dial: each
+ * is refused with a reason, and the well-formed range beside it is kept. */
+static void test_parse_slots_bad_addresses(void)
+{
+    char why[200];
+    char longhost[400];
+    memset(longhost, 'a', 300);
+    longhost[300] = '\0';
+    static const struct { const char *what, *host; size_t hostlen; long long port; } cases[] = {
+        { "a host with '['", "[::1", 4, 7001 },
+        { "a host with ']'", "::1]", 4, 7001 },
+        { "port 0", "h", 1, 0 },
+        { "port 65536", "h", 1, 65536 },
+        { "a negative port", "h", 1, -1 },
+        { "a host with a NUL", "h\0x", 3, 7001 },
+        { "a host with a blank", "h x", 3, 7001 },
+        { "a host with a control byte", "h\nx", 3, 7001 },
+        { "a host of 300 bytes", NULL, 300, 7001 },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *host = cases[i].host ? cases[i].host : longhost;
+        char resp[1024];
+        int k = snprintf(resp, sizeof(resp),
+                         "*2\r\n*3\r\n:0\r\n:99\r\n*2\r\n$1\r\ng\r\n:7000\r\n"
+                         "*3\r\n:100\r\n:16383\r\n*2\r\n$%zu\r\n",
+                         cases[i].hostlen);
+        memcpy(resp + k, host, cases[i].hostlen);
+        k += (int)cases[i].hostlen;
+        k += snprintf(resp + k, sizeof(resp) - (size_t)k, "\r\n:%lld\r\n", cases[i].port);
+        redisReader *rd = redisReaderCreate();
+        void *reply = NULL;
+        redisReaderFeed(rd, resp, (size_t)k);
+        if (redisReaderGetReply(rd, &reply) != REDIS_OK) reply = NULL;
+        redisReaderFree(rd);
+        px_slot_range *v = NULL;
+        int n = reply ? px_cluster_parse_slots(reply, "10.1.2.3", &v, why, sizeof(why)) : -2;
+        char name[80];
+        snprintf(name, sizeof(name), "%s: refused, the good range kept", cases[i].what);
+        test_cond(name, n == 1 && v[0].start == 0 && v[0].end == 99 && strcmp(v[0].addr, "g:7000") == 0);
+        snprintf(name, sizeof(name), "%s: the reason names the range", cases[i].what);
+        test_cond(name, n < 0 || strncmp(why, "slots 100-16383: ", 17) == 0);
+        free(v);
+        if (reply) freeReplyObject(reply);
+    }
 }
 
 /* --- fake cluster nodes ------------------------------------------------------
@@ -404,6 +452,7 @@ int main(void)
     test_slots();
     test_redirect();
     test_parse_slots();
+    test_parse_slots_bad_addresses();
     test_moved_to_unmapped_node();
     test_explicit_routing_key();
     return test_report();

@@ -179,9 +179,7 @@ static void message_cb(px_redis *r, redisReply *reply, void *priv)
     sn_watch *w = priv;
     char host[256];
     int port;
-    const redisReply *text = reply->element[2];
-    if (text->type != REDIS_REPLY_STRING || !px_sentinel_parse_switch(text->str, w->master, host, sizeof(host), &port))
-        return;
+    if (!px_sentinel_parse_message(reply, w->master, host, sizeof(host), &port)) return;
     /* Drop each data link, even to the new address: it may have been made
      * before the switch, to the old master's address. The reconnect asks again. */
     for (px_sentinel *s = w->on; s; s = s->next_on) {

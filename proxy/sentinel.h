@@ -38,14 +38,20 @@ typedef enum {
 px_sn_addr px_sentinel_parse_addr(const redisReply *r, char *host, size_t hostsize, int *port,
                                   char *why, size_t whysize);
 
-/* A +switch-master message, "<name> <oldip> <oldport> <newip> <newport>":
- * true when it is well formed and about master 'name'; the new address in
- * host and *port. */
-bool px_sentinel_parse_switch(const char *msg, const char *name, char *host, size_t hostsize,
-                              int *port);
+/* A +switch-master message's text ('msglen' bytes, a NUL among them is not
+ * an end), "<name> <oldip> <oldport> <newip> <newport>": true when it is
+ * well formed and about master 'name'; the new address in host and *port. */
+bool px_sentinel_parse_switch(const char *msg, size_t msglen, const char *name, char *host,
+                              size_t hostsize, int *port);
 
-/* ROLE's reply: true when its first element is "master"; 'role' gets that
- * element ("slave", "sentinel", or "?" when the reply is not one). */
+/* A pub/sub message as the subscription link hands it over: true when it is
+ * ["message", "+switch-master", text], each a string of exactly that, and
+ * the text is a switch of master 'name' (px_sentinel_parse_switch). */
+bool px_sentinel_parse_message(const redisReply *r, const char *name, char *host, size_t hostsize,
+                               int *port);
+
+/* ROLE's reply: true when its first element is exactly "master"; 'role' gets
+ * that element ("slave", "sentinel", or "?" when the reply is not one). */
 bool px_sentinel_role_master(const redisReply *r, char *role, size_t rolesize);
 
 #endif

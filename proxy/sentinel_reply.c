@@ -22,6 +22,15 @@ static bool port_of(const char *s, size_t len, int *port)
     return true;
 }
 
+/* A host as a sentinel names one: no blank, control byte or NUL (with a NUL,
+ * the link would dial the part before it, a host the sentinel did not name). */
+static bool host_ok(const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)s[i] <= ' ' || s[i] == 0x7f) return false;
+    return true;
+}
+
 px_sn_addr px_sentinel_parse_addr(const redisReply *r, char *host, size_t hostsize, int *port,
                                   char *why, size_t whysize)
 {
@@ -41,7 +50,7 @@ px_sn_addr px_sentinel_parse_addr(const redisReply *r, char *host, size_t hostsi
         return PX_SN_ADDR_BAD;
     }
     const redisReply *ip = r->element[0], *p = r->element[1];
-    if (ip->len == 0 || ip->len >= hostsize || memchr(ip->str, ' ', ip->len) != NULL) {
+    if (ip->len == 0 || ip->len >= hostsize || !host_ok(ip->str, ip->len)) {
         snprintf(why, whysize, "a bad address in the reply");
         return PX_SN_ADDR_BAD;
     }
@@ -55,19 +64,19 @@ px_sn_addr px_sentinel_parse_addr(const redisReply *r, char *host, size_t hostsi
     return PX_SN_ADDR_OK;
 }
 
-bool px_sentinel_parse_switch(const char *msg, const char *name, char *host, size_t hostsize,
-                              int *port)
+bool px_sentinel_parse_switch(const char *msg, size_t msglen, const char *name, char *host,
+                              size_t hostsize, int *port)
 {
     const char *tok[5];
     size_t len[5];
     int n = 0;
-    const char *p = msg;
-    while (*p) {
-        while (*p == ' ') p++;
-        if (!*p) break;
+    const char *p = msg, *end = msg + msglen;
+    while (p < end) {
+        while (p < end && *p == ' ') p++;
+        if (p == end) break;
         if (n == 5) return false; /* more than five words */
         tok[n] = p;
-        while (*p && *p != ' ') p++;
+        while (p < end && *p != ' ') p++;
         len[n] = (size_t)(p - tok[n]);
         n++;
     }
@@ -75,10 +84,22 @@ bool px_sentinel_parse_switch(const char *msg, const char *name, char *host, siz
     if (len[0] != strlen(name) || memcmp(tok[0], name, len[0]) != 0) return false;
     int oldport;
     if (!port_of(tok[2], len[2], &oldport) || !port_of(tok[4], len[4], port)) return false;
-    if (len[3] >= hostsize) return false;
+    if (len[3] >= hostsize || !host_ok(tok[3], len[3])) return false;
     memcpy(host, tok[3], len[3]);
     host[len[3]] = '\0';
     return true;
+}
+
+bool px_sentinel_parse_message(const redisReply *r, const char *name, char *host, size_t hostsize,
+                               int *port)
+{
+    static const char chan[] = "+switch-master";
+    if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 3) return false;
+    const redisReply *k = r->element[0], *c = r->element[1], *t = r->element[2];
+    return k->type == REDIS_REPLY_STRING && k->len == 7 && memcmp(k->str, "message", 7) == 0 &&
+           c->type == REDIS_REPLY_STRING && c->len == sizeof(chan) - 1 &&
+           memcmp(c->str, chan, c->len) == 0 && t->type == REDIS_REPLY_STRING &&
+           px_sentinel_parse_switch(t->str, t->len, name, host, hostsize, port);
 }
 
 bool px_sentinel_role_master(const redisReply *r, char *role, size_t rolesize)
@@ -87,6 +108,7 @@ bool px_sentinel_role_master(const redisReply *r, char *role, size_t rolesize)
     if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
         r->element[0]->type != REDIS_REPLY_STRING)
         return false;
-    snprintf(role, rolesize, "%s", r->element[0]->str);
-    return strcmp(r->element[0]->str, "master") == 0;
+    const redisReply *e = r->element[0];
+    snprintf(role, rolesize, "%s", e->str);
+    return e->len == 6 && memcmp(e->str, "master", 6) == 0; /* "master\0..." is not */
 }

@@ -346,25 +346,6 @@ static void snd_cb(struct ev_loop *loop, ev_io *w, int revents)
     px_deliver_flush(w->data);
 }
 
-/* Read the request id out of a received message's control data. */
-static bool reply_id(const struct nn_msghdr *hdr, uint32_t *id)
-{
-    struct nn_cmsghdr *cmsg = NN_CMSG_FIRSTHDR(hdr);
-    while (cmsg) {
-        if (cmsg->cmsg_level == PROTO_SP && cmsg->cmsg_type == SP_HDR) {
-            unsigned char *p = NN_CMSG_DATA(cmsg);
-            size_t len;
-            memcpy(&len, p, sizeof(len));
-            if (len < 4) return false;
-            p += sizeof(size_t);
-            *id = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-            return true;
-        }
-        cmsg = NN_CMSG_NXTHDR(hdr, cmsg);
-    }
-    return false;
-}
-
 static void rcv_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
     (void)loop;
@@ -373,7 +354,7 @@ static void rcv_cb(struct ev_loop *loop, ev_io *w, int revents)
     px_deliver *d = px->deliver;
     for (;;) {
         void *body = NULL;
-        unsigned char ctrl[256];
+        unsigned char ctrl[256] = { 0 }; /* nanomsg writes nothing when the header does not fit */
         struct nn_iovec iov = { &body, NN_MSG };
         struct nn_msghdr hdr = { &iov, 1, ctrl, sizeof(ctrl) };
         int n = nn_recvmsg(d->sock, &hdr, NN_DONTWAIT);
@@ -383,7 +364,7 @@ static void rcv_cb(struct ev_loop *loop, ev_io *w, int revents)
             break;
         }
         uint32_t id = 0;
-        px_entry *e = reply_id(&hdr, &id) ? slot_find(d, id) : NULL;
+        px_entry *e = px_codec_reply_id(ctrl, sizeof(ctrl), &id) ? slot_find(d, id) : NULL;
         if (e == NULL || e->state != PX_E_SENT) {
             px_log_debug("reply to no delivery in flight (late or unknown), %d bytes ignored", n);
             nn_freemsg(body);

@@ -3,7 +3,7 @@
 # each for FUZZ_SECONDS (default 60). Ends with one line "N passed, N failed",
 # one count per target, and exits non-zero when a target failed.
 #
-#   tests/fuzz/run.sh [TARGET...]        fuzz (all of template event ack config cluster)
+#   tests/fuzz/run.sh [TARGET...]        fuzz (all of template event ack config cluster sphdr)
 #   tests/fuzz/run.sh merge [TARGET...]  fold what earlier runs found into the
 #                                        committed corpus, minimised (-set_cover_merge=1)
 #
@@ -22,7 +22,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
-ALL="template event ack config cluster"
+ALL="template event ack config cluster sphdr"
 B=build/fuzz
 SECONDS_EACH=${FUZZ_SECONDS:-60}
 TIMEOUT=${FUZZ_TIMEOUT:-10}

@@ -58,6 +58,7 @@ $(B)/tests/test_px:       $(B)/proxy/px.o
 $(B)/tests/test_event:    $(B)/proxy/event.o $(B)/proxy/jscan.o $(B)/proxy/template.o $(B)/proxy/px.o
 $(B)/tests/test_addr:     $(B)/proxy/addr.o
 $(B)/tests/test_sentinel: $(B)/proxy/sentinel_reply.o
+$(B)/tests/test_replies:  $(B)/proxy/replies.o $(B)/proxy/decide.o $(B)/proxy/px.o
 $(B)/tests/test_cluster:  $(LIB_OBJ)
 $(B)/tests/test_redis:    $(LIB_OBJ)
 $(B)/tests/test_%: tests/unit/test_%.c

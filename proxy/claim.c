@@ -47,6 +47,7 @@
 #include "decide.h"
 #include "hooks.h"
 #include "log.h"
+#include "replies.h"
 #include "step.h"
 
 static px_script release_script = {
@@ -234,9 +235,18 @@ static bool refusals_final(px_entry *e)
     return sc->dead_letter && sc->lock_key && sc->on_busy == PX_BUSY_DEAD_LETTER;
 }
 
+/* A reply of a type the command never answers (replies.h) is as good as
+ * lost: the step fails, and the claim or commit is tried again. */
+static void malformed(px_entry *e)
+{
+    e->step.failed = true;
+}
+
 static void on_mark_exists(px_entry *e, redisReply *r)
 {
-    e->claim.marked = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    long long n;
+    if (!px_rp_int(r, &n)) malformed(e);
+    else e->claim.marked = n == 1;
 }
 
 static void exists_mark(px_entry *e)
@@ -256,20 +266,29 @@ static void on_lock_set(px_entry *e, redisReply *r)
 {
     char mine[32];
     lock_value(e, mine, sizeof(mine));
-    e->claim.set = (int)px_decide_lock_reply(r->type == REDIS_REPLY_STRING ? r->str : NULL, mine);
-    e->claim.own = r->type == REDIS_REPLY_STRING && e->claim.set == PX_LOCK_TAKEN;
+    px_lock_reply l = px_rp_lock_set(r, mine);
+    if (l == PX_LOCK_NONE) {
+        malformed(e);
+        return;
+    }
+    e->claim.set = (int)l;
+    e->claim.own = r->type == REDIS_REPLY_STRING && l == PX_LOCK_TAKEN;
     uint64_t sent = reply_sent_ms(e);
     if (e->claim.set == PX_LOCK_TAKEN && !e->claim.own && sent) e->claim.dedup_held_ms = sent;
 }
 
 static void on_done_exists(px_entry *e, redisReply *r)
 {
-    e->claim.done = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    long long n;
+    if (!px_rp_int(r, &n)) malformed(e);
+    else e->claim.done = n == 1;
 }
 
 static void on_fence(px_entry *e, redisReply *r)
 {
-    if (r->type == REDIS_REPLY_INTEGER) e->claim.fence = (uint64_t)r->integer;
+    long long n;
+    if (!px_rp_int(r, &n) || n < 1) malformed(e); /* INCR: 1 or more */
+    else e->claim.fence = (uint64_t)n;
 }
 
 /* Send `EXISTS done`. */
@@ -466,9 +485,14 @@ static void on_lock_value(px_entry *e, redisReply *r)
 {
     char mine[32];
     lock_value(e, mine, sizeof(mine));
-    const char *v = r->type == REDIS_REPLY_STRING ? r->str : NULL;
-    e->claim.recheck_mine = v && strcmp(v, mine) == 0;
-    if (e->st->conf->layout == PX_LAYOUT_SINGLE && v && v[0] == 'D') e->claim.done = true;
+    const char *v;
+    size_t len;
+    if (!px_rp_str_or_nil(r, &v, &len)) {
+        malformed(e);
+        return;
+    }
+    e->claim.recheck_mine = v && len == strlen(mine) && memcmp(v, mine, len) == 0;
+    if (e->st->conf->layout == PX_LAYOUT_SINGLE && v && len && v[0] == 'D') e->claim.done = true;
 }
 
 /* Send the look at the dedup key: its lock (and, split, the done mark). */
@@ -526,9 +550,15 @@ static void lock_key_recheck(px_entry *e)
 static void on_lock_key_set(px_entry *e, redisReply *r)
 {
     /* lock_key holds tokens only: any other value is someone else's lock. */
-    const char *old = r->type == REDIS_REPLY_STRING ? r->str : NULL;
-    e->claim.set = old == NULL || strcmp(old, e->claim.token) == 0 ? PX_LOCK_TAKEN : PX_LOCK_BUSY;
-    e->claim.own = old != NULL && e->claim.set == PX_LOCK_TAKEN;
+    const char *old;
+    size_t len;
+    if (!px_rp_str_or_nil(r, &old, &len)) {
+        malformed(e);
+        return;
+    }
+    bool mine = old == NULL || (len == strlen(e->claim.token) && memcmp(old, e->claim.token, len) == 0);
+    e->claim.set = mine ? PX_LOCK_TAKEN : PX_LOCK_BUSY;
+    e->claim.own = old != NULL && mine;
     uint64_t sent = reply_sent_ms(e);
     if (old == NULL && sent) e->claim.lock_held_ms = sent;
 }
@@ -656,8 +686,14 @@ static void on_dl_added(px_entry *e, redisReply *r)
 {
     /* nil: the mark was there, written by another replica or an earlier try
      * of ours whose reply was lost; not counted again */
+    const char *id;
+    size_t len;
+    if (!px_rp_str_or_nil(r, &id, &len)) {
+        malformed(e);
+        return;
+    }
     e->claim.dl_written = true;
-    e->claim.dl_other = r->type != REDIS_REPLY_STRING;
+    e->claim.dl_other = id == NULL;
 }
 
 static void commit_decided(px_entry *e)

@@ -8,10 +8,11 @@
 
 #define PX_DECIDE_BACKOFF_CAP_MS 30000
 
-px_lock_reply px_decide_lock_reply(const char *old, const char *mine)
+px_lock_reply px_decide_lock_reply(const char *old, size_t oldlen, const char *mine)
 {
-    if (old == NULL || strcmp(old, mine) == 0) return PX_LOCK_TAKEN;
-    if (old[0] == 'D') return PX_LOCK_DONE; /* single layout's done mark */
+    if (old == NULL || (oldlen == strlen(mine) && memcmp(old, mine, oldlen) == 0))
+        return PX_LOCK_TAKEN;
+    if (oldlen > 0 && old[0] == 'D') return PX_LOCK_DONE; /* single layout's done mark */
     return PX_LOCK_BUSY;
 }
 

@@ -19,8 +19,9 @@ typedef enum {
     PX_LOCK_DONE,     /* single layout: the key holds the done mark */
 } px_lock_reply;
 
-/* 'old' is the previous value (NULL for nil), 'mine' the value we set. */
-px_lock_reply px_decide_lock_reply(const char *old, const char *mine);
+/* 'old' is the previous value ('oldlen' bytes, compared whole; NULL for nil),
+ * 'mine' the value we set. */
+px_lock_reply px_decide_lock_reply(const char *old, size_t oldlen, const char *mine);
 
 typedef enum {
     PX_CLAIM_CLAIMED,         /* deliver it */

@@ -39,6 +39,7 @@
 
 #include "decide.h"
 #include "log.h"
+#include "replies.h"
 #include "reply.h"
 #include "sentinel.h"
 
@@ -755,14 +756,6 @@ static void flush_out(px_link *l)
 
 static void complete(px_link *l, px_rcmd *c, redisReply *rep);
 
-/* A pub/sub message: ["message", channel, text]; the command FIFO has no
- * entry for it. */
-static bool pubsub_message(const redisReply *r)
-{
-    return r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
-           r->element[0]->type == REDIS_REPLY_STRING && strcmp(r->element[0]->str, "message") == 0;
-}
-
 /* The server sent what no Redis reply can be, or more than the daemon ever
  * needs (reply.h: a header alone must not take gigabytes): counted, one line
  * at most every PX_REFUSED_LOG_S, and the link dropped and dialled again
@@ -799,7 +792,7 @@ static void dispatch_replies(px_link *l)
             else readbuf_shrink(l->reader);
             break;
         }
-        if (l->msg_cb && pubsub_message(reply)) {
+        if (l->msg_cb && px_rp_pubsub_message(reply)) { /* replies.c: not for a command */
             redisReplyObjectFunctions *mfn = l->reader->fn;
             l->msg_cb(l->owner, reply, l->msg_priv);
             mfn->freeObject(reply);

@@ -41,6 +41,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "reader.h"
+#include "replies.h"
 
 #ifndef PX_COMMIT
 #include "commit.h" /* PX_COMMIT: the git commit built, "" when unknown (Makefile) */
@@ -358,30 +359,6 @@ static bool same_stream(const px_stream *a, const px_stream *b)
     return strcmp(a->conf->stream, b->conf->stream) == 0;
 }
 
-/* An integer field of an XINFO GROUPS group ([name, value, ...] in RESP2);
- * false when absent or not an integer (lag: nil when Redis cannot tell). */
-static bool info_int(const redisReply *g, const char *name, long long *v)
-{
-    for (size_t i = 0; i + 1 < g->elements; i += 2) {
-        const redisReply *k = g->element[i], *val = g->element[i + 1];
-        if (k->type != REDIS_REPLY_STRING && k->type != REDIS_REPLY_STATUS) continue;
-        if (strcmp(k->str, name) != 0) continue;
-        if (val->type != REDIS_REPLY_INTEGER) return false;
-        *v = val->integer;
-        return true;
-    }
-    return false;
-}
-
-static const char *info_name(const redisReply *g)
-{
-    for (size_t i = 0; i + 1 < g->elements; i += 2)
-        if (g->element[i]->type == REDIS_REPLY_STRING && strcmp(g->element[i]->str, "name") == 0 &&
-            g->element[i + 1]->type == REDIS_REPLY_STRING)
-            return g->element[i + 1]->str;
-    return NULL;
-}
-
 /* The answer for one stream fills in every group block on it; a group the
  * answer lacks (or a lost link, an error) is unknown until the next one. */
 static void groups_reply_cb(px_redis *r, redisReply *reply, void *priv)
@@ -394,16 +371,9 @@ static void groups_reply_cb(px_redis *r, redisReply *reply, void *priv)
         px_stream *st = &px->streams[s];
         if (!st->conf->group || !same_stream(st, from)) continue;
         st->info_known = st->lag_known = false;
-        if (reply == NULL || reply->type != REDIS_REPLY_ARRAY) continue;
-        for (size_t i = 0; i < reply->elements; i++) {
-            const redisReply *g = reply->element[i];
-            if (g->type != REDIS_REPLY_ARRAY) continue;
-            const char *name = info_name(g);
-            if (name == NULL || strcmp(name, st->conf->group) != 0) continue;
-            st->info_known = info_int(g, "pending", &st->group_pending);
-            st->lag_known = info_int(g, "lag", &st->group_lag);
-            break;
-        }
+        /* Each number only from an integer (replies.c; lag: nil when Redis cannot tell). */
+        px_rp_xinfo_group(reply, st->conf->group, &st->group_pending, &st->info_known,
+                          &st->group_lag, &st->lag_known);
     }
 }
 

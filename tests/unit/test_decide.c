@@ -6,12 +6,16 @@
 
 static void test_lock_reply(void)
 {
-    test_cond("nil: taken", px_decide_lock_reply(NULL, "L:abc") == PX_LOCK_TAKEN);
-    test_cond("our own value: taken (a lost reply)", px_decide_lock_reply("L:abc", "L:abc") == PX_LOCK_TAKEN);
-    test_cond("another token: busy", px_decide_lock_reply("L:xyz", "L:abc") == PX_LOCK_BUSY);
-    test_cond("done mark: done", px_decide_lock_reply("D", "L:abc") == PX_LOCK_DONE);
-    test_cond("split token: taken", px_decide_lock_reply("tok1", "tok1") == PX_LOCK_TAKEN);
-    test_cond("split other: busy", px_decide_lock_reply("tok2", "tok1") == PX_LOCK_BUSY);
+    test_cond("nil: taken", px_decide_lock_reply(NULL, 0, "L:abc") == PX_LOCK_TAKEN);
+    test_cond("our own value: taken (a lost reply)", px_decide_lock_reply("L:abc", 5, "L:abc") == PX_LOCK_TAKEN);
+    test_cond("another token: busy", px_decide_lock_reply("L:xyz", 5, "L:abc") == PX_LOCK_BUSY);
+    test_cond("done mark: done", px_decide_lock_reply("D", 1, "L:abc") == PX_LOCK_DONE);
+    test_cond("split token: taken", px_decide_lock_reply("tok1", 4, "tok1") == PX_LOCK_TAKEN);
+    test_cond("split other: busy", px_decide_lock_reply("tok2", 4, "tok1") == PX_LOCK_BUSY);
+    /* The whole value is compared: our value and then more is someone else's. */
+    test_cond("our value, a NUL, more: busy", px_decide_lock_reply("tok1\0x", 6, "tok1") == PX_LOCK_BUSY);
+    test_cond("a prefix of our value: busy", px_decide_lock_reply("tok", 3, "tok1") == PX_LOCK_BUSY);
+    test_cond("empty: busy", px_decide_lock_reply("", 0, "tok1") == PX_LOCK_BUSY);
 }
 
 static void test_claim(void)

@@ -41,7 +41,8 @@ px_sn_addr px_sentinel_parse_addr(const redisReply *r, char *host, size_t hostsi
         return PX_SN_ADDR_UNKNOWN;
     }
     if (r->type == REDIS_REPLY_ERROR) {
-        snprintf(why, whysize, "%s", r->str);
+        /* "-\r\n" says nothing: the reason must still say something */
+        snprintf(why, whysize, "%s", r->str[0] ? r->str : "an error reply without text");
         return PX_SN_ADDR_BAD;
     }
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||

@@ -73,6 +73,8 @@ static void test_addr(void)
                                                     host, 9, &port, why) == PX_SN_ADDR_BAD);
     test_cond("no reply", px_sentinel_parse_addr(NULL, host, sizeof(host), &port, why, 200) ==
                               PX_SN_ADDR_BAD);
+    test_cond("an error without text still has a reason",
+              addr("-\r\n", host, sizeof(host), &port, why) == PX_SN_ADDR_BAD && why[0] != '\0');
 
     /* A host the sentinel did not name must not be dialled: with a NUL, the
      * link would connect to the part before it. */

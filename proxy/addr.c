@@ -30,6 +30,8 @@ bool px_addr_split(const char *s, char *host, size_t hostsize, int *port, unsign
         /* "[v6]:port": the brackets hold a non-empty host, the port follows them. */
         const char *close = strchr(s, ']');
         if (close == NULL || close == s + 1 || close[1] != ':') return false;
+        /* "[[::1]:7000" is a typo, not the host "[::1" (that would not split again). */
+        if (memchr(s + 1, '[', (size_t)(close - s - 1))) return false;
         h = s + 1;
         he = close;
         p = close + 2;

@@ -14,6 +14,7 @@
  *    cut: a host longer than the buffer must be refused, not shortened); a
  *    range left out is said; a reply cut short by a protocol error leaves
  *    nothing alive in the arena.
+ * 4. The input as a "host:port" (addr.c): it round-trips (addr_round_trip).
  */
 #include <hiredis/hiredis.h>
 
@@ -60,6 +61,25 @@ static bool in_reply(const redisReply *r, unsigned start, unsigned end, const ch
     return false;
 }
 
+/* 4. The input as an address (addr.c), under each set of flags: one that
+ *    splits, written back ("[host]:port" when the host holds a ':'), splits
+ *    again to the same host and port. */
+static void addr_round_trip(const char *s, size_t size)
+{
+    if (strlen(s) != size) return; /* a NUL inside: the C string is shorter */
+    for (unsigned flags = 0; flags < 4; flags++) {
+        char host[PX_ADDR_HOST_MAX], host2[PX_ADDR_HOST_MAX], back[PX_ADDR_HOST_MAX + 16];
+        int port, port2;
+        if (!px_addr_split(s, host, sizeof(host), &port, flags)) continue;
+        FUZZ_CHECK(port >= 1 && port <= 65535, "port %d", port);
+        snprintf(back, sizeof(back), strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+        FUZZ_CHECK(px_addr_split(back, host2, sizeof(host2), &port2, flags) &&
+                       strcmp(host2, host) == 0 && port2 == port,
+                   "'%s' (flags %u) split to '%s' and %d, written back as '%s' it does not", s, flags,
+                   host, port, back);
+    }
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
@@ -91,6 +111,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(px_addr_split(rd.addr, host, sizeof(host), &port, PX_ADDR_BARE_IPV6), "addr %s",
                    rd.addr);
     }
+    addr_round_trip(text, size);
     free(text);
 
     if (huge_aggregate(data, size)) return 0;

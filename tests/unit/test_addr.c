@@ -60,6 +60,8 @@ static const acase cases[] = {
     { "::1]:7000", BARE, NULL, 0 },
     { "a]:7000", 0, NULL, 0 },
     { "[::1]7000", 0, NULL, 0 },
+    { "[[::1]:7000", 0, NULL, 0 },                /* a bracket inside the brackets: "[::1" */
+    { "[[x]:7000", BARE, NULL, 0 },               /* did not round-trip ("[x:7000" is refused) */
     { "", OPT | BARE, NULL, 0 },
 };
 

@@ -3,7 +3,8 @@
 # each for FUZZ_SECONDS (default 60). Ends with one line "N passed, N failed",
 # one count per target, and exits non-zero when a target failed.
 #
-#   tests/fuzz/run.sh [TARGET...]        fuzz (all of template event ack config cluster sphdr)
+#   tests/fuzz/run.sh [TARGET...]        fuzz (all of template event ack config
+#                                        cluster sphdr replies sentinel)
 #   tests/fuzz/run.sh merge [TARGET...]  fold what earlier runs found into the
 #                                        committed corpus, minimised (-set_cover_merge=1)
 #
@@ -22,7 +23,29 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
-ALL="template event ack config cluster sphdr"
+ALL="template event ack config cluster sphdr replies sentinel"
+
+# Bounds on every run (issue 37): an input is at most max_len bytes (per
+# target, below: several times the largest input the target's seeds need,
+# small enough that 10 s still runs thousands of inputs), the process at most
+# 2048 MB (-rss_limit_mb) and one allocation at most 256 MB (-malloc_limit_mb):
+# either limit hit is a failure, as a leak or a crash is. Recursion is bounded
+# in the code under test, not here: templates nest at most
+# PX_TEMPLATE_MAX_DEPTH (128), JSON payloads and dotted field names at most
+# 31 levels (event.c, jscan.c), hiredis' reader at most 7 levels of arrays;
+# the RESP targets feed hiredis no aggregate declaring more than 4096
+# elements (resp.h: hiredis allocates the array from the header, which the
+# daemon caps itself, reply.h). Config, ack and the SP header have no
+# recursion.
+max_len() {
+    case $1 in
+        event) echo 65536 ;;     # payloads and dotted names up to the depth limit and past it
+        config) echo 16384 ;;    # a few stream blocks of YAML
+        cluster|replies) echo 8192 ;;
+        sphdr) echo 1024 ;;      # control data: the daemon's buffer is 256 bytes
+        *) echo 4096 ;;          # template, ack, sentinel
+    esac
+}
 B=build/fuzz
 SECONDS_EACH=${FUZZ_SECONDS:-60}
 TIMEOUT=${FUZZ_TIMEOUT:-10}
@@ -108,7 +131,7 @@ for t in $targets; do
 
     before=$(find "$B/corpus/$t" -type f | wc -l)
     "$bin" -max_total_time="$SECONDS_EACH" -timeout="$TIMEOUT" -rss_limit_mb=2048 \
-        -print_final_stats=1 -artifact_prefix="$B/artifacts/$t/" "${dict[@]}" \
+        -malloc_limit_mb=256 -max_len="$(max_len "$t")" -print_final_stats=1 -artifact_prefix="$B/artifacts/$t/" "${dict[@]}" \
         "$B/corpus/$t" "tests/fuzz/corpus/$t" >"$log" 2>&1
     rc=$?
     after=$(find "$B/corpus/$t" -type f | wc -l)

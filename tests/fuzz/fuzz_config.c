@@ -13,7 +13,10 @@
  *   stream block has a stream, a consumer and a compiled key whose source is
  *   the key, a compiled lock_key exactly when lock_key is set, and the limits
  *   of SPEC 4 (lease_ms >= 2 x timeout_ms, max_inflight >= 1, no negative
- *   duration, max_deliveries >= 1) hold.
+ *   duration, max_deliveries >= 1) hold;
+ * - an accepted config keeps the name rules, checked again here from the
+ *   config alone (check_names): no dedup name can be one of idemproxy's own
+ *   keys, no lock name can be a done name, no lock_key name can be either.
  *
  * The environment is fixed in LLVMFuzzerInitialize: the IDEMPROXY_* overrides
  * are unset and a few variables are set for ${VAR} expansion (seeds use them).
@@ -105,6 +108,70 @@ static void check_config(const px_config *c)
     }
 }
 
+/* One prefix is the beginning of the other: some name can start with both. */
+static bool overlap(const char *a, size_t al, const char *b, size_t bl)
+{
+    return memcmp(a, b, al < bl ? al : bl) == 0;
+}
+
+/*
+ * The name rules (SPEC 4, issue 37), checked again from the outside on what
+ * was accepted: each block's names start with its prefix(es), "{" with
+ * hash_tag, and the key's literal beginning. No such start may be able to
+ * begin idemproxy's own keys ("idemproxy:"); a lock name (or a single
+ * layout's key, which is both) must not be able to equal a done name, in any
+ * two blocks; a lock_key's literal beginning must overlap neither.
+ */
+static void check_names(const px_config *c)
+{
+    static const char own[] = "idemproxy:";
+    size_t n = 0;
+    struct { char *start; size_t len; int kind; size_t block; } *f = calloc(2 * c->nstreams + 1, sizeof(*f));
+    px_buf kp = { 0 }, lp = { 0 };
+    for (size_t i = 0; i < c->nstreams; i++) {
+        const px_stream_conf *sc = &c->streams[i];
+        px_template_literal_prefix(sc->key_tpl, &kp);
+        const char *pre[2] = { sc->prefix, NULL };
+        int kinds[2] = { 0, 0 };
+        if (sc->layout == PX_LAYOUT_SPLIT) {
+            pre[0] = sc->lock_prefix, kinds[0] = 1;
+            pre[1] = sc->done_prefix, kinds[1] = 2;
+        }
+        for (int k = 0; k < 2 && pre[k]; k++) {
+            size_t len = strlen(pre[k]) + (sc->hash_tag ? 1 : 0) + kp.len;
+            char *st = malloc(len + 1);
+            snprintf(st, len + 1, "%s%s%.*s", pre[k], sc->hash_tag ? "{" : "", (int)kp.len,
+                     kp.data ? kp.data : "");
+            f[n].start = st, f[n].len = len, f[n].kind = kinds[k], f[n].block = i;
+            FUZZ_CHECK(!overlap(st, len, own, sizeof(own) - 1),
+                       "streams[%zu]: names starting '%s' can be idemproxy's own", i, st);
+            n++;
+        }
+    }
+    for (size_t a = 0; a < n; a++)
+        for (size_t b = 0; b < a; b++)
+            if (f[a].kind != f[b].kind)
+                FUZZ_CHECK(!overlap(f[a].start, f[a].len, f[b].start, f[b].len),
+                           "streams[%zu] '%s' and streams[%zu] '%s': a lock can be a done mark",
+                           f[a].block, f[a].start, f[b].block, f[b].start);
+    for (size_t i = 0; i < c->nstreams; i++) {
+        const px_stream_conf *sc = &c->streams[i];
+        if (sc->lock_tpl == NULL) continue;
+        px_template_literal_prefix(sc->lock_tpl, &lp);
+        const char *l = lp.data ? lp.data : "";
+        FUZZ_CHECK(!overlap(l, lp.len, own, sizeof(own) - 1),
+                   "streams[%zu].lock_key '%s' can be idemproxy's own", i, l);
+        for (size_t a = 0; a < n; a++)
+            FUZZ_CHECK(!overlap(l, lp.len, f[a].start, f[a].len),
+                       "streams[%zu].lock_key '%s' can be streams[%zu]'s '%s'", i, l, f[a].block,
+                       f[a].start);
+    }
+    for (size_t a = 0; a < n; a++) free(f[a].start);
+    free(f);
+    px_buf_deinit(&kp);
+    px_buf_deinit(&lp);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     px_diags d;
@@ -123,7 +190,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_CHECK(errors == d.nerrors, "%zu errors, nerrors %zu", errors, d.nerrors);
     FUZZ_CHECK((c != NULL) == (d.nerrors == 0), "config %s with %zu errors",
                c ? "returned" : "refused", d.nerrors);
-    if (c) check_config(c);
+    if (c) {
+        check_config(c);
+        check_names(c);
+    }
 
     px_config_destroy(c);
     px_diags_deinit(&d);

@@ -20,7 +20,9 @@
  * - in payload mode, a payload event.c accepts is one JSON object followed by
  *   JSON whitespace only, and the keys it gives are byte for byte what
  *   px_template_render gives over that object (so nothing in between, such
- *   as copying the key, changes it).
+ *   as copying the key, changes it);
+ * - the JSON scanner (jscan.c) agrees with json-c wherever it answers: the
+ *   member "eventId" it finds in a payload is json-c's, byte for byte.
  *
  * px_event_prepare takes the stream's config and max_entry_bytes, and reads
  * only the entry's id, fields, payload_idx and bytes; no px_proxy_* function
@@ -29,6 +31,7 @@
 #include <string.h>
 
 #include "fuzz.h"
+#include "jscan.h"
 #include "event.h"
 
 #define SEP 0x1f
@@ -241,6 +244,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             check_same_key(e, &sc, sc.key_tpl, ref, e->key, "key");
             if (e->lock_key) check_same_key(e, &sc, sc.lock_tpl, ref, e->lock_key, "lock key");
             json_object_put(ref);
+        }
+    }
+    /* The JSON scanner agrees with json-c wherever it answers: a member it
+     * finds is in the object json-c reads, a string of exactly those bytes. */
+    if (payload_mode && e->payload_idx >= 0) {
+        const px_field *pf = &e->fields[e->payload_idx];
+        const char *v = NULL;
+        size_t vlen = 0;
+        if (px_jscan_member(pf->value, pf->value_len, "eventId", 7, &v, &vlen)) {
+            json_object *ref = payload_reference(pf->value, pf->value_len), *m = NULL;
+            FUZZ_CHECK(ref != NULL || fuzz_known("trailing-nul"),
+                       "jscan found eventId in what json-c does not read as an object");
+            if (ref) {
+                FUZZ_CHECK(json_object_object_get_ex(ref, "eventId", &m) &&
+                               json_object_is_type(m, json_type_string) &&
+                               (size_t)json_object_get_string_len(m) == vlen &&
+                               memcmp(json_object_get_string(m), v, vlen) == 0,
+                           "jscan's eventId is not json-c's");
+                json_object_put(ref);
+            }
         }
     }
 out:

@@ -18,7 +18,8 @@
  * - rendering again into the grown buffer allocates nothing ("rendering a key
  *   allocates nothing it does not return");
  * - error buffers of any size, even 1 byte, are respected (ASan sees each
- *   one as a heap block of exactly that size).
+ *   one as a heap block of exactly that size), and every message is UTF-8
+ *   (it reaches dead-letter reasons, `check` and JSON log lines).
  */
 #include <string.h>
 
@@ -85,6 +86,9 @@ static int render_checked(const px_template *t, const px_tvars *vars, size_t err
         if (errlen > 1) FUZZ_CHECK(err[0] != '\0', "a failed render without a message");
     }
     if (err) FUZZ_CHECK(memchr(err, '\0', errlen) != NULL, "error message not terminated");
+    /* a dead letter's reason and a JSON log line: cut between characters */
+    if (rc == PX_ERR && err)
+        FUZZ_CHECK(px_utf8_valid(err, strlen(err)), "a render error that is not UTF-8: %s", err);
     free(err);
     return rc;
 }
@@ -129,6 +133,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     px_template *t = px_template_compile(src, err, sizeof(err), &col);
     if (t == NULL) {
         FUZZ_CHECK(err[0] != '\0', "compile error without a message");
+        FUZZ_CHECK(px_utf8_valid(err, strlen(err)), "a compile error that is not UTF-8: %s", err);
         FUZZ_CHECK(col >= 1 && col <= nchars(src) + 1, "column %d outside 1..%d", col,
                    nchars(src) + 1);
         /* Same answer without an error buffer or a column. */

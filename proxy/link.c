@@ -1199,32 +1199,6 @@ static void script_load_reply_cb(px_redis *r, redisReply *reply, void *priv)
         memcpy(s->sha, reply->str, 41);
 }
 
-px_server_check px_redis_server_check(const redisReply *hello, char *ver, size_t versize)
-{
-    snprintf(ver, versize, "?");
-    if (hello == NULL) return PX_SERVER_UNKNOWN;
-    if (hello->type == REDIS_REPLY_ERROR) {
-        if (strncmp(hello->str, "ERR unknown command", 19) != 0) return PX_SERVER_UNKNOWN;
-        snprintf(ver, versize, "older than 6.0 (no HELLO)");
-        return PX_SERVER_OLD;
-    }
-    if (hello->type != REDIS_REPLY_ARRAY) return PX_SERVER_UNKNOWN;
-    const char *server = NULL, *version = NULL;
-    for (size_t i = 0; i + 1 < hello->elements; i += 2) {
-        const redisReply *k = hello->element[i], *v = hello->element[i + 1];
-        if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING) continue;
-        if (strcmp(k->str, "server") == 0) server = v->str;
-        else if (strcmp(k->str, "version") == 0) version = v->str;
-    }
-    if (version == NULL) return PX_SERVER_UNKNOWN;
-    snprintf(ver, versize, "%s %s", server ? server : "redis", version);
-    if (server && strcasecmp(server, "valkey") == 0) return PX_SERVER_OK; /* forked from 7.2 */
-    char *end;
-    long major = strtol(version, &end, 10);
-    if (end == version) return PX_SERVER_UNKNOWN;
-    return major >= 7 ? PX_SERVER_OK : PX_SERVER_OLD;
-}
-
 /* The server's version, at every connect: an old one is refused (not ready,
  * reconnecting with backoff) with one line that says why: one for the
  * process, not one per link and reconnect (again if the version changes, or

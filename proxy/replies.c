@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "px.h"
 
@@ -178,4 +179,34 @@ bool px_rp_pubsub_message(const redisReply *r)
 {
     return r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
            r->element[0]->type == REDIS_REPLY_STRING && px_rp_is(r->element[0], "message");
+}
+
+px_server_check px_redis_server_check(const redisReply *hello, char *ver, size_t versize)
+{
+    snprintf(ver, versize, "?");
+    if (hello == NULL) return PX_SERVER_UNKNOWN;
+    if (hello->type == REDIS_REPLY_ERROR) {
+        if (strncmp(hello->str, "ERR unknown command", 19) != 0) return PX_SERVER_UNKNOWN;
+        snprintf(ver, versize, "older than 6.0 (no HELLO)");
+        return PX_SERVER_OLD;
+    }
+    if (hello->type != REDIS_REPLY_ARRAY) return PX_SERVER_UNKNOWN;
+    const redisReply *server = NULL, *version = NULL;
+    for (size_t i = 0; i + 1 < hello->elements; i += 2) {
+        const redisReply *k = hello->element[i], *v = hello->element[i + 1];
+        if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING) continue;
+        if (px_rp_is(k, "server")) server = v;
+        else if (px_rp_is(k, "version")) version = v;
+    }
+    if (version == NULL) return PX_SERVER_UNKNOWN;
+    snprintf(ver, versize, "%s %s", server ? server->str : "redis", version->str);
+    /* "7.0.15": digits first, read whole (no sign, blank or NUL before them) */
+    if (version->len == 0 || version->str[0] < '0' || version->str[0] > '9')
+        return PX_SERVER_UNKNOWN;
+    if (server && server->len == 6 && strncasecmp(server->str, "valkey", 6) == 0)
+        return PX_SERVER_OK; /* forked from 7.2 */
+    long major = 0;
+    for (size_t i = 0; i < version->len && i < 4 && version->str[i] >= '0' && version->str[i] <= '9'; i++)
+        major = major * 10 + (version->str[i] - '0');
+    return major >= 7 ? PX_SERVER_OK : PX_SERVER_OLD;
 }

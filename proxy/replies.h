@@ -2,7 +2,7 @@
  * replies.h - pure readers of the Redis replies the daemon acts on (issue 37):
  * SET NX GET and the other claim replies (claim.c), XPENDING and XINFO
  * CONSUMERS (the reader), XINFO GROUPS (metrics.c), pub/sub messages and
- * HELLO (link.c). Every element's type is checked before it is read; a
+ * HELLO (link.c's handshake). Every element's type is checked before it is read; a
  * string is compared whole (its length, not up to a NUL); an integer is only
  * ever read from an integer reply (hiredis leaves 'integer' 0 in any other
  * type: a "pending" sent as a string is not 0 pending, it is a malformed
@@ -18,6 +18,7 @@
 #include <hiredis/hiredis.h>
 
 #include "decide.h"
+#include "redis.h"
 
 /* 'r' is a string (bulk or status) of exactly the bytes of 's'. */
 bool px_rp_is(const redisReply *r, const char *s);
@@ -76,6 +77,9 @@ long px_rp_xinfo_consumers(const redisReply *r, px_rp_consumer **out, char *why,
  * and lag are integers (lag is nil when Redis cannot tell). */
 bool px_rp_xinfo_group(const redisReply *r, const char *group, long long *pending,
                        bool *pending_known, long long *lag, bool *lag_known);
+
+/* px_redis_server_check (redis.h), HELLO's reply, is here too: keys compared
+ * whole, the version read from its leading digits. */
 
 /* A pub/sub message: ["message", channel, payload], the first exactly
  * "message" (the command FIFO has no entry for it). */

@@ -2,7 +2,7 @@
  * fuzz_replies.c - libFuzzer target for the readers of what a misbehaving
  * Redis sends back (proxy/replies.c): SET NX GET and the claim's integer
  * replies (claim.c), XPENDING and XINFO CONSUMERS (the reader), XINFO GROUPS
- * (metrics.c), pub/sub messages (link.c).
+ * (metrics.c), pub/sub messages and HELLO (link.c).
  *
  * The input is RESP, read by hiredis' reader into the daemon's reply arena.
  * The oracles, beyond no crash:
@@ -12,7 +12,8 @@
  *     integer; XPENDING with any count or idle that is not an integer, or
  *     XINFO CONSUMERS with a "pending" or "idle" that is not one, is refused
  *     (a non-integer is never read as 0); a group's pending is known only
- *     from its exact name's integer.
+ *     from its exact name's integer; HELLO tells old from new only from a
+ *     "version" string that starts with a digit.
  *  2. round trip: what XPENDING and XINFO CONSUMERS accept, written back as
  *     RESP and read again, gives the same values.
  */
@@ -48,6 +49,20 @@ static void check_scalars(const redisReply *r)
                                             r->element[0]->len == 7 &&
                                             memcmp(r->element[0]->str, "message", 7) == 0),
                "a message that is not one");
+    /* HELLO: a server known old or new has said its version, digits first. */
+    char ver[80];
+    px_server_check srv = px_redis_server_check(r, ver, sizeof(ver));
+    FUZZ_CHECK(memchr(ver, '\0', sizeof(ver)) != NULL, "version text not terminated");
+    if (srv != PX_SERVER_UNKNOWN && r->type == REDIS_REPLY_ARRAY) {
+        bool said = false;
+        for (size_t i = 0; i + 1 < r->elements && !said; i += 2) {
+            const redisReply *key = r->element[i], *val = r->element[i + 1];
+            said = key->type == REDIS_REPLY_STRING && key->len == 7 &&
+                   memcmp(key->str, "version", 7) == 0 && val->type == REDIS_REPLY_STRING &&
+                   val->len > 0 && val->str[0] >= '0' && val->str[0] <= '9';
+        }
+        FUZZ_CHECK(said, "server check %d without a version", (int)srv);
+    }
 }
 
 /* Any element of an XPENDING reply whose idle or count is not an integer. */

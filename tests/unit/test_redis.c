@@ -51,6 +51,10 @@ static void test_server_check(void)
         { "redis", "6.0.20", PX_SERVER_OLD, "redis 6.0.20" },
         { "redis", "6.9.9", PX_SERVER_OLD, "redis 6.9.9" },
         { "redis", "garbage", PX_SERVER_UNKNOWN, "redis garbage" },
+        /* the version's digits come first: no blank or sign that strtol skips */
+        { "redis", " 7.0.0", PX_SERVER_UNKNOWN, "redis  7.0.0" },
+        { "redis", "+7.0.0", PX_SERVER_UNKNOWN, "redis +7.0.0" },
+        { "redis", "-9", PX_SERVER_UNKNOWN, "redis -9" },
     };
     char ver[80];
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

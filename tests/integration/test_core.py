@@ -438,14 +438,15 @@ def test_entry_delivered_max_deliveries_times_is_dead_lettered_without_delivery(
 
 def test_done_mark_expiry_allows_the_key_again(env):
     # Seed 003: a coupon re-opened after its done mark expired is handled again.
-    # done_ttl_ms at its least: lease_ms (SPEC 4), itself at least 2 x timeout_ms
-    p = env.proxy([stream_conf("group", "single", done_ttl_ms=1500, lease_ms=1500)], timeout_ms=500)
+    # done_ttl_ms short, but at least lease_ms (SPEC 4), itself at least 2 x timeout_ms,
+    # and long enough that the second copy is read before it runs out on a busy machine
+    p = env.proxy([stream_conf("group", "single", done_ttl_ms=3000, lease_ms=1500)], timeout_ms=500)
     w = env.worker(p.endpoint)
     publish(env.r, "room", [{"eventId": "coupon-1"}])
     wait_for(lambda: w.keys() == ["coupon-1"], what="first")
     publish(env.r, "room", [{"eventId": "coupon-1"}])
     p.wait_log("duplicate (before_lock)")
-    wait_for(lambda: not env.r.exists("idem:coupon-1"), timeout=5, what="done mark expired")
+    wait_for(lambda: not env.r.exists("idem:coupon-1"), timeout=8, what="done mark expired")
     publish(env.r, "room", [{"eventId": "coupon-1"}])
     wait_for(lambda: w.keys() == ["coupon-1", "coupon-1"], what="delivered again")
 

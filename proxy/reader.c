@@ -26,6 +26,7 @@
 #include "hooks.h"
 #include "log.h"
 #include "reader.h"
+#include "replies.h"
 #include "step.h"
 
 #define PX_READER_BLOCK_MS 2000
@@ -258,15 +259,18 @@ static void counts_reply_cb(px_redis *r, redisReply *reply, void *priv)
         counts_later(a, 0.1);
         return;
     }
-    for (size_t i = 0; reply && reply->type == REDIS_REPLY_ARRAY && i < reply->elements; i++) {
-        redisReply *p = reply->element[i];
-        if (p->type != REDIS_REPLY_ARRAY || p->elements < 4 || p->element[0]->type != REDIS_REPLY_STRING ||
-            p->element[3]->type != REDIS_REPLY_INTEGER) continue;
-        px_entry *e = px_proxy_find(st, p->element[0]->str);
+    /* A malformed reply (replies.c: any element of another type) is read as
+     * none: no count is known, so attempt errs low (SPEC 5.2). */
+    px_rp_pending *pend = NULL;
+    char why[128];
+    long n = reply ? px_rp_xpending(reply, &pend, why, sizeof(why)) : 0;
+    if (n < 0) px_log_warn("stream %s: XPENDING: malformed reply: %s", st->conf->stream, why);
+    for (long i = 0; i < n; i++) {
+        px_rp_pending *p = &pend[i];
+        px_entry *e = strlen(p->id) == p->id_len ? px_proxy_find(st, p->id) : NULL;
         /* Only the entries this ask is for: one read again meanwhile waits for
          * the ask after that read (take_entries), which sees its count. */
-        if (e == NULL || e->delivery.counts_wait != a->seq || e->delivery.attempt != 0 ||
-            p->element[3]->integer < 1)
+        if (e == NULL || e->delivery.counts_wait != a->seq || e->delivery.attempt != 0 || p->count < 1)
             continue;
         /* Reads of ours that may have counted a delivery no worker saw
          * are not charged (px_decide_attempt), and Redis' count is set
@@ -276,7 +280,7 @@ static void counts_reply_cb(px_redis *r, redisReply *reply, void *priv)
          * ask, take_entries), a history read since whose reply was lost,
          * or one still out that reads past this entry's id. */
         px_count_view v = {
-            .count = (uint32_t)p->element[3]->integer,
+            .count = p->count > UINT32_MAX ? UINT32_MAX : (uint32_t)p->count,
             .reads_lost = a->reads_lost,
             .reclaims_lost = a->reclaims_lost,
             .reclaim_out = a->reclaim_out,
@@ -290,6 +294,7 @@ static void counts_reply_cb(px_redis *r, redisReply *reply, void *priv)
         e->delivery.attempt = at.attempt;
         if (at.count != v.count) set_count(e, at.count);
     }
+    free(pend);
     /* Answered or lost, the batch's claims go ahead now. */
     for (px_entry *e = st->head; e; e = e->next)
         if (e->delivery.counts_wait == a->seq) e->delivery.counts_wait = 0;
@@ -497,6 +502,17 @@ static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
     }
 }
 
+/* The id of one [id, fields] element of a read or reclaim reply, or NULL when
+ * it is not a stream id as Redis writes one (a misbehaving server's reply must
+ * never become a cursor, a last_id or an XPENDING range). */
+static const char *entry_id(const redisReply *en)
+{
+    if (en->type != REDIS_REPLY_ARRAY || en->elements < 1) return NULL;
+    const redisReply *id = en->element[0];
+    if (id->type != REDIS_REPLY_STRING || !px_rp_stream_id(id->str, id->len)) return NULL;
+    return id->str;
+}
+
 /* Take the entries of one stream out of an XREAD/XREADGROUP/XAUTOCLAIM reply.
  * Returns how many there were; adds their field bytes to *bytes. 'history':
  * a history page, which reads lost before it may have counted too.
@@ -508,18 +524,15 @@ static size_t take_entries(px_stream *st, redisReply *entries, bool fresh, bool 
     px_reader *rd = st->reader;
     if (entries == NULL || entries->type != REDIS_REPLY_ARRAY) return 0;
     counts_ask *counts = NULL;
-    if (!fresh && st->conf->group && entries->elements > 0 &&
-        entries->element[0]->type == REDIS_REPLY_ARRAY && entries->element[0]->elements > 0) {
-        redisReply *last = entries->element[entries->elements - 1];
-        if (last->type == REDIS_REPLY_ARRAY && last->elements > 0)
-            counts = counts_new(st, entries->element[0]->element[0]->str, last->element[0]->str,
-                                entries->elements, history);
+    if (!fresh && st->conf->group && entries->elements > 0) {
+        const char *first = entry_id(entries->element[0]);
+        const char *last = entry_id(entries->element[entries->elements - 1]);
+        if (first && last) counts = counts_new(st, first, last, entries->elements, history);
     }
     for (size_t i = 0; i < entries->elements; i++) {
         redisReply *en = entries->element[i];
-        if (en->type != REDIS_REPLY_ARRAY || en->elements < 2 ||
-            en->element[0]->type != REDIS_REPLY_STRING) continue;
-        const char *id = en->element[0]->str;
+        const char *id = entry_id(en);
+        if (id == NULL || en->elements < 2) continue;
         if (cursor) snprintf(cursor, sizeof(rd->last_id), "%s", id);
         if (!fresh) {
             px_entry *known = px_proxy_find(st, id);
@@ -618,10 +631,10 @@ static void create_reply_cb(px_redis *r, redisReply *reply, void *priv)
     } else {
         /* XREVRANGE s + - COUNT 1: start after the newest entry ("$"). */
         strcpy(rd->last_id, "0-0");
-        if (reply->type == REDIS_REPLY_ARRAY && reply->elements > 0 &&
-            reply->element[0]->type == REDIS_REPLY_ARRAY &&
-            reply->element[0]->elements > 0)
-            snprintf(rd->last_id, sizeof(rd->last_id), "%s", reply->element[0]->element[0]->str);
+        const char *newest = reply->type == REDIS_REPLY_ARRAY && reply->elements > 0
+                                 ? entry_id(reply->element[0])
+                                 : NULL;
+        if (newest) snprintf(rd->last_id, sizeof(rd->last_id), "%s", newest);
         reader_to(st, R_LIVE);
     }
     read_next(st);
@@ -718,7 +731,8 @@ static void autoclaim_reply_cb(px_redis *r, redisReply *reply, void *priv)
         return;
     }
     if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 2) return;
-    if (reply->element[0]->type == REDIS_REPLY_STRING)
+    if (reply->element[0]->type == REDIS_REPLY_STRING &&
+        px_rp_stream_id(reply->element[0]->str, reply->element[0]->len))
         snprintf(rd->autoclaim_cursor, sizeof(rd->autoclaim_cursor), "%s", reply->element[0]->str);
     size_t bytes = 0, got = take_entries(st, reply->element[1], false, false, NULL, &bytes);
     page_seen(st, got, bytes);
@@ -726,7 +740,8 @@ static void autoclaim_reply_cb(px_redis *r, redisReply *reply, void *priv)
         /* Redis 7: ids that were pending but deleted; XAUTOCLAIM removed them. */
         redisReply *del = reply->element[2];
         for (size_t i = 0; i < del->elements; i++)
-            if (del->element[i]->type == REDIS_REPLY_STRING)
+            if (del->element[i]->type == REDIS_REPLY_STRING &&
+                px_rp_stream_id(del->element[i]->str, del->element[i]->len))
                 px_proxy_trimmed(st, del->element[i]->str, false);
     }
 }
@@ -754,38 +769,28 @@ static void autoclaim_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
 /* --- janitor: consumers idle for an hour with nothing pending -------------- */
 
-static long long info_int(redisReply *c, const char *name)
-{
-    for (size_t i = 0; i + 1 < c->elements; i += 2)
-        if (c->element[i]->type == REDIS_REPLY_STRING && strcmp(c->element[i]->str, name) == 0)
-            return c->element[i + 1]->integer;
-    return -1;
-}
-
-static const char *info_str(redisReply *c, const char *name)
-{
-    for (size_t i = 0; i + 1 < c->elements; i += 2)
-        if (c->element[i]->type == REDIS_REPLY_STRING && strcmp(c->element[i]->str, name) == 0 &&
-            c->element[i + 1]->type == REDIS_REPLY_STRING)
-            return c->element[i + 1]->str;
-    return NULL;
-}
-
+/* XINFO CONSUMERS, read by replies.c: a reply with any malformed element is
+ * read as none (a "pending" that is not an integer is not 0 pending). */
 static void consumers_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     px_stream *st = priv;
-    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY) return;
-    for (size_t i = 0; i < reply->elements; i++) {
-        redisReply *c = reply->element[i];
-        const char *name = info_str(c, "name");
-        if (name == NULL || strcmp(name, st->conf->consumer) == 0) continue;
-        if (info_int(c, "pending") == 0 && info_int(c, "idle") > idle_consumer_ms) {
-            px_log_info("stream %s: removing idle consumer %s", st->conf->stream, name);
-            const char *argv[] = { "XGROUP", "DELCONSUMER", st->conf->stream, st->conf->group, name };
-            size_t lens[] = { 6, 11, strlen(argv[2]), strlen(argv[3]), strlen(name) };
+    if (reply == NULL) return;
+    px_rp_consumer *cs = NULL;
+    char why[128];
+    long n = px_rp_xinfo_consumers(reply, &cs, why, sizeof(why));
+    if (n < 0) px_log_warn("stream %s: XINFO CONSUMERS: malformed reply: %s", st->conf->stream, why);
+    for (long i = 0; i < n; i++) {
+        px_rp_consumer *c = &cs[i];
+        if (c->name_len == strlen(st->conf->consumer) && memcmp(c->name, st->conf->consumer, c->name_len) == 0)
+            continue;
+        if (c->pending == 0 && c->idle_ms > idle_consumer_ms) {
+            px_log_info("stream %s: removing idle consumer %.*s", st->conf->stream, (int)c->name_len, c->name);
+            const char *argv[] = { "XGROUP", "DELCONSUMER", st->conf->stream, st->conf->group, c->name };
+            size_t lens[] = { 6, 11, strlen(argv[2]), strlen(argv[3]), c->name_len };
             px_redis_argv(r, st->conf->stream, 0, NULL, NULL, 5, argv, lens);
         }
     }
+    free(cs);
 }
 
 static void janitor_cb(struct ev_loop *loop, ev_timer *w, int revents)

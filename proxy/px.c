@@ -10,6 +10,8 @@
 #include <sys/time.h>
 #include <time.h>
 
+#include <openssl/evp.h>
+
 static void px_oom(size_t size)
 {
     fprintf(stderr, "idemproxy: out of memory allocating %zu bytes\n", size);
@@ -198,4 +200,21 @@ uint64_t px_mono_ms(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
 #endif
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000 + 1;
+}
+
+uint64_t px_hash64(const void *p, size_t n)
+{
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int mdlen = 0;
+    if (EVP_Digest(p, n, md, &mdlen, EVP_sha256(), NULL) != 1 || mdlen < 8) abort();
+    uint64_t h = 0;
+    for (int i = 0; i < 8; i++) h = h << 8 | md[i];
+    return h;
+}
+
+void px_hash64_hex(uint64_t h, char out[17])
+{
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 15; i >= 0; i--, h >>= 4) out[i] = hex[h & 15];
+    out[16] = '\0';
 }

@@ -1454,8 +1454,98 @@ static int eval(rctx *c, const tnode *n, tval *v)
     return render_error(c, n, "internal error: unknown node");
 }
 
-int px_template_render(const px_template *t, const px_tvars *vars, px_buf *out,
-                       char *err, size_t errlen)
+/* --- canonical JSON (fingerprints) -------------------------------------------
+ * One text per JSON value, whatever the way it was written: object members
+ * sorted by their names' bytes, no spaces, numbers as written in the source
+ * (json-c keeps a double's text; an integer has one form), strings with '"'
+ * and '\' escaped by a backslash, the controls U+0000-U+001F and DEL as
+ * \u00xx, and every other character as its UTF-8 bytes (json-c decoded any
+ * \u escape of the source). */
+
+static void put_string(px_buf *out, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    px_buf_append(out, "\"", 1);
+    size_t from = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch != '"' && ch != '\\' && ch >= 0x20 && ch != 0x7f) continue;
+        px_buf_append(out, s + from, i - from);
+        if (ch == '"' || ch == '\\') {
+            char esc[2] = { '\\', (char)ch };
+            px_buf_append(out, esc, 2);
+        } else {
+            char esc[6] = { '\\', 'u', '0', '0', hex[ch >> 4], hex[ch & 15] };
+            px_buf_append(out, esc, 6);
+        }
+        from = i + 1;
+    }
+    px_buf_append(out, s + from, n - from);
+    px_buf_append(out, "\"", 1);
+}
+
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Append the canonical JSON of 'o' ('n': the node, for messages). */
+static int put_canon(rctx *c, const tnode *n, struct json_object *o)
+{
+    tval v;
+    char scratch[PX_TNUM_MAX];
+    const char *p;
+    size_t len;
+    if (view_json(c, n, o, &v) != PX_OK) return PX_ERR;
+    switch (v.kind) {
+    case V_NULL:
+        px_buf_append(c->out, "null", 4);
+        return PX_OK;
+    case V_STR:
+        put_string(c->out, v.s, v.n);
+        return PX_OK;
+    case V_ARR: {
+        size_t k = json_object_array_length(o);
+        px_buf_append(c->out, "[", 1);
+        for (size_t i = 0; i < k; i++) {
+            if (i) px_buf_append(c->out, ",", 1);
+            if (put_canon(c, n, json_object_array_get_idx(o, i)) != PX_OK) return PX_ERR;
+        }
+        px_buf_append(c->out, "]", 1);
+        return PX_OK;
+    }
+    case V_OBJ: {
+        /* The names sorted: on the stack for a small object. */
+        const char *small[32], **names = small;
+        size_t k = (size_t)json_object_object_length(o), i = 0;
+        if (k > sizeof(small) / sizeof(small[0])) names = px_malloc(k * sizeof(*names));
+        json_object_object_foreach(o, name, val)
+        {
+            (void)val;
+            if (i < k) names[i++] = name;
+        }
+        qsort(names, i, sizeof(*names), cmp_names);
+        int rc = PX_OK;
+        px_buf_append(c->out, "{", 1);
+        for (size_t j = 0; j < i && rc == PX_OK; j++) {
+            if (j) px_buf_append(c->out, ",", 1);
+            put_string(c->out, names[j], strlen(names[j]));
+            px_buf_append(c->out, ":", 1);
+            rc = put_canon(c, n, json_object_object_get(o, names[j]));
+        }
+        px_buf_append(c->out, "}", 1);
+        if (names != small) free(names);
+        return rc;
+    }
+    default:
+        scalar_text(&v, scratch, &p, &len);
+        px_buf_append(c->out, p, len);
+        return PX_OK;
+    }
+}
+
+static int render(const px_template *t, const px_tvars *vars, px_buf *out, char *err,
+                  size_t errlen, bool structured)
 {
     rctx c = { t, vars, out, err, errlen };
     px_buf_reserve(out, 0); /* so that even an empty key is a string */
@@ -1470,6 +1560,10 @@ int px_template_render(const px_template *t, const px_tvars *vars, px_buf *out,
             continue;
         }
         if (eval(&c, n, &v) != PX_OK) goto fail;
+        if (structured && (v.kind == V_OBJ || v.kind == V_ARR)) {
+            if (put_canon(&c, n, v.obj) != PX_OK) goto fail;
+            continue;
+        }
         if (!is_renderable(&v)) {
             render_error(&c, n, "is %s, which cannot be part of a key%s",
                          kind_name(&v), fallback_hint(&v));
@@ -1482,4 +1576,16 @@ int px_template_render(const px_template *t, const px_tvars *vars, px_buf *out,
 fail:
     px_buf_reset(out);
     return PX_ERR;
+}
+
+int px_template_render(const px_template *t, const px_tvars *vars, px_buf *out,
+                       char *err, size_t errlen)
+{
+    return render(t, vars, out, err, errlen, false);
+}
+
+int px_template_render_value(const px_template *t, const px_tvars *vars, px_buf *out,
+                             char *err, size_t errlen)
+{
+    return render(t, vars, out, err, errlen, true);
 }

@@ -49,6 +49,19 @@ px_template *px_template_compile(const char *src, char *err, size_t errlen, int 
 int px_template_render(const px_template *t, const px_tvars *vars, px_buf *out,
                        char *err, size_t errlen);
 
+/*
+ * Render 't' as a fingerprint (SPEC 4 'fingerprint'): as px_template_render,
+ * but a part that is an object or an array renders as its canonical JSON:
+ * members sorted by name (bytes), no spaces, numbers as written in the
+ * source, strings escaped one way ('"' and '\\' by a backslash, controls as
+ * \u00xx, the rest as UTF-8). So "#event" renders one text per event
+ * whatever the order its producer wrote its members in. null and missing
+ * values are errors, as in a key. An object of over 32 members allocates its
+ * sorted names while rendering.
+ */
+int px_template_render_value(const px_template *t, const px_tvars *vars, px_buf *out,
+                             char *err, size_t errlen);
+
 /* The source text the template was compiled from (ref, lives as long as 't'). */
 const char *px_template_source(const px_template *t);
 

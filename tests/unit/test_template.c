@@ -607,6 +607,80 @@ static void test_reads_entry(void)
     px_template_destroy(t);
 }
 
+
+/* ------------------------------------------------------------------------ */
+/* Fingerprints: canonical JSON and its hash (SPEC 4, issue 31)              */
+/* ------------------------------------------------------------------------ */
+
+/* Render 'src' as a fingerprint over the JSON text 'json'. */
+static int render_fp(const char *src, const char *json, px_buf *out, char *err)
+{
+    char cerr[ERRLEN];
+    px_template *t = px_template_compile(src, cerr, sizeof(cerr), NULL);
+    struct json_object *ev = json_tokener_parse(json);
+    px_tvars vars = { ev, NULL, "room", "1-0" };
+    int rc = t ? px_template_render_value(t, &vars, out, err, ERRLEN) : PX_ERR;
+    json_object_put(ev);
+    if (t) px_template_destroy(t);
+    return rc;
+}
+
+static void test_fingerprint(void)
+{
+    px_buf a = { 0 }, b = { 0 };
+    char err[ERRLEN];
+    /* Keys sorted at every level, whatever the order written; no spaces. */
+    test_cond("canon: object renders",
+              render_fp("#event", "{\"b\": 1, \"a\": {\"y\": [1, 2.50, \"x\"], \"x\": null}}", &a,
+                        err) == PX_OK);
+    test_cond("canon: keys sorted, numbers as written",
+              strcmp(a.data, "{\"a\":{\"x\":null,\"y\":[1,2.50,\"x\"]},\"b\":1}") == 0);
+    test_cond("canon: other key order",
+              render_fp("#event", "{\"a\":{\"x\":null, \"y\":[1,2.50,\"x\"]},  \"b\":1}", &b, err) ==
+                  PX_OK);
+    test_cond("canon: same text whatever the key order", strcmp(a.data, b.data) == 0);
+    test_cond("canon: same hash", px_hash64(a.data, a.len) == px_hash64(b.data, b.len));
+    /* 2.5 is not 2.50: numbers as written (a producer that changes its
+     * number format changes the fingerprint; that is documented). */
+    render_fp("#event", "{\"a\":{\"x\":null,\"y\":[1,2.5,\"x\"]},\"b\":1}", &b, err);
+    test_cond("canon: 2.5 differs from 2.50", strcmp(a.data, b.data) != 0);
+    /* Strings escaped one way: \u00e9 and é are one character. */
+    render_fp("#event", "{\"s\":\"\\u00e9\\\"\\\\\\n\\u0001/\"}", &a, err);
+    test_cond("canon: string escapes", strcmp(a.data, "{\"s\":\"\xc3\xa9\\\"\\\\\\u000a\\u0001/\"}") == 0);
+    render_fp("#event", "{\"s\":\"\xc3\xa9\\\"\\\\\\u000a\\u0001\\/\"}", &b, err);
+    test_cond("canon: one way of writing a string", strcmp(a.data, b.data) == 0);
+    /* Keys that sort by bytes, a key with escapes. */
+    render_fp("#event", "{\"b\":true,\"B\":false,\"a\\\"\":[],\"\":{}}", &a, err);
+    test_cond("canon: byte order, empty containers",
+              strcmp(a.data, "{\"\":{},\"B\":false,\"a\\\"\":[],\"b\":true}") == 0);
+    /* A part of the event, and mixed with text. */
+    test_cond("canon: a member object",
+              render_fp("#event.o", "{\"o\":{\"z\":1,\"a\":2}}", &a, err) == PX_OK &&
+                  strcmp(a.data, "{\"a\":2,\"z\":1}") == 0);
+    test_cond("canon: an array in a template",
+              render_fp("v:#{event.l}", "{\"l\":[3,{\"b\":1,\"a\":0}]}", &a, err) == PX_OK &&
+                  strcmp(a.data, "v:[3,{\"a\":0,\"b\":1}]") == 0);
+    test_cond("canon: a scalar renders as a key does",
+              render_fp("#event.n", "{\"n\":-12}", &a, err) == PX_OK && strcmp(a.data, "-12") == 0);
+    /* A key still refuses objects; a fingerprint still refuses null. */
+    px_template *t = px_template_compile("#event", err, sizeof(err), NULL);
+    struct json_object *ev = json_tokener_parse("{\"a\":1}");
+    px_tvars vars = { ev, NULL, "room", "1-0" };
+    test_cond("canon: a key is no object", px_template_render(t, &vars, &a, err, sizeof(err)) == PX_ERR);
+    json_object_put(ev);
+    px_template_destroy(t);
+    test_cond("canon: null is an error", render_fp("#event.x", "{\"x\":null}", &a, err) == PX_ERR);
+    test_cond("canon: missing is an error", render_fp("#event.x", "{}", &a, err) == PX_ERR);
+    /* The hash: SHA-256's first 8 bytes, big-endian (sha256("abc") =
+     * ba7816bf8f01cfea...), written as 16 hex digits. */
+    test_cond("hash: sha-256 prefix", px_hash64("abc", 3) == 0xba7816bf8f01cfeaull);
+    char hex[17];
+    px_hash64_hex(0x00ab0000000000ffull, hex);
+    test_cond("hash: hex", strcmp(hex, "00ab0000000000ff") == 0);
+    px_buf_deinit(&a);
+    px_buf_deinit(&b);
+}
+
 int main(int argc, char **argv)
 {
     test_table(find_table(argc, argv));
@@ -623,6 +697,7 @@ int main(int argc, char **argv)
     test_utf8();
     test_reads_entry();
     test_fuzz(event);
+    test_fingerprint();
     json_object_put(event);
 
     printf("%d table cases\n", cases_run);

@@ -6,16 +6,19 @@
  * Claim. For each entry the outcome is claimed, duplicate or busy:
  *
  *   layout single: one key, prefix + key, holds "L:<token>" while locked and
- *   "D" once done. `SET k L:<token> NX PX lease GET` is the whole double-checked
+ *   "D:<ms>[:<fingerprint>]" once done (decide.h, px_done_mark; an older
+ *   idemproxy's plain "D" reads as done too). `SET k L:<token> NX PX lease GET` is the whole double-checked
  *   lock in one atomic command: nil means we took the lock on a key that was
  *   not done; "D" means done (duplicate); "L:<our token>" means we already held
  *   it (a reply lost in a reconnect); any other "L:" means busy.
  *
  *   layout split: lock_prefix + key and done_prefix + key, exactly as the
  *   seeds' @RedisLock aspect uses them, so a consumer running the seeds' code
- *   and idemproxy can share the keys. First `EXISTS done` (the fast path). If
+ *   and idemproxy can share the keys. First `GET done` (the fast path; any
+ *   value is done, the seeds' "1" too, and idemproxy's own "1:<ms>[:<fp>]"
+ *   brings its time and fingerprint). If
  *   not done, `SET lock <token> NX PX lease GET` and, in the same pipeline,
- *   `EXISTS done` again: the check after the lock is held, which closes the
+ *   `GET done` again: the check after the lock is held, which closes the
  *   race of seed 000 (a holder that writes done and releases between our first
  *   check and our lock). The commands run in order, so this holds even when
  *   lock and done keys live on different cluster nodes.
@@ -273,15 +276,23 @@ static void on_lock_set(px_entry *e, redisReply *r)
     }
     e->claim.set = (int)l;
     e->claim.own = r->type == REDIS_REPLY_STRING && l == PX_LOCK_TAKEN;
+    if (l == PX_LOCK_DONE) e->claim.found = px_decide_done_mark(r->str);
     uint64_t sent = reply_sent_ms(e);
     if (e->claim.set == PX_LOCK_TAKEN && !e->claim.own && sent) e->claim.dedup_held_ms = sent;
 }
 
-static void on_done_exists(px_entry *e, redisReply *r)
+/* The done key's value: nil, not done; any string, done (the seeds' "1" too),
+ * and what idemproxy's own marks keep (time, fingerprint) read from it. */
+static void on_done_get(px_entry *e, redisReply *r)
 {
-    long long n;
-    if (!px_rp_int(r, &n)) malformed(e);
-    else e->claim.done = n == 1;
+    const char *v;
+    size_t len;
+    if (!px_rp_str_or_nil(r, &v, &len)) {
+        malformed(e);
+        return;
+    }
+    e->claim.done = v != NULL;
+    if (e->claim.done) e->claim.found = px_decide_done_mark(v);
 }
 
 static void on_fence(px_entry *e, redisReply *r)
@@ -291,12 +302,13 @@ static void on_fence(px_entry *e, redisReply *r)
     else e->claim.fence = (uint64_t)n;
 }
 
-/* Send `EXISTS done`. */
+/* Send `GET done`: as cheap as EXISTS, and it brings the mark's time and
+ * fingerprint back in the same reply (no round trip of their own). */
 static void exists_done(px_entry *e)
 {
-    const char *argv[2] = { "EXISTS", e->done_name };
-    size_t lens[2] = { 6, e->done_name_len };
-    px_step_cmd(e, e->done_name, on_done_exists, 2, argv, lens);
+    const char *argv[2] = { "GET", e->done_name };
+    size_t lens[2] = { 3, e->done_name_len };
+    px_step_cmd(e, e->done_name, on_done_get, 2, argv, lens);
 }
 
 static void on_dedup_extended(px_entry *e, redisReply *r);
@@ -492,7 +504,10 @@ static void on_lock_value(px_entry *e, redisReply *r)
         return;
     }
     e->claim.recheck_mine = v && len == strlen(mine) && memcmp(v, mine, len) == 0;
-    if (e->st->conf->layout == PX_LAYOUT_SINGLE && v && len && v[0] == 'D') e->claim.done = true;
+    if (e->st->conf->layout == PX_LAYOUT_SINGLE && v && len && v[0] == 'D') {
+        e->claim.done = true;
+        e->claim.found = px_decide_done_mark(v);
+    }
 }
 
 /* Send the look at the dedup key: its lock (and, split, the done mark). */
@@ -661,15 +676,25 @@ void px_claim_extend(px_stream *st)
 
 /* --- commit: done mark, dead letter ---------------------------------------- */
 
+/* Our done mark's value: the time of its first write (a retry writes the
+ * same), and the fingerprint (decide.h: px_done_mark). */
+static size_t done_value(px_entry *e, char buf[PX_DONE_MARK_MAX])
+{
+    if (e->claim.done_ms == 0) e->claim.done_ms = px_now_ms();
+    char lead = e->st->conf->layout == PX_LAYOUT_SINGLE ? 'D' : '1';
+    return px_done_mark_write(buf, lead, e->claim.done_ms, e->has_fp, e->fp);
+}
+
 static void on_done_set(px_entry *e, redisReply *r)
 {
-    char mine[32];
+    char mine[32], done[PX_DONE_MARK_MAX];
     if (e->st->conf->layout != PX_LAYOUT_SINGLE || e->outcome != PX_OUT_ACKED) return;
     lock_value(e, mine, sizeof(mine));
-    /* A retry after a lost reply reads back the D its first try may have
+    done_value(e, done);
+    /* A retry after a lost reply reads back the mark its first try may have
      * written: that is ours, not a lost lease. (Were the lease lost and the
      * key done by another holder in that same window, this cannot tell.) */
-    if (e->claim.done_sets > 1 && r->type == REDIS_REPLY_STRING && strcmp(r->str, "D") == 0) return;
+    if (e->claim.done_sets > 1 && r->type == REDIS_REPLY_STRING && strcmp(r->str, done) == 0) return;
     if (!(r->type == REDIS_REPLY_STRING && strcmp(r->str, mine) == 0) && !e->claim.lease_lost) {
         e->claim.lease_lost = true;
         e->st->c.lease_lost++;
@@ -852,9 +877,10 @@ static void commit_one(px_entry *e)
     px_step_begin(e, ordered ? commit_decided : commit_release_after);
     if (e->outcome == PX_OUT_DEAD_LETTERED) dead_letter_add(e, e->reason ? e->reason : "dropped");
     if (e->key && e->mark_done) {
-        const char *val = sc->layout == PX_LAYOUT_SINGLE ? "D" : "1";
+        char val[PX_DONE_MARK_MAX];
+        size_t vn = done_value(e, val);
         const char *argv[] = { "SET", e->done_name, val, "PX", ttl, "GET" };
-        size_t lens[] = { 3, e->done_name_len, 1, 2, strlen(ttl), 3 };
+        size_t lens[] = { 3, e->done_name_len, vn, 2, strlen(ttl), 3 };
         if (sc->layout == PX_LAYOUT_SINGLE && e->claim.done_sets < 255) e->claim.done_sets++;
         px_step_cmd(e, e->done_name, on_done_set, sc->layout == PX_LAYOUT_SINGLE ? 6 : 5, argv,
                     lens);

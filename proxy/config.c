@@ -106,7 +106,7 @@
  */
 #define CFG_MAX_MS 3153600000000LL
 
-#define CFG_MAX_OPTS 24 /* keys in the largest table (a stream block) */
+#define CFG_MAX_OPTS 26 /* keys in the largest table (a stream block) */
 #define CFG_ECHO_MAX 48 /* at most this much of a bad value is quoted back */
 
 /* How much of 's' to quote back: at most CFG_ECHO_MAX bytes, cut at a
@@ -134,6 +134,7 @@ static int cfg_echo_len(const char *s)
 _Static_assert(sizeof(px_layout) == sizeof(int), "enum size");
 _Static_assert(sizeof(px_on_busy) == sizeof(int), "enum size");
 _Static_assert(sizeof(px_on_missing) == sizeof(int), "enum size");
+_Static_assert(sizeof(px_on_conflict) == sizeof(int), "enum size");
 _Static_assert(sizeof(px_log_level) == sizeof(int), "enum size");
 _Static_assert(sizeof(px_log_format) == sizeof(int), "enum size");
 
@@ -1330,6 +1331,7 @@ static yaml_node_t *cfg_seen_val(const cfg_opt *opts, const cfg_seen *seen, cons
 static const char *const cfg_layouts[] = { "single", "split", NULL };
 static const char *const cfg_busy[] = { "retry", "dead_letter", NULL };
 static const char *const cfg_missing[] = { "dead_letter", "skip", NULL };
+static const char *const cfg_conflict[] = { "dead_letter", "skip", NULL };
 static const char *const cfg_levels[] = { "error", "warn", "info", "debug", NULL };
 static const char *const cfg_formats[] = { "text", "json", NULL };
 
@@ -1507,6 +1509,9 @@ static const cfg_opt cfg_stream_opts[] = {
     /* a batching wait, not a delay: bounded well under any lease */
     { .name = "linger_ms", .set = cfg_set_ms, .offset = offsetof(px_stream_conf, linger_ms), .min = 0, .max = PX_LINGER_MAX_MS },
     CFG_BOOL(px_stream_conf, hash_tag),
+    /* a fingerprint decides which copies conflict: it must read the entry too */
+    { .name = "fingerprint", .set = cfg_set_template, .offset = offsetof(px_stream_conf, fingerprint), .offset2 = offsetof(px_stream_conf, fp_tpl), .flags = CFG_EMPTY_NULL | CFG_TPL_KEY },
+    CFG_ENUM("on_conflict", px_stream_conf, on_conflict, cfg_conflict),
     { .name = NULL }
 };
 
@@ -2223,12 +2228,14 @@ void px_config_destroy(px_config *c)
         free(s->payload_field);
         free(s->key);
         free(s->lock_key);
+        free(s->fingerprint);
         free(s->prefix);
         free(s->lock_prefix);
         free(s->done_prefix);
         free(s->dead_letter);
         if (s->key_tpl) px_template_destroy(s->key_tpl);
         if (s->lock_tpl) px_template_destroy(s->lock_tpl);
+        if (s->fp_tpl) px_template_destroy(s->fp_tpl);
     }
     free(c->streams);
     free(c);

@@ -19,6 +19,8 @@ typedef enum { PX_BUSY_RETRY = 0,
                PX_BUSY_DEAD_LETTER } px_on_busy;
 typedef enum { PX_MISSING_DEAD_LETTER = 0,
                PX_MISSING_SKIP } px_on_missing;
+typedef enum { PX_CONFLICT_DEAD_LETTER = 0,
+               PX_CONFLICT_SKIP } px_on_conflict;
 typedef enum { PX_LOG_ERROR = 0,
                PX_LOG_WARN,
                PX_LOG_INFO,
@@ -54,6 +56,9 @@ typedef struct px_stream_conf {
     bool hash_tag;                /* default false: true names keys prefix + "{" + key + "}" */
     px_template *key_tpl;         /* compiled 'key' */
     px_template *lock_tpl;        /* compiled 'lock_key'; NULL when none */
+    char *fingerprint;            /* NULL: off (the default) */
+    px_template *fp_tpl;          /* compiled 'fingerprint'; NULL when off */
+    px_on_conflict on_conflict;   /* default dead_letter */
     int line;                     /* line of the block in the file, for messages */
 } px_stream_conf;
 

@@ -2,6 +2,7 @@
  * decide.c - see decide.h. No I/O, no state: every rule of the dedup
  * protocol that can be written as a function of what Redis and the app said.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "decide.h"
@@ -92,4 +93,54 @@ bool px_decide_error_passes(const char *err)
         if (strncmp(err, passing[i], n) == 0 && (err[n] == ' ' || err[n] == '\0')) return true;
     }
     return false;
+}
+
+size_t px_done_mark_write(char *buf, char lead, uint64_t ms, bool has_fp, uint64_t fp)
+{
+    int n = has_fp ? snprintf(buf, PX_DONE_MARK_MAX, "%c:%llu:%016llx", lead, (unsigned long long)ms,
+                              (unsigned long long)fp)
+                   : snprintf(buf, PX_DONE_MARK_MAX, "%c:%llu", lead, (unsigned long long)ms);
+    return (size_t)n;
+}
+
+/* Up to 'max' digits of base 'base' at '*p' into '*out'; false if none. */
+static bool read_num(const char **p, unsigned base, size_t max, uint64_t *out)
+{
+    uint64_t v = 0;
+    size_t k = 0;
+    for (const char *s = *p;; s++, k++) {
+        unsigned d;
+        if (*s >= '0' && *s <= '9') d = (unsigned)(*s - '0');
+        else if (base == 16 && *s >= 'a' && *s <= 'f') d = (unsigned)(*s - 'a' + 10);
+        else break;
+        if (k == max) return false;
+        v = v * base + d;
+    }
+    if (k == 0) return false;
+    *p += k;
+    *out = v;
+    return true;
+}
+
+px_done_mark px_decide_done_mark(const char *v)
+{
+    px_done_mark m = { 0 };
+    uint64_t ms, fp;
+    const char *p = v + (v[0] ? 1 : 0);
+    /* 19 digits: every ms time until the year 318,857,000 */
+    if (v[0] == '\0' || *p++ != ':' || !read_num(&p, 10, 19, &ms)) return m;
+    if (*p == '\0') {
+        m.has_ms = true;
+        m.ms = ms;
+        return m;
+    }
+    const char *f = p + 1;
+    if (*p != ':' || !read_num(&f, 16, 16, &fp) || f != p + 17 || *f != '\0') return m;
+    m = (px_done_mark){ .has_ms = true, .ms = ms, .has_fp = true, .fp = fp };
+    return m;
+}
+
+bool px_decide_conflict(const px_done_mark *m, bool has_fp, uint64_t fp)
+{
+    return has_fp && m->has_fp && m->fp != fp;
 }

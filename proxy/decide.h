@@ -110,6 +110,36 @@ typedef struct px_attempt {
  * dead letter no worker ever saw. */
 px_attempt px_decide_attempt(const px_count_view *v);
 
+/*
+ * A done mark's value (SPEC 5.5). idemproxy writes "<lead>:<ms>" or, with a
+ * fingerprint, "<lead>:<ms>:<fp>": lead 'D' in layout single (the first
+ * character is all an older idemproxy reads: done) and '1' in split (where
+ * readers ask EXISTS), ms the wall-clock time it was written (ms since the
+ * epoch), fp the fingerprint's 64-bit hash as 16 hex digits. Any other value
+ * (the seeds' "1", an older idemproxy's "D") marks the key done too, with no
+ * time and no fingerprint: a copy that meets it is a plain duplicate.
+ */
+typedef struct px_done_mark {
+    bool has_ms; /* 'ms' was read */
+    bool has_fp; /* 'fp' was read */
+    uint64_t ms; /* when the mark was written, ms since the epoch */
+    uint64_t fp; /* the fingerprint of the event it marks done */
+} px_done_mark;
+
+#define PX_DONE_MARK_MAX 48 /* "D:" 20 digits ":" 16 hex digits, NUL: 40 */
+
+/* Write the mark into 'buf' (PX_DONE_MARK_MAX bytes); returns its length. */
+size_t px_done_mark_write(char *buf, char lead, uint64_t ms, bool has_fp, uint64_t fp);
+
+/* Read a done key's value 'v' (NUL-terminated). A value idemproxy did not
+ * write reads as a mark with neither time nor fingerprint. */
+px_done_mark px_decide_done_mark(const char *v);
+
+/* A copy whose fingerprint is 'fp' ('has_fp': the stream has one) met the
+ * done mark 'm': a conflict when both carry fingerprints and they differ;
+ * otherwise a duplicate. */
+bool px_decide_conflict(const px_done_mark *m, bool has_fp, uint64_t fp);
+
 /* An error reply that waiting can cure (a loading, busy, failing-over or
  * full server, a cluster in motion): true. WRONGTYPE, NOPERM, ERR and the
  * rest come back the same however often they are retried: false. */

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "codec.h"
+#include "decide.h"
 #include "log.h"
 
 typedef struct px_stream px_stream;
@@ -71,6 +72,8 @@ struct px_entry {
     size_t lock_name_len;  /* layout single */
     size_t done_name_len;
     char *lock_key;        /* rendered lock_key; owned; NULL when none */
+    bool has_fp;           /* the stream has a fingerprint: 'fp' is the entry's */
+    uint64_t fp;           /* px_hash64 of the fingerprint's rendering (event.c) */
     bool bad;              /* bad input: the commit is its dead letter */
     bool oversized;        /* over max_entry_bytes: its dead letter is a reference */
     px_outcome outcome;    /* set when the final answer is known */
@@ -95,6 +98,8 @@ struct px_entry {
         bool in_io;              /* a claim or XACK round trip is in flight */
         int set;                 /* a px_lock_reply (decide.h) */
         bool done;               /* the done key exists */
+        px_done_mark found;      /* what the done mark found says (decide.h), when 'done' */
+        uint64_t done_ms;        /* the time our done mark holds; 0: not written yet */
         bool own;                /* the lock already held our token (a lost reply) */
         bool marked;             /* the entry-level dead-letter mark exists */
         bool mark_asked;         /* the mark was asked for, after the lock */

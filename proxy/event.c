@@ -138,7 +138,8 @@ int px_event_prepare(px_entry *e, const px_stream_conf *sc, long long max_entry_
 {
     /* #fields is built only for templates that read it. */
     bool want_fields = px_template_uses(sc->key_tpl, PX_TVAR_FIELDS) ||
-                       (sc->lock_tpl && px_template_uses(sc->lock_tpl, PX_TVAR_FIELDS));
+                       (sc->lock_tpl && px_template_uses(sc->lock_tpl, PX_TVAR_FIELDS)) ||
+                       (sc->fp_tpl && px_template_uses(sc->fp_tpl, PX_TVAR_FIELDS));
     json_object *fields = want_fields ? json_object_new_object() : NULL;
     json_object *event = NULL;
     int rc = PX_ERR;
@@ -169,7 +170,7 @@ int px_event_prepare(px_entry *e, const px_stream_conf *sc, long long max_entry_
             goto done;
         }
         px_field *p = &e->fields[e->payload_idx];
-        if (sc->lock_tpl == NULL && fast_key(e, sc, p)) {
+        if (sc->lock_tpl == NULL && sc->fp_tpl == NULL && fast_key(e, sc, p)) {
             rc = PX_OK;
             goto done;
         }
@@ -216,6 +217,17 @@ int px_event_prepare(px_entry *e, const px_stream_conf *sc, long long max_entry_
     if (sc->lock_tpl) {
         if (!render(e, sc, sc->lock_tpl, event, fields, "lock_key", &out, why, whylen)) goto done;
         e->lock_key = px_strndup(out.data, out.len);
+    }
+    if (sc->fp_tpl) { /* objects and arrays too, as canonical JSON; any bytes */
+        char err[256];
+        px_tvars vars = { event, fields, sc->stream, e->id };
+        if (px_template_render_value(sc->fp_tpl, &vars, &out, err, sizeof(err)) != PX_OK) {
+            snprintf(why, whylen, "fingerprint '%s': %s", px_template_source(sc->fp_tpl), err);
+            px_utf8_cut_end(why);
+            goto done;
+        }
+        e->has_fp = true;
+        e->fp = px_hash64(out.data, out.len);
     }
     rc = PX_OK;
 done:

@@ -405,7 +405,7 @@ static bool read_key_state(ops_conn *ctx, const px_stream_conf *sc, const px_ent
     long long ttl;
     if (sc->layout == PX_LAYOUT_SINGLE) {
         if (!get_ttl(ctx, "inspect", e->done_name, &v, &ttl)) return false;
-        if (v && strcmp(v, "D") == 0) {
+        if (v && v[0] == 'D') { /* "D", or "D:<ms>[:<fingerprint>]" */
             k->done = true;
             k->done_ttl = ttl;
         } else if (v && strncmp(v, "L:", 2) == 0) {
@@ -814,7 +814,8 @@ int px_cmd_inspect(px_config *c, const px_ops_args *a)
 /* --- redrive --------------------------------------------------------------- */
 
 /* KEYS: dead-letter stream, source stream[, done mark]. ARGV: the dead
- * letter's id, the done mark's value to delete ("" = whatever it holds), the
+ * letter's id, what the done mark's value to delete starts with ("" = whatever
+ * it holds; single layout "D", never a lock's "L:"), the
  * source stream's name. The entry's fields are all but the last four pairs,
  * idemproxy's (dl_meta_of), whatever their names. */
 static const char redrive_lua[] =
@@ -828,7 +829,8 @@ static const char redrive_lua[] =
     "for i = 1, n do out[i] = f[i] end "
     "redis.call('xdel', KEYS[1], ARGV[1]) "
     "local id = redis.call('xadd', KEYS[2], '*', unpack(out)) "
-    "if KEYS[3] and (ARGV[2] == '' or redis.call('get', KEYS[3]) == ARGV[2]) then "
+    "local v = KEYS[3] and redis.call('get', KEYS[3]) "
+    "if v and (ARGV[2] == '' or string.sub(v, 1, #ARGV[2]) == ARGV[2]) then "
     "  redis.call('del', KEYS[3]) end "
     "return id";
 

@@ -916,7 +916,7 @@ class Run:
             else:
                 pipe.exists(f"done:{k}")
         for k, v in zip(keys, pipe.execute()):
-            done[k] = (v == b"D") if c["layout"] == "single" else bool(v)
+            done[k] = (v or b"")[:1] == b"D" if c["layout"] == "single" else bool(v)
         dls = defaultdict(list)
         for did, f in r.xrange(DEAD):
             f = {a.decode(): b for a, b in f.items()}

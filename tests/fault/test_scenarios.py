@@ -124,11 +124,11 @@ def test_4_slow_worker_and_stalled_replica(env):
     t2 = [d.fencing_token for d in w4.got if d.key == key][0]
     assert t2 > t1
     w4.answer(pb.Ack.ACK)
-    wait_for(lambda: r.get("idem:" + key) == "D", what="done by the new holder")
+    wait_for(lambda: (r.get("idem:" + key) or "")[:1] == "D", what="done by the new holder")
     os.kill(p3.proc.pid, signal.SIGCONT)
     w3.answer(pb.Ack.ACK)                 # the late ack of the stale holder
     p3.wait_log("lease lost")
-    assert r.get("idem:" + key) == "D"
+    assert (r.get("idem:" + key) or "")[:1] == "D"
     print(f"\n4b stalled replica: token {t1} lost to {t2}; late ack written as done, lease_lost counted")
     assert [d.key for d in w3.got + w4.got] == [key, key]
     check("4b stalled replica", r, [key], ledger, [w3, w4], groups=(), faults=faults,

@@ -107,7 +107,7 @@ def test_client_scenario(env, lang):
         assert dl[0][1]["idemproxy-reason"] == "dropped by worker"
         assert dl[0][1]["idemproxy-entry-id"] == ids["drop-me"]
         for k in ["k1", "k2", "k3", "k4", "retry-me", "drop-me", "slow-1", "slow-2", "fields-1"]:
-            assert r.get("idem:" + k) == "D", k
+            assert (r.get("idem:" + k) or "")[:1] == "D", k
 
         if lang in CONCURRENT:
             a, b = by["slow-1"][0], by["slow-2"][0]
@@ -362,7 +362,7 @@ def test_client_sigterm_mid_run_loses_no_ack(env, lang):
     assert rc == 0, f"{lang}: exit {rc}: {w.err.read_text(errors='replace')[-800:]}"
     answered = {LINE.match(l).group(1) for l in w.lines()}
     time.sleep(1.0)   # idemproxy writes the done marks of the last acks
-    done = {k for k in keys if r.get("idem:" + k) == "D"}
+    done = {k for k in keys if (r.get("idem:" + k) or "")[:1] == "D"}
     assert answered - done == set(), f"{lang}: answered, but the ack never arrived: {sorted(answered - done)}"
     assert done - answered == set()
 
@@ -401,7 +401,7 @@ def test_client_last_answer_reaches_idemproxy_before_exit(env, lang):
         answered = {LINE.match(l).group(1) for l in w.lines()}
         assert f"slow-{i}" in answered, f"{lang} round {i}: the slow key was not handled: {answered}"
         time.sleep(1.0)   # idemproxy writes the done marks of the last acks
-        lost = sorted(k for k in answered if r.get("idem:" + k) != "D")
+        lost = sorted(k for k in answered if (r.get("idem:" + k) or "")[:1] != "D")
         assert not lost, f"{lang} round {i}: answered, but the answer never reached idemproxy: {lost}"
         w.out.unlink()
 

@@ -110,7 +110,7 @@ def test_dedup_across_masters(cenv, layout, hash_tag):
     assert max(got.values()) == 1, [k for k, c in got.items() if c > 1]
     tag = (lambda k: "{" + k + "}") if hash_tag else (lambda k: k)
     if layout == "single":
-        assert all(r.get(f"idem:{tag(k)}") == "D" for k in keys)
+        assert all((r.get(f"idem:{tag(k)}") or "")[:1] == "D" for k in keys)
     else:
         assert all(r.exists(f"done:{tag(k)}") for k in keys)
         assert not any(r.exists(f"lock:{tag(k)}") for k in keys)
@@ -154,7 +154,7 @@ def test_ask_and_moved_during_a_slot_migration(cenv):
     with dn.pipeline(transaction=False) as pipe:
         pipe.execute_command("ASKING")
         pipe.get(f"idem:{key}")
-        assert pipe.execute()[1] == "D"
+        assert (pipe.execute()[1] or "")[:1] == "D"
     assert c.node(src).execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
     for port in c.masters():
         c.node(port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", c.node_id(dst))
@@ -232,7 +232,7 @@ def test_master_killed(cenv):
         h.answer(pb.Ack.ACK)                  # acks arrive while the cluster cannot write
     wait_for(c.served, timeout=30, what="a replica promoted")
     wait_for(lambda: px.get("/readyz")[0] == 200, timeout=15, what="ready again")
-    wait_for(lambda: all(r.get(f"idem:{k}") == "D" for k in held_keys), timeout=10,
+    wait_for(lambda: all((r.get(f"idem:{k}") or "")[:1] == "D" for k in held_keys), timeout=10,
              what="the held acks' done marks")
     for h in held:
         h.close()                           # manual workers would hold the next deliveries
@@ -349,7 +349,7 @@ def test_one_master_down_keeps_healthy_leases(tmp_path):
         wait_for(lambda: px.get("/readyz")[0] == 200, timeout=15, what="ready again")
         assert {k: lock(k) for k in healthy} == before, "healthy leases lost during the failover"
         gate.set()
-        wait_for(lambda: all(lock(k) == "D" for k in healthy), timeout=15, what="the healthy keys done")
+        wait_for(lambda: all((lock(k) or "")[:1] == "D" for k in healthy), timeout=15, what="the healthy keys done")
         wait_for(lambda: pending_total(r, healthy_streams) == 0, timeout=20, what="the copies handled")
         time.sleep(0.5)
         got = Counter(k for w in workers for k in w.keys())

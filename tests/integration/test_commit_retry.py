@@ -27,11 +27,11 @@ def test_done_mark_lost_with_its_link_is_written_again(env, tmp_path):
         wait_for(lambda: p.get("/readyz")[0] == 200, 10, "ready")
         publish(r, "room", [{"eventId": "a"}])
         wait_for(lambda: w.inbox, 10, "delivered")
-        link.refuse([b"$6\r\nidem:a\r\n$1\r\nD\r\n"], 1.0)
+        link.refuse([b"$6\r\nidem:a\r\n$15\r\nD:"], 1.0)
         w.answer(pb.Ack.ACK)
         wait_for(lambda: r.xpending("room", "g")["pending"] == 0, 15, "the entry acked")
         assert link.refusing >= 1, "the done mark was not refused"
-        assert r.get("idem:a") == "D", "acked without its done mark"
+        assert (r.get("idem:a") or "")[:1] == "D", "acked without its done mark"
         m = p.metrics()
         assert m['idemproxy_outcomes_total{stream="room",group="g",outcome="acked"}'] == 1
         assert m['idemproxy_lease_lost_total{stream="room",group="g"}'] == 0

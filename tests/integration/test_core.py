@@ -109,7 +109,7 @@ def test_retry_then_ack(env):
     publish(env.r, "room", [{"eventId": "r1"}])
     wait_for(lambda: len(w.got) == 2, what="two deliveries")
     assert [(d.key, d.attempt) for d in w.got] == [("r1", 1), ("r1", 2)]
-    wait_for(lambda: env.r.get("idem:r1") == "D", what="done mark")
+    wait_for(lambda: (env.r.get("idem:r1") or "")[:1] == "D", what="done mark")
     wait_for(lambda: pending(env.r, "room", "game-server") == 0, what="acked")
 
 
@@ -141,7 +141,7 @@ def test_max_deliveries_then_dead_letter(env):
     dl = env.r.xrange("dlq")[0][1]
     assert dl["idemproxy-attempts"] == "3"
     assert "max_deliveries" in dl["idemproxy-reason"] and "still failing" in dl["idemproxy-reason"]
-    wait_for(lambda: env.r.get("idem:poison") == "D", what="done mark")
+    wait_for(lambda: (env.r.get("idem:poison") or "")[:1] == "D", what="done mark")
     wait_for(lambda: pending(env.r, "room", "game-server") == 0, what="acked")
 
 
@@ -153,7 +153,7 @@ def test_ack_timeout_redelivers(env):
     publish(env.r, "room", [{"eventId": "slow"}])
     wait_for(lambda: len(w.got) == 2, timeout=10, what="redelivery after the ack timeout")
     assert [d.attempt for d in w.got] == [1, 2]
-    wait_for(lambda: env.r.get("idem:slow") == "D", what="done mark")
+    wait_for(lambda: (env.r.get("idem:slow") or "")[:1] == "D", what="done mark")
     assert "ack timeout" in p.log_text()
 
 
@@ -164,7 +164,7 @@ def test_garbage_reply_counts_as_retry(env):
     w = env.worker(p.endpoint, behave=behave)
     publish(env.r, "room", [{"eventId": "g1"}])
     wait_for(lambda: len(w.got) == 2, what="redelivery after a garbage reply")
-    wait_for(lambda: env.r.get("idem:g1") == "D", what="done mark")
+    wait_for(lambda: (env.r.get("idem:g1") or "")[:1] == "D", what="done mark")
     assert "invalid reply" in p.log_text()
 
 
@@ -302,7 +302,7 @@ def test_lease_extended_past_lease_ms(env):
     assert env.r.get("idem:long") == value    # still ours: extended
     assert 0 < env.r.pttl("idem:long") <= 2000
     w.answer(pb.Ack.ACK)
-    wait_for(lambda: env.r.get("idem:long") == "D", what="done")
+    wait_for(lambda: (env.r.get("idem:long") or "")[:1] == "D", what="done")
     assert "lease lost" not in p.log_text()
 
 
@@ -433,7 +433,7 @@ def test_entry_delivered_max_deliveries_times_is_dead_lettered_without_delivery(
     assert "delivery count" in r.xrange("dlq")[0][1]["idemproxy-reason"]
     wait_for(lambda: pending(r, "room", "game-server") == 0, what="acked")
     assert w.keys() == ["fine"]
-    assert r.get("idem:poison") == "D"
+    assert (r.get("idem:poison") or "")[:1] == "D"
 
 
 def test_done_mark_expiry_allows_the_key_again(env):

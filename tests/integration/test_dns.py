@@ -91,14 +91,14 @@ def test_a_moved_address_is_followed_after_a_reconnect(env, hosts, tmp_path):
         w = env.worker(p.endpoint)
         publish(env.r, "room", [{"eventId": "on-a"}])
         wait_for(lambda: w.keys() == ["on-a"], timeout=15, what="delivered from A")
-        wait_for(lambda: env.r.get("idem:on-a") == "D", what="done on A")
+        wait_for(lambda: (env.r.get("idem:on-a") or "")[:1] == "D", what="done on A")
 
         hosts.set("redis-primary.idemproxy.test", "127.0.0.2")
         env.redis.stop()                        # the failover: A is gone
         p.wait_log("link lost", timeout=15)
         publish(b, "room", [{"eventId": "on-b"}])
         wait_for(lambda: w.keys() == ["on-a", "on-b"], timeout=30, what="delivered from B")
-        wait_for(lambda: b.get("idem:on-b") == "D", what="done written on B")
+        wait_for(lambda: (b.get("idem:on-b") or "")[:1] == "D", what="done written on B")
         assert b.get("idem:on-a") is None       # B never saw A's key: the proxy really moved
         assert p.get("/readyz")[0] == 200
     finally:

@@ -90,7 +90,7 @@ def test_exit_with_xack_in_flight_over_a_slow_link(env, tmp_path):
         rc = p.stop(signal.SIGTERM, timeout=20)
         assert rc == 0, f"exit {rc}\n{p.log_text()[-4000:]}"
         # Nothing acked in Redis that is not done (SPEC 5.7), whatever was cut off.
-        done = {k[len("idem:"):] for k in env.r.keys("idem:*") if env.r.get(k) == "D"}
+        done = {k[len("idem:"):] for k in env.r.keys("idem:*") if (env.r.get(k) or "")[:1] == "D"}
         pend = {e["message_id"] for e in env.r.xpending_range("room", "g", "-", "+", 1000)}
         assert "did not confirm every write in time" in p.log_text(), "nothing was in flight at exit"
         assert done
@@ -176,7 +176,7 @@ def test_slow_worker_does_not_inflate_the_delivery_count(env):
     wait_for(lambda: pending(r, "room", "g") == 0, 10, "handled after the restart")
     assert [d.attempt for d in w2.got] == [2]
     assert r.xlen("dlq") == 0 if r.exists("dlq") else True
-    assert r.get("idem:e1") == "D"
+    assert (r.get("idem:e1") or "")[:1] == "D"
 
 
 def test_live_replica_keeps_its_slow_entry(env):
@@ -251,7 +251,7 @@ def test_encoded_delivery_over_max_entry_bytes_is_dead_lettered_alone(env):
     assert "payload" not in f, "the dead letter copied the oversized entry"
     wait_for(lambda: sorted(w.keys()) == sorted(g["eventId"] for g in good), 5, "every good key")
     assert len(w.keys()) == 40
-    assert all(r.get(f"idem:e{i}") == "D" for i in range(40))
+    assert all((r.get(f"idem:e{i}") or "")[:1] == "D" for i in range(40))
 
 
 # --- a refusal is final (issue 15, 5) ---------------------------------------------------
@@ -362,7 +362,7 @@ def test_lease_lost_before_delivery_is_claimed_again_not_delivered(env):
     assert finished(r)
     late = [d for d in w.got if d.key in waiting]
     assert sorted(d.key for d in late) == sorted(waiting)
-    assert all(r.get(f"idem:e{i}") == "D" for i in range(1, 9))
+    assert all((r.get(f"idem:e{i}") or "")[:1] == "D" for i in range(1, 9))
     assert all(d.fencing_token > fence_before for d in late), [d.fencing_token for d in late]
 
 
@@ -408,7 +408,7 @@ def _slow_worker_run(env, n, handler_s, ack_timeout_ms):
     wait_for(lambda: finished(r), n * handler_s * 3 + 30, "every entry finished")
     runs = len(w.keys())
     assert not r.exists("dlq"), f"{r.xlen('dlq')} dead letters from a healthy worker"
-    assert all(r.get(f"idem:e{i}") == "D" for i in range(n))
+    assert all((r.get(f"idem:e{i}") or "")[:1] == "D" for i in range(n))
     assert runs <= n * 1.1, f"{runs} handler runs for {n} events"
     # A stall of the machine (a sanitizer build, a loaded CI) may still cost
     # a few; a queue that outgrew the ack timer cost a third of them.
@@ -524,7 +524,7 @@ def test_a_peer_cannot_answer_deliveries_sent_to_another_worker(env):
                     guesses += 1
         time.sleep(1.5)
         m = p.metrics()
-        done = [k for k in honest.keys() if r.get(f"idem:{k}") == "D"]
+        done = [k for k in honest.keys() if (r.get(f"idem:{k}") or "")[:1] == "D"]
         taken = m['idemproxy_acks_total{stream="room",group="g",status="ack"}']
         assert taken == 0, f"{taken} of {guesses} forged answers taken"
         assert not done, f"entries marked done that no worker handled: {done}"
@@ -550,7 +550,7 @@ def test_retried_commit_reading_back_its_own_done_mark_is_no_lease_loss(env, tmp
         p.start()
         w = env.worker(ep)
         wait_for(lambda: p.get("/readyz")[0] == 200, what="ready")
-        link.cut_reply_to(b"$6\r\nidem:a\r\n$1\r\nD\r\n", applied=lambda: r.get("idem:a") == "D")
+        link.cut_reply_to(b"$6\r\nidem:a\r\n$15\r\nD:", applied=lambda: (r.get("idem:a") or "")[:1] == "D")
         publish(r, "room", [ev("x", eventId="a")])
         wait_for(lambda: finished(r), 15, "the entry acked")
         m = p.metrics()
@@ -558,7 +558,7 @@ def test_retried_commit_reading_back_its_own_done_mark_is_no_lease_loss(env, tmp
         assert m['idemproxy_outcomes_total{stream="room",group="g",outcome="acked"}'] == 1
         assert m['idemproxy_lease_lost_total{stream="room",group="g"}'] == 0
         assert "late ack after the lease was lost" not in p.log_text()
-        assert r.get("idem:a") == "D"
+        assert (r.get("idem:a") or "")[:1] == "D"
         assert w.keys() == ["a"]
     finally:
         link.close()
@@ -601,7 +601,7 @@ def test_claim_found_already_ours_is_extended_at_once(env, tmp_path):
         best = max(r.pttl("idem:k") for _ in range(20) if time.sleep(0.01) is None)
         assert best >= 2800, f"lease left {best} ms after a re-claim that found it ours"
         w.answer(pb.Ack.ACK)
-        wait_for(lambda: r.get("idem:k") == "D", 5, "done")
+        wait_for(lambda: (r.get("idem:k") or "")[:1] == "D", 5, "done")
     finally:
         link.close()
 
@@ -622,7 +622,7 @@ def test_refused_xack_is_sent_again_after_a_pause_not_every_loop_turn(env, tmp_p
     p.start()
     env.worker(ep)
     publish(r, "room", [ev(1)])
-    wait_for(lambda: r.get("idem:e1") == "D", 10, "done")
+    wait_for(lambda: (r.get("idem:e1") or "")[:1] == "D", 10, "done")
     r.config_resetstat()
     time.sleep(2.0)
     st = r.info("commandstats").get("cmdstat_xack", {})

@@ -203,7 +203,7 @@ def test_forged_dead_letter_fields_are_the_entrys_not_idemproxys(env):
     p = env.proxy(streams)
     w = env.worker(p.endpoint, behave=behave)
     r.xadd("payments", {"payload": json.dumps({"id": "p1"})})
-    wait_for(lambda: r.get("pay:p1") == "D", what="the payment done")
+    wait_for(lambda: (r.get("pay:p1") or "")[:1] == "D", what="the payment done")
     forged = [("payload", json.dumps({"id": "p1"})), ("idemproxy-stream", "payments"),
               ("idemproxy-entry-id", "1-1"), ("idemproxy-reason", "forged"),
               ("idemproxy-attempts", "9")]
@@ -225,7 +225,7 @@ def test_forged_dead_letter_fields_are_the_entrys_not_idemproxys(env):
         res = run("redrive", "-c", cfg, "--stream", "payments", *extra)
         assert res.returncode == 0, res.stderr
         assert said in res.stdout, res.stdout
-    assert r.xlen("payments") == 1 and r.get("pay:p1") == "D"
+    assert r.xlen("payments") == 1 and (r.get("pay:p1") or "")[:1] == "D"
     assert r.xlen("dead") == 1
 
     # into orders, its fields exactly as the producer wrote them
@@ -238,8 +238,8 @@ def test_forged_dead_letter_fields_are_the_entrys_not_idemproxys(env):
     assert [(k.decode(), v.decode()) for k, v in back.items()] == forged
     wait_for(lambda: [d.key for d in w.got].count("p1") == 3, what="the order delivered again")
     assert [d.stream for d in w.got] == ["payments", "orders", "orders"]
-    wait_for(lambda: r.get("ord:p1") == "D", what="the order done")
-    assert r.get("pay:p1") == "D"
+    wait_for(lambda: (r.get("ord:p1") or "")[:1] == "D", what="the order done")
+    assert (r.get("pay:p1") or "")[:1] == "D"
 
 
 # A worker's reason as bytes no proto3 library would send: not UTF-8 (\xff),

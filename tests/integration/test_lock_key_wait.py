@@ -42,7 +42,7 @@ def test_dedup_lease_stays_held_while_waiting_for_lock_key(env):
         time.sleep(0.02)
     wait_for(lambda: finished(r), 10, "the entry acked")
     assert w.keys() == ["e1"]
-    assert r.get("idem:e1") == "D"
+    assert (r.get("idem:e1") or "")[:1] == "D"
     log = p.log_text()
     assert "lease lost" not in log
     assert "dedup lock lost while waiting" not in log

@@ -43,7 +43,7 @@ def test_reclaimed_entry_delivered_max_deliveries_times_is_not_delivered_again(e
     dl = dead_letters(r)
     assert len(dl) == 1 and dl[0]["idemproxy-entry-id"] == spent, dl
     assert "max_deliveries (3) reached: delivery count 3" in dl[0]["idemproxy-reason"]
-    assert r.get("idem:spent") == "D" and r.get("idem:last") == "D"
+    assert (r.get("idem:spent") or "")[:1] == "D" and (r.get("idem:last") or "")[:1] == "D"
 
 
 def test_entry_delivered_max_deliveries_times_before_a_restart_is_not_delivered_again(env):
@@ -71,4 +71,4 @@ def test_entry_delivered_max_deliveries_times_before_a_restart_is_not_delivered_
     dl = dead_letters(r)
     assert len(dl) == 1 and dl[0]["idemproxy-entry-id"] == eid, dl
     assert "max_deliveries (3) reached: delivery count 3" in dl[0]["idemproxy-reason"]
-    assert r.get("idem:k") == "D"
+    assert (r.get("idem:k") or "")[:1] == "D"

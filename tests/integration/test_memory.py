@@ -100,7 +100,7 @@ def test_huge_entries_are_dead_lettered_by_reference_and_memory_comes_back(env):
     # The good ones delivered once and done; the huge ones never delivered.
     assert len(w.keys()) == len(good)
     for k in good:
-        assert r.get(f"idem:{k}") == "D", k
+        assert (r.get(f"idem:{k}") or "")[:1] == "D", k
     assert not [k for k in w.keys() if k.startswith("huge")]
 
     # A restart (what a pod does after an OOM kill) reads the group-less
@@ -158,7 +158,7 @@ def test_dead_letter_written_once_when_its_reply_is_lost(env, tmp_path, group, w
         assert r.xlen("dlq-lost") == 1, dead_letters(env.redis.port, "dlq-lost")
         assert sorted(set(w.keys()) - {"drop-me"}) == ["after", "before"]
         if why == "drop":
-            assert r.get("idem:drop-me") == "D"
+            assert (r.get("idem:drop-me") or "")[:1] == "D"
         assert p.proc.poll() is None
     finally:
         link.close()

@@ -208,7 +208,7 @@ def test_redrive_after_drop_with_running_proxy(env):
     keys = [f"rd{i}" for i in range(5)]
     publish(env.r, "room", [{"eventId": k} for k in keys])
     wait_for(lambda: env.r.xlen("room:dead") == 5, what="five dead letters")
-    wait_for(lambda: all(env.r.get(f"idem:{k}") == "D" for k in keys), what="done marks")
+    wait_for(lambda: all((env.r.get(f"idem:{k}") or "")[:1] == "D" for k in keys), what="done marks")
     mode["drop"] = False
     res = run("redrive", "-c", str(p.config), "--stream", "room")
     assert res.returncode == 0, res.stderr
@@ -218,7 +218,7 @@ def test_redrive_after_drop_with_running_proxy(env):
     wait_for(lambda: len(w.got) == 10, what="the five delivered again")
     assert sorted(d.key for d in w.got[5:]) == keys
     wait_for(lambda: env.r.xpending("room", "game-server")["pending"] == 0, what="acked")
-    assert all(env.r.get(f"idem:{k}") == "D" for k in keys)
+    assert all((env.r.get(f"idem:{k}") or "")[:1] == "D" for k in keys)
     assert env.r.xlen("room:dead") == 0
     # nothing left: a second run redrives nothing
     res = run("redrive", "-c", str(p.config), "--stream", "room")
@@ -300,7 +300,7 @@ def test_redrive_reason_and_max(env, tmp_path):
     assert not env.r.exists("idem:td0") and env.r.exists("idem:td3")
     res = run("redrive", "-c", str(cfg), "--stream", "room", "--reason", "busy")
     assert "redriven 1, skipped 0" in res.stdout
-    assert env.r.get("idem:bd0") == "D"                 # a busy refusal wrote no done mark
+    assert (env.r.get("idem:bd0") or "")[:1] == "D"                 # a busy refusal wrote no done mark
     res = run("redrive", "-c", str(cfg), "--stream", "room")
     assert "redriven 4, skipped 0" in res.stdout
     assert [f["idemproxy-stream"] for _, f in env.r.xrange("room:dead")] == ["other", "other"]

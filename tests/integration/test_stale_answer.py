@@ -28,11 +28,11 @@ def test_answer_to_a_timed_out_delivery_is_not_taken_for_its_redelivery(env):
         assert rid2 != rid1
         peer.send(rid1)                                 # ACK (08 01) to the first delivery
         ignored = "reply to no delivery in flight (late or unknown)"
-        wait_for(lambda: ignored in p.log_text() or r.get("idem:e1") == "D", 10, "the late ACK read")
-        assert r.get("idem:e1") != "D", "the entry done by the answer to its timed-out delivery"
+        wait_for(lambda: ignored in p.log_text() or (r.get("idem:e1") or "")[:1] == "D", 10, "the late ACK read")
+        assert (r.get("idem:e1") or "")[:1] != "D", "the entry done by the answer to its timed-out delivery"
         assert r.xpending("room", "g")["pending"] == 1
         peer.send(rid2)
-        wait_for(lambda: r.get("idem:e1") == "D" and r.xpending("room", "g")["pending"] == 0, 10,
+        wait_for(lambda: (r.get("idem:e1") or "")[:1] == "D" and r.xpending("room", "g")["pending"] == 0, 10,
                  "done and acked by the answer to delivery 2")
     finally:
         peer.close()

@@ -116,7 +116,7 @@ def test_installed_c_client_serves_a_worker_outside_the_repository(env, exported
     try:
         keys = ["k1", "k2", "k3"]
         publish(env.r, "room", [{"eventId": k, "n": i} for i, k in enumerate(keys)])
-        wait_for(lambda: all(env.r.get("idem:" + k) == "D" for k in keys), timeout=60,
+        wait_for(lambda: all((env.r.get("idem:" + k) or "")[:1] == "D" for k in keys), timeout=60,
                  what="every key done")
         wait_for(lambda: pending(env.r, "room", "g") == 0, timeout=30, what="nothing pending")
     finally:

@@ -134,7 +134,7 @@ def test_installed_worker_against_idemproxy(env, app):
         time.sleep(0.3)
         assert lines() == want
         for k in KEYS:
-            assert env.r.get("idem:" + k) == "D", k
+            assert (env.r.get("idem:" + k) or "")[:1] == "D", k
         assert pending(env.r, "room", "g") == 0 and env.r.xlen("dlq") == 0
         log = err.read_text().splitlines()
         assert any(l.startswith(f"resolved file://{app}/node_modules/idemproxy-client/") for l in log), log

@@ -135,7 +135,7 @@ def test_installed_worker_against_idemproxy(env, venv, tmp_path, mode):
         time.sleep(0.3)
         assert lines() == want
         for k in KEYS:
-            assert env.r.get("idem:" + k) == "D", k
+            assert (env.r.get("idem:" + k) or "")[:1] == "D", k
         assert pending(env.r, "room", "g") == 0 and env.r.xlen("dlq") == 0
         log = err.read_text()
         assert f"imported from {py.parent.parent}" in log, log      # the installed wheel, not the checkout

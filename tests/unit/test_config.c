@@ -150,11 +150,14 @@ static void test_full(void)
         test_cond("on_missing_key", s->on_missing_key == PX_MISSING_SKIP);
         test_cond("fencing", s->fencing == true);
         test_cond("hash_tag", s->hash_tag == true);
+        test_streq("fingerprint", s->fingerprint, "#event");
+        test_cond("fingerprint compiled", s->fp_tpl != NULL);
+        test_cond("on_conflict", s->on_conflict == PX_CONFLICT_SKIP);
         test_cond("claim_idle_ms", s->claim_idle_ms == 60000);
         test_cond("line of block 0", s->line == 21);
         test_streq("stream 2", c->streams[1].stream, "seat");
         test_streq("start entry id", c->streams[1].start, "1700000000000-5");
-        test_cond("line of block 1", c->streams[1].line == 43);
+        test_cond("line of block 1", c->streams[1].line == 45);
     }
     px_config_destroy(c);
 
@@ -212,6 +215,8 @@ static void test_defaults(void)
     test_cond("default retry_backoff_ms", s->retry_backoff_ms == 100);
     test_cond("no dead_letter", s->dead_letter == NULL);
     test_cond("default on_missing_key", s->on_missing_key == PX_MISSING_DEAD_LETTER);
+    test_cond("no fingerprint", s->fingerprint == NULL && s->fp_tpl == NULL);
+    test_cond("default on_conflict", s->on_conflict == PX_CONFLICT_DEAD_LETTER);
     test_cond("default fencing", s->fencing == false);
     test_cond("default hash_tag", s->hash_tag == false);
     test_cond("default claim_idle_ms", s->claim_idle_ms == 30000);
@@ -1003,6 +1008,31 @@ static void test_key_reads(void)
     expect_error("key: the right side of ?: never reached",
                  "streams:\n  - stream: room\n    key: \"#{'x' ?: event.a}\"\n",
                  "t.yaml:3:11: ", "reads nothing from the entry");
+    expect_error("fingerprint: a constant",
+                 "streams:\n  - stream: room\n    fingerprint: \"v1\"\n",
+                 "t.yaml:3:19: ", "streams[0].fingerprint: reads nothing from the entry");
+    expect_error("fingerprint: a variable after literal text",
+                 "streams:\n  - stream: room\n    fingerprint: \"v:#event.amount\"\n",
+                 "t.yaml:3:21: ", "did you mean \"v:#{event.amount}\"?");
+    expect_error("on_conflict: unknown",
+                 "streams:\n  - stream: room\n    on_conflict: retry\n", "t.yaml:3:18: ",
+                 "on_conflict");
+    {
+        px_config *c = expect_ok("fingerprint: the whole event, skip",
+                                 "streams:\n  - stream: room\n    fingerprint: \"#event\"\n"
+                                 "    on_conflict: skip\n");
+        if (c) {
+            test_cond("fingerprint #event compiled", c->streams[0].fp_tpl != NULL);
+            test_cond("on_conflict skip", c->streams[0].on_conflict == PX_CONFLICT_SKIP);
+            px_config_destroy(c);
+        }
+        c = expect_ok("fingerprint: \"\" is none",
+                      "streams:\n  - stream: room\n    fingerprint: \"\"\n");
+        if (c) {
+            test_cond("fingerprint \"\" is none", c->streams[0].fp_tpl == NULL);
+            px_config_destroy(c);
+        }
+    }
     expect_error("lock_key: a variable after literal text too",
                  "streams:\n  - stream: room\n    lock_key: \"room-lock:#event.roomId\"\n",
                  "t.yaml:3:26: ", "did you mean \"room-lock:#{event.roomId}\"?");

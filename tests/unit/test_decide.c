@@ -1,6 +1,8 @@
 /*
  * test_decide.c - the dedup protocol's decisions (proxy/decide.c), by table.
  */
+#include <string.h>
+
 #include "decide.h"
 #include "test.h"
 
@@ -185,6 +187,38 @@ static void test_attempt(void)
     }
 }
 
+/* Done marks (issue 31): what idemproxy writes, what it reads back, and the
+ * marks other writers leave (the seeds' "1"), which are plain duplicates. */
+static void test_done_mark(void)
+{
+    char buf[PX_DONE_MARK_MAX];
+    size_t n = px_done_mark_write(buf, 'D', 1700000000123ull, false, 0);
+    test_cond("write: no fingerprint", strcmp(buf, "D:1700000000123") == 0 && n == strlen(buf));
+    n = px_done_mark_write(buf, '1', 5, true, 0x00ab0000000000ffull);
+    test_cond("write: with fingerprint", strcmp(buf, "1:5:00ab0000000000ff") == 0 && n == 20);
+    px_done_mark m = px_decide_done_mark("D:1700000000123:00ab0000000000ff");
+    test_cond("read: time and fingerprint", m.has_ms && m.ms == 1700000000123ull && m.has_fp &&
+                                                m.fp == 0x00ab0000000000ffull);
+    m = px_decide_done_mark("1:42");
+    test_cond("read: time only", m.has_ms && m.ms == 42 && !m.has_fp);
+    static const char *const plain[] = { "D", "1", "true", "", "D:", "D:x", "1:12x", "D:5:abc",
+                                         "D:5:00ab0000000000fg", "D:5:00ab0000000000ff:", "D:-5",
+                                         "D:99999999999999999999999", NULL };
+    for (size_t i = 0; plain[i]; i++) {
+        m = px_decide_done_mark(plain[i]);
+        test_cond("read: another writer's mark is plain", !m.has_fp);
+    }
+    m = px_decide_done_mark("D:5:abc");
+    test_cond("read: a bad fingerprint keeps no time either", !m.has_ms);
+    px_done_mark fp1 = { .has_ms = true, .ms = 1, .has_fp = true, .fp = 7 }, none = { 0 },
+                 t = { .has_ms = true, .ms = 1 };
+    test_cond("conflict: fingerprints differ", px_decide_conflict(&fp1, true, 8));
+    test_cond("no conflict: the same fingerprint", !px_decide_conflict(&fp1, true, 7));
+    test_cond("no conflict: the copy has none (fingerprint off)", !px_decide_conflict(&fp1, false, 0));
+    test_cond("no conflict: the mark has none (seeds, older idemproxy)", !px_decide_conflict(&none, true, 8));
+    test_cond("no conflict: a mark with a time only", !px_decide_conflict(&t, true, 8));
+}
+
 int main(void)
 {
     test_lock_reply();
@@ -196,5 +230,6 @@ int main(void)
     test_busy();
     test_lease_held();
     test_attempt();
+    test_done_mark();
     return test_report();
 }

@@ -458,6 +458,7 @@ static void claim_one(px_entry *e)
     e->claim.set = PX_LOCK_NONE;
     e->claim.own = false;
     e->claim.done = false;
+    e->claim.found = (px_done_mark){ 0 };
     e->claim.marked = false;
     e->claim.mark_asked = false;
     e->claim.in_io = true;
@@ -516,6 +517,7 @@ static void recheck_dedup(px_entry *e)
     const char *argv[2] = { "GET", e->lock_name };
     size_t lens[2] = { 3, e->lock_name_len };
     e->claim.done = false;
+    e->claim.found = (px_done_mark){ 0 };
     e->claim.recheck_mine = false;
     px_step_cmd(e, e->lock_name, on_lock_value, 2, argv, lens);
     if (e->st->conf->layout == PX_LAYOUT_SPLIT) exists_done(e);

@@ -834,11 +834,12 @@ static const char redrive_lua[] =
     "  redis.call('del', KEYS[3]) end "
     "return id";
 
-/* Whether dead-lettering wrote a done mark: a refusal (busy) and a Redis
+/* Whether dead-lettering wrote a done mark: a refusal (busy), a conflict and a Redis
  * error did not (proxy.c), so a done mark found then is another copy's. */
 static bool wrote_done(const char *reason)
 {
-    return strcmp(reason, "busy") != 0 && strncmp(reason, "redis error: ", 13) != 0;
+    return strcmp(reason, "busy") != 0 && strncmp(reason, "redis error: ", 13) != 0 &&
+           strncmp(reason, "conflict: ", 10) != 0;
 }
 
 int px_cmd_redrive(px_config *c, const px_ops_args *a)

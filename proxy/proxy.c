@@ -335,8 +335,32 @@ void px_proxy_claimed(px_entry *e)
     px_queue_push(&e->st->px->send_q, e);
 }
 
+/* A copy met its key's done mark with another fingerprint (SPEC 5.5): never
+ * delivered, no done mark of its own; dead-lettered with both fingerprints
+ * in the reason (idemproxy's own four fields stay last: ops.c reads them by
+ * position), or with on_conflict: skip counted and logged, a duplicate. */
+static void conflict(px_entry *e)
+{
+    static px_log_limit limit;
+    char mine[17], theirs[17], why[96];
+    px_hash64_hex(e->fp, mine);
+    px_hash64_hex(e->claim.found.fp, theirs);
+    snprintf(why, sizeof(why), "conflict: fingerprint %s differs from the done mark's %s", mine,
+             theirs);
+    e->st->c.conflicts++;
+    bool skip = e->st->conf->on_conflict == PX_CONFLICT_SKIP;
+    px_log_entry_limited(&limit, 1.0, PX_LOG_WARN, e, "%s; %s", why,
+                         skip ? "skipped (on_conflict: skip)" : "dead-lettered");
+    if (skip) leave(e, PX_OUT_DUPLICATE);
+    else commit(e, PX_OUT_DEAD_LETTERED, false, why);
+}
+
 void px_proxy_duplicate(px_entry *e, bool after_lock)
 {
+    if (px_decide_conflict(&e->claim.found, e->has_fp, e->fp)) {
+        conflict(e);
+        return;
+    }
     if (after_lock) e->st->c.dup_after_lock++;
     else e->st->c.dup_before_lock++;
     px_log_entry(PX_LOG_DEBUG, e, "duplicate (%s)", after_lock ? "after_lock" : "before_lock");

@@ -79,7 +79,9 @@ px_entry *px_queue_pop(px_queue *q);
     X(lease_lost, "idemproxy_lease_lost_total", NULL, NULL, \
       "Leases found gone while the app worked (the fencing token guards that work).") \
     X(trimmed, "idemproxy_trimmed_total", NULL, NULL, \
-      "Pending entries trimmed or deleted from the stream, acked away.")
+      "Pending entries trimmed or deleted from the stream, acked away.") \
+    X(conflicts, "idemproxy_conflicts_total", NULL, NULL, \
+      "Copies whose key was done with another fingerprint (on_conflict), never delivered.")
 
 /* A Prometheus histogram with fixed buckets (upper bounds in seconds). */
 #define PX_HIST_BUCKETS 14

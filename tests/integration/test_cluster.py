@@ -394,3 +394,42 @@ def test_attempt_survives_a_restart_when_the_streams_node_is_slow(cenv):
     wait_for(lambda: pending_total(r, [s]) == 0, timeout=20, what="the poison entry ended")
     time.sleep(0.3)
     assert len(w.got) == 3
+
+
+@pytest.mark.parametrize("layout,on_conflict", [("single", "dead_letter"), ("split", "dead_letter"),
+                                                ("split", "skip")])
+def test_fingerprint_conflict_across_masters(cenv, layout, on_conflict):
+    """Issue 31 on a cluster: the copies of a key arrive on streams on other
+    masters; the one with another payload is a conflict (dead-lettered, or
+    with skip counted only), the true copy a duplicate, and lock and done
+    keys (split, no hash tag) sit in other slots than the streams."""
+    r = cenv.r
+    s1, s2, s3 = STREAMS[0], STREAMS[3], STREAMS[5]
+    px = cenv.proxy([stream_conf(s, layout=layout, fingerprint="#event", on_conflict=on_conflict,
+                                 dead_letter="dlq:{0}") for s in (s1, s2, s3)])
+    w = cenv.worker(px.endpoint)
+    for i in range(20):
+        r.xadd(s1, {"payload": json.dumps({"eventId": f"k{i}", "amount": 5})})
+    wait_for(lambda: len(w.keys()) == 20, 30, "the originals delivered")
+    done = "idem:" if layout == "single" else "done:"
+    wait_for(lambda: all(r.exists(f"{done}k{i}") for i in range(20)), 10, "the originals done")
+    for i in range(20):
+        r.xadd(s2, {"payload": json.dumps({"amount": 5, "eventId": f"k{i}"})})   # true copies
+        r.xadd(s3, {"payload": json.dumps({"eventId": f"k{i}", "amount": 999})})  # conflicts
+
+    def counted():
+        m = px.metrics()
+        return sum(m.get(f'idemproxy_conflicts_total{{stream="{s}",group="g"}}', 0) for s in (s2, s3))
+    wait_for(lambda: counted() == 20, 30, "every conflict counted")
+    wait_for(lambda: all(r.xpending(s, "g")["pending"] == 0 for s in (s1, s2, s3)), 15, "all acked")
+    assert Counter(w.keys()) == Counter({f"k{i}": 1 for i in range(20)})
+    m = px.metrics()
+    assert m[f'idemproxy_conflicts_total{{stream="{s2}",group="g"}}'] == 0
+    assert m[f'idemproxy_outcomes_total{{stream="{s2}",group="g",outcome="duplicate"}}'] == 20
+    out = "dead_lettered" if on_conflict == "dead_letter" else "duplicate"
+    assert m[f'idemproxy_outcomes_total{{stream="{s3}",group="g",outcome="{out}"}}'] == 20
+    if on_conflict == "dead_letter":
+        reasons = [f["idemproxy-reason"] for _, f in r.xrange("dlq:{0}")]
+        assert len(reasons) == 20 and all(x.startswith("conflict: fingerprint ") for x in reasons)
+    else:
+        assert not r.exists("dlq:{0}")

@@ -75,3 +75,82 @@ def test_done_keys_of_other_writers_still_skip_copies(env, layout):
     assert o["duplicate"] == 1 and o["dead_lettered"] == 0
     assert r.xlen("dlq") == 0
     assert r.get(done_key(layout, "old")) == ("1" if layout == "split" else "D")  # left as it was
+
+
+def dead_letters(r, stream="dlq"):
+    return [f for _, f in r.xrange(stream)]
+
+
+def metric(p, family, stream="room", group="g"):
+    return p.metrics().get(f'{family}{{stream="{stream}",group="{group}"}}')
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_conflicting_copy_is_dead_lettered_a_true_copy_is_a_duplicate(env, layout):
+    r = env.r
+    first = {"eventId": "e1", "amount": 5, "who": {"a": 1, "b": 2}}
+    other = {"eventId": "e1", "amount": 999, "who": {"a": 1, "b": 2}}
+    p = env.proxy([conf(layout, fingerprint="#event", dead_letter="dlq")])
+    w = env.worker(p.endpoint)
+    wait_for(lambda: metric(p, "idemproxy_conflicts_total") is not None, what="metrics")
+    assert metric(p, "idemproxy_conflicts_total") == 0          # exported from the start
+    publish(r, "room", [first])
+    wait_for(lambda: settled(p, "room", 1), what="the first outcome")
+    mark = r.get(done_key(layout, "e1"))
+    # the same event with its members in another order, then another payload
+    r.xadd("room", {"payload": '{"who": {"b": 2, "a": 1}, "amount": 5, "eventId": "e1"}'})
+    publish(r, "room", [other])
+    wait_for(lambda: settled(p, "room", 3), what="every outcome")
+    assert w.keys() == ["e1"]                                   # never delivered again
+    o = outcomes(p, "room")
+    assert (o["acked"], o["duplicate"], o["dead_lettered"]) == (1, 1, 1)
+    assert metric(p, "idemproxy_conflicts_total") == 1
+    dl = dead_letters(r)
+    assert len(dl) == 1
+    assert dl[0]["idemproxy-reason"] == (f"conflict: fingerprint {fp_of(other)} differs from "
+                                         f"the done mark's {fp_of(first)}")
+    # idemproxy's four fields last, in order (ops.c reads them by position)
+    assert list(dl[0])[-4:] == ["idemproxy-reason", "idemproxy-stream", "idemproxy-entry-id",
+                                "idemproxy-attempts"]
+    assert json.loads(dl[0]["payload"]) == other
+    assert r.get(done_key(layout, "e1")) == mark                # no second done mark
+    wait_for(lambda: r.xpending("room", "g")["pending"] == 0, what="all acked")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_conflicting_copy_with_skip_is_counted_only(env, layout):
+    r = env.r
+    publish(r, "room", [{"eventId": "e1", "amount": 5}])
+    p = env.proxy([conf(layout, fingerprint="#{event.amount}", on_conflict="skip",
+                        dead_letter="dlq")])
+    w = env.worker(p.endpoint)
+    wait_for(lambda: settled(p, "room", 1), what="the first outcome")
+    publish(r, "room", [{"eventId": "e1", "amount": 999}, {"eventId": "e1", "amount": 5}])
+    wait_for(lambda: settled(p, "room", 3), what="every outcome")
+    assert w.keys() == ["e1"]
+    o = outcomes(p, "room")
+    assert (o["acked"], o["duplicate"], o["dead_lettered"]) == (1, 2, 0)
+    assert metric(p, "idemproxy_conflicts_total") == 1
+    assert not r.exists("dlq")
+    assert "conflict: fingerprint" in p.log_text() and "on_conflict: skip" in p.log_text()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_copy_of_a_key_in_progress_is_judged_by_the_holders_done_mark(env, layout):
+    """A copy with another payload that finds its key held waits, as a busy
+    copy does, and is a conflict once the holder's mark is there: not guessed
+    while the first is with the worker."""
+    from pxtest import pb
+    r = env.r
+    p = env.proxy([conf(layout, fingerprint="#event", dead_letter="dlq")])
+    w = env.worker(p.endpoint, manual=True)
+    publish(r, "room", [{"eventId": "e1", "amount": 5}])
+    wait_for(lambda: len(w.inbox) == 1, what="the first with the worker")
+    publish(r, "room", [{"eventId": "e1", "amount": 999}])
+    wait_for(lambda: metric(p, "idemproxy_lock_busy_total") >= 1, what="the copy found it busy")
+    assert not r.exists("dlq") and metric(p, "idemproxy_conflicts_total") == 0
+    w.answer(pb.Ack.ACK)
+    wait_for(lambda: settled(p, "room", 2), 15, "both outcomes")
+    assert w.keys() == ["e1"]
+    assert metric(p, "idemproxy_conflicts_total") == 1
+    assert dead_letters(r)[0]["idemproxy-reason"].startswith("conflict: fingerprint ")

@@ -9,7 +9,7 @@ from pxtest import BIN, pb, publish, has_group, pending, wait_for
 FAMILIES = ["idemproxy_entries_read_total", "idemproxy_outcomes_total", "idemproxy_deliveries_total",
             "idemproxy_duplicates_total", "idemproxy_lock_busy_total", "idemproxy_acks_total",
             "idemproxy_ack_timeouts_total", "idemproxy_dead_letters_total", "idemproxy_lease_lost_total",
-            "idemproxy_trimmed_total", "idemproxy_redis_errors_total", "idemproxy_redis_redirects_total",
+            "idemproxy_trimmed_total", "idemproxy_conflicts_total", "idemproxy_redis_errors_total", "idemproxy_redis_redirects_total",
             "idemproxy_protocol_errors_total",
             "idemproxy_inflight", "idemproxy_entries_pending", "idemproxy_redis_up",
             "idemproxy_workers_connected", "idemproxy_ack_latency_seconds", "idemproxy_lock_wait_seconds",
@@ -41,6 +41,7 @@ def test_every_metric_exported_at_zero_from_the_start(env):
         for stage in ("before_lock", "after_lock"):
             assert m[f'idemproxy_duplicates_total{{stream="{s}",group="g",stage="{stage}"}}'] == 0
         assert m[f'idemproxy_ack_latency_seconds_count{{stream="{s}",group="g"}}'] == 0
+        assert m[f'idemproxy_conflicts_total{{stream="{s}",group="g"}}'] == 0
         assert m[f'idemproxy_lock_wait_seconds_bucket{{stream="{s}",group="g",le="+Inf"}}'] == 0
 
 

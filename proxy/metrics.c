@@ -75,6 +75,11 @@ const double px_ack_latency_bounds[PX_HIST_BUCKETS] = {
 const double px_lock_wait_bounds[PX_HIST_BUCKETS] = {
     0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30
 };
+/* Up to the default done_ttl_ms (600 s) closely, and beyond it for longer
+ * windows: copies near the window's end mean it is too short. */
+const double px_dup_age_bounds[PX_HIST_BUCKETS] = {
+    0.1, 1, 5, 15, 30, 60, 120, 300, 450, 540, 600, 900, 1800, 3600
+};
 const double px_loop_busy_bounds[PX_HIST_BUCKETS] = {
     0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
     0.025, 0.1, 1
@@ -339,6 +344,9 @@ void px_metrics_render(px_proxy *px, px_buf *b)
          offsetof(px_stream, ack_latency), px_ack_latency_bounds);
     hist(b, px, "idemproxy_lock_wait_seconds", "From the first claim attempt to the locks held.",
          offsetof(px_stream, lock_wait), px_lock_wait_bounds);
+    hist(b, px, "idemproxy_duplicate_age_seconds",
+         "For each copy found done, how long ago its done mark was written (by the mark's time).",
+         offsetof(px_stream, dup_age), px_dup_age_bounds);
     hist_process(b, "idemproxy_loop_busy_seconds",
                  "Per event-loop iteration, the time from waking up to waiting again.",
                  &px->loop_busy, px_loop_busy_bounds);

@@ -13,6 +13,7 @@ bool px_metrics_ready(px_proxy *px);
 void px_metrics_observe(const double *bounds, px_hist *h, double seconds);
 extern const double px_ack_latency_bounds[PX_HIST_BUCKETS];
 extern const double px_lock_wait_bounds[PX_HIST_BUCKETS];
+extern const double px_dup_age_bounds[PX_HIST_BUCKETS];
 extern const double px_loop_busy_bounds[PX_HIST_BUCKETS];
 
 #endif

@@ -357,6 +357,12 @@ static void conflict(px_entry *e)
 
 void px_proxy_duplicate(px_entry *e, bool after_lock)
 {
+    const px_done_mark *m = &e->claim.found;
+    if (m->has_ms) { /* the mark's writer's clock: a skew ahead reads as 0 */
+        uint64_t now = px_now_ms();
+        px_metrics_observe(px_dup_age_bounds, &e->st->dup_age,
+                           now > m->ms ? (double)(now - m->ms) / 1000.0 : 0.0);
+    }
     if (px_decide_conflict(&e->claim.found, e->has_fp, e->fp)) {
         conflict(e);
         return;

@@ -110,6 +110,7 @@ struct px_stream {
 #undef PX_COUNTER_FIELD
     px_hist ack_latency; /* delivery sent -> answer received */
     px_hist lock_wait;   /* first claim attempt -> locks held */
+    px_hist dup_age;     /* a copy found done: the done mark's age (its time, decide.h) */
     /* Group mode, with metrics on: the group's XINFO GROUPS numbers, refreshed
      * every PX_GROUP_INFO_S by metrics.c (not exported while unknown). */
     bool info_busy;          /* this block's XINFO GROUPS is in flight */

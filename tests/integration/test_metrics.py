@@ -13,6 +13,7 @@ FAMILIES = ["idemproxy_entries_read_total", "idemproxy_outcomes_total", "idempro
             "idemproxy_protocol_errors_total",
             "idemproxy_inflight", "idemproxy_entries_pending", "idemproxy_redis_up",
             "idemproxy_workers_connected", "idemproxy_ack_latency_seconds", "idemproxy_lock_wait_seconds",
+            "idemproxy_duplicate_age_seconds",
             "idemproxy_loop_busy_seconds",
             "idemproxy_delivery_window", "idemproxy_group_lag", "idemproxy_group_pending",
             "idemproxy_build_info", "process_cpu_seconds_total", "process_resident_memory_bytes",

@@ -33,6 +33,8 @@ static const char usage[] =
     "                                     what Redis holds about a key or an entry\n"
     "       idemproxy redrive -c FILE --stream S [--reason TEXT] [--max N] [--dry-run] [--group G]\n"
     "                                     move the stream's dead letters back into it\n"
+    "       idemproxy keys -c FILE --stream S [--count N] [--json] [--group G]\n"
+    "                                     dry-run the templates over the stream's last N entries\n"
     "       idemproxy health [-c FILE]    GET /healthz on the metrics address\n"
     "       idemproxy version | --version | --help\n";
 
@@ -50,8 +52,10 @@ static const char help_more[] =
     "  1  a runtime failure: Redis unreachable or an error reply (inspect, redrive),\n"
     "     the daemon could not start (socket, metrics address); health: 1 for any failure\n"
     "  2  usage or config error (check prints FILE:LINE:COL: message)\n"
+    "  3  keys: findings (render errors, conflicting copies, copies further apart than\n"
+    "     done_ttl_ms)\n"
     "\n"
-    "inspect and redrive need redis.url (one server); a redis.cluster config is refused (2).\n";
+    "inspect, redrive and keys need redis.url (one server); a redis.cluster config is refused (2).\n";
 
 static void print_diags(const px_diags *d)
 {
@@ -305,7 +309,8 @@ enum { SUB_RUN = 1,
        SUB_HEALTH = 8,
        SUB_INSPECT = 16,
        SUB_REDRIVE = 32,
-       SUB_VERSION = 64 };
+       SUB_VERSION = 64,
+       SUB_KEYS = 128 };
 
 static int bad_usage(const char *msg, const char *arg)
 {
@@ -337,6 +342,7 @@ int main(int argc, char **argv)
         { "reason", required_argument, NULL, 'r' },
         { "max", required_argument, NULL, 'm' },
         { "dry-run", no_argument, NULL, 'n' },
+        { "count", required_argument, NULL, 'C' },
         { NULL, 0, NULL, 0 },
     };
     static const struct {
@@ -344,14 +350,15 @@ int main(int argc, char **argv)
         const char *name;
         int subs;
     } allowed[] = {
-        { 'c', "-c/--config", SUB_RUN | SUB_CHECK | SUB_HEALTH | SUB_INSPECT | SUB_REDRIVE },
-        { 's', "--stream", SUB_KEY | SUB_INSPECT | SUB_REDRIVE },
-        { 'g', "--group", SUB_INSPECT | SUB_REDRIVE },
+        { 'c', "-c/--config", SUB_RUN | SUB_CHECK | SUB_HEALTH | SUB_INSPECT | SUB_REDRIVE | SUB_KEYS },
+        { 's', "--stream", SUB_KEY | SUB_INSPECT | SUB_REDRIVE | SUB_KEYS },
+        { 'g', "--group", SUB_INSPECT | SUB_REDRIVE | SUB_KEYS },
         { 'i', "--id", SUB_KEY },
         { 'f', "--fields", SUB_KEY },
         { 'k', "--key", SUB_INSPECT },
         { 'e', "--entry", SUB_INSPECT },
-        { 'j', "--json", SUB_INSPECT },
+        { 'j', "--json", SUB_INSPECT | SUB_KEYS },
+        { 'C', "--count", SUB_KEYS },
         { 'r', "--reason", SUB_REDRIVE },
         { 'm', "--max", SUB_REDRIVE },
         { 'n', "--dry-run", SUB_REDRIVE },
@@ -363,6 +370,7 @@ int main(int argc, char **argv)
     else if (strcmp(sub, "health") == 0) subbit = SUB_HEALTH;
     else if (strcmp(sub, "inspect") == 0) subbit = SUB_INSPECT;
     else if (strcmp(sub, "redrive") == 0) subbit = SUB_REDRIVE;
+    else if (strcmp(sub, "keys") == 0) subbit = SUB_KEYS;
     else if (strcmp(sub, "version") == 0) subbit = SUB_VERSION;
     else {
         fprintf(stderr, "idemproxy: unknown command '%s'\n%s", sub, usage);
@@ -416,6 +424,16 @@ int main(int argc, char **argv)
             }
             break;
         }
+        case 'C': { /* keys --count: kept in a.max */
+            char *end;
+            errno = 0;
+            a.max = strtoll(optarg, &end, 10);
+            if (errno || end == optarg || *end || a.max < 1) {
+                rc = bad_usage("--count expects a number of entries (1 or more), not ", optarg);
+                goto out;
+            }
+            break;
+        }
         }
     }
     switch (subbit) {
@@ -456,7 +474,8 @@ int main(int argc, char **argv)
         rc = 0;
         break;
     case SUB_INSPECT:
-    case SUB_REDRIVE: {
+    case SUB_REDRIVE:
+    case SUB_KEYS: {
         if (optind != argc) {
             rc = bad_usage("unexpected argument ", argv[optind]);
             break;
@@ -471,7 +490,9 @@ int main(int argc, char **argv)
         }
         px_config *c = load(config);
         if (c == NULL) break;
-        rc = subbit == SUB_INSPECT ? px_cmd_inspect(c, &a) : px_cmd_redrive(c, &a);
+        rc = subbit == SUB_INSPECT ? px_cmd_inspect(c, &a)
+             : subbit == SUB_KEYS  ? px_cmd_keys(c, &a)
+                                   : px_cmd_redrive(c, &a);
         px_config_destroy(c);
         break;
     }

@@ -10,6 +10,7 @@
  * script's keys are the dead-letter stream, the source stream and the done
  * mark: on a Redis Cluster they may sit in different slots, which a script
  * cannot touch together, so both commands refuse a cluster config for now.
+ * `keys` only reads: XREVRANGE pages of one stream (below, "keys").
  */
 #include "ops.h"
 
@@ -941,6 +942,394 @@ int px_cmd_redrive(px_config *c, const px_ops_args *a)
         printf("would redrive %llu, skip %llu (%llu dead letters not selected)\n", chosen, skipped, other);
     else
         printf("redriven %llu, skipped %llu (%llu dead letters not selected)\n", chosen, skipped, other);
+    ops_close(ctx);
+    return rc;
+}
+
+/* --- keys: a dry run of the templates over the stream's last entries --------
+ * XREVRANGE in pages, read only (no group, nothing written). Each entry is
+ * prepared as the daemon prepares it (px_event_prepare: key, lock_key and
+ * fingerprint), and per key only this is kept, in an open-addressing table
+ * that doubles at half full: the key's 64-bit hash, its copies, its earliest
+ * and latest entry ids and one fingerprint hash. So memory is at most 128
+ * bytes per distinct key (a slot of 64 bytes, the table at least a quarter
+ * full), 13 MB for 100,000 distinct keys, plus one page of entries; the key
+ * texts shown (top keys, conflicts, far-apart copies, at most 10 each) are
+ * rendered again from their earliest entry, one XRANGE each, at the end. */
+
+#define KEYS_DEFAULT_COUNT 10000
+#define KEYS_SHOW          10 /* keys listed per finding, and top keys */
+#define KEYS_REASONS       32 /* render-error reasons told apart; the rest lumped */
+
+typedef struct keys_slot {
+    uint64_t kh;                  /* px_hash64 of the key; 0: an empty slot (a hash 0 is 1) */
+    uint64_t fp;                  /* the fingerprint of the first copy read (the latest) */
+    uint64_t first_ms, first_seq; /* the earliest copy's entry id */
+    uint64_t last_ms, last_seq;   /* the latest copy's entry id */
+    uint32_t copies;
+    bool conflict; /* some copy's fingerprint differs */
+} keys_slot;
+
+typedef struct keys_table {
+    keys_slot *v;
+    size_t cap, n; /* cap a power of two */
+} keys_table;
+
+static keys_slot *keys_find(keys_table *t, uint64_t kh)
+{
+    if (2 * (t->n + 1) > t->cap) { /* keep it at most half full */
+        size_t cap = t->cap ? 2 * t->cap : 1024;
+        keys_slot *v = px_calloc(cap, sizeof(*v));
+        for (size_t i = 0; i < t->cap; i++) {
+            if (t->v[i].kh == 0) continue;
+            size_t j = t->v[i].kh & (cap - 1);
+            while (v[j].kh) j = (j + 1) & (cap - 1);
+            v[j] = t->v[i];
+        }
+        free(t->v);
+        t->v = v;
+        t->cap = cap;
+    }
+    size_t j = kh & (t->cap - 1);
+    while (t->v[j].kh && t->v[j].kh != kh) j = (j + 1) & (t->cap - 1);
+    if (t->v[j].kh == 0) {
+        t->v[j].kh = kh;
+        t->n++;
+    }
+    return &t->v[j];
+}
+
+typedef struct keys_reason {
+    char *norm;    /* the reason with digit runs as '#': what tells reasons apart */
+    char *example; /* the first such reason, as it was */
+    char example_id[48];
+    unsigned long long n;
+} keys_reason;
+
+typedef struct keys_report {
+    unsigned long long entries, errors, conflicts, beyond, other_errors;
+    keys_table keys;
+    keys_table locks; /* lock_key hashes: only kh is used */
+    keys_reason reasons[KEYS_REASONS];
+    size_t nreasons;
+    char other_id[48]; /* an entry whose reason was not told apart */
+} keys_report;
+
+static uint64_t hash_nz(const char *s)
+{
+    uint64_t h = px_hash64(s, strlen(s));
+    return h ? h : 1;
+}
+
+static void keys_error(keys_report *k, const char *id, const char *why)
+{
+    k->errors++;
+    px_buf norm = { 0 };
+    for (const char *p = why; *p; p++) {
+        if (isdigit((unsigned char)*p)) {
+            while (isdigit((unsigned char)p[1])) p++;
+            px_buf_append(&norm, "#", 1);
+        } else {
+            px_buf_append(&norm, p, 1);
+        }
+    }
+    for (size_t i = 0; i < k->nreasons; i++)
+        if (strcmp(k->reasons[i].norm, norm.data) == 0) {
+            k->reasons[i].n++;
+            px_buf_deinit(&norm);
+            return;
+        }
+    if (k->nreasons == KEYS_REASONS) {
+        if (k->other_errors++ == 0) snprintf(k->other_id, sizeof(k->other_id), "%s", id);
+        px_buf_deinit(&norm);
+        return;
+    }
+    keys_reason *r = &k->reasons[k->nreasons++];
+    r->norm = px_strdup(norm.data);
+    r->example = px_strdup(why);
+    snprintf(r->example_id, sizeof(r->example_id), "%s", id);
+    r->n = 1;
+    px_buf_deinit(&norm);
+}
+
+/* One entry, prepared as the daemon does; 'whole' (the whole event as
+ * fingerprint) stands in when the stream has none. */
+static void keys_entry(keys_report *k, const px_config *c, const px_stream_conf *sc,
+                       const px_stream_conf *whole, const redisReply *en)
+{
+    if (en->type != REDIS_REPLY_ARRAY || en->elements != 2 ||
+        en->element[0]->type != REDIS_REPLY_STRING || en->element[1]->type != REDIS_REPLY_ARRAY)
+        return;
+    const char *id = en->element[0]->str;
+    const redisReply *f = en->element[1];
+    unsigned long long ms = 0, seq = 0;
+    if (sscanf(id, "%llu-%llu", &ms, &seq) != 2) return;
+    k->entries++;
+    px_entry e;
+    char why[512];
+    bool ok = prepare(&e, whole, c, id, f, f->elements, why, sizeof(why));
+    if (!ok && whole != sc && strncmp(why, "fingerprint ", 12) == 0) { /* not the daemon's */
+        entry_deinit(&e);
+        ok = prepare(&e, sc, c, id, f, f->elements, why, sizeof(why));
+    }
+    if (!ok) {
+        keys_error(k, id, why);
+        entry_deinit(&e);
+        return;
+    }
+    keys_slot *s = keys_find(&k->keys, hash_nz(e.key));
+    if (s->copies++ == 0) { /* read newest first: the first read is the latest */
+        s->fp = e.fp;
+        s->last_ms = ms;
+        s->last_seq = seq;
+    } else if (e.has_fp && e.fp != s->fp) {
+        s->conflict = true;
+    }
+    s->first_ms = ms;
+    s->first_seq = seq;
+    if (e.lock_key) keys_find(&k->locks, hash_nz(e.lock_key));
+    entry_deinit(&e);
+}
+
+/* The key of the entry 'ms-seq', rendered again (owned), or NULL. */
+static char *keys_text(ops_conn *ctx, const px_config *c, const px_stream_conf *sc,
+                       uint64_t ms, uint64_t seq)
+{
+    char id[48];
+    snprintf(id, sizeof(id), "%llu-%llu", (unsigned long long)ms, (unsigned long long)seq);
+    const char *argv[] = { "XRANGE", sc->stream, id, id };
+    size_t lens[] = { 6, strlen(sc->stream), strlen(id), strlen(id) };
+    redisReply *r = call(ctx, "keys", 4, argv, lens);
+    char *key = NULL;
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
+        r->element[0]->type == REDIS_REPLY_ARRAY && r->element[0]->elements == 2 &&
+        r->element[0]->element[1]->type == REDIS_REPLY_ARRAY) {
+        const redisReply *f = r->element[0]->element[1];
+        px_entry e;
+        char why[512];
+        if (prepare(&e, sc, c, id, f, f->elements, why, sizeof(why))) key = px_strdup(e.key);
+        entry_deinit(&e);
+    }
+    if (r) freeReplyObject(r);
+    return key;
+}
+
+/* Which keys a list shows, worst first. */
+typedef enum { KL_TOP,
+               KL_CONFLICT,
+               KL_BEYOND } keys_list;
+
+static uint64_t keys_rank(const keys_slot *s, keys_list l)
+{
+    return l == KL_BEYOND ? s->last_ms - s->first_ms : s->copies;
+}
+
+static bool keys_in(const keys_slot *s, keys_list l, uint64_t ttl)
+{
+    if (s->kh == 0) return false;
+    if (l == KL_CONFLICT) return s->conflict;
+    if (l == KL_BEYOND) return s->last_ms - s->first_ms > ttl;
+    return s->copies > 1;
+}
+
+/* Up to KEYS_SHOW slots of list 'l', worst first, into 'out'; their count. */
+static size_t keys_pick(const keys_table *t, keys_list l, uint64_t ttl, const keys_slot **out)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < t->cap; i++) {
+        const keys_slot *s = &t->v[i];
+        if (!keys_in(s, l, ttl)) continue;
+        size_t j = n < KEYS_SHOW ? n++ : KEYS_SHOW;
+        if (j == KEYS_SHOW) {
+            if (keys_rank(s, l) <= keys_rank(out[KEYS_SHOW - 1], l)) continue;
+            j = KEYS_SHOW - 1;
+        }
+        while (j > 0 && keys_rank(out[j - 1], l) < keys_rank(s, l)) {
+            out[j] = out[j - 1];
+            j--;
+        }
+        out[j] = s;
+    }
+    return n;
+}
+
+static void keys_id(char *buf, size_t size, uint64_t ms, uint64_t seq)
+{
+    snprintf(buf, size, "%llu-%llu", (unsigned long long)ms, (unsigned long long)seq);
+}
+
+static json_object *keys_list_json(ops_conn *ctx, const px_config *c, const px_stream_conf *sc,
+                                   const keys_table *t, keys_list l)
+{
+    const keys_slot *pick[KEYS_SHOW];
+    size_t n = keys_pick(t, l, (uint64_t)sc->done_ttl_ms, pick);
+    json_object *a = json_object_new_array();
+    for (size_t i = 0; i < n; i++) {
+        char first[48], last[48];
+        keys_id(first, sizeof(first), pick[i]->first_ms, pick[i]->first_seq);
+        keys_id(last, sizeof(last), pick[i]->last_ms, pick[i]->last_seq);
+        char *key = keys_text(ctx, c, sc, pick[i]->first_ms, pick[i]->first_seq);
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "key", key ? jstr(key) : NULL);
+        json_object_object_add(o, "copies", json_object_new_int64(pick[i]->copies));
+        json_object_object_add(o, "first_entry", jstr(first));
+        json_object_object_add(o, "last_entry", jstr(last));
+        json_object_object_add(o, "apart_ms",
+                               json_object_new_int64((int64_t)(pick[i]->last_ms - pick[i]->first_ms)));
+        json_object_array_add(a, o);
+        free(key);
+    }
+    return a;
+}
+
+static unsigned long long keys_count(const keys_table *t, keys_list l, uint64_t ttl)
+{
+    unsigned long long n = 0;
+    for (size_t i = 0; i < t->cap; i++) n += keys_in(&t->v[i], l, ttl);
+    return n;
+}
+
+static void keys_print_list(json_object *a, const char *what)
+{
+    size_t n = json_object_array_length(a);
+    for (size_t i = 0; i < n; i++) {
+        json_object *o = json_object_array_get_idx(a, i), *k;
+        json_object_object_get_ex(o, "key", &k);
+        long long copies = json_object_get_int64(json_object_object_get(o, "copies"));
+        long long apart = json_object_get_int64(json_object_object_get(o, "apart_ms"));
+        printf("    %-32s %lld copies", k ? show(json_object_get_string(k)) : "(trimmed since)", copies);
+        if (strcmp(what, "beyond") == 0) printf(", %.1f s apart", (double)apart / 1000.0);
+        printf(" (entries %s .. %s)\n", json_object_get_string(json_object_object_get(o, "first_entry")),
+               json_object_get_string(json_object_object_get(o, "last_entry")));
+    }
+}
+
+static void keys_print(const px_stream_conf *sc, json_object *o, long long asked)
+{
+#define NUM(name) ((long long)json_object_get_int64(json_object_object_get(o, name)))
+    printf("stream %s%s%s: %lld entries read (the last %lld asked for), %lld distinct keys\n",
+           show(sc->stream), sc->group ? ", group " : "", sc->group ? show(sc->group) : "",
+           NUM("entries"), asked, NUM("distinct_keys"));
+    bool any = NUM("render_errors") || NUM("conflicts") || NUM("beyond_ttl");
+    printf("%s\n", any ? "findings, worst first:" : "no findings");
+    if (NUM("render_errors")) {
+        printf("  %lld entries whose key cannot be rendered (bad input: on_missing_key):\n",
+               NUM("render_errors"));
+        json_object *r = json_object_object_get(o, "render_error_reasons");
+        for (size_t i = 0; i < json_object_array_length(r); i++) {
+            json_object *x = json_object_array_get_idx(r, i);
+            printf("    %6lld  %s (e.g. entry %s)\n",
+                   (long long)json_object_get_int64(json_object_object_get(x, "count")),
+                   show(json_object_get_string(json_object_object_get(x, "reason"))),
+                   json_object_get_string(json_object_object_get(x, "example_entry")));
+        }
+    }
+    if (NUM("conflicts")) {
+        printf("  %lld keys whose copies carry different payloads (by %s): conflicts\n",
+               NUM("conflicts"), sc->fingerprint ? "the fingerprint" : "the whole event");
+        keys_print_list(json_object_object_get(o, "conflict_keys"), "conflict");
+    }
+    if (NUM("beyond_ttl")) {
+        printf("  %lld keys whose copies arrived further apart than done_ttl_ms (%lld ms): "
+               "the later copies would be handled again\n",
+               NUM("beyond_ttl"), (long long)sc->done_ttl_ms);
+        keys_print_list(json_object_object_get(o, "beyond_ttl_keys"), "beyond");
+    }
+    json_object *top = json_object_object_get(o, "top_keys");
+    if (json_object_array_length(top)) {
+        printf("most repeated keys:\n");
+        keys_print_list(top, "top");
+    }
+    json_object *lk = json_object_object_get(o, "lock_keys");
+    if (lk) printf("lock_key: %lld distinct values\n", (long long)json_object_get_int64(lk));
+#undef NUM
+}
+
+int px_cmd_keys(px_config *c, const px_ops_args *a)
+{
+    px_stream_conf *sc = find_stream(c, a, "keys");
+    if (sc == NULL) return 2;
+    long long want = a->max >= 0 ? a->max : KEYS_DEFAULT_COUNT;
+    /* Without a fingerprint, copies are compared by the whole event. */
+    char err[256];
+    px_template *wt = sc->fp_tpl ? NULL : px_template_compile("#event", err, sizeof(err), NULL);
+    px_stream_conf whole = *sc;
+    if (wt) whole.fp_tpl = wt;
+    ops_conn *ctx;
+    int rc = connect_redis(c, "keys", &ctx);
+    if (rc != 0) {
+        if (wt) px_template_destroy(wt);
+        return rc;
+    }
+    keys_report k = { 0 };
+    char end[64] = "+";
+    while ((long long)k.entries < want) {
+        char count[24];
+        long long left = want - (long long)k.entries;
+        snprintf(count, sizeof(count), "%lld", left < OPS_PAGE ? left : OPS_PAGE);
+        const char *argv[] = { "XREVRANGE", sc->stream, end, "-", "COUNT", count };
+        size_t lens[6];
+        for (int i = 0; i < 6; i++) lens[i] = strlen(argv[i]);
+        redisReply *page = call(ctx, "keys", 6, argv, lens);
+        if (page == NULL) {
+            rc = 1;
+            break;
+        }
+        size_t n = page->type == REDIS_REPLY_ARRAY ? page->elements : 0;
+        for (size_t i = 0; i < n; i++) keys_entry(&k, c, sc, wt ? &whole : sc, page->element[i]);
+        if (n > 0 && page->element[n - 1]->type == REDIS_REPLY_ARRAY &&
+            page->element[n - 1]->elements == 2)
+            snprintf(end, sizeof(end), "(%s", page->element[n - 1]->element[0]->str);
+        freeReplyObject(page);
+        if (n == 0 || (long long)n < atoll(count)) break;
+    }
+    if (rc == 0) {
+        uint64_t ttl = (uint64_t)sc->done_ttl_ms;
+        k.conflicts = keys_count(&k.keys, KL_CONFLICT, ttl);
+        k.beyond = keys_count(&k.keys, KL_BEYOND, ttl);
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "stream", jstr(sc->stream));
+        json_object_object_add(o, "group", sc->group ? jstr(sc->group) : NULL);
+        json_object_object_add(o, "entries", json_object_new_int64((int64_t)k.entries));
+        json_object_object_add(o, "distinct_keys", json_object_new_int64((int64_t)k.keys.n));
+        json_object_object_add(o, "render_errors", json_object_new_int64((int64_t)k.errors));
+        json_object *jr = json_object_new_array();
+        for (size_t i = 0; i < k.nreasons; i++) {
+            json_object *x = json_object_new_object();
+            json_object_object_add(x, "reason", jstr(k.reasons[i].example));
+            json_object_object_add(x, "count", json_object_new_int64((int64_t)k.reasons[i].n));
+            json_object_object_add(x, "example_entry", jstr(k.reasons[i].example_id));
+            json_object_array_add(jr, x);
+        }
+        if (k.other_errors) {
+            json_object *x = json_object_new_object();
+            json_object_object_add(x, "reason", jstr("(other reasons)"));
+            json_object_object_add(x, "count", json_object_new_int64((int64_t)k.other_errors));
+            json_object_object_add(x, "example_entry", jstr(k.other_id));
+            json_object_array_add(jr, x);
+        }
+        json_object_object_add(o, "render_error_reasons", jr);
+        json_object_object_add(o, "fingerprint", sc->fingerprint ? jstr(sc->fingerprint) : NULL);
+        json_object_object_add(o, "conflicts", json_object_new_int64((int64_t)k.conflicts));
+        json_object_object_add(o, "conflict_keys", keys_list_json(ctx, c, sc, &k.keys, KL_CONFLICT));
+        json_object_object_add(o, "done_ttl_ms", json_object_new_int64(sc->done_ttl_ms));
+        json_object_object_add(o, "beyond_ttl", json_object_new_int64((int64_t)k.beyond));
+        json_object_object_add(o, "beyond_ttl_keys", keys_list_json(ctx, c, sc, &k.keys, KL_BEYOND));
+        json_object_object_add(o, "top_keys", keys_list_json(ctx, c, sc, &k.keys, KL_TOP));
+        json_object_object_add(o, "lock_keys",
+                               sc->lock_tpl ? json_object_new_int64((int64_t)k.locks.n) : NULL);
+        if (a->json) print_json(o);
+        else keys_print(sc, o, want);
+        json_object_put(o);
+        rc = k.errors || k.conflicts || k.beyond ? 3 : 0;
+    }
+    for (size_t i = 0; i < k.nreasons; i++) {
+        free(k.reasons[i].norm);
+        free(k.reasons[i].example);
+    }
+    free(k.keys.v);
+    free(k.locks.v);
+    if (wt) px_template_destroy(wt);
     ops_close(ctx);
     return rc;
 }

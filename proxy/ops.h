@@ -25,6 +25,10 @@ typedef struct px_ops_args {
 
 int px_cmd_inspect(px_config *c, const px_ops_args *a);
 int px_cmd_redrive(px_config *c, const px_ops_args *a);
+/* keys: a dry run of the stream's templates over its last --count entries
+ * (a->max; -1: 10,000). Exit 0 nothing found, 3 findings (render errors,
+ * conflicts, copies further apart than done_ttl_ms), 1, 2. */
+int px_cmd_keys(px_config *c, const px_ops_args *a);
 
 /* The password idemproxy sends with AUTH, in *out: redis.password_file's
  * first line, else the url's password; NULL when there is none (an empty

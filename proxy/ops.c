@@ -363,6 +363,7 @@ static void entry_deinit(px_entry *e)
 typedef struct key_state {
     bool done;
     long long done_ttl; /* ms; -1: no expiry */
+    px_done_mark mark;  /* what the done mark says: its time and fingerprint, if any */
     bool locked;
     char *token;          /* the holder's token; owned */
     long long lease_left; /* ms; -1: no expiry */
@@ -409,6 +410,7 @@ static bool read_key_state(ops_conn *ctx, const px_stream_conf *sc, const px_ent
         if (v && v[0] == 'D') { /* "D", or "D:<ms>[:<fingerprint>]" */
             k->done = true;
             k->done_ttl = ttl;
+            k->mark = px_decide_done_mark(v);
         } else if (v && strncmp(v, "L:", 2) == 0) {
             k->locked = true;
             k->token = px_strdup(v + 2);
@@ -422,6 +424,7 @@ static bool read_key_state(ops_conn *ctx, const px_stream_conf *sc, const px_ent
         if (v) {
             k->done = true;
             k->done_ttl = ttl;
+            k->mark = px_decide_done_mark(v);
         }
         free(v);
         if (!get_ttl(ctx, "inspect", e->lock_name, &v, &ttl)) return false;
@@ -460,6 +463,16 @@ static void print_key_state(const px_stream_conf *sc, const px_entry *e, const k
     printf("  state: ");
     if (k->done) {
         printf("done, ");
+        if (k->mark.has_ms) {
+            uint64_t now = px_now_ms();
+            printf("marked at %llu (%.1f s ago), ", (unsigned long long)k->mark.ms,
+                   now > k->mark.ms ? (double)(now - k->mark.ms) / 1000.0 : 0.0);
+        }
+        if (k->mark.has_fp) {
+            char hex[17];
+            px_hash64_hex(k->mark.fp, hex);
+            printf("fingerprint %s, ", hex);
+        }
         print_ttl(k->done_ttl, "done mark");
         if (k->locked) printf("; and still locked by token %s, lease left %lld ms", show(k->token), k->lease_left);
     } else if (k->locked) {
@@ -487,6 +500,12 @@ static json_object *key_state_json(const px_stream_conf *sc, const px_entry *e, 
     json_object_object_add(o, "done_name", jstr(e->done_name));
     json_object_object_add(o, "done", json_object_new_boolean(k->done));
     json_object_object_add(o, "done_ttl_ms", k->done ? json_object_new_int64(k->done_ttl) : NULL);
+    /* the done mark's time (ms since the epoch) and fingerprint, when it holds them */
+    json_object_object_add(o, "done_at_ms",
+                           k->mark.has_ms ? json_object_new_int64((int64_t)k->mark.ms) : NULL);
+    char hex[17];
+    px_hash64_hex(k->mark.fp, hex);
+    json_object_object_add(o, "fingerprint", k->mark.has_fp ? jstr(hex) : NULL);
     json_object_object_add(o, "locked", json_object_new_boolean(k->locked));
     json_object_object_add(o, "lock_token", k->locked ? jstr(k->token) : NULL);
     json_object_object_add(o, "lease_left_ms", k->locked ? json_object_new_int64(k->lease_left) : NULL);

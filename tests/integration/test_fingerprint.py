@@ -184,3 +184,27 @@ def test_duplicate_age_of_a_copy_two_seconds_after_its_original(env, layout):
     assert age(p, "bucket", "5") == 1
     assert 2.0 <= age(p, "sum") <= 5.0
     assert age(p, "bucket", "600") == 1 and age(p, "bucket", "3600") == 1
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_inspect_shows_the_done_marks_time_and_fingerprint(env, tmp_path, layout):
+    from test_operator import run, write_cfg
+    r = env.r
+    ev = {"eventId": "e1", "amount": 5}
+    publish(r, "room", [ev])
+    p = env.proxy([conf(layout, fingerprint="#event")])
+    env.worker(p.endpoint)
+    wait_for(lambda: settled(p, "room", 1), what="the entry's outcome")
+    ms = int(r.get(done_key(layout, "e1")).split(":")[1])
+    cfg = write_cfg(tmp_path, env.redis.url, payload_field="payload", layout=layout,
+                    fingerprint="#event")
+    res = run("inspect", "-c", str(cfg), "--stream", "room", "--key", "e1", "--json")
+    assert res.returncode == 0, res.stderr
+    j = json.loads(res.stdout)
+    assert j["done"] is True and j["done_at_ms"] == ms and j["fingerprint"] == fp_of(ev)
+    text = run("inspect", "-c", str(cfg), "--stream", "room", "--key", "e1").stdout
+    assert f"marked at {ms} (" in text and f"fingerprint {fp_of(ev)}" in text
+    # a mark another writer left: done, no time, no fingerprint
+    r.set(done_key(layout, "e2"), "1" if layout == "split" else "D")
+    j = json.loads(run("inspect", "-c", str(cfg), "--stream", "room", "--key", "e2", "--json").stdout)
+    assert j["done"] is True and j["done_at_ms"] is None and j["fingerprint"] is None

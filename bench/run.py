@@ -95,6 +95,11 @@ Knobs (environment, default):
                              a server pair made by the openssl CLI; TLS 1.3, the server's
                              default ciphers), in the same rounds as the plain rows. (b)
                              has no TLS row: it is built on hiredis 0.14, which has none.
+  BENCH_FP group/single      read modes/layouts of the fingerprint rows: idemproxy with
+                             streams[].fingerprint "#event" (every entry's whole event
+                             parsed, canonicalised and hashed; the hash rides in the done
+                             mark and is compared on every copy), in the same rounds as the
+                             rows without it, and the ratio of the two
   BENCH_AB_BIN ""             a second idemproxy binary for the A/B rows (unset or empty: no A/B)
   BENCH_AB_VARIANT group/single  read mode and layout of the A/B runs
   BENCH_AB_CONCURRENCY 16    handler threads of the one-connection worker
@@ -105,7 +110,7 @@ Knobs (environment, default):
   BENCH_AB_REPEAT (= BENCH_REPEAT)  A/B rounds
   BENCH_TIMEOUT 300          seconds any one wait may take
   IDEMPROXY_BIN build/idemproxy (copied first: a rebuild meanwhile is harmless)
-An empty BENCH_RATES, BENCH_LAYOUTS, BENCH_READS or BENCH_TLS, or 0 for BENCH_SAMPLE_A, BENCH_HOLD or
+An empty BENCH_RATES, BENCH_LAYOUTS, BENCH_READS, BENCH_TLS or BENCH_FP, or 0 for BENCH_SAMPLE_A, BENCH_HOLD or
 BENCH_CLUSTER_N, skips that part: e.g. only the A/B rows,
   BENCH_AB_BIN=/tmp/before/build/idemproxy BENCH_N=50000 BENCH_READS= BENCH_SAMPLE_A=0 \
   BENCH_RATES= BENCH_HOLD=0 BENCH_CLUSTER_N=0 make -C bench run Prints the table and writes build/bench/results.md and
@@ -160,6 +165,8 @@ LAYOUTS = [x for x in env("BENCH_LAYOUTS", "single,split").split(",") if x]
 READS = [x for x in env("BENCH_READS", "group,plain").split(",") if x]
 VARIANTS = [f"{read}/{layout}" for read in READS for layout in LAYOUTS]   # "group/single", ...
 TLS_VARIANTS = [x for x in env("BENCH_TLS", "group/single").split(",") if x]
+FP_VARIANTS = [x for x in env("BENCH_FP", "group/single").split(",") if x]
+FP_LABEL = ', fingerprint "#event"'
 LAT_LAYOUT = env("BENCH_LAT_LAYOUT", "single")
 BATCH = env("BENCH_BATCH", 256, int)
 PERF = env("BENCH_PERF", "")
@@ -354,7 +361,7 @@ class Bench:
     # --- processes --------------------------------------------------------
 
     def proxy(self, layout, max_inflight=MAX_INFLIGHT, ack_timeout_ms=30000, read="group", binary=None,
-              tls=False, linger_ms=0):
+              tls=False, linger_ms=0, fingerprint=""):
         self.nproxy += 1
         name = f"proxy{self.nproxy}"
         endpoint = f"ipc://{self.tmp}/app.sock"
@@ -380,7 +387,8 @@ streams:
     payload_field: payload
     key: "#event.eventId"
     layout: {layout}
-""" + (f"    linger_ms: {linger_ms}\n" if linger_ms else ""))
+""" + (f"    linger_ms: {linger_ms}\n" if linger_ms else "")
+          + (f"    fingerprint: \"{fingerprint}\"\n" if fingerprint else ""))
         return Proxy(binary or self.bin, cfg, self.tmp / f"{name}.log", mport, endpoint)
 
     def worker(self, endpoint, expect=0, hold=False, concurrency=0):
@@ -525,7 +533,7 @@ def spread(r):
     return f"{r['keys_per_s']:,.0f}" + (f" ({lo:,.0f}–{hi:,.0f})" if hi > lo else "")
 
 
-def throughput(b, variant, data, perf=None, tls=False):
+def throughput(b, variant, data, perf=None, tls=False, fp=False):
     read, layout = variant.split("/")
     log(f"throughput, {read} read, layout {layout}{', TLS' if tls else ''}: {N} entries loaded, "
         f"{data['unique']} unique keys")
@@ -533,8 +541,9 @@ def throughput(b, variant, data, perf=None, tls=False):
     rcpu0, io0 = b.redis_cpu(), b.io_events()
     w = b.worker(f"ipc://{b.tmp}/app.sock", expect=data["unique"])
     time.sleep(0.2)                                      # let the worker's sockets exist
-    p = b.proxy(layout, read=read, tls=tls)
-    perf = perf if variant == VARIANTS[0] and not tls else None
+    fpt = "#event" if fp else ""
+    p = b.proxy(layout, read=read, tls=tls, fingerprint=fpt)
+    perf = perf if variant == VARIANTS[0] and not tls and not fp else None
     p.start(perf, OUT / f"perf{'-stat' if perf == 'stat' else ''}-{layout}")
     m = b.wait(lambda: p.finished(N), TIMEOUT, f"{N} entries done ({variant})")
     t_all = time.monotonic() - p.t0
@@ -547,7 +556,7 @@ def throughput(b, variant, data, perf=None, tls=False):
     wr = w.stop()
     t_keys = (wr["expect_mono"] / 1e6 - p.t0) if wr["expect_mono"] else float("nan")
     res = {
-        "variant": variant + (" tls" if tls else ""), "tls": tls, "read": read, "layout": layout, "entries": N, "unique": data["unique"], "load": loadavg(),
+        "variant": variant + (" tls" if tls else "") + (" fp" if fp else ""), "tls": tls, "fp": fp, "read": read, "layout": layout, "entries": N, "unique": data["unique"], "load": loadavg(),
         "t_keys": t_keys, "t_all": t_all,
         "keys_per_s": data["unique"] / t_keys, "entries_per_s": N / t_all,
         "cpu_s": cpu, "cpu_per_1k": cpu / (N / 1000), "vmhwm_kib": hwm,
@@ -583,7 +592,7 @@ def throughput(b, variant, data, perf=None, tls=False):
     if read == "group":
         b.r.xgroup_setid(STREAM, GROUP, "0")
     b.reset_stats()
-    p = b.proxy(layout, read=read, tls=tls)
+    p = b.proxy(layout, read=read, tls=tls, fingerprint=fpt)
     p.start()
     m = b.wait(lambda: p.finished(N), TIMEOUT, f"{N} copies skipped ({variant})")
     t_copy = time.monotonic() - p.t0
@@ -1239,7 +1248,8 @@ def report(meta, tp, base, lat, mem, allocs=None, lat_linger=()):
     L.append("| run | unique keys | keys/s | entries/s | copies/s | proxy CPU s / 1k entries | Redis commands / key |")
     L.append("|---|---:|---:|---:|---:|---:|---:|")
     for t in tp:
-        L.append(f"| idemproxy, {t['read']} read, layout {t['layout']}{', TLS' if t.get('tls') else ''} | "
+        L.append(f"| idemproxy, {t['read']} read, layout {t['layout']}{', TLS' if t.get('tls') else ''}"
+                 f"{FP_LABEL if t.get('fp') else ''} | "
                  f"{t['unique']} | {spread(t)} | "
                  f"{t['entries_per_s']:,.0f} | {t['copies_per_s']:,.0f} | {t['cpu_per_1k']:.3f} | "
                  f"{t['cmds_per_key']:.2f} |")
@@ -1266,7 +1276,9 @@ def report(meta, tp, base, lat, mem, allocs=None, lat_linger=()):
              "Redis commands counted by INFO commandstats, which also "
              "counts the GET/DEL a compare-and-delete script runs. TLS rows: idemproxy on rediss:// "
              "to a TLS port of the same redis-server (the proxy verifies the server's certificate; "
-             "no client certificate), in the same rounds as the plain rows.\n")
+             "no client certificate), in the same rounds as the plain rows. Fingerprint rows: "
+             "streams[].fingerprint \"#event\", the whole event canonicalised and hashed for every "
+             "entry and compared with the done mark's on every copy.\n")
 
     by = {t["variant"]: t for t in tp}
     L.append("| ratio | " + " | ".join(v.replace("/", " read, ") for v in VARIANTS) + " |")
@@ -1287,6 +1299,9 @@ def report(meta, tp, base, lat, mem, allocs=None, lat_linger=()):
     L.append("| copies/s / keys/s | " + " | ".join(f"{copy_ratio(v):.2f}" for v in VARIANTS) + " |")
     L.append("| idemproxy over TLS / over plain TCP, keys/s | "
              + " | ".join(f"{ratio(v + ' tls', by.get(v)):.2f}" if v in TLS_VARIANTS else ""
+                          for v in VARIANTS) + " |")
+    L.append("| idemproxy with fingerprint \"#event\" / without, keys/s | "
+             + " | ".join(f"{ratio(v + ' fp', by.get(v)):.2f}" if v in FP_VARIANTS else ""
                           for v in VARIANTS) + " |")
     L.append("")
 
@@ -1413,7 +1428,7 @@ def main():
                 Path(os.environ.get("IDEMPROXY_BIN", ROOT / "build" / "idemproxy")).stat().st_mtime)),
             "redis": subprocess.run(["redis-server", "--version"], capture_output=True,
                                     text=True).stdout.split(" sha=")[0]}
-    log(f"N={N} copies={COPIES} rates={RATES} variants={VARIANTS} tls={TLS_VARIANTS}; "
+    log(f"N={N} copies={COPIES} rates={RATES} variants={VARIANTS} tls={TLS_VARIANTS} fp={FP_VARIANTS}; "
         f"load average {meta['load_start']}")
     tmp = tempfile.mkdtemp(prefix="idemproxy-bench-")
     b = Bench(tmp)
@@ -1423,12 +1438,14 @@ def main():
         # machine's load hits them alike; each row reports its median round.
         tp_runs = {v: [] for v in VARIANTS}
         base_runs = {}
-        for rnd in range(REPEAT if VARIANTS or TLS_VARIANTS or SAMPLE_A else 0):
+        for rnd in range(REPEAT if VARIANTS or TLS_VARIANTS or FP_VARIANTS or SAMPLE_A else 0):
             log(f"round {rnd + 1} of {REPEAT}")
             for v in VARIANTS:
                 tp_runs[v].append(throughput(b, v, b.fresh(), perf=PERF if rnd == 0 else None))
             for v in TLS_VARIANTS:
                 tp_runs.setdefault(v + " tls", []).append(throughput(b, v, b.fresh(), tls=True))
+            for v in FP_VARIANTS:
+                tp_runs.setdefault(v + " fp", []).append(throughput(b, v, b.fresh(), fp=True))
             if SAMPLE_A:
                 base_runs.setdefault("a", []).append(baseline(b, "a", "split", limit=min(SAMPLE_A, N)))
             for v in VARIANTS:

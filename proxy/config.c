@@ -1168,6 +1168,31 @@ static void cfg_set_cluster(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, voi
     }
 }
 
+/* px_template_check_key speaks of keys; for a fingerprint that reads
+ * nothing, say what it does there: every event the same fingerprint, so no
+ * copy is ever a conflict. */
+static void cfg_fingerprint_words(char *err, size_t size)
+{
+    static const char *const from[] = {
+        "every event gets the same key and all but the first count as duplicates",
+        "the same key for every event",
+    };
+    static const char *const to[] = {
+        "every event gets the same fingerprint and no copy is ever a conflict",
+        "the same fingerprint for every event",
+    };
+    for (size_t i = 0; i < 2; i++) {
+        char *at = strstr(err, from[i]);
+        if (at == NULL) continue;
+        px_buf b = { 0 };
+        px_buf_append(&b, err, (size_t)(at - err));
+        px_buf_appends(&b, to[i]);
+        px_buf_appends(&b, at + strlen(from[i]));
+        snprintf(err, size, "%s", b.data);
+        px_buf_deinit(&b);
+    }
+}
+
 /* key / lock_key: the source goes to 'offset', the compiled template to
  * 'offset2'; 'flags' say what else it must pass (CFG_TPL_*). */
 static void cfg_set_template(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
@@ -1194,6 +1219,7 @@ static void cfg_set_template(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, vo
     px_template *t = px_template_compile(sc.s, err, sizeof err, &errcol);
     if (t != NULL && (o->flags & CFG_TPL_KEY) &&
         px_template_check_key(t, err, sizeof err, &errcol) != PX_OK) {
+        if (strcmp(o->name, "fingerprint") == 0) cfg_fingerprint_words(err, sizeof err);
         px_template_destroy(t);
         t = NULL;
     }

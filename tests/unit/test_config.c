@@ -1010,7 +1010,12 @@ static void test_key_reads(void)
                  "t.yaml:3:11: ", "reads nothing from the entry");
     expect_error("fingerprint: a constant",
                  "streams:\n  - stream: room\n    fingerprint: \"v1\"\n",
-                 "t.yaml:3:19: ", "streams[0].fingerprint: reads nothing from the entry");
+                 "t.yaml:3:19: ",
+                 "streams[0].fingerprint: reads nothing from the entry: 'v1' is literal text, the "
+                 "same fingerprint for every event");
+    expect_error("fingerprint: a constant expression",
+                 "streams:\n  - stream: room\n    fingerprint: \"#{'v'}\"\n", "t.yaml:3:19: ",
+                 "every event gets the same fingerprint and no copy is ever a conflict");
     expect_error("fingerprint: a variable after literal text",
                  "streams:\n  - stream: room\n    fingerprint: \"v:#event.amount\"\n",
                  "t.yaml:3:21: ", "did you mean \"v:#{event.amount}\"?");

@@ -7,20 +7,20 @@
  *
  *   layout single: one key, prefix + key, holds "L:<token>" while locked and
  *   "D:<ms>[:<fingerprint>]" once done (decide.h, px_done_mark; an older
- *   idemproxy's plain "D" reads as done too). `SET k L:<token> NX PX lease GET` is the whole double-checked
- *   lock in one atomic command: nil means we took the lock on a key that was
- *   not done; "D" means done (duplicate); "L:<our token>" means we already held
- *   it (a reply lost in a reconnect); any other "L:" means busy.
+ *   idemproxy's plain "D" reads as done too). `SET k L:<token> NX PX lease
+ *   GET` is the whole double-checked lock in one atomic command: nil means we
+ *   took the lock on a key that was not done; "D..." means done (a duplicate,
+ *   or a conflict when its fingerprint is another); "L:<our token>" means we
+ *   already held it (a reply lost in a reconnect); any other "L:" means busy.
  *
  *   layout split: lock_prefix + key and done_prefix + key, exactly as the
  *   seeds' @RedisLock aspect uses them, so a consumer running the seeds' code
  *   and idemproxy can share the keys. First `GET done` (the fast path; any
  *   value is done, the seeds' "1" too, and idemproxy's own "1:<ms>[:<fp>]"
- *   brings its time and fingerprint). If
- *   not done, `SET lock <token> NX PX lease GET` and, in the same pipeline,
- *   `GET done` again: the check after the lock is held, which closes the
- *   race of seed 000 (a holder that writes done and releases between our first
- *   check and our lock). The commands run in order, so this holds even when
+ *   brings its time and fingerprint). If not done, `SET lock <token> NX PX
+ *   lease GET` and, in the same pipeline, `GET done` again: the check after
+ *   the lock is held, which closes the race of seed 000 (a holder that writes
+ *   done and releases between our first check and our lock). The commands run in order, so this holds even when
  *   lock and done keys live on different cluster nodes.
  *
  * Then, for a claimed entry with lock_key, the resource lock: `SET lock_key

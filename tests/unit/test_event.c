@@ -300,6 +300,41 @@ static void test_names(void)
     }
 }
 
+/* The fingerprint (issue 31): the whole event hashed in its canonical form,
+ * so members in another order hash the same; another value does not; one
+ * that cannot be rendered is bad input, with its template in the reason. */
+static void test_fingerprint(void)
+{
+    px_stream_conf sc = conf("#event.eventId", NULL, true);
+    sc.fp_tpl = compile("#event");
+    char why[256];
+    int rc;
+    px_entry *a = prepare(&sc, KV("payload", "{\"eventId\":\"e1\",\"amount\":5,\"o\":{\"x\":1,\"y\":2}}"),
+                          &rc, why, sizeof(why));
+    test_cond("fingerprint: rendered", rc == PX_OK && a->has_fp && strcmp(a->key, "e1") == 0);
+    px_entry *b = prepare(&sc, KV("payload", "{\"o\":{\"y\":2,\"x\":1},\"amount\":5,\"eventId\":\"e1\"}"),
+                          &rc, why, sizeof(why));
+    test_cond("fingerprint: another member order, the same", rc == PX_OK && b->fp == a->fp);
+    px_entry *c = prepare(&sc, KV("payload", "{\"eventId\":\"e1\",\"amount\":999,\"o\":{\"x\":1,\"y\":2}}"),
+                          &rc, why, sizeof(why));
+    test_cond("fingerprint: another amount, another", rc == PX_OK && c->fp != a->fp);
+    entry_free(a);
+    entry_free(b);
+    entry_free(c);
+    px_template_destroy(sc.fp_tpl);
+    sc.fp_tpl = compile("#event.amount");
+    a = prepare(&sc, KV("payload", "{\"eventId\":\"e1\"}"), &rc, why, sizeof(why));
+    test_cond("fingerprint: missing is bad input",
+              rc == PX_ERR && strncmp(why, "fingerprint '#event.amount': ", 29) == 0);
+    entry_free(a);
+    px_template_destroy(sc.fp_tpl);
+    sc.fp_tpl = NULL;
+    a = prepare(&sc, KV("payload", "{\"eventId\":\"e1\"}"), &rc, why, sizeof(why));
+    test_cond("no fingerprint: none", rc == PX_OK && !a->has_fp);
+    entry_free(a);
+    conf_free(&sc);
+}
+
 int main(void)
 {
     test_payload_keys();
@@ -308,5 +343,6 @@ int main(void)
     test_deep_dotted_name();
     test_reason_cut_between_characters();
     test_names();
+    test_fingerprint();
     return test_report();
 }

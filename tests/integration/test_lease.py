@@ -54,7 +54,7 @@ def test_a_lease_that_ran_out_while_cut_off_is_never_sent(env, tmp_path, mode, f
         b = env.proxy([stream_conf(mode, consumer="b", lease_ms=1000, fencing=fencing)],
                       endpoint=ep_b, timeout_ms=300)
         w_b = env.worker(ep_b)
-        wait_for(lambda: r.get("idem:E") == "D", 20, "E claimed by B after A's lease, acked, done")
+        wait_for(lambda: (r.get("idem:E") or "")[:1] == "D", 20, "E claimed by B after A's lease, acked, done")
         assert w_b.keys() == ["E"]
         assert link.refusing >= 1
         w_a = env.worker(ep_a)
@@ -73,7 +73,7 @@ def test_a_lease_that_ran_out_while_cut_off_is_never_sent(env, tmp_path, mode, f
                  "A finds E done")
         assert one(a.metrics(), "idemproxy_entries_pending") == 0
         assert w_a.keys() == [], "A sent E after B's worker acked it"
-        assert r.get("idem:E") == "D"
+        assert (r.get("idem:E") or "")[:1] == "D"
     finally:
         link.close()
 
@@ -103,7 +103,7 @@ def test_a_lease_that_ran_out_while_cut_off_alone_is_claimed_again_and_sent_once
         time.sleep(1.0)
         assert w.keys() == [], "sent on a lease that had run out"
         link.refuse([], 0)
-        wait_for(lambda: r.get("idem:E") == "D", 20, "E claimed again, delivered and acked")
+        wait_for(lambda: (r.get("idem:E") or "")[:1] == "D", 20, "E claimed again, delivered and acked")
         wait_for(lambda: one(a.metrics(), "idemproxy_entries_pending") == 0, 10, "E left")
         m = a.metrics()
         assert [(d.key, d.attempt) for d in w.got] == [("E", 1)]
@@ -136,7 +136,7 @@ def test_a_failed_claim_is_no_lease_lost(env, tmp_path, mode):
         # the claim fails (not applied), the extensions meanwhile answer 0.
         link.refuse([b"$3\r\nSET\r\n$6\r\nidem:k\r\n"], 1.0)
         publish(r, "room", [{"eventId": "k"}])
-        wait_for(lambda: r.get("idem:k") == "D", 20, "k delivered and done")
+        wait_for(lambda: (r.get("idem:k") or "")[:1] == "D", 20, "k delivered and done")
         wait_for(lambda: one(p.metrics(), "idemproxy_entries_pending") == 0, 10, "k left")
         assert link.refusing >= 1, "no claim was refused"
         m = p.metrics()

@@ -452,7 +452,7 @@ void px_cluster_destroy(px_cluster *cl)
     free((void *)cl->opts.seeds);
     free((char *)cl->opts.name);
     free((char *)cl->opts.user);
-    free((char *)cl->opts.password);
+    px_free_secret((char *)cl->opts.password);
     free((char *)cl->opts.password_file);
     free(cl);
 }

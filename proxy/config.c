@@ -822,7 +822,7 @@ static void cfg_redis_reset(px_config *c)
     free(c->redis_host);
     free(c->redis_unix);
     free(c->redis_user);
-    free(c->redis_password);
+    px_free_secret(c->redis_password);
     c->redis_host = c->redis_unix = c->redis_user = c->redis_password = NULL;
     c->redis_port = PX_CONFIG_DEFAULT_REDIS_PORT;
     c->redis_db = 0;

@@ -106,6 +106,7 @@ struct px_link {
     px_rcmd *head, *tail; /* pending commands, oldest first */
     px_buf out;           /* RESP not yet written */
     size_t out_off;       /* bytes of 'out' written */
+    bool out_secret;      /* 'out' holds an AUTH: wiped once written or dropped */
     redisReader *reader;
     px_reply_arena *arena;
     unsigned gen;             /* bumped at every drop */
@@ -694,6 +695,17 @@ static void readbuf_shrink(redisReader *rd)
 
 static void read_in(px_link *l);
 
+/* 'out' is written (or dropped): empty it, and overwrite it if it held the
+ * password, so no buffer keeps a copy (SECURITY.md). */
+static void out_reset(px_link *l)
+{
+    if (l->out_secret && l->out.data) explicit_bzero(l->out.data, l->out.cap);
+    l->out_secret = false;
+    px_buf_reset(&l->out);
+    l->out_off = 0;
+    if (l->out.cap > PX_BUF_KEEP) px_buf_deinit(&l->out);
+}
+
 static void flush_out(px_link *l)
 {
     l->tls_wants_read = false;
@@ -749,9 +761,7 @@ static void flush_out(px_link *l)
         l->out_off += (size_t)w;
     }
     ev_io_stop(l->loop, &l->wio);
-    px_buf_reset(&l->out);
-    l->out_off = 0;
-    if (l->out.cap > PX_BUF_KEEP) px_buf_deinit(&l->out);
+    out_reset(l);
 }
 
 static void complete(px_link *l, px_rcmd *c, redisReply *rep);
@@ -960,9 +970,7 @@ static void close_conn(px_link *l)
     if (l->fd >= 0) close(l->fd);
     l->fd = -1;
     l->heard = 0;
-    px_buf_reset(&l->out);
-    l->out_off = 0;
-    if (l->out.cap > PX_BUF_KEEP) px_buf_deinit(&l->out);
+    out_reset(l);
 }
 
 /* Every pending command answered as lost. */
@@ -1319,22 +1327,33 @@ static void retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
     connect_start(l);
 }
 
+/* read(2), not stdio: stdio's buffer would be freed holding the password;
+ * 'buf' is wiped before returning. */
 int px_redis_read_password(const char *path, char **out)
 {
     *out = NULL;
-    FILE *f = fopen(path, "r");
-    if (f == NULL) return -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
     char buf[1024];
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    int err = ferror(f) ? errno : 0;
-    fclose(f);
+    size_t n = 0;
+    int err = 0;
+    while (n < sizeof(buf) - 1) {
+        ssize_t r = read(fd, buf + n, sizeof(buf) - 1 - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) err = errno;
+        if (r <= 0) break;
+        n += (size_t)r;
+    }
+    close(fd);
     if (err) {
+        explicit_bzero(buf, sizeof(buf));
         errno = err;
         return -1;
     }
     buf[n] = '\0';
     buf[strcspn(buf, "\r\n")] = '\0';
     if (buf[0]) *out = px_strdup(buf);
+    explicit_bzero(buf, sizeof(buf));
     return 0;
 }
 
@@ -1359,7 +1378,7 @@ static void reread_password(px_link *l)
                        l->opts.password_file, l->opts.user);
         return;
     }
-    free((char *)l->opts.password);
+    px_free_secret((char *)l->opts.password);
     l->opts.password = pw;
 }
 
@@ -1385,10 +1404,23 @@ static void connect_start(px_link *l)
     /* Commands queue up before the connection completes; PING's reply says we are in. */
     if (l->opts.password_file) reread_password(l);
     if (l->opts.password) {
-        if (l->opts.user)
-            link_cmd(l, auth_reply_cb, l, "AUTH %s %s", l->opts.user, l->opts.password);
-        else
-            link_cmd(l, auth_reply_cb, l, "AUTH %s", l->opts.password);
+        /* Room for the whole handshake first, so no realloc leaves a copy of
+         * the AUTH in freed memory; out_reset wipes it once written. */
+        size_t room = 1024 + strlen(l->opts.password) + (l->opts.user ? strlen(l->opts.user) : 0);
+        for (size_t i = 0; i < nscripts; i++) room += strlen(scripts[i]->body) + 64;
+        px_buf_reserve(&l->out, room);
+        l->out_secret = true;
+        /* Straight into 'out' (not link_cmd: hiredis' formatter frees
+         * intermediate copies unwiped). */
+        const char *argv[3] = { "AUTH", l->opts.user, l->opts.password };
+        size_t lens[3] = { 4, l->opts.user ? strlen(l->opts.user) : 0, strlen(l->opts.password) };
+        int argc = 3;
+        if (l->opts.user == NULL) {
+            argv[1] = argv[2];
+            lens[1] = lens[2];
+            argc = 2;
+        }
+        send_rcmd(l, rcmd_new(l, auth_reply_cb, l, 0), argc, argv, lens);
     }
     if (!l->opts.sentinel_peer) { /* a sentinel is not a data node */
         if (l->opts.db) link_cmd(l, handshake_reply_cb, l, "SELECT %d", l->opts.db);
@@ -1521,12 +1553,13 @@ static void link_free(px_link *l)
     if (l->reader) redisReaderFree(l->reader);
     px_reply_arena_release(l->arena); /* after the reader's last reply, if it holds one */
     if (l->ctx) SSL_CTX_free(l->ctx);
+    if (l->out.data) explicit_bzero(l->out.data, l->out.cap);
     px_buf_deinit(&l->out);
     free((char *)l->opts.name);
     free((char *)l->opts.host);
     free((char *)l->opts.unix_path);
     free((char *)l->opts.user);
-    free((char *)l->opts.password);
+    px_free_secret((char *)l->opts.password);
     free((char *)l->opts.password_file);
     free((char *)l->tls.ca_file);
     free((char *)l->tls.cert_file);

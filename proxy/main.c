@@ -10,7 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -107,7 +109,7 @@ static bool sentinel_password_ok(const px_config *c)
                 strerror(errno));
         return false;
     }
-    free(pw);
+    px_free_secret(pw);
     return true;
 }
 
@@ -118,7 +120,7 @@ static int cmd_check(const char *path)
     char *password;
     bool ok = px_config_password(c, c->path, &password) && tls_files_ok(c) &&
               sentinel_password_ok(c);
-    free(password);
+    px_free_secret(password);
     if (!ok) {
         px_config_destroy(c);
         return 2;
@@ -252,6 +254,23 @@ out:
     return rc;
 }
 
+/* One line when a password file can be read by more than the daemon needs:
+ * by others, or by its group while the daemon owns it (the group bit is
+ * needed when the file is someone else's: Kubernetes mounts a Secret as
+ * root, group fsGroup, and defaultMode 0440 lets the pod's user read it). */
+static void password_file_mode_warn(const char *option, const char *file)
+{
+    struct stat sb;
+    if (file == NULL || stat(file, &sb) != 0) return;
+    bool others = sb.st_mode & S_IROTH;
+    bool group = (sb.st_mode & S_IRGRP) && sb.st_uid == geteuid();
+    if (others || group)
+        px_log_warn("%s %s is readable by %s (mode %04o): make it 0400, or 0440 with a group "
+                    "only idemproxy is in (Kubernetes: defaultMode and fsGroup)",
+                    option, file, others ? "every user" : "its group",
+                    (unsigned)(sb.st_mode & 07777));
+}
+
 static int cmd_run(const char *path)
 {
     /* A SIGTERM or SIGINT that comes before the loop watches for them (a pod
@@ -270,8 +289,10 @@ static int cmd_run(const char *path)
         px_config_destroy(c);
         return 2;
     }
+    password_file_mode_warn("redis.password_file", c->password_file);
+    password_file_mode_warn("redis.sentinel.password_file", c->sentinel.password_file);
     if (!tls_files_ok(c)) {
-        free(password);
+        px_free_secret(password);
         px_config_destroy(c);
         return 2;
     }
@@ -281,7 +302,7 @@ static int cmd_run(const char *path)
     struct ev_loop *loop = EV_DEFAULT;
     px_proxy *px = px_proxy_create(loop, c, password);
     sigprocmask(SIG_SETMASK, &before, NULL); /* the watchers take what came meanwhile */
-    free(password);
+    px_free_secret(password);
     if (px == NULL) {
         px_config_destroy(c);
         return 1;
@@ -321,6 +342,9 @@ static int bad_usage(const char *msg, const char *arg)
 
 int main(int argc, char **argv)
 {
+    /* No core dump and no ptrace or /proc/PID/mem by other processes of the
+     * same user: the process holds the Redis password (SECURITY.md). */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     const char *config = NULL;
     const char *sub = NULL;
     if (argc > 1 && argv[1][0] != '-') {

@@ -227,7 +227,7 @@ static int connect_redis(px_config *c, const char *cmd, ops_conn **out)
     ev_timer_start(ctx->loop, &deadline);
     while (!ctx->up && ev_is_active(&deadline)) ev_run(ctx->loop, EVRUN_ONCE);
     ev_timer_stop(ctx->loop, &deadline);
-    free(password);
+    px_free_secret(password);
     if (!ctx->up) {
         /* the url is not echoed: it may hold a password */
         fprintf(stderr, "idemproxy %s: cannot connect to Redis within %lld ms (the lines above say why)\n",

@@ -855,6 +855,10 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
         ev_timer_start(loop, &st->lease);
         px_reader_start(st);
     }
+    /* Every link has its own copy now, for its reconnects: this one would
+     * only keep a password a rotated Secret has replaced. */
+    px_free_secret(px->password);
+    px->password = NULL;
     ev_init(&px->xack_wait, px_claim_xack_wait_cb);
     px->xack_wait.data = px;
     ev_prepare_init(&px->flush, flush_cb);
@@ -902,6 +906,6 @@ void px_proxy_destroy(px_proxy *px)
     for (size_t s = 0; s < px->nstreams; s++) px_reader_free(&px->streams[s]);
     px_deliver_deinit(px);
     free(px->streams);
-    free(px->password);
+    px_free_secret(px->password);
     free(px);
 }

@@ -52,6 +52,13 @@ char *px_strdup(const char *s)
     return s ? px_strndup(s, strlen(s)) : NULL;
 }
 
+void px_free_secret(char *s)
+{
+    if (s == NULL) return;
+    explicit_bzero(s, strlen(s));
+    free(s);
+}
+
 void px_buf_reserve(px_buf *b, size_t extra)
 {
     size_t need = b->len + extra + 1;

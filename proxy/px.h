@@ -28,6 +28,9 @@ void *px_calloc(size_t n, size_t size);
 void *px_realloc(void *ptr, size_t size);
 char *px_strdup(const char *s);
 char *px_strndup(const char *s, size_t n);
+/* Free a password (NULL is fine) after overwriting it, so no freed heap
+ * block keeps it. */
+void px_free_secret(char *s);
 
 void px_buf_reserve(px_buf *b, size_t extra); /* room for 'extra' more bytes + NUL */
 void px_buf_append(px_buf *b, const void *p, size_t n);

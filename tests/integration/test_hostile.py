@@ -2,11 +2,14 @@
 entry, or a Redis server sends back, must not crash the daemon, blow up its
 memory, or be taken for idemproxy's own records."""
 import json
+import os
 import re
+import shutil
 import socket
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -322,3 +325,108 @@ def test_inspect_and_redrive_escape_keys_and_reasons(env):
     assert "key k\\x1b[2J\\xc2\\x9b" in text and 'reason no \\xff\\xfe \\x1b[2J' in text, text
     # the text log too: the key and the reason escaped
     assert_terminal_safe(p.log.read_bytes(), "the log")
+
+
+# --- secrets in the daemon's memory and on disk (issue 37, hygiene) ----------
+
+def test_the_daemon_is_not_dumpable(tmp_path, redis_server):
+    """It holds the Redis password: no core dump, and no ptrace or
+    /proc/PID/mem for another process of the same user. The kernel shows a
+    process that is not dumpable by giving its /proc/PID files to root, so the
+    daemon runs here as nobody and its files must still say root."""
+    import os
+    import tempfile
+    d = Path(tempfile.mkdtemp(prefix="idemproxy-dump-"))   # nobody reads pytest's tmp
+    os.chmod(d, 0o777)
+    cfg = d / "c.yaml"
+    cfg.write_text(f"redis:\n  url: {redis_server.url}\napp:\n  endpoint: ipc://{d}/app.sock\n"
+                   f"metrics:\n  listen: ''\nstreams:\n  - stream: room\n    key: '#event.id'\n")
+    os.chmod(cfg, 0o644)
+    log = open(tmp_path / "dump.log", "wb")
+    proc = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                             str(BIN), "-c", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: b"running" in (tmp_path / "dump.log").read_bytes(), what="running")
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        assert re.search(r"^Uid:\s+65534\s", status, re.M), status     # runs as nobody
+        assert os.stat(f"/proc/{proc.pid}/status").st_uid == 0          # not dumpable
+        assert os.stat(f"/proc/{proc.pid}/mem").st_uid == 0
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        log.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def memory_holds(pid, secret):
+    """True when any writable mapping of 'pid' holds the bytes 'secret'."""
+    found = False
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+        for line in maps:
+            addr, perms = line.split()[:2]
+            if "r" not in perms or "w" not in perms:
+                continue
+            lo, hi = (int(x, 16) for x in addr.split("-"))
+            try:
+                mem.seek(lo)
+                chunk = mem.read(hi - lo)
+            except (OSError, ValueError, OverflowError):
+                continue
+            found = found or secret in chunk
+    return found
+
+
+def test_a_rotated_password_leaves_no_copy_in_memory(env, tmp_path):
+    """The daemon kept the password read at start for ever (the hub's copy,
+    and freed buffers of the file read, the AUTH command and the links):
+    after a Secret was rotated, the old password could still be read out of
+    the process. Each link keeps the one password it needs to reconnect;
+    every other copy is overwritten once used."""
+    r = env.r
+    old, new = b"Old-Password-9c3e71a4d2", b"New-Password-5b8f20c6e9"
+    r.execute_command("ACL", "SETUSER", "app", "reset", "on", ">" + old.decode(), "~*", "&*", "+@all")
+    pw = tmp_path / "password"
+    pw.write_bytes(old + b"\n")
+    os.chmod(pw, 0o600)
+    p = Proxy(env.tmp, "proxy1", env.redis.url, env.endpoint(),
+              [{"stream": "room", "group": "g", "consumer": "c1", "key": "#event.id",
+                "payload_field": "payload"}], redis={"password_file": str(pw), "username": "app"})
+    env.proxies.append(p)
+    p.start()
+    w = env.worker(p.endpoint)
+    r.xadd("room", {"payload": json.dumps({"id": "a"})})
+    wait_for(lambda: w.keys() == ["a"], what="delivered with the old password")
+    assert memory_holds(p.proc.pid, old)          # the links' copy, in use
+    pw.write_bytes(new + b"\n")
+    r.execute_command("ACL", "SETUSER", "app", "reset", "on", ">" + new.decode(), "~*", "&*", "+@all")
+    r.execute_command("CLIENT", "KILL", "USER", "app")
+    r.xadd("room", {"payload": json.dumps({"id": "b"})})
+    wait_for(lambda: w.keys() == ["a", "b"], timeout=20, what="delivered with the new password")
+    wait_for(lambda: p.get("/readyz")[0] == 200, what="ready again")
+    assert memory_holds(p.proc.pid, new)
+    assert not memory_holds(p.proc.pid, old)
+
+
+@pytest.mark.parametrize("mode,owner,warned", [
+    (0o644, None, "every user"),
+    (0o640, None, "its group"),           # its own file: the group bit is not needed
+    (0o600, None, None),
+    (0o440, 12345, None),                 # a Secret: root's (here 12345's), read through fsGroup
+])
+def test_a_password_file_others_can_read_is_one_warning(env, tmp_path, mode, owner, warned):
+    pw = tmp_path / "password"
+    pw.write_text("")
+    os.chmod(pw, mode)
+    if owner is not None:
+        os.chown(pw, owner, -1)
+    p = Proxy(env.tmp, "proxy1", env.redis.url, env.endpoint(),
+              [{"stream": "room", "key": "#event.id"}], redis={"password_file": str(pw)})
+    env.proxies.append(p)
+    p.start()
+    p.wait_log("running")
+    said = [l for l in p.log_text().splitlines() if "redis.password_file" in l]
+    if warned:
+        assert len(said) == 1 and f"is readable by {warned} (mode 0{mode:o})" in said[0], said
+        assert "defaultMode" in said[0]
+    else:
+        assert said == [], said

@@ -107,6 +107,9 @@ static bool render(const px_entry *e, const px_stream_conf *sc, const px_templat
         snprintf(why, whylen, "%s '%s' renders a NUL character", what, src);
     else if (out->len == 0)
         snprintf(why, whylen, "%s '%s' renders an empty string", what, src);
+    else if (out->len > PX_KEY_MAX_BYTES)
+        snprintf(why, whylen, "%s '%s' renders %zu bytes, over the limit of %d", what, src,
+                 out->len, PX_KEY_MAX_BYTES);
     else if (!px_utf8_valid(out->data, out->len))
         snprintf(why, whylen, "%s '%s' renders text that is not UTF-8", what, src);
     else
@@ -127,7 +130,8 @@ static bool fast_key(px_entry *e, const px_stream_conf *sc, const px_field *payl
 {
     size_t nlen, vn;
     const char *v, *name = px_template_simple_member(sc->key_tpl, &nlen);
-    if (name == NULL || !px_jscan_member(payload->value, payload->value_len, name, nlen, &v, &vn))
+    if (name == NULL || !px_jscan_member(payload->value, payload->value_len, name, nlen, &v, &vn) ||
+        vn > PX_KEY_MAX_BYTES) /* json-c's path says why */
         return false;
     px_event_set_key(e, sc, v, vn);
     return true;

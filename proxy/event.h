@@ -6,6 +6,11 @@
 
 #include "proxy.h"
 
+/* The longest key or lock_key a template may render, in bytes: a longer one
+ * is bad input (docs/configuration.md, "key"). A key lives in Redis for
+ * done_ttl_ms, so one producer's 1 MiB key would hold that memory as long. */
+#define PX_KEY_MAX_BYTES 1024
+
 /* Parse the entry and render its keys; PX_ERR with 'why' for bad input.
  * Reads the entry's id, fields, nfields, payload_idx and bytes, and 'sc' (the
  * templates, payload_field, stream name and key layout), never e->st; sets

@@ -226,6 +226,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(e->key != NULL, "PX_OK without a key");
         FUZZ_CHECK(e->key[0] != '\0' || fuzz_known("key-nul"), "PX_OK with an empty key");
         FUZZ_CHECK(px_utf8_valid(e->key, strlen(e->key)), "key is not UTF-8");
+        FUZZ_CHECK(strlen(e->key) <= PX_KEY_MAX_BYTES, "a key of %zu bytes", strlen(e->key));
+        FUZZ_CHECK(e->lock_key == NULL || strlen(e->lock_key) <= PX_KEY_MAX_BYTES,
+                   "a lock key of %zu bytes", strlen(e->lock_key));
         FUZZ_CHECK((e->lock_key != NULL) == (sc.lock_tpl != NULL), "lock key %s",
                    e->lock_key ? "without lock_key" : "missing");
         if (e->lock_key)

@@ -430,3 +430,27 @@ def test_a_password_file_others_can_read_is_one_warning(env, tmp_path, mode, own
         assert "defaultMode" in said[0]
     else:
         assert said == [], said
+
+
+def test_a_key_over_1024_bytes_is_bad_input_and_loses_nothing_else(env):
+    """A rendered key had no length cap: one producer's 1 MiB key was claimed
+    and marked done, and lived in Redis for done_ttl_ms. Now a key over 1024
+    bytes is bad input: dead-lettered with its length, the others delivered."""
+    r = env.r
+    p = env.proxy([{"stream": "room", "group": "g", "consumer": "c1", "payload_field": "payload",
+                    "key": "#event.eventId", "dead_letter": "dlq"}], max_entry_bytes=2097152)
+    w = env.worker(p.endpoint)
+    huge = "k" * 300000          # (a Delivery holds it twice: under max_entry_bytes)
+    r.xadd("room", {"payload": json.dumps({"eventId": "before"})})
+    bad_id = r.xadd("room", {"payload": json.dumps({"eventId": huge})})
+    r.xadd("room", {"payload": json.dumps({"eventId": "x" * 1024})})       # at the limit
+    r.xadd("room", {"payload": json.dumps({"eventId": "after"})})
+    wait_for(lambda: sorted(w.keys()) == ["after", "before", "x" * 1024], what="the good entries")
+    wait_for(lambda: r.xlen("dlq") == 1, what="the dead letter")
+    raw = redis.Redis(port=env.redis.port)
+    dl = {k.decode(): v.decode() for k, v in raw.xrange("dlq")[0][1].items()}
+    assert dl["idemproxy-entry-id"] == bad_id
+    assert ("key '#event.eventId' renders 300000 bytes, over the limit of 1024"
+            in dl["idemproxy-reason"]), dl["idemproxy-reason"]
+    wait_for(lambda: pending(r, "room", "g") == 0, what="nothing pending")
+    assert not any(len(k) > 2000 for k in r.keys("*"))     # no key of it in Redis

@@ -269,6 +269,47 @@ static void test_reason_cut_between_characters(void)
     }
 }
 
+/* A key (or lock_key) over PX_KEY_MAX_BYTES is bad input on both paths, its
+ * reason giving the length: one producer's 1 MiB key would otherwise live in
+ * Redis for done_ttl_ms. The limit itself is a key. */
+static void test_key_length_cap(void)
+{
+    static char payload[8192], big[PX_KEY_MAX_BYTES + 2], why[512], label[256];
+    int rc;
+    for (size_t n = PX_KEY_MAX_BYTES; n <= PX_KEY_MAX_BYTES + 1; n++) {
+        memset(big, 'k', n);
+        big[n] = '\0';
+        snprintf(payload, sizeof(payload), "{\"eventId\":\"%s\"}", big);
+        for (int slow = 0; slow < 2; slow++) {
+            px_stream_conf sc = conf("#event.eventId", slow ? "#id" : NULL, true);
+            px_entry *e = prepare(&sc, KV("payload", payload), &rc, why, sizeof(why));
+            snprintf(label, sizeof(label), "a key of %zu bytes (%s): %s", n,
+                     slow ? "json-c" : "fast path", why);
+            if (n == PX_KEY_MAX_BYTES)
+                test_cond(label, rc == PX_OK && e->key && strlen(e->key) == n);
+            else
+                test_cond(label, rc == PX_ERR && e->key == NULL &&
+                                     strstr(why, "key '#event.eventId' renders 1025 bytes, "
+                                                 "over the limit of 1024"));
+            entry_free(e);
+            conf_free(&sc);
+        }
+    }
+    /* lock_key likewise; fields mode likewise */
+    snprintf(payload, sizeof(payload), "{\"a\":\"x\",\"eventId\":\"%s\"}", big);
+    px_stream_conf sc = conf("#event.a", "#event.eventId", true);
+    px_entry *e = prepare(&sc, KV("payload", payload), &rc, why, sizeof(why));
+    test_cond("a lock_key over the limit", rc == PX_ERR && strstr(why, "lock_key '#event.eventId' "
+                                                                     "renders 1025 bytes"));
+    entry_free(e);
+    conf_free(&sc);
+    sc = conf("#event.id", NULL, false);
+    e = prepare(&sc, KV("id", big), &rc, why, sizeof(why));
+    test_cond("fields mode: a key over the limit", rc == PX_ERR && strstr(why, "renders 1025 bytes"));
+    entry_free(e);
+    conf_free(&sc);
+}
+
 /* The Redis key names: prefix + key, or split prefixes, '{key}' with hash_tag. */
 static void test_names(void)
 {
@@ -344,5 +385,6 @@ int main(void)
     test_reason_cut_between_characters();
     test_names();
     test_fingerprint();
+    test_key_length_cap();
     return test_report();
 }

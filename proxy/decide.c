@@ -76,6 +76,11 @@ px_attempt px_decide_attempt(const px_count_view *v)
     return (px_attempt){ v->count - 1 - extra, v->count - extra };
 }
 
+size_t px_decide_reserve(size_t max_inflight, size_t nstreams)
+{
+    return nstreams < 2 ? 0 : max_inflight / (2 * nstreams);
+}
+
 bool px_decide_error_expected(const char *err)
 {
     return err && strncmp(err, "BUSYGROUP", 9) == 0 && (err[9] == ' ' || err[9] == '\0');

@@ -140,6 +140,13 @@ px_done_mark px_decide_done_mark(const char *v);
  * otherwise a duplicate. */
 bool px_decide_conflict(const px_done_mark *m, bool has_fp, uint64_t fp);
 
+/* max_inflight's share kept for each of 'nstreams' stream blocks (the room of
+ * one stream, px_proxy_room_for): half of max_inflight split evenly, so one
+ * stream whose worker is slow cannot hold every slot and stop the others
+ * being read, and a busy stream still gets at least half. 0 with one stream,
+ * or when max_inflight is too small to split. */
+size_t px_decide_reserve(size_t max_inflight, size_t nstreams);
+
 /* An error reply that waiting can cure (a loading, busy, failing-over or
  * full server, a cluster in motion): true. WRONGTYPE, NOPERM, ERR and the
  * rest come back the same however often they are retried: false. */

@@ -63,6 +63,7 @@ static void wait_out_end(px_entry *e)
 {
     if (!e->park.waiting_out) return;
     e->park.waiting_out = false;
+    e->st->waiting_out--;
     e->st->px->waiting_out--;
 }
 
@@ -240,7 +241,10 @@ void px_entry_finish(px_entry *e, px_outcome outcome)
     }
     ev_timer_stop(st->px->loop, &e->timer);
     wait_out_end(e);
-    if (e->state == PX_E_XACK) st->px->leaving--;
+    if (e->state == PX_E_XACK) {
+        st->leaving--;
+        st->px->leaving--;
+    }
     if (e->prev) e->prev->next = e->next;
     else st->head = e->next;
     if (e->next) e->next->prev = e->prev;
@@ -275,6 +279,23 @@ size_t px_proxy_room(px_proxy *px)
     return max - active < cap - px->tracked ? max - active : cap - px->tracked;
 }
 
+/* The room of one stream: px_proxy_room, less what the other streams are
+ * still owed of their reserve (px_decide_reserve) for their next reads. A
+ * stream whose worker never answers holds at most max_inflight minus the
+ * others' reserves, and the others keep being read (issue 37). */
+size_t px_proxy_room_for(px_stream *st)
+{
+    px_proxy *px = st->px;
+    size_t room = px_proxy_room(px);
+    size_t reserve = px_decide_reserve((size_t)px->conf->max_inflight, px->nstreams), owed = 0;
+    for (size_t s = 0; s < px->nstreams && reserve; s++) {
+        px_stream *o = &px->streams[s];
+        size_t active = o->tracked - o->waiting_out - o->leaving;
+        if (o != st && active < reserve) owed += reserve - active;
+    }
+    return room > owed ? room - owed : 0;
+}
+
 /* The entry leaves: XACK first in group mode, then it is gone. Its key's
  * state in Redis is final now (done, or its locks released), so copies parked
  * behind it look again now, not after the XACK, which may wait for a ride
@@ -285,6 +306,7 @@ static void leave(px_entry *e, px_outcome outcome)
     e->outcome = outcome;
     if (e->st->conf->group) {
         px_entry_to(e, PX_E_XACK);
+        e->st->leaving++;
         e->st->px->leaving++;
         px_queue_push(&e->st->px->xack_q, e);
     } else {
@@ -415,6 +437,7 @@ void px_proxy_busy(px_entry *e, bool lock_key_busy)
         px_log_entry(PX_LOG_DEBUG, e, "busy: looking again in %.0f ms", ms);
         if (!e->park.waiting_out) {
             e->park.waiting_out = true;
+            e->st->waiting_out++;
             e->st->px->waiting_out++;
         }
         entry_timer(e, back_to_claim_cb, ms + jitter(0, ms < 100 ? 10 : 50));

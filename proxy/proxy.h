@@ -103,6 +103,8 @@ struct px_stream {
     size_t lease_budget; /* entries extended at most per tick (bounds the bursts) */
     px_entry *head;      /* tracked entries of this stream */
     size_t tracked;
+    size_t waiting_out; /* of those, copies parked behind another holder's lock (proxy.c) */
+    size_t leaving;     /* of those, committed (or copies) and only awaiting XACK (proxy.c) */
 #define PX_COUNTER_FIELD(n, family, label, value, help) unsigned long long n;
     struct {
         PX_STREAM_COUNTERS(PX_COUNTER_FIELD)
@@ -167,5 +169,6 @@ void px_proxy_bad_entry(px_entry *e, const char *why);
 void px_proxy_trimmed(px_stream *st, const char *id, bool ack);
 px_entry *px_proxy_find(px_stream *st, const char *id);
 size_t px_proxy_room(px_proxy *px);
+size_t px_proxy_room_for(px_stream *st);
 
 #endif

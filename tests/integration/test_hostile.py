@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from pxtest import BIN, Proxy, free_port, pb, pending, wait_for
+from pxtest import BIN, Proxy, free_port, pb, pending, publish, wait_for
 
 
 def test_deep_dotted_field_name_is_bad_input_and_loses_nothing_else(env):
@@ -454,3 +454,44 @@ def test_a_key_over_1024_bytes_is_bad_input_and_loses_nothing_else(env):
             in dl["idemproxy-reason"]), dl["idemproxy-reason"]
     wait_for(lambda: pending(r, "room", "g") == 0, what="nothing pending")
     assert not any(len(k) > 2000 for k in r.keys("*"))     # no key of it in Redis
+
+
+def blocked_clients(r):
+    return r.info("clients")["blocked_clients"]
+
+
+def read_total(p, stream):
+    return p.metrics().get(f'idemproxy_entries_read_total{{stream="{stream}",group="g"}}', 0)
+
+
+@pytest.mark.xfail(strict=True, reason="needs reader.c's batch_size to ask px_proxy_room_for(st) "
+                                       "instead of px_proxy_room(st->px) (reader.c is being rewritten)")
+@pytest.mark.parametrize("idle", [0, 1])
+def test_a_stream_whose_worker_never_answers_leaves_the_others_read(env, idle):
+    """One stream whose worker never answers held all of max_inflight, and
+    no other stream was read again (entries_read 0 on it). Each stream is now
+    owed a share (a quarter of max_inflight each with two streams): the slow
+    one holds at most the rest, and the other keeps flowing (its deliveries
+    take the send window's slots as the slow one's time out). With a third,
+    idle, stream each is owed 1: the fast one reads one entry at a time."""
+    r = env.r
+    block = {"group": "g", "consumer": "c1", "payload_field": "payload", "key": "#event.id",
+             "max_deliveries": 1000, "retry_backoff_ms": 100}
+    p = env.proxy([dict(block, stream="slow", prefix="idem:slow:"),
+                   dict(block, stream="fast", prefix="idem:fast:")] +
+                  [dict(block, stream="idle", prefix="idem:idle:")] * idle,
+                  max_inflight=8, ack_timeout_ms=1000)
+    w = env.worker(p.endpoint, behave=lambda d: None if d.stream == "slow" else (pb.Ack.ACK, ""))
+    publish(r, "slow", [{"id": f"s{i}"} for i in range(40)])
+    wait_for(lambda: read_total(p, "slow") >= 5 - idle, what="the slow stream read")
+    # The fast stream's first read (BLOCK 2000) went out before the slow one
+    # filled up; once it comes back empty, the reader asks again only if there
+    # is room. Give it that time (at most a few seconds) before publishing.
+    deadline = time.monotonic() + 6
+    while blocked_clients(r) > 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    publish(r, "fast", [{"id": f"f{i}"} for i in range(5)])
+    wait_for(lambda: pending(r, "fast", "g") == 0 and read_total(p, "fast") == 5, timeout=40,
+             what="the fast stream read and acked")
+    assert sorted(set(k for k in w.keys() if k.startswith("f"))) == [f"f{i}" for i in range(5)]
+    assert read_total(p, "slow") <= 6        # max_inflight 8 less the others' reserves (2, 1 + 1)

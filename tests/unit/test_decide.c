@@ -219,8 +219,27 @@ static void test_done_mark(void)
     test_cond("no conflict: a mark with a time only", !px_decide_conflict(&t, true, 8));
 }
 
+static void test_reserve(void)
+{
+    static const struct {
+        size_t max, n, want;
+        const char *what;
+    } rows[] = {
+        { 256, 1, 0, "one stream: no reserve, it may hold everything" },
+        { 256, 2, 64, "two streams: a quarter each, half of max_inflight" },
+        { 256, 3, 42, "three: half split evenly, rounded down" },
+        { 256, 200, 0, "more streams than half of max_inflight: none" },
+        { 1, 2, 0, "max_inflight 1: nothing to split" },
+        { 4, 2, 1, "max_inflight 4, two streams: one each" },
+        { 1 << 20, 2, 1 << 18, "the largest max_inflight" },
+    };
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+        test_cond(rows[i].what, px_decide_reserve(rows[i].max, rows[i].n) == rows[i].want);
+}
+
 int main(void)
 {
+    test_reserve();
     test_lock_reply();
     test_errors();
     test_claim();

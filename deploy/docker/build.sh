@@ -8,16 +8,15 @@
 #   deploy/docker/build.sh --no-install ...  skip apt-get (the deps are there)
 #
 # It installs the Debian 12 build dependencies that are missing, runs make, and
-# fills STAGE with a tree the runtime stage copies onto / as it is:
-#   STAGE/usr/local/bin/<binary>                       stripped
-#   STAGE/usr/lib/<multiarch>/<soname>                 each shared library ldd
-#                                                      lists, except glibc's
-#   STAGE/usr/share/doc/<package>/copyright            the licence of each
-#   STAGE/etc/ssl/certs/ca-certificates.crt            idemproxy: Debian's CA bundle,
-#   STAGE/usr/lib/ssl/cert.pem -> that bundle          where OpenSSL looks by default
-# glibc (libc6: libc, libm, ld-linux, ...) is left out: the runtime base image
-# has it. The libraries go where their Debian packages put them (usr-merged
-# paths), so the loader finds them without LD_LIBRARY_PATH or ldconfig.
+# writes what the runtime stage needs:
+#   STAGE/usr/local/bin/<binary>   stripped; the runtime stage copies STAGE onto /
+#   STAGE.packages                 the Debian packages the runtime stage installs
+#                                  with apt-get, one a line: the package of each
+#                                  shared library ldd lists (glibc's, libc6, is in
+#                                  the base image), and for idemproxy ca-certificates
+# The libraries are installed as packages, not copied as loose files, so image
+# scanners see them (dpkg's database) and `apt-get upgrade` (a rebuild) updates
+# them; their licences come with them (/usr/share/doc/<package>/copyright).
 set -euo pipefail
 
 install=1
@@ -61,7 +60,7 @@ fi
 build
 [ -x "$bin" ] || { echo "build.sh: $bin was not built" >&2; exit 1; }
 
-# 3. The staging tree.
+# 3. The staging tree, and the runtime packages.
 rm -rf "$stage"
 mkdir -p "$stage/usr/local/bin"
 name=$(basename "$bin")
@@ -75,7 +74,7 @@ if ldd "$bin" | grep -q 'not found'; then
     echo "build.sh: $bin has unresolved libraries" >&2
     exit 1
 fi
-ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | while read -r soname path; do
+packages=$(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | while read -r soname path; do
     real=$(readlink -f "$path")
     # The package that owns it: dpkg knows the path as packaged (/lib/... or /usr/lib/...).
     pkg=$(dpkg -S "$path" 2>/dev/null || dpkg -S "$real" 2>/dev/null ||
@@ -86,32 +85,18 @@ ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | while read -r son
         exit 1
     fi
     [ "$pkg" = libc6 ] && continue
-    dir=$(dirname "$real")
-    case "$dir" in /usr/*) ;; *) dir="/usr$dir" ;; esac   # never create /lib in the image
-    mkdir -p "$stage$dir"
-    cp -L "$real" "$stage$dir/$soname"
-    if [ -f "/usr/share/doc/$pkg/copyright" ]; then
-        mkdir -p "$stage/usr/share/doc/$pkg"
-        cp "/usr/share/doc/$pkg/copyright" "$stage/usr/share/doc/$pkg/copyright"
-    fi
-    echo "build.sh: staged $soname ($pkg)" >&2
-done
+    echo "build.sh: $soname from $pkg" >&2
+    echo "$pkg"
+done) || exit 1
 
 # 4. idemproxy: the system CA store. Without redis.tls.ca_file, proxy/link.c calls
 # SSL_CTX_set_default_verify_paths, which reads OPENSSLDIR/cert.pem (Debian's
 # libssl3: /usr/lib/ssl/cert.pem, a link the openssl package makes to the bundle
-# ca-certificates builds). The slim base has neither package, and the runtime stage
-# installs nothing: the bundle and the link are staged, so rediss:// to a managed
-# Redis whose certificate a public CA signed works with no ca_file.
-if [ "$what" = idemproxy ]; then
-    bundle=/etc/ssl/certs/ca-certificates.crt
-    grep -q "BEGIN CERTIFICATE" "$bundle" 2>/dev/null ||
-        { echo "build.sh: no CA bundle at $bundle (package ca-certificates)" >&2; exit 1; }
-    mkdir -p "$stage/etc/ssl/certs" "$stage/usr/lib/ssl" "$stage/usr/share/doc/ca-certificates"
-    cp "$bundle" "$stage/etc/ssl/certs/ca-certificates.crt"
-    ln -s /etc/ssl/certs/ca-certificates.crt "$stage/usr/lib/ssl/cert.pem"
-    cp /usr/share/doc/ca-certificates/copyright "$stage/usr/share/doc/ca-certificates/copyright"
-    echo "build.sh: staged the CA bundle ($(grep -c "BEGIN CERTIFICATE" "$bundle") certificates)" >&2
-fi
+# ca-certificates builds; ca-certificates depends on openssl). The slim base has
+# neither: installed, rediss:// to a managed Redis whose certificate a public CA
+# signed works with no ca_file.
+[ "$what" = idemproxy ] && packages="$packages ca-certificates"
+printf '%s\n' $packages | sort -u >"$stage.packages"
+echo "build.sh: runtime packages ($stage.packages):" $(cat "$stage.packages") >&2
 
 echo "build.sh: $what staged in $stage ($(du -sh "$stage" | cut -f1))" >&2

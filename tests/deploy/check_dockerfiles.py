@@ -9,8 +9,12 @@ build stage FROM debian:12-slim that runs `deploy/docker/build.sh IMAGE DIR`; a
 final stage FROM debian:12-slim that copies only DIR from the build stage, runs
 as a numeric non-root USER, and whose ENTRYPOINT (and HEALTHCHECK command, which
 for the idemproxy image must be `idemproxy health`) name a binary present in the
-staged tree; no package manager in the final stage; a Dockerfile.dockerignore
-beside it that keeps the host's build/ out of the context.
+staged tree; the runtime libraries installed as Debian packages: one RUN in the
+final stage that bind-mounts DIR.packages from the build stage and apt-get
+installs that list (--no-install-recommends, apt's lists removed after), and no
+other package manager use; STAGED_TREE.packages, the list build.sh wrote, holds
+package names (for the idemproxy image, ca-certificates among them); a
+Dockerfile.dockerignore beside it that keeps the host's build/ out of the context.
 Prints one line per problem; exit 0 when there is none.
 """
 
@@ -89,9 +93,39 @@ def check(dockerfile, image, staged):
         if not frm or frm[0] != f"--from={build['name']}" or len(src) != 2 \
                 or src[0].rstrip("/") != stage_dir or src[1] != "/":
             problems.append(f"runtime COPY {a!r}: want only COPY --from={build['name']} {stage_dir}/ /")
+    installs = 0
     for ins, args in final["ins"]:
-        if ins == "RUN" and re.search(r"\b(apt-get|apt|dpkg -i)\b", args):
-            problems.append(f"the runtime stage installs packages: RUN {args}")
+        if ins != "RUN" or not re.search(r"\b(apt-get|apt|dpkg|aptitude)\b", args):
+            continue
+        m = re.search(r"--mount=type=bind,from=(\S+?),source=(\S+?),target=(\S+)", args)
+        want = f"{stage_dir}.packages"
+        if m is None or m.group(1) != build["name"] or m.group(2) != want:
+            problems.append(f"the runtime stage uses a package manager other than to install "
+                            f"{want} from the build stage: RUN {args}")
+            continue
+        target = m.group(3)
+        rest = args[m.end():]
+        if re.search(r"(^|&&|;|\|\|?)\s*(\S+=\S+\s+)*(apt|dpkg|aptitude)\s", rest):
+            problems.append(f"the runtime stage installs packages another way: RUN {args}")
+        if not re.search(r"apt-get install -y --no-install-recommends \$\(cat " + re.escape(target) + r"\)", rest):
+            problems.append(f"the runtime stage does not apt-get install -y --no-install-recommends "
+                            f"$(cat {target}): RUN {args}")
+        if "rm -rf /var/lib/apt/lists/*" not in rest:
+            problems.append("the runtime stage keeps apt's lists: rm -rf /var/lib/apt/lists/* after installing")
+        installs += 1
+    if installs != 1:
+        problems.append(f"{installs} RUN(s) install the runtime packages: want one, from "
+                        f"{stage_dir}.packages (the libraries as Debian packages, not loose files)")
+    listed = staged.rstrip("/") + ".packages"
+    if not os.path.isfile(listed):
+        problems.append(f"no {listed}: build.sh lists the runtime packages there")
+    else:
+        pkgs = [l.strip() for l in open(listed, encoding="utf-8") if l.strip()]
+        bad = [p for p in pkgs if not re.fullmatch(r"[a-z0-9][a-z0-9+.-]+", p)]
+        if not pkgs or bad:
+            problems.append(f"{listed}: want Debian package names, one a line; got {pkgs!r}")
+        if image == "idemproxy" and "ca-certificates" not in pkgs:
+            problems.append(f"{listed} lacks ca-certificates: no CA store for rediss:// without ca_file")
     users = [a for i, a in final["ins"] if i == "USER"]
     if not users:
         problems.append("no USER in the runtime stage: it would run as root")

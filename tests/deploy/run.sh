@@ -5,8 +5,9 @@
 # the Go module proxy) and two PyPI packages; afterwards everything is cached.
 #
 #   - the image build steps (deploy/docker/build.sh, which the Dockerfiles run):
-#     both images staged, the staged binaries run with only the staged libraries
-#     and glibc (in a chroot when root), the Dockerfiles agree with the staging;
+#     both images staged, the staged binaries run with only glibc and the files
+#     of the Debian packages the image installs (in a chroot when root), the
+#     Dockerfiles agree with the staging;
 #   - deploy/k8s and the rendered chart validated against the Kubernetes
 #     $K8S_VERSION API schemas by kubectl-validate (embedded schemas, offline);
 #   - helm lint; the chart with default values renders the same objects as
@@ -154,48 +155,16 @@ stage=build/docker
 multiarch=$(gcc -print-multiarch 2>/dev/null || dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
 check "docker build steps: idemproxy image staged" deploy/docker/build.sh idemproxy "$stage/idemproxy"
 check "docker build steps: worker image staged" deploy/docker/build.sh worker "$stage/worker"
-check "staged idemproxy --version runs on the staged libraries" \
-    env LD_LIBRARY_PATH="$stage/idemproxy/usr/lib/$multiarch" "$stage/idemproxy/usr/local/bin/idemproxy" --version
-check "staged example_worker --help runs on the staged libraries" \
-    env LD_LIBRARY_PATH="$stage/worker/usr/lib/$multiarch" "$stage/worker/usr/local/bin/example_worker" --help
-
-# Every library the loader resolves for the staged binary is staged, or glibc's.
-only_staged_libs() {
-    local tree=$1 bin=$2 bad=0 soname path
-    while read -r soname path; do
-        case "$path" in "$tree"/*) continue ;; esac
-        if [ "$(dpkg -S "$path" 2>/dev/null | cut -d: -f1)" != libc6 ] &&
-           [ "$(dpkg -S "$(readlink -f "$path")" 2>/dev/null | cut -d: -f1)" != libc6 ]; then
-            echo "$soname resolves to $path: neither staged nor glibc"; bad=1
-        fi
-    done < <(LD_LIBRARY_PATH="$tree/usr/lib/$multiarch" ldd "$tree/$bin" | awk '$2 == "=>" { print $1, $3 }')
-    return $bad
-}
-check "idemproxy needs no library beyond the staged ones and glibc" only_staged_libs "$root/$stage/idemproxy" usr/local/bin/idemproxy
-check "example_worker needs no library beyond the staged ones and glibc" only_staged_libs "$root/$stage/worker" usr/local/bin/example_worker
-
-# The system CA store in the idemproxy image (a rediss:// url with no ca_file):
-# Debian's bundle, and OPENSSLDIR/cert.pem, where SSL_CTX_set_default_verify_paths
-# looks, pointing at it. The pod smoke tests below show OpenSSL reading it.
-ca_store() {  # ca_store TREE
-    local tree=$1 dir n
-    dir=$(strings "$tree"/usr/lib/"$multiarch"/libcrypto.so.* | sed -n 's/^OPENSSLDIR: "\(.*\)"$/\1/p' | head -1)
-    echo "OPENSSLDIR of the staged libcrypto: ${dir:-none}"
-    [ "$(readlink "$tree$dir/cert.pem")" = /etc/ssl/certs/ca-certificates.crt ] ||
-        { echo "$dir/cert.pem is not a link to /etc/ssl/certs/ca-certificates.crt"; return 1; }
-    n=$(grep -c "BEGIN CERTIFICATE" "$tree/etc/ssl/certs/ca-certificates.crt" 2>/dev/null)
-    echo "/etc/ssl/certs/ca-certificates.crt: ${n:-0} certificates"
-    [ "${n:-0}" -ge 100 ]
-}
-check "the idemproxy image holds Debian's CA bundle where OpenSSL looks by default" ca_store "$root/$stage/idemproxy"
-mkdir -p "$tmp/no-ca" && cp -a "$stage/idemproxy/." "$tmp/no-ca/" && rm -f "$tmp/no-ca/etc/ssl/certs/ca-certificates.crt"
-expect_fail "negative: a tree without the bundle is refused" 'ca-certificates\.crt: 0 certificates' ca_store "$tmp/no-ca"
-
-# The runtime stage without Docker: a root holding only glibc (as the slim base
-# has it) and the staged tree. Needs root for chroot.
+# The runtime stage without Docker: a root holding glibc (as the slim base has
+# it), the files of the packages the runtime stage installs (STAGE.packages, as
+# apt-get would unpack them) and the staged tree.
 make_root() {  # make_root DIR STAGED_TREE
     mkdir -p "$1" && cp -a "$2/." "$1/" || return 1
-    local f
+    local f pkgs
+    pkgs=$(cat "$2.packages") || return 1
+    # What apt-get install also does for ca-certificates: openssl, its dependency
+    # (OPENSSLDIR/cert.pem), and the bundle its postinst builds.
+    case " $(echo $pkgs) " in *" ca-certificates "*) pkgs="$pkgs openssl" ;; esac
     for f in $(dpkg -L libc6); do
         case "$f" in
         */lib*/*.so*|*/lib*/ld-linux*)
@@ -204,7 +173,58 @@ make_root() {  # make_root DIR STAGED_TREE
             fi ;;
         esac
     done
+    for f in $(dpkg -L $pkgs); do
+        if { [ -f "$f" ] || [ -L "$f" ]; } && [ ! -d "$f" ]; then
+            mkdir -p "$1$(dirname "$f")" && cp -a "$f" "$1$f" || return 1
+        fi
+    done
+    case " $(echo $pkgs) " in *" ca-certificates "*)
+        mkdir -p "$1/etc/ssl/certs" && cp /etc/ssl/certs/ca-certificates.crt "$1/etc/ssl/certs/" || return 1 ;;
+    esac
 }
+make_root "$tmp/root-px" "$stage/idemproxy" && make_root "$tmp/root-w" "$stage/worker"
+libpath() { echo "$1/usr/lib/$multiarch:$1/lib/$multiarch"; }
+check "staged idemproxy --version runs on the packages' libraries" \
+    env LD_LIBRARY_PATH="$(libpath "$tmp/root-px")" "$tmp/root-px/usr/local/bin/idemproxy" --version
+check "staged example_worker --help runs on the packages' libraries" \
+    env LD_LIBRARY_PATH="$(libpath "$tmp/root-w")" "$tmp/root-w/usr/local/bin/example_worker" --help
+
+# Every library the loader resolves for the staged binary is in its root: the
+# listed packages' or glibc's.
+only_packaged_libs() {
+    local tree=$1 bin=$2 bad=0 soname path
+    while read -r soname path; do
+        case "$path" in "$tree"/*) continue ;; esac
+        echo "$soname resolves to $path: not in the listed packages"; bad=1
+    done < <(LD_LIBRARY_PATH="$(libpath "$tree")" ldd "$tree/$bin" | awk '$2 == "=>" { print $1, $3 }')
+    return $bad
+}
+check "idemproxy needs no library beyond the listed packages and glibc" only_packaged_libs "$tmp/root-px" usr/local/bin/idemproxy
+check "example_worker needs no library beyond the listed packages and glibc" only_packaged_libs "$tmp/root-w" usr/local/bin/example_worker
+mkdir -p "$tmp/short" && cp -a "$stage/idemproxy/." "$tmp/short/" &&
+    grep -v '^libyaml-0-2$' "$stage/idemproxy.packages" >"$tmp/short.packages" &&
+    make_root "$tmp/root-short" "$tmp/short"
+expect_fail "negative: a package list without libyaml-0-2 is caught" 'libyaml-0\.so\.2 resolves to' \
+    only_packaged_libs "$tmp/root-short" usr/local/bin/idemproxy
+
+# The system CA store in the idemproxy image (a rediss:// url with no ca_file):
+# Debian's bundle, and OPENSSLDIR/cert.pem, where SSL_CTX_set_default_verify_paths
+# looks, pointing at it (the packages ca-certificates and openssl). The pod smoke
+# tests below show OpenSSL reading it.
+ca_store() {  # ca_store TREE
+    local tree=$1 dir n
+    dir=$(strings "$tree"/usr/lib/"$multiarch"/libcrypto.so.* | sed -n 's/^OPENSSLDIR: "\(.*\)"$/\1/p' | head -1)
+    echo "OPENSSLDIR of the packaged libcrypto: ${dir:-none}"
+    [ "$(readlink "$tree$dir/cert.pem")" = /etc/ssl/certs/ca-certificates.crt ] ||
+        { echo "$dir/cert.pem is not a link to /etc/ssl/certs/ca-certificates.crt"; return 1; }
+    n=$(grep -c "BEGIN CERTIFICATE" "$tree/etc/ssl/certs/ca-certificates.crt" 2>/dev/null)
+    echo "/etc/ssl/certs/ca-certificates.crt: ${n:-0} certificates"
+    [ "${n:-0}" -ge 100 ]
+}
+check "the idemproxy image holds Debian's CA bundle where OpenSSL looks by default" ca_store "$tmp/root-px"
+mkdir -p "$tmp/no-ca" && cp -a "$tmp/root-px/." "$tmp/no-ca/" && rm -f "$tmp/no-ca/etc/ssl/certs/ca-certificates.crt"
+expect_fail "negative: a tree without the bundle is refused" 'ca-certificates\.crt: 0 certificates' ca_store "$tmp/no-ca"
+
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 http_code() { "$PY" -c 'import sys, urllib.request as u
 try: print(u.urlopen(sys.argv[1], timeout=2).status)
@@ -230,7 +250,7 @@ pod_smoke() {
         cliargs=(--tls --cacert "$tmp/certs/ca.crt" --cert "$tmp/certs/tls.crt" --key "$tmp/certs/tls.key")
         tlsargs=(--port 0 --tls-port) # then the port
     fi
-    make_root "$pod" "$stage/idemproxy" && cp -a "$stage/worker/." "$pod/" || return 1
+    make_root "$pod" "$stage/idemproxy" && make_root "$pod" "$stage/worker" || return 1
     install -d -o 10001 -g 10001 -m 2770 "$pod/run/idemproxy"
     # A container has /proc (the process_* metrics are read from it).
     install -d -m 0555 "$pod/proc"
@@ -329,11 +349,10 @@ pod_smoke() {
 }
 
 if [ "$(id -u)" = 0 ] && command -v chroot >/dev/null; then
-    make_root "$tmp/root-px" "$stage/idemproxy" && make_root "$tmp/root-w" "$stage/worker"
-    check "idemproxy --version in a root of glibc + the staged tree" chroot "$tmp/root-px" /usr/local/bin/idemproxy --version
-    check "example_worker --help in a root of glibc + the staged tree" chroot "$tmp/root-w" /usr/local/bin/example_worker --help
+    check "idemproxy --version in a root of glibc + the packages + the staged tree" chroot "$tmp/root-px" /usr/local/bin/idemproxy --version
+    check "example_worker --help in a root of glibc + the packages + the staged tree" chroot "$tmp/root-w" /usr/local/bin/example_worker --help
     rm -f "$tmp/root-px/usr/lib/$multiarch/libyaml-0.so.2"
-    expect_fail "negative: idemproxy fails in that root without one staged library" 'libyaml-0\.so\.2: cannot open shared object file' \
+    expect_fail "negative: idemproxy fails in that root without one packaged library" 'libyaml-0\.so\.2: cannot open shared object file' \
         chroot "$tmp/root-px" /usr/local/bin/idemproxy --version
     chroot_ok=1
 else
@@ -348,6 +367,11 @@ sed 's/^USER .*/USER root/' deploy/docker/Dockerfile >"$tmp/Dockerfile"
 cp deploy/docker/Dockerfile.dockerignore "$tmp/Dockerfile.dockerignore"
 expect_fail "negative: a Dockerfile whose runtime runs as root is refused" 'USER root: want a numeric non-root uid' \
     broken "^USER root" "$tmp/Dockerfile" "$PY" tests/deploy/check_dockerfiles.py "$tmp/Dockerfile" idemproxy "$stage/idemproxy"
+sed 's#--mount=type=bind,from=build,source=/stage.packages,target=/tmp/runtime-packages ##' \
+    deploy/docker/Dockerfile >"$tmp/Dockerfile"
+expect_fail "negative: a runtime stage that installs other than the staged package list is refused" \
+    'uses a package manager other than to install /stage\.packages' \
+    broken "^RUN *\\\\$" "$tmp/Dockerfile" "$PY" tests/deploy/check_dockerfiles.py "$tmp/Dockerfile" idemproxy "$stage/idemproxy"
 
 # --- Kubernetes manifests ---------------------------------------------------
 
@@ -471,7 +495,7 @@ print(json.dumps({"created": sorted(o["metadata"]["name"] for o in objs if o["ki
 check "openssl makes a test CA and a client pair it signed" make_certs
 tlsset=(--set redis.tls.enabled=true --set redis.tls.existingSecret=idemproxy-redis-tls)
 mkdir -p "$tmp/k8s-tls"
-cp deploy/k8s/secret.yaml deploy/k8s/pdb.yaml deploy/k8s/tls/*.yaml "$tmp/k8s-tls/"
+cp deploy/k8s/secret.yaml deploy/k8s/pdb.yaml deploy/k8s/networkpolicy.yaml deploy/k8s/tls/*.yaml "$tmp/k8s-tls/"
 check "deploy/k8s/tls (the TLS variant) validates against the $K8S_MIN_VERSION and $K8S_VERSION schemas" \
     validate "$tmp/k8s-tls/"
 check "deploy/k8s/tls: the CA and client pair lie in a read-only Secret volume; the rest fits together" \

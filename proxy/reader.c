@@ -150,7 +150,7 @@ static void read_next(px_stream *st);
 static size_t batch_size(px_stream *st)
 {
     px_reader *rd = st->reader;
-    size_t room = px_proxy_room(st->px);
+    size_t room = px_proxy_room_for(st);
     return room < rd->page_count ? room : rd->page_count;
 }
 
@@ -680,7 +680,7 @@ static void read_next(px_stream *st)
     size_t full = (size_t)st->px->conf->max_inflight < rd->page_count
                       ? (size_t)st->px->conf->max_inflight
                       : rd->page_count;
-    if (n == 0 || (n < (full + 3) / 4 && st->px->tracked > 0)) return;
+    if (n == 0 || (n < (full + 3) / 4 && st->tracked > 0)) return;
     char count[24], block[24];
     snprintf(count, sizeof(count), "%zu", n);
     snprintf(block, sizeof(block), "%d", PX_READER_BLOCK_MS);

@@ -464,8 +464,6 @@ def read_total(p, stream):
     return p.metrics().get(f'idemproxy_entries_read_total{{stream="{stream}",group="g"}}', 0)
 
 
-@pytest.mark.xfail(strict=True, reason="needs reader.c's batch_size to ask px_proxy_room_for(st) "
-                                       "instead of px_proxy_room(st->px) (reader.c is being rewritten)")
 @pytest.mark.parametrize("idle", [0, 1])
 def test_a_stream_whose_worker_never_answers_leaves_the_others_read(env, idle):
     """One stream whose worker never answers held all of max_inflight, and

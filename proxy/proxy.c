@@ -17,6 +17,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "reader.h"
+#include "reply.h"
 
 #define PX_ERROR_PAUSE_MS 200
 
@@ -120,14 +121,17 @@ static void lock_key_again_cb(struct ev_loop *loop, ev_timer *w, int revents)
 px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, size_t *page_bytes)
 {
     px_stream_conf *sc = st->conf;
-    size_t nf = fields->elements / 2, bytes = 0, idlen = strlen(id);
+    /* More field names and values than any deliverable entry has (reply.c
+     * elided the array): its size is at least its count. */
+    size_t toomany = fields->type == PX_REPLY_ELIDED ? fields->len : 0;
+    size_t nf = toomany ? 0 : fields->elements / 2, bytes = toomany, idlen = strlen(id);
     for (size_t i = 0; i < nf * 2; i++) bytes += fields->element[i]->len + 1;
     *page_bytes += bytes;
     /* Over max_entry_bytes: bad input whose dead letter is a reference, so
      * its bytes are never copied (the link may not even hold them: reply.c
      * elides the strings of an entry past max_entry_bytes). */
-    size_t fbytes = bytes - nf * 2;
-    bool oversized = (long long)fbytes > st->px->conf->max_entry_bytes;
+    size_t fbytes = toomany ? toomany : bytes - nf * 2;
+    bool oversized = toomany || (long long)fbytes > st->px->conf->max_entry_bytes;
     if (oversized) nf = bytes = 0;
     /* One block: the entry, then its fields, then the bytes they point to. */
     px_entry *e = px_malloc(sizeof(*e) + nf * sizeof(px_field) + idlen + 1 + bytes);
@@ -167,6 +171,13 @@ px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, siz
     st->c.entries_read++;
 
     char why[512];
+    if (toomany) {
+        snprintf(why, sizeof(why), "entry has %zu field names and values, more than max_entry_bytes %lld allows",
+                 toomany, st->px->conf->max_entry_bytes);
+        e->oversized = true;
+        px_proxy_bad_entry(e, why);
+        return e;
+    }
     if (oversized) {
         snprintf(why, sizeof(why), "entry is %zu bytes, over max_entry_bytes %lld", fbytes,
                  st->px->conf->max_entry_bytes);

@@ -27,6 +27,7 @@
 #include "log.h"
 #include "reader.h"
 #include "replies.h"
+#include "reply.h"
 #include "step.h"
 
 #define PX_READER_BLOCK_MS 2000
@@ -551,8 +552,11 @@ static size_t take_entries(px_stream *st, redisReply *entries, bool fresh, bool 
                 continue;
             }
         }
-        if (en->element[1]->type != REDIS_REPLY_ARRAY) {
-            px_proxy_trimmed(st, id, true); /* pending, but deleted from the stream */
+        /* nil: pending, but deleted from the stream. An elided array is an
+         * entry with more fields than any deliverable one (reply.h): bad
+         * input, dead-lettered by reference (px_entry_create). */
+        if (en->element[1]->type != REDIS_REPLY_ARRAY && en->element[1]->type != PX_REPLY_ELIDED) {
+            px_proxy_trimmed(st, id, true);
             continue;
         }
         px_entry *e = px_entry_create(st, id, en->element[1], bytes);

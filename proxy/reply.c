@@ -129,6 +129,15 @@ static px_reply_arena *task_arena(const redisReadTask *task)
     return t->privdata;
 }
 
+/* What every element of an elided array is (and its elements', at any
+ * depth): hiredis reads them to find the reply's end, nothing keeps them. */
+static redisReply elided_child = { .type = PX_REPLY_ELIDED, .str = (char *)"" };
+
+static bool under_elided(const redisReadTask *task)
+{
+    return task->parent && ((redisReply *)task->parent->obj)->type == PX_REPLY_ELIDED;
+}
+
 /* An object of 'type' in 'a' with 'extra' bytes after it, linked into its parent. */
 static redisReply *new_object(px_reply_arena *a, const redisReadTask *task, int type, size_t extra)
 {
@@ -148,6 +157,7 @@ static redisReply *new_object(px_reply_arena *a, const redisReadTask *task, int 
 
 static void *create_string(const redisReadTask *task, char *str, size_t len)
 {
+    if (under_elided(task)) return &elided_child;
     px_reply_arena *a = task_arena(task);
     if (a->limit && task->parent && task->type == REDIS_REPLY_STRING) {
         /* An array's elements are read in order, one array at a time. */
@@ -173,8 +183,19 @@ static void *create_string(const redisReadTask *task, char *str, size_t len)
 
 static void *create_array(const redisReadTask *task, int elements)
 {
+    if (under_elided(task)) return &elided_child;
     size_t n = elements > 0 ? (size_t)elements : 0;
     px_reply_arena *a = task_arena(task);
+    if (n > a->max_elements && task->parent) {
+        /* Inside a reply (an entry's fields): kept as one PX_REPLY_ELIDED
+         * object whose 'len' is the count announced, its elements read and
+         * dropped, so an entry with more fields than any deliverable one is
+         * still read whole, and dead-lettered by reference (SPEC 5.6). */
+        redisReply *r = new_object(a, task, PX_REPLY_ELIDED, 0);
+        r->str = (char *)"";
+        r->len = n;
+        return r;
+    }
     if (n > a->max_elements) {
         /* hiredis then stops with a protocol error ("Out of memory"): say why */
         snprintf(a->refused, sizeof(a->refused), "an array of %zu elements, over the limit of %zu",
@@ -192,6 +213,7 @@ static void *create_array(const redisReadTask *task, int elements)
 
 static void *create_integer(const redisReadTask *task, long long value)
 {
+    if (under_elided(task)) return &elided_child;
     redisReply *r = new_object(task_arena(task), task, REDIS_REPLY_INTEGER, 0);
     r->integer = value;
     return r;
@@ -199,6 +221,7 @@ static void *create_integer(const redisReadTask *task, long long value)
 
 static void *create_nil(const redisReadTask *task)
 {
+    if (under_elided(task)) return &elided_child;
     return new_object(task_arena(task), task, REDIS_REPLY_NIL, 0);
 }
 

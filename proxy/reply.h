@@ -37,7 +37,7 @@ void px_reply_arena_limit(px_reply_arena *a, size_t limit);
  * Caps on what a reply may announce (issue 37): a server, or anyone on a plain
  * or unverified link, could otherwise make the daemon allocate from a header
  * alone ("*2147483647" asked for 17 GB). Past a cap the reply is a protocol
- * error and the link is dropped (link.c).
+ * error and the link is dropped (link.c), or an array inside one is elided.
  *
  * Arrays: hiredis asks for the whole element array as soon as it reads the
  * header. The longest array the daemon can need is an entry's fields (two
@@ -47,7 +47,12 @@ void px_reply_arena_limit(px_reply_arena *a, size_t limit);
  * Every other reply is far shorter (a page of at most 256 entries, 16384
  * cluster slots, an XRANGE of 1000 dead letters), so the cap is
  * 2 x max_entry_bytes (config.c), and never less than PX_REPLY_MIN_ELEMENTS:
- * a header costs at most 8 bytes an element (16 MiB by default).
+ * a header costs at most 8 bytes an element (16 MiB by default). A longer
+ * array inside a reply (an entry with more fields than that: a producer can
+ * write one) is not an error: it is kept as one object of type
+ * PX_REPLY_ELIDED whose 'len' is the count announced, and its elements are
+ * read and dropped (the entry is dead-lettered by reference, SPEC 5.6). Only
+ * a whole reply that is such an array is refused.
  *
  * Strings: hiredis allocates nothing from a bulk header; it buffers the bytes
  * as they come, and the daemon must read an entry of any size a producer can

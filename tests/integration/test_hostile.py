@@ -142,7 +142,6 @@ ENTRY = b"*1\r\n*2\r\n$1\r\ns\r\n*1\r\n*2\r\n$3\r\n1-0\r\n"
 EVIL = [
     ("array 1e8", b"*100000000\r\n", "an array of 100000000 elements, over the limit of 2097152"),
     ("array INT_MAX", b"*2147483647\r\n", "an array of 2147483647 elements, over the limit of 2097152"),
-    ("fields array", ENTRY + b"*50000000\r\n", "an array of 50000000 elements, over the limit of 2097152"),
     ("bulk 2e9", ENTRY + b"*2\r\n$7\r\npayload\r\n$2000000000\r\n" + b"x" * 65536,
      "a string of 2000000000 bytes, over the limit of 536870912"),
 ]
@@ -176,6 +175,56 @@ def test_a_huge_reply_header_is_a_protocol_error_not_gigabytes(tmp_path, evil, r
     finally:
         px.stop()
         fake.close()
+
+
+def test_a_huge_fields_header_inside_a_reply_allocates_nothing(tmp_path):
+    """A fields array announced with 50,000,000 elements inside a read reply
+    is an entry with more fields than any deliverable one: it is elided (no
+    element array allocated), read on, and here, where the server never sends
+    the elements, the silent link times out and is dialled again; memory
+    stays bounded and it is no protocol error."""
+    fake = EvilRedis(ENTRY + b"*50000000\r\n")
+    px = Proxy(tmp_path, "proxy1", f"redis://127.0.0.1:{fake.port}", f"ipc://{tmp_path}/app.sock",
+               [{"stream": "s", "payload_field": "payload", "key": "#event.eventId"}], timeout_ms=300)
+    try:
+        px.start()
+        wait_for(lambda: len(fake.xreads) >= 2, timeout=20, what="a read, and another after the timeout")
+        assert px.proc.poll() is None, px.log_text()[-3000:]
+        assert peak_rss(px.proc.pid) < 64 * 1024 * 1024
+        assert "protocol error" not in px.log_text()
+    finally:
+        px.stop()
+        fake.close()
+
+
+def test_an_entry_with_more_fields_than_the_cap_is_dead_lettered_alone(env):
+    """An entry of 524,289 empty fields (1,048,578 names and values, over the
+    1,048,576-element cap with max_entry_bytes 1024) is about 12 MB to write
+    and 4 MB in Redis: any producer can add one. Its fields array was a
+    protocol error that dropped the link at every read, so the stream stopped
+    for good (and a reclaim of it dropped the command link). It is bad input:
+    dead-lettered by reference, and the entries around it are delivered."""
+    import socket
+    r = env.r
+    r.xgroup_create("s", "g", id="0", mkstream=True)
+    nf = 524289
+    s = socket.create_connection(("127.0.0.1", env.redis.port))
+    s.sendall(b"*%d\r\n$4\r\nXADD\r\n$1\r\ns\r\n$1\r\n*\r\n" % (3 + 2 * nf) + b"$1\r\na\r\n$0\r\n\r\n" * nf)
+    assert s.recv(100).startswith(b"$"), "XADD of the wide entry"
+    s.close()
+    for i in range(3):
+        r.xadd("s", {"payload": json.dumps({"eventId": f"e{i}"})})
+    ep = env.endpoint()
+    w = env.worker(ep)
+    p = env.proxy([{"stream": "s", "group": "g", "key": "#event.eventId", "payload_field": "payload",
+                    "dead_letter": "dl"}], endpoint=ep, max_entry_bytes=1024)
+    wait_for(lambda: sorted(w.keys()) == ["e0", "e1", "e2"], timeout=20, what="the other entries delivered")
+    wait_for(lambda: r.xlen("dl") == 1 and r.xpending("s", "g")["pending"] == 0, timeout=10,
+             what="the wide entry dead-lettered and acked")
+    (_, f), = r.xrange("dl")
+    assert "field names and values" in f["idemproxy-reason"], f["idemproxy-reason"]
+    assert "a" not in f, "the dead letter is a reference, not a copy"
+    assert "protocol error" not in p.log_text()
 
 
 def run(*args):

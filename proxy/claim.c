@@ -631,7 +631,14 @@ static void extended(px_entry *e, redisReply *r, uint64_t *held)
         if (sent > *held) *held = sent;
         return;
     }
-    if (*held == 0) return; /* never confirmed ours: not a lease that was held */
+    if (*held == 0) {
+        /* Never confirmed ours (a claim whose reply was lost, then one that
+         * found our own token): not a lease that was held, so not counted;
+         * but not ours now either, so an entry waiting to be sent goes back
+         * to the claim (px_deliver_flush) instead of waiting for ever. */
+        e->claim.lease_lost = true;
+        return;
+    }
     *held = 0;
     if (!e->claim.lease_lost) {
         e->claim.lease_lost = true;

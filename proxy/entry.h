@@ -93,7 +93,7 @@ struct px_entry {
         bool has_lock;           /* we hold lock_key (or may) */
         uint64_t dedup_held_ms;  /* the dedup lock was confirmed ours by a reply to a command */
         uint64_t lock_held_ms;   /* sent then (px_mono_ms), lock_key too; 0: by none (claim.c) */
-        bool lease_lost;         /* an extension found a confirmed lock of ours gone */
+        bool lease_lost;         /* an extension found a lock of ours gone (counted if confirmed) */
         double lease_next;       /* loop time its next lease extension is due */
         bool in_io;              /* a claim or XACK round trip is in flight */
         int set;                 /* a px_lock_reply (decide.h) */

@@ -147,3 +147,54 @@ def test_a_failed_claim_is_no_lease_lost(env, tmp_path, mode):
         assert "lease lost" not in log, [l for l in log.splitlines() if "lease lost" in l]
     finally:
         link.close()
+
+
+@pytest.mark.parametrize("mode", ["group", "groupless"])
+def test_a_lock_never_confirmed_and_found_gone_goes_back_to_the_claim(env, tmp_path, mode):
+    """The claim's SET was applied but its reply lost (the link cut after
+    it); the claim after the reconnect found our own token (not a
+    confirmation: the lock's expiry may be near) and the extension sent
+    right after it found the lock gone. That lease was never known held, so
+    nothing is counted; but the entry waited, unsendable, for ever (every
+    later extension answered 0 too). It goes back to the claim, takes the
+    lock afresh, and is delivered once."""
+    import threading
+    r = env.r
+    link = SlowLink(env.redis.port, 0.25, cut_on=b"$6\r\nidem:k\r\n", cuts=1, cut_wait=0.2)
+    stop = threading.Event()
+    sets = []
+
+    def watch():
+        # The second SET of idem:k is the claim after the reconnect: the lock
+        # goes as soon as Redis applied it, before the extension arrives
+        # (0.5 s later: the reply back and the EVAL forward are each delayed).
+        with r.monitor() as m:
+            for cmd in m.listen():
+                if stop.is_set():
+                    return
+                c = cmd.get("command", "")
+                if c.startswith("SET idem:k "):
+                    sets.append(c)
+                    if len(sets) == 2:
+                        r.delete("idem:k")
+                        return
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        ep = env.endpoint()
+        p = Proxy(tmp_path, "cut", link.url, ep, [stream_conf(mode, consumer="a", lease_ms=4000, **({"claim_idle_ms": 6000} if mode == "group" else {}))],
+                  timeout_ms=1000)
+        env.proxies.append(p)
+        p.start()
+        wait_for(lambda: p.get("/readyz")[0] == 200, 10, "ready")
+        publish(r, "room", [{"eventId": "k"}])
+        wait_for(lambda: len(sets) >= 2, 15, "the claim, cut, and the claim after the reconnect")
+        time.sleep(1.5)               # the extension has answered 0 by now
+        w = env.worker(ep)            # room to send: it must be claimed again and go out
+        wait_for(lambda: (r.get("idem:k") or "")[:1] == "D", 15, "k claimed again, delivered, done")
+        assert [(d.key, d.attempt) for d in w.got] == [("k", 1)]
+        assert one(p.metrics(), "idemproxy_lease_lost_total") == 0
+    finally:
+        stop.set()
+        link.close()

@@ -891,7 +891,9 @@ void px_reader_stop(px_stream *st)
     ev_timer_stop(st->px->loop, &rd->pause);
     ev_timer_stop(st->px->loop, &rd->linger);
     ev_timer_stop(st->px->loop, &rd->autoclaim);
-    ev_timer_stop(st->px->loop, &rd->refresh);
+    /* The refresh goes on (on the command link) while the drain waits for
+     * the workers: what they still hold must not look idle and be taken over
+     * by another replica (SPEC 5.2). px_reader_free stops it. */
     ev_timer_stop(st->px->loop, &rd->janitor);
     while (rd->counts_waiting) { /* answered as lost: 'stopping' frees them */
         counts_ask *a = rd->counts_waiting;
@@ -906,6 +908,7 @@ void px_reader_stop(px_stream *st)
  * refreshes) find the reader until then. */
 void px_reader_free(px_stream *st)
 {
+    if (st->reader) ev_timer_stop(st->px->loop, &st->reader->refresh);
     free(st->reader);
     st->reader = NULL;
 }

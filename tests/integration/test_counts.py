@@ -141,3 +141,35 @@ def test_an_entry_waiting_for_a_worker_is_not_charged_a_delivery(env):
                  timeout=15, what="A let E go")
     finally:
         link.close()
+
+
+def test_a_draining_replica_keeps_what_its_worker_holds_fresh(env):
+    """SIGTERM stops reading, but the drain waits up to shutdown_grace_ms for
+    the workers' answers. The refresh stopped with the reads, so an entry a
+    worker still held looked idle after claim_idle_ms and another replica
+    took it over: read there too, counted a duplicate where there was no
+    copy (SPEC 5.2: no live replica's work is taken over; SPEC 6). The
+    refresh now goes on until the drain ends."""
+    import signal
+    r = env.r
+    r.xgroup_create("s", "g", id="0", mkstream=True)
+    blk = {"stream": "s", "group": "g", "key": "#event.eventId", "payload_field": "payload",
+           "claim_idle_ms": 3000}
+    ep_a, ep_b = env.endpoint(), env.endpoint()
+    wa = env.worker(ep_a, manual=True)
+    pa = env.proxy([dict(blk, consumer="A")], endpoint=ep_a, shutdown_grace_ms=9000, ack_timeout_ms=20000)
+    r.xadd("s", {"payload": '{"eventId":"k1"}'})
+    wait_for(lambda: len(wa.inbox) == 1, 10, "k1 with A's worker")
+    env.worker(ep_b)
+    pb_ = env.proxy([dict(blk, consumer="B")], endpoint=ep_b)
+    pa.proc.send_signal(signal.SIGTERM)              # A drains: its worker still has k1
+    t0 = time.time()
+    owners = set()
+    while time.time() - t0 < 6.5:                    # over twice claim_idle_ms
+        owners |= {x["consumer"] for x in r.xpending_range("s", "g", "-", "+", 5)}
+        time.sleep(0.2)
+    wa.answer(pb.Ack.ACK)
+    wait_for(lambda: r.xpending("s", "g")["pending"] == 0, 10, "k1 acked")
+    assert owners == {"A"}, f"k1 was taken over while A's worker held it: {owners}"
+    m = pb_.metrics()
+    assert m['idemproxy_entries_read_total{stream="s",group="g"}'] == 0

@@ -226,22 +226,25 @@ def test_redelivery_is_counted_in_redis_and_survives_a_restart(env):
 # --- one oversized Delivery costs nobody else (issue 15, 3) ----------------------------
 
 def test_encoded_delivery_over_max_entry_bytes_is_dead_lettered_alone(env):
-    """An entry of 1,039,996 bytes (under max_entry_bytes, 1 MiB) whose key is
-    500 KB encodes to about 1.5 MB: the C worker (1 MiB receive limit) dropped
-    its connection on each send and the good entries in flight with it lost
-    their acks. The encoded size is what is bounded: it is dead-lettered alone,
-    with its reason and a reference (no copy), and every good key is delivered
-    once and acked."""
+    """An entry of about 700 KB (under max_entry_bytes, 1 MiB) in 100,000
+    small fields encodes to about 1.3 MB (each Field adds its tags and
+    lengths): the C worker (1 MiB receive limit) dropped its connection on
+    each send and the good entries in flight with it lost their acks. (This
+    test once used a 500 KB key; a key is now capped at 1024 bytes.) The
+    encoded size is what is bounded: it is dead-lettered alone, with its
+    reason and a reference (no copy), and every good key is delivered once
+    and acked."""
     r = env.r
     ep = env.endpoint()
     env.proxy([group_conf(dead_letter="dlq", max_deliveries=2, retry_backoff_ms=50)], endpoint=ep,
               ack_timeout_ms=2000)
     w = env.cworker(ep)
-    big = json.dumps({"eventId": "k" * 500_000, "pad": "p" * 539_970})
-    assert 1_039_990 < len(big) + len("payload") < 1 << 20
+    big = {"payload": json.dumps({"eventId": "big"})}
+    big.update({f"f{i:05d}": "v" for i in range(100_000)})
+    assert sum(len(k) + len(v) for k, v in big.items()) < 1 << 20
     good = [ev(i) for i in range(40)]
     publish(r, "room", good[:20])
-    (big_id,) = publish(r, "room", [big])
+    big_id = r.xadd("room", big)
     publish(r, "room", good[20:])
     wait_for(lambda: r.exists("dlq") and finished(r), 20, "all handled")
     dl = r.xrange("dlq")

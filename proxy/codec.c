@@ -34,6 +34,8 @@ static void delivery_fill(const px_delivery_view *d, Idemproxy__V1__Delivery *m,
     m->attempt = d->attempt;
     m->fencing_token = d->fencing_token;
     m->deadline_unix_ms = d->deadline_unix_ms;
+    if (d->traceparent) m->traceparent = (char *)d->traceparent;
+    if (d->tracestate) m->tracestate = (char *)d->tracestate;
 }
 
 /* Scratch reused across deliveries, so encoding allocates only when a

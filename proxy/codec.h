@@ -27,6 +27,8 @@ typedef struct px_delivery_view {
     uint32_t attempt;
     uint64_t fencing_token;
     uint64_t deadline_unix_ms;
+    const char *traceparent; /* (ref) NUL-terminated, or NULL for "" */
+    const char *tracestate;  /* (ref) NUL-terminated, or NULL for "" */
 } px_delivery_view;
 
 /* The size of the encoded Delivery, without encoding it. */

@@ -38,8 +38,23 @@ static void test_delivery_roundtrip(void)
         test_cond("attempt", d->attempt == 3);
         test_cond("fencing token uint64", d->fencing_token == 18446744073709551615ull);
         test_cond("deadline", d->deadline_unix_ms == 1700000030000ull);
+        test_streq("no traceparent: empty", d->traceparent, "");
+        test_streq("no tracestate: empty", d->tracestate, "");
         idemproxy__v1__delivery__free_unpacked(d, NULL);
     }
+    /* Protocol 1.1: the trace context, fields 9 and 10. */
+    v.traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    v.tracestate = "vendor=abc";
+    px_codec_delivery_encode(&v, &out);
+    test_cond("size matches encoding with trace context", px_codec_delivery_size(&v) == out.len);
+    d = idemproxy__v1__delivery__unpack(NULL, out.len, (uint8_t *)out.data);
+    test_cond("decodes with trace context", d != NULL);
+    if (d) {
+        test_streq("traceparent", d->traceparent, v.traceparent);
+        test_streq("tracestate", d->tracestate, "vendor=abc");
+        idemproxy__v1__delivery__free_unpacked(d, NULL);
+    }
+    v.traceparent = v.tracestate = NULL;
     /* The buffer is reused: a second, smaller encoding fits the same memory. */
     char *before = out.data;
     v.nfields = 0;

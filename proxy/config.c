@@ -1504,6 +1504,53 @@ static const cfg_opt cfg_metrics_opts[] = {
     { .name = NULL }
 };
 
+/* tracing.otlp_endpoint: an http:// or https:// URL with a host, or "" (off). */
+static void cfg_set_otlp(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                         const char *name)
+{
+    cfg_scalar sc;
+    if (!cfg_scalar_get(p, v, name, "a URL", &sc)) return;
+    char **field = (char **)(void *)((char *)obj + o->offset);
+    const char *host = !strncmp(sc.s, "http://", 7) ? sc.s + 7 : !strncmp(sc.s, "https://", 8) ? sc.s + 8
+                                                                                               : NULL;
+    if (sc.len == 0) {
+        free(*field);
+        *field = NULL;
+    } else if (host == NULL || *host == '\0' || *host == '/' || strpbrk(sc.s, " \t\r\n")) {
+        cfg_error(p, v, "%s: expected an http:// or https:// URL such as http://otel-collector:4318, "
+                        "got '%.*s'",
+                  name, cfg_echo_len(sc.s), sc.s);
+    } else {
+        free(*field);
+        *field = sc.s;
+        sc.s = NULL;
+    }
+    cfg_scalar_free(&sc);
+}
+
+/* tracing.sample_ratio: a number from 0 to 1. */
+static void cfg_set_ratio(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                          const char *name)
+{
+    cfg_scalar sc;
+    if (!cfg_scalar_get(p, v, name, "a number from 0 to 1", &sc)) return;
+    char *end = NULL;
+    double val = sc.quoted || sc.len == 0 ? -1 : strtod(sc.s, &end);
+    if (sc.quoted || sc.len == 0 || *end != '\0' || !(val >= 0 && val <= 1))
+        cfg_error(p, v, "%s: expected a number from 0 to 1, got '%.*s'", name, cfg_echo_len(sc.s), sc.s);
+    else
+        *(double *)(void *)((char *)obj + o->offset) = val;
+    cfg_scalar_free(&sc);
+}
+
+static const cfg_opt cfg_tracing_opts[] = {
+    { .name = "otlp_endpoint", .set = cfg_set_otlp, .offset = offsetof(px_config, otlp_endpoint) },
+    { .name = "sample_ratio", .set = cfg_set_ratio, .offset = offsetof(px_config, sample_ratio) },
+    { .name = "trace_field", .set = cfg_set_str, .offset = offsetof(px_config, trace_field), .flags = CFG_EMPTY_ERR },
+    { .name = "service_name", .set = cfg_set_str, .offset = offsetof(px_config, trace_service_name), .flags = CFG_EMPTY_ERR },
+    { .name = NULL }
+};
+
 static const cfg_opt cfg_log_opts[] = {
     CFG_ENUM("level", px_config, log_level, cfg_levels),
     CFG_ENUM("format", px_config, log_format, cfg_formats),
@@ -1566,6 +1613,14 @@ static void cfg_set_metrics(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, voi
     cfg_seen seen[CFG_MAX_OPTS] = { { 0 } };
     (void)o;
     cfg_walk(p, v, cfg_metrics_opts, obj, name, seen);
+}
+
+static void cfg_set_tracing(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
+                            const char *name)
+{
+    cfg_seen seen[CFG_MAX_OPTS] = { { 0 } };
+    (void)o;
+    cfg_walk(p, v, cfg_tracing_opts, obj, name, seen);
 }
 
 static void cfg_set_log(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
@@ -1652,6 +1707,7 @@ static void cfg_set_streams(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, voi
 static const cfg_opt cfg_top_opts[] = {
     { .name = "redis", .set = cfg_set_redis },
     { .name = "app", .set = cfg_set_app },
+    { .name = "tracing", .set = cfg_set_tracing },
     { .name = "metrics", .set = cfg_set_metrics },
     { .name = "log", .set = cfg_set_log },
     CFG_MS(px_config, shutdown_grace_ms, 0),
@@ -2107,6 +2163,9 @@ static void cfg_defaults(px_config *c, const char *path)
     c->ack_timeout_ms = PX_CONFIG_DEFAULT_ACK_TIMEOUT_MS;
     c->socket_mode = PX_CONFIG_DEFAULT_SOCKET_MODE;
     c->allow_remote = false;
+    c->sample_ratio = 1.0;
+    c->trace_field = px_strdup("traceparent");
+    c->trace_service_name = px_strdup("idemproxy");
     c->metrics_listen = px_strdup(PX_CONFIG_DEFAULT_METRICS_LISTEN);
     c->log_level = PX_LOG_INFO;
     c->log_format = PX_LOG_TEXT;
@@ -2244,6 +2303,9 @@ void px_config_destroy(px_config *c)
     free((char *)c->redis_tls.server_name);
     cfg_redis_reset(c);
     free(c->endpoint);
+    free(c->otlp_endpoint);
+    free(c->trace_field);
+    free(c->trace_service_name);
     free(c->metrics_listen);
     for (size_t i = 0; i < c->nstreams; i++) {
         px_stream_conf *s = &c->streams[i];

@@ -104,6 +104,12 @@ typedef struct px_config {
     int socket_mode;           /* default 0660 (parsed from the octal string) */
     bool allow_remote;         /* default false */
 
+    /* tracing (SPEC 4); off unless otlp_endpoint is set */
+    char *otlp_endpoint;      /* http[s]://host[:port][/path]; NULL: tracing off */
+    double sample_ratio;      /* default 1.0, in [0, 1] */
+    char *trace_field;        /* default "traceparent" */
+    char *trace_service_name; /* default "idemproxy" */
+
     char *metrics_listen;        /* default "127.0.0.1:9464"; "" disables */
     px_log_level log_level;      /* default info */
     px_log_format log_format;    /* default text */

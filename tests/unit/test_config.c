@@ -1242,6 +1242,45 @@ static void test_long_hosts(void)
                  "t.yaml:3:13: ", "needs a host and a port");
 }
 
+/* tracing: defaults (off), values, and what check refuses (SPEC 4). */
+static void test_tracing(void)
+{
+    px_config *c = expect_ok("tracing defaults", S);
+    if (c) {
+        test_cond("tracing off by default", c->otlp_endpoint == NULL);
+        test_cond("default sample_ratio", c->sample_ratio == 1.0);
+        test_streq("default trace_field", c->trace_field, "traceparent");
+        test_streq("default service_name", c->trace_service_name, "idemproxy");
+    }
+    px_config_destroy(c);
+    c = expect_ok("tracing set", "tracing:\n  otlp_endpoint: http://otel:4318\n  sample_ratio: 0.25\n"
+                                 "  trace_field: tp\n  service_name: px\n" S);
+    if (c) {
+        test_streq("otlp_endpoint", c->otlp_endpoint, "http://otel:4318");
+        test_cond("sample_ratio", c->sample_ratio == 0.25);
+        test_streq("trace_field", c->trace_field, "tp");
+        test_streq("service_name", c->trace_service_name, "px");
+    }
+    px_config_destroy(c);
+    c = expect_ok("otlp_endpoint \"\" is off", "tracing:\n  otlp_endpoint: \"\"\n  sample_ratio: 0\n" S);
+    if (c) test_cond("off", c->otlp_endpoint == NULL && c->sample_ratio == 0);
+    px_config_destroy(c);
+    px_config_destroy(expect_ok("https endpoint", "tracing: {otlp_endpoint: \"https://c.example/otlp\"}\n" S));
+    expect_error("otlp_endpoint not http", "tracing:\n  otlp_endpoint: grpc://otel:4317\n" S,
+                 "t.yaml:2:18: ", "tracing.otlp_endpoint: expected an http:// or https:// URL");
+    expect_error("otlp_endpoint without host", "tracing:\n  otlp_endpoint: http://\n" S,
+                 "t.yaml:2:18: ", "expected an http:// or https:// URL");
+    expect_error("sample_ratio over 1", "tracing:\n  sample_ratio: 1.5\n" S, "t.yaml:2:17: ",
+                 "tracing.sample_ratio: expected a number from 0 to 1, got '1.5'");
+    expect_error("sample_ratio negative", "tracing:\n  sample_ratio: -0.1\n" S, "t.yaml:2:17: ",
+                 "expected a number from 0 to 1");
+    expect_error("sample_ratio not a number", "tracing:\n  sample_ratio: half\n" S, "t.yaml:2:17: ",
+                 "expected a number from 0 to 1");
+    expect_error("trace_field empty", "tracing:\n  trace_field: \"\"\n" S, "t.yaml:2:16: ",
+                 "must not be empty");
+    expect_error("tracing unknown key", "tracing:\n  endpoint: x\n" S, "t.yaml:2:3: ", "endpoint");
+}
+
 int main(void)
 {
     clear_env();
@@ -1260,6 +1299,7 @@ int main(void)
     test_username();
     test_long_hosts();
     test_sentinel();
+    test_tracing();
     px_diags_deinit(&diags);
     return test_report();
 }

@@ -1,7 +1,7 @@
 # idemproxy - build, test, demo. `make` builds; `make deps` installs what is missing.
 
 CC       ?= cc
-PKGS      = hiredis nanomsg libprotobuf-c yaml-0.1 json-c libmicrohttpd openssl
+PKGS      = hiredis nanomsg libprotobuf-c yaml-0.1 json-c libmicrohttpd openssl libcurl
 WARN      = -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wwrite-strings -Werror
 OPT      ?= -O2 -g
 CFLAGS   += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -MMD -MP -Iproxy -I$(B)/gen
@@ -57,6 +57,7 @@ $(B)/tests/test_jscan:    $(B)/proxy/jscan.o $(B)/proxy/px.o
 $(B)/tests/test_px:       $(B)/proxy/px.o
 $(B)/tests/test_event:    $(B)/proxy/event.o $(B)/proxy/jscan.o $(B)/proxy/template.o $(B)/proxy/px.o
 $(B)/tests/test_addr:     $(B)/proxy/addr.o
+$(B)/tests/test_trace:    $(B)/proxy/trace.o $(B)/proxy/log.o $(B)/proxy/px.o
 $(B)/tests/test_sentinel: $(B)/proxy/sentinel_reply.o
 $(B)/tests/test_replies:  $(B)/proxy/replies.o $(B)/proxy/decide.o $(B)/proxy/px.o
 $(B)/tests/test_cluster:  $(LIB_OBJ)

@@ -68,6 +68,7 @@
 #include "deliver.h"
 #include "log.h"
 #include "reader.h"
+#include "trace.h"
 
 #define PX_WORKER_WINDOW 128
 #define PX_WINDOW_START  4.0
@@ -205,6 +206,12 @@ static px_delivery_view delivery_view(px_deliver *d, px_entry *e, uint32_t attem
     size_t nf = 0;
     for (size_t i = 0; i < e->nfields; i++)
         if ((int)i != e->payload_idx) d->fields[nf++] = e->fields[i];
+    /* The entry's own trace context, passed on when valid (SPEC 2); with
+     * tracing on, send_one puts idemproxy's delivery span there instead. */
+    const char *tp, *ts;
+    px_trace_ctx ctx;
+    px_trace_fields(e, e->st->px->conf->trace_field, &tp, &ts);
+    if (tp && !px_trace_parse(tp, strlen(tp), &ctx)) tp = ts = NULL;
     return (px_delivery_view){
         .stream = e->st->conf->stream,
         .entry_id = e->id,
@@ -216,6 +223,8 @@ static px_delivery_view delivery_view(px_deliver *d, px_entry *e, uint32_t attem
         .attempt = attempt,
         .fencing_token = fence,
         .deadline_unix_ms = deadline,
+        .traceparent = tp,
+        .tracestate = ts,
     };
 }
 
@@ -225,6 +234,7 @@ static px_delivery_view delivery_view(px_deliver *d, px_entry *e, uint32_t attem
 size_t px_deliver_size(px_proxy *px, px_entry *e)
 {
     px_delivery_view v = delivery_view(px->deliver, e, UINT32_MAX, UINT64_MAX, UINT64_MAX);
+    if (px->trace) v.traceparent = "00-00000000000000000000000000000000-0000000000000000-00";
     return px_codec_delivery_size(&v);
 }
 
@@ -234,6 +244,7 @@ static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
     if (d->nfree == 0) return PX_EAGAIN;
     px_delivery_view v = delivery_view(d, e, e->delivery.attempt + 1, e->claim.fence,
                                        px_now_ms() + (uint64_t)px->conf->ack_timeout_ms);
+    if (e->trace) px_trace_delivery_begin(px->trace, e, &v.traceparent, &v.tracestate);
     px_codec_delivery_encode(&v, &d->enc);
 
     uint32_t id = slot_take(d, e);

@@ -84,6 +84,8 @@ struct px_entry {
     px_entry *prev, *next; /* the stream's list of tracked entries */
     px_entry *qnext;       /* the queue it waits in (claim, send, commit, xack) */
 
+    struct px_trace_entry *trace; /* trace.c's; NULL while tracing is off */
+
     struct {                     /* claim.c */
         char token[24];          /* our random lock token for this claim */
         uint64_t fence;          /* fencing token of this claim, 0 when off */

@@ -42,6 +42,7 @@
 #include "metrics.h"
 #include "reader.h"
 #include "replies.h"
+#include "trace.h"
 
 #ifndef PX_COMMIT
 #include "commit.h" /* PX_COMMIT: the git commit built, "" when unknown (Makefile) */
@@ -291,6 +292,14 @@ void px_metrics_render(px_proxy *px, px_buf *b)
     gauge(b, "idemproxy_protocol_errors_total", "counter",
           "Worker replies that did not decode, were unspecified or echoed the wrong ids.",
           (double)px_protocol_errors);
+    gauge(b, "idemproxy_spans_exported_total", "counter",
+          "Spans the OTLP collector accepted (tracing).", (double)px_spans_exported);
+    gauge(b, "idemproxy_spans_dropped_total", "counter",
+          "Spans lost: the export queue was full, or the collector failed or did not answer.",
+          (double)px_spans_dropped);
+    gauge(b, "idemproxy_traceparents_invalid_total", "counter",
+          "Entries whose trace_field held a malformed W3C traceparent (ignored: a new root).",
+          (double)px_traceparents_invalid);
 
     size_t inflight = 0;
     px_buf_appends(b, "# HELP idemproxy_entries_pending Entries read and not yet left, per stream.\n"

@@ -18,6 +18,7 @@
 #include "metrics.h"
 #include "reader.h"
 #include "reply.h"
+#include "trace.h"
 
 #define PX_ERROR_PAUSE_MS 200
 
@@ -169,6 +170,7 @@ px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, siz
     st->tracked++;
     st->px->tracked++;
     st->c.entries_read++;
+    if (st->px->trace) px_trace_entry_begin(st->px->trace, e);
 
     char why[512];
     if (toomany) {
@@ -205,6 +207,7 @@ px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, siz
 
 void px_entry_free(px_entry *e)
 {
+    if (e->trace) px_trace_entry_free(e);
     free(e->key);
     free(e->lock_key);
     free(e->reason);
@@ -242,6 +245,7 @@ void px_entry_finish(px_entry *e, px_outcome outcome)
 {
     px_stream *st = e->st;
     px_entry_to(e, PX_E_GONE);
+    if (e->trace) px_trace_entry_end(st->px->trace, e, outcome);
     wake_followers(e);
     switch (outcome) {
     case PX_OUT_ACKED: st->c.acked++; break;
@@ -574,6 +578,7 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
     px_stream *st = e->st;
     px_stream_conf *sc = st->conf;
     px_metrics_observe(px_ack_latency_bounds, &st->ack_latency, ev_now(st->px->loop) - e->delivery.sent_at);
+    if (e->trace) px_trace_delivery_end(st->px->trace, e, status);
     switch (status) {
     case PX_ACK_ACK: st->c.acks_ack++; break;
     case PX_ACK_RETRY: st->c.acks_retry++; break;
@@ -859,6 +864,7 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
         px_proxy_destroy(px);
         return NULL;
     }
+    if (conf->otlp_endpoint) px->trace = px_trace_create(loop, conf);
     px_redis_opts o; /* max_array_bytes: XAUTOCLAIM's entries */
     px_config_redis_opts(conf, "commands", px->password, &o);
     px->redis = px_redis_create(loop, &o, command_link_cb, px);
@@ -935,6 +941,7 @@ void px_proxy_destroy(px_proxy *px)
     ev_signal_stop(px->loop, &px->sigterm);
     ev_signal_stop(px->loop, &px->sigint);
     ev_timer_stop(px->loop, &px->grace);
+    px_trace_destroy(px->trace);
     px_metrics_stop(px);
     px_redis_destroy(px->redis);
     for (size_t s = 0; s < px->nstreams; s++) px_reader_free(&px->streams[s]);

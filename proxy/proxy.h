@@ -145,6 +145,8 @@ struct px_proxy {
     ev_signal sigterm, sigint;
     ev_timer grace; /* shutdown grace */
     bool stopping;
+
+    struct px_trace *trace; /* trace.c state; NULL when tracing is off (the default) */
 };
 
 /* proxy.c */

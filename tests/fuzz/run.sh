@@ -4,7 +4,7 @@
 # one count per target, and exits non-zero when a target failed.
 #
 #   tests/fuzz/run.sh [TARGET...]        fuzz (all of template event ack config
-#                                        cluster sphdr replies sentinel)
+#                                        cluster sphdr replies sentinel traceparent)
 #   tests/fuzz/run.sh merge [TARGET...]  fold what earlier runs found into the
 #                                        committed corpus, minimised (-set_cover_merge=1)
 #
@@ -23,7 +23,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
-ALL="template event ack config cluster sphdr replies sentinel"
+ALL="template event ack config cluster sphdr replies sentinel traceparent"
 
 # Bounds on every run (issue 37): an input is at most max_len bytes (per
 # target, below: several times the largest input the target's seeds need,

@@ -304,6 +304,9 @@ class Proxy:
         for k in ("max_inflight", "max_entry_bytes"):
             if k in app:
                 lines[-1] += f"\n  {k}: {app.pop(k)}"
+        tracing = app.pop("tracing", None)          # {otlp_endpoint: ..., sample_ratio: ...}
+        if tracing:
+            lines.append("tracing:" + "".join(f"\n  {k}: {v}" for k, v in tracing.items()))
         self.metrics_port = free_port()
         lines.append(f"metrics:\n  listen: 127.0.0.1:{self.metrics_port}")
         lines.append(f"log:\n  level: {app.pop('log_level', 'debug')}")

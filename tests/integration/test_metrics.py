@@ -11,6 +11,8 @@ FAMILIES = ["idemproxy_entries_read_total", "idemproxy_outcomes_total", "idempro
             "idemproxy_ack_timeouts_total", "idemproxy_dead_letters_total", "idemproxy_lease_lost_total",
             "idemproxy_trimmed_total", "idemproxy_conflicts_total", "idemproxy_redis_errors_total", "idemproxy_redis_redirects_total",
             "idemproxy_protocol_errors_total",
+            "idemproxy_spans_exported_total", "idemproxy_spans_dropped_total",
+            "idemproxy_traceparents_invalid_total",
             "idemproxy_inflight", "idemproxy_entries_pending", "idemproxy_redis_up",
             "idemproxy_workers_connected", "idemproxy_ack_latency_seconds", "idemproxy_lock_wait_seconds",
             "idemproxy_duplicate_age_seconds",

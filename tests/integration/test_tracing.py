@@ -1,0 +1,241 @@
+"""SPEC 4 `tracing`, 5.4, 6: idemproxy's spans, exported over OTLP/HTTP (OTLP JSON)
+to a real receiver in the test, and the trace context it hands the worker in
+Delivery.traceparent. A collector that is down or failing costs counted drops,
+never an entry."""
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from pxtest import free_port, pb, pending, publish, settled, wait_for
+
+PRODUCER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+PRODUCER_SPAN = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{PRODUCER_TRACE}-{PRODUCER_SPAN}-01"
+
+
+class Collector:
+    """An OTLP/HTTP receiver: POST /v1/traces, OTLP JSON. Each body is checked
+    against opentelemetry-proto's ExportTraceServiceRequest (an unknown or
+    misspelt field name fails the parse); the spans are kept as JSON, whose ids
+    are hex as the OTLP JSON encoding says. status=500 answers every POST so."""
+
+    def __init__(self, status=200):
+        self.status = status
+        self.bodies, self.errors, self.posts = [], [], 0
+        self.lock = threading.Lock()
+        col = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with col.lock:
+                    col.posts += 1
+                    try:
+                        assert self.path == "/v1/traces", self.path
+                        assert self.headers.get("Content-Type") == "application/json"
+                        json_format.Parse(body, trace_service_pb2.ExportTraceServiceRequest())
+                        if col.status == 200:
+                            col.bodies.append(json.loads(body))
+                    except Exception as e:  # noqa: BLE001 (reported by the test)
+                        col.errors.append(repr(e))
+                self.send_response(col.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *a):
+                pass
+
+        self.port = free_port()
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def spans(self):
+        """Every span received: (resource attributes, span), resource as a dict."""
+        out = []
+        with self.lock:
+            assert not self.errors, self.errors
+            for b in self.bodies:
+                for rs in b["resourceSpans"]:
+                    res = attrs(rs["resource"])
+                    for ss in rs["scopeSpans"]:
+                        out += [(res, s) for s in ss["spans"]]
+        return out
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def attrs(o):
+    return {a["key"]: next(iter(a["value"].values())) for a in o.get("attributes", [])}
+
+
+def conf(**kw):
+    s = {"stream": "orders", "group": "g", "consumer": "c1", "payload_field": "payload",
+         "key": "#event.id"}
+    s.update(kw)
+    return s
+
+
+def test_a_producer_trace_reaches_the_worker_through_idemproxys_spans(env):
+    col = Collector()
+    try:
+        ep = env.endpoint()
+        w = env.worker(ep)
+        p = env.proxy([conf()], endpoint=ep, tracing={"otlp_endpoint": col.url, "service_name": "px-test"})
+        env.r.xadd("orders", {"payload": json.dumps({"id": "o-1"}), "traceparent": TRACEPARENT,
+                              "tracestate": "vendor=abc"})
+        wait_for(lambda: len(w.got) == 1 and settled(p, "orders", 1), 20, "delivered and acked")
+        d = w.got[0]
+        wait_for(lambda: len(col.spans()) >= 2, 15, "the entry and delivery spans exported")
+        spans = col.spans()
+        entry = [s for _, s in spans if s["kind"] == 5]
+        sends = [s for _, s in spans if s["kind"] == 4]
+        assert len(entry) == 1 and len(sends) == 1, spans
+        entry, send = entry[0], sends[0]
+        # The chain: producer span -> entry span (process) -> delivery span (send) -> worker.
+        assert entry["traceId"] == PRODUCER_TRACE and entry["parentSpanId"] == PRODUCER_SPAN
+        assert send["traceId"] == PRODUCER_TRACE and send["parentSpanId"] == entry["spanId"]
+        assert d.traceparent == f"00-{PRODUCER_TRACE}-{send['spanId']}-01"
+        assert d.tracestate == "vendor=abc"
+        assert entry["spanId"] != send["spanId"] != PRODUCER_SPAN
+        assert entry["name"] == "process orders" and send["name"] == "send orders"
+        ea = attrs(entry)
+        assert ea["messaging.system"] == "redis_streams"
+        assert ea["messaging.operation.type"] == "process"
+        assert ea["messaging.destination.name"] == "orders"
+        assert ea["messaging.message.id"] == d.entry_id
+        assert ea["messaging.consumer.group.name"] == "g"
+        assert ea["idemproxy.outcome"] == "acked" and ea["idemproxy.key"] == "o-1"
+        sa = attrs(send)
+        assert sa["idemproxy.attempt"] == "1" and sa["idemproxy.answer"] == "ack"
+        assert int(entry["startTimeUnixNano"]) <= int(send["startTimeUnixNano"]) \
+            <= int(send["endTimeUnixNano"]) <= int(entry["endTimeUnixNano"])
+        res = spans[0][0]
+        assert res["service.name"] == "px-test" and res["service.instance.id"] == "c1"
+        assert res["service.version"]
+        m = p.metrics()
+        assert m["idemproxy_spans_exported_total"] >= 2 and m["idemproxy_spans_dropped_total"] == 0
+    finally:
+        col.close()
+
+
+def test_roots_retries_and_a_duplicate_linked_to_the_delivery_that_did_the_work(env):
+    col = Collector()
+    try:
+        ep = env.endpoint()
+        tries = {}
+
+        def behave(d):   # the first delivery of each key is retried
+            tries[d.key] = tries.get(d.key, 0) + 1
+            return (pb.Ack.RETRY, "later") if tries[d.key] == 1 else (pb.Ack.ACK, "")
+
+        w = env.worker(ep, behave=behave)
+        p = env.proxy([conf(retry_backoff_ms=10)], endpoint=ep, tracing={"otlp_endpoint": col.url})
+        env.r.xadd("orders", {"payload": json.dumps({"id": "a"}), "traceparent": "00-zz-bad"})
+        wait_for(lambda: settled(p, "orders", 1), 20, "first acked")
+        env.r.xadd("orders", {"payload": json.dumps({"id": "a"})})     # a copy, after the work
+        wait_for(lambda: settled(p, "orders", 2), 20, "copy skipped")
+        wait_for(lambda: len(col.spans()) >= 4, 15, "spans exported")
+        spans = [s for _, s in col.spans()]
+        entries = [s for s in spans if s["kind"] == 5]
+        sends = sorted((s for s in spans if s["kind"] == 4), key=lambda s: s["startTimeUnixNano"])
+        assert len(entries) == 2 and len(sends) == 2, spans
+        first = next(s for s in entries if attrs(s)["idemproxy.outcome"] == "acked")
+        dup = next(s for s in entries if attrs(s)["idemproxy.outcome"] == "duplicate")
+        # A malformed traceparent: a new root, counted.
+        assert "parentSpanId" not in first and first["traceId"] != PRODUCER_TRACE
+        assert p.metrics()["idemproxy_traceparents_invalid_total"] == 1
+        assert [attrs(s)["idemproxy.attempt"] for s in sends] == ["1", "2"]
+        assert [attrs(s)["idemproxy.answer"] for s in sends] == ["retry", "ack"]
+        assert all(s["parentSpanId"] == first["spanId"] for s in sends)
+        assert [d.traceparent.split("-")[2] for d in w.got] == [s["spanId"] for s in sends]
+        # The copy: its own trace, a link to the delivery that did the work.
+        assert "parentSpanId" not in dup and dup["traceId"] != first["traceId"]
+        assert dup["links"] == [{"traceId": first["traceId"], "spanId": sends[1]["spanId"]}]
+    finally:
+        col.close()
+
+
+def test_an_unsampled_trace_is_not_exported_but_still_propagated(env):
+    col = Collector()
+    try:
+        ep = env.endpoint()
+        w = env.worker(ep)
+        p = env.proxy([conf()], endpoint=ep, tracing={"otlp_endpoint": col.url, "sample_ratio": 0})
+        unsampled = f"00-{PRODUCER_TRACE}-{PRODUCER_SPAN}-00"
+        env.r.xadd("orders", {"payload": json.dumps({"id": "u1"}), "traceparent": unsampled})
+        env.r.xadd("orders", {"payload": json.dumps({"id": "u2"})})      # a root, ratio 0
+        env.r.xadd("orders", {"payload": json.dumps({"id": "s3"}), "traceparent": TRACEPARENT})
+        wait_for(lambda: settled(p, "orders", 3), 20, "acked")
+        wait_for(lambda: len(col.spans()) >= 2, 15, "the sampled trace exported")
+        by_key = {d.key: d for d in w.got}
+        tp = by_key["u1"].traceparent.split("-")
+        assert tp[1] == PRODUCER_TRACE and tp[3] == "00" and tp[2] != PRODUCER_SPAN
+        assert by_key["u2"].traceparent.endswith("-00")
+        assert by_key["s3"].traceparent.startswith(f"00-{PRODUCER_TRACE}-")
+        assert by_key["s3"].traceparent.endswith("-01")
+        # Only the sampled parent's trace is exported, whatever sample_ratio says.
+        assert {s["traceId"] for _, s in col.spans()} == {PRODUCER_TRACE}
+        assert len(col.spans()) == 2
+    finally:
+        col.close()
+
+
+def test_tracing_off_passes_the_entrys_own_traceparent(env):
+    ep = env.endpoint()
+    w = env.worker(ep)
+    env.proxy([conf()], endpoint=ep)
+    env.r.xadd("orders", {"payload": json.dumps({"id": "x"}), "traceparent": TRACEPARENT,
+                          "tracestate": "k=v"})
+    env.r.xadd("orders", {"payload": json.dumps({"id": "y"}), "traceparent": "not-a-traceparent",
+                          "tracestate": "k=v"})
+    wait_for(lambda: len(w.got) == 2, 20, "delivered")
+    by_key = {d.key: d for d in w.got}
+    assert (by_key["x"].traceparent, by_key["x"].tracestate) == (TRACEPARENT, "k=v")
+    assert (by_key["y"].traceparent, by_key["y"].tracestate) == ("", "")
+
+
+def _run_against(env, col_url, n):
+    ep = env.endpoint()
+    w = env.worker(ep)
+    p = env.proxy([conf()], endpoint=ep, tracing={"otlp_endpoint": col_url})
+    publish(env.r, "orders", [{"id": f"e{i}"} for i in range(n)])
+    wait_for(lambda: settled(p, "orders", n), 60, "every entry acked")
+    assert sorted(w.keys()) == sorted(f"e{i}" for i in range(n))
+    assert pending(env.r, "orders", "g") == 0
+    assert p.metrics()['idemproxy_outcomes_total{stream="orders",group="g",outcome="acked"}'] == n
+    return p
+
+
+def test_a_collector_that_is_down_costs_only_counted_drops(env):
+    n = 3000
+    p = _run_against(env, f"http://127.0.0.1:{free_port()}", n)
+    # 2 spans an entry; each is dropped (the POST refused, or the queue full), none exported.
+    wait_for(lambda: p.metrics()["idemproxy_spans_dropped_total"] >= 2 * n - 4096, 15, "drops counted")
+    m = p.metrics()
+    assert m["idemproxy_spans_exported_total"] == 0
+    assert m["idemproxy_spans_dropped_total"] <= 2 * n
+
+
+def test_a_collector_answering_500_costs_only_counted_drops(env):
+    col = Collector(status=500)
+    try:
+        n = 2000
+        p = _run_against(env, col.url, n)
+        wait_for(lambda: col.posts >= 1 and p.metrics()["idemproxy_spans_dropped_total"] >= 2 * n - 4096,
+                 15, "drops counted")
+        assert p.metrics()["idemproxy_spans_exported_total"] == 0
+        assert not col.errors, col.errors
+    finally:
+        col.close()

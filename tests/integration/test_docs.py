@@ -15,11 +15,12 @@ TABLES = {
     "cfg_top_opts": "",
     "cfg_redis_opts": "redis.",
     "cfg_app_opts": "app.",
+    "cfg_tracing_opts": "tracing.",
     "cfg_metrics_opts": "metrics.",
     "cfg_log_opts": "log.",
     "cfg_stream_opts": "streams[].",
 }
-SECTIONS = {"redis", "app", "metrics", "log"}   # top-level keys that are mappings of options
+SECTIONS = {"redis", "app", "tracing", "metrics", "log"}   # top-level keys that are mappings of options
 
 
 def parser_options(source=None):

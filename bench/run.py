@@ -108,6 +108,13 @@ Knobs (environment, default):
   BENCH_AB_CONTROL 1         also run this idemproxy a second time in every round (an A/A
                              control: the spread of its ratio is the noise); 0: only A/B
   BENCH_AB_REPEAT (= BENCH_REPEAT)  A/B rounds
+  BENCH_TRACING off,1.0,0.01  the tracing rows (issue 32): the BENCH_TRACING_VARIANT
+                             throughput run with tracing off and on at each sample_ratio
+                             given, spans POSTed to a local OTLP sink (an HTTP server in
+                             this process that answers 200); proxy CPU per 1k entries
+                             beside each other, in BENCH_REPEAT interleaved rounds;
+                             empty: not run
+  BENCH_TRACING_VARIANT group/single
   BENCH_TIMEOUT 300          seconds any one wait may take
   IDEMPROXY_BIN build/idemproxy (copied first: a rebuild meanwhile is harmless)
 An empty BENCH_RATES, BENCH_LAYOUTS, BENCH_READS, BENCH_TLS or BENCH_FP, or 0 for BENCH_SAMPLE_A, BENCH_HOLD or
@@ -175,6 +182,8 @@ PERF_EVENTS = ("task-clock,context-switches,cpu-migrations,syscalls:sys_enter_wr
                "syscalls:sys_enter_read,syscalls:sys_enter_sendmsg,syscalls:sys_enter_recvmsg,"
                "syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex")
 TIMEOUT = env("BENCH_TIMEOUT", 300.0, float)
+TRACING = [x for x in env("BENCH_TRACING", "off,1.0,0.01").split(",") if x]
+TRACING_VARIANT = env("BENCH_TRACING_VARIANT", "group/single")
 REPEAT = env("BENCH_REPEAT", 5, int)
 AB_BIN = env("BENCH_AB_BIN", "")
 AB_VARIANT = env("BENCH_AB_VARIANT", "group/single")
@@ -361,7 +370,7 @@ class Bench:
     # --- processes --------------------------------------------------------
 
     def proxy(self, layout, max_inflight=MAX_INFLIGHT, ack_timeout_ms=30000, read="group", binary=None,
-              tls=False, linger_ms=0, fingerprint=""):
+              tls=False, linger_ms=0, fingerprint="", tracing=None):
         self.nproxy += 1
         name = f"proxy{self.nproxy}"
         endpoint = f"ipc://{self.tmp}/app.sock"
@@ -381,7 +390,7 @@ metrics:
 log:
   level: warn
 shutdown_grace_ms: 2000
-streams:
+""" + (f"tracing:\n  otlp_endpoint: {tracing[0]}\n  sample_ratio: {tracing[1]}\n" if tracing else "") + f"""streams:
   - stream: {STREAM}
 {group}    consumer: bench
     payload_field: payload
@@ -607,6 +616,98 @@ def throughput(b, variant, data, perf=None, tls=False, fp=False):
     log(f"  re-read of the done stream: {res['copies_per_s']:.0f} copies/s ({t_copy:.2f} s), "
         f"{res['copy_cmds_per_entry']:.2f} cmds/entry")
     return res
+
+
+class OtlpSink:
+    """A local OTLP/HTTP collector for the tracing rows: answers 200 to every
+    POST (reading the body), counting requests and bytes; decodes nothing."""
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        import threading
+        sink = self
+        self.posts = self.bytes = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length", 0))
+                self.rfile.read(n)
+                sink.posts += 1
+                sink.bytes += n
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def tracing_run(b, ratio, data, sink):
+    """One TRACING_VARIANT run with tracing off ("off") or on at sample_ratio
+    'ratio': N entries loaded before the start, as in the throughput rows (no
+    re-read of copies). Proxy CPU per 1k entries read, keys/s, spans exported."""
+    read, layout = TRACING_VARIANT.split("/")
+    log(f"tracing {ratio}, {read} read, layout {layout}: {N} entries")
+    w = b.worker(f"ipc://{b.tmp}/app.sock", expect=data["unique"])
+    time.sleep(0.2)
+    p = b.proxy(layout, read=read, tracing=None if ratio == "off" else (sink.url, ratio))
+    p.start()
+    m = b.wait(lambda: p.finished(N), TIMEOUT, f"{N} entries done (tracing {ratio})")
+    t_all = time.monotonic() - p.t0
+    cpu = p.cpu()
+    p.stop()
+    wr = w.stop()
+    t_keys = (wr["expect_mono"] / 1e6 - p.t0) if wr["expect_mono"] else float("nan")
+    res = {"ratio": ratio, "cpu_s": cpu, "cpu_per_1k": cpu / (N / 1000), "keys_per_s": data["unique"] / t_keys,
+           "entries_per_s": N / t_all, "spans_exported": m.get("idemproxy_spans_exported_total", 0),
+           "spans_dropped": m.get("idemproxy_spans_dropped_total", 0), "load": loadavg()}
+    log(f"  CPU {cpu:.2f} s ({res['cpu_per_1k']:.3f} s / 1k entries), keys/s {res['keys_per_s']:.0f}, "
+        f"spans exported {res['spans_exported']:.0f} (at the last look), dropped {res['spans_dropped']:.0f}")
+    return res
+
+
+def tracing_rows(b):
+    """The TRACING runs in REPEAT interleaved rounds; per setting, its median by CPU."""
+    sink = OtlpSink()
+    runs = {r: [] for r in TRACING}
+    try:
+        for rnd in range(REPEAT):
+            for i in range(len(TRACING)):       # the order shifts each round
+                r = TRACING[(i + rnd) % len(TRACING)]
+                runs[r].append(tracing_run(b, r, b.fresh(), sink))
+    finally:
+        sink.close()
+    out = []
+    for r in TRACING:
+        rs = sorted(runs[r], key=lambda x: x["cpu_per_1k"])
+        med = dict(rs[(len(rs) - 1) // 2])
+        med["cpu_range"] = [rs[0]["cpu_per_1k"], rs[-1]["cpu_per_1k"]]
+        out.append(med)
+    return out
+
+
+def tracing_report(rows):
+    off = next((r for r in rows if r["ratio"] == "off"), None)
+    md = (f"\n### Tracing: proxy CPU per entry (issue 32)\n\n{TRACING_VARIANT}, {N} entries, "
+          f"{REPEAT} rounds (median by CPU, min-max); spans POSTed as OTLP JSON to a local sink "
+          "that answers 200.\n\n"
+          "| tracing | proxy CPU s / 1k entries | µs / entry | vs off | keys/s | spans exported |\n"
+          "|---|---|---|---|---|---|\n")
+    for r in rows:
+        lo, hi = r["cpu_range"]
+        rel = f"{(r['cpu_per_1k'] / off['cpu_per_1k'] - 1) * 100:+.1f} %" if off and r is not off else ""
+        md += (f"| {'off' if r['ratio'] == 'off' else 'sample_ratio ' + r['ratio']} | "
+               f"{r['cpu_per_1k']:.3f} ({lo:.3f}–{hi:.3f}) | {r['cpu_per_1k'] * 1000:.1f} | {rel} | "
+               f"{r['keys_per_s']:,.0f} | {r['spans_exported']:,.0f} |\n")
+    return md
 
 
 AB_SHAPES = [(k, v) for k, v in (("c", f"1 worker of concurrency {AB_CONCURRENCY}, one connection"),
@@ -1460,6 +1561,7 @@ def main():
         mem = hold(b) if HOLD else None
         clu = bench_cluster.measure(sys.modules[__name__], b, CLUSTER_N) if CLUSTER_N else []
         abr = ab(b) if AB_BIN else None
+        trc = tracing_rows(b) if TRACING else []
         failed = False
     finally:
         b.close()
@@ -1472,12 +1574,13 @@ def main():
     meta["steal_pct"] = 100.0 * (s1 - s0) / max(t1 - t0, 1)
     meta["ab_bin"] = AB_BIN
     md = (report(meta, tp, base, lat, mem, allocs, lat_linger) if tp or base or lat or mem else "") \
-        + bench_cluster.report(clu, spread) + (ab_report(meta, abr) if abr else "")
+        + bench_cluster.report(clu, spread) + (ab_report(meta, abr) if abr else "") \
+        + (tracing_report(trc) if trc else "")
     (OUT / "results.md").write_text(md)
     (OUT / "results.json").write_text(json.dumps({"meta": meta, "throughput": tp, "baselines": base,
                                                   "latency": lat, "latency_linger": lat_linger,
                                                   "memory": mem, "cluster": clu,
-                                                  "allocations": allocs, "ab": abr},
+                                                  "allocations": allocs, "ab": abr, "tracing": trc},
                                                  indent=1))
     print(md)
     log(f"written {OUT / 'results.md'} and results.json")

@@ -526,7 +526,7 @@ void px_trace_entry_begin(px_trace *t, px_entry *e)
         te->ctx.flags = (double)v < t->ratio * 4294967296.0 ? 1 : 0;
     }
     new_span_id(t, te->ctx.span_id);
-    te->start_ns = now_ns();
+    if (te->ctx.flags & 1) te->start_ns = now_ns(); /* unsampled: no span, no times */
     e->trace = te;
 }
 
@@ -548,7 +548,7 @@ void px_trace_delivery_begin(px_trace *t, px_entry *e, const char **tp, const ch
     te->dopen = true;
     te->dctx = te->ctx;
     new_span_id(t, te->dctx.span_id);
-    te->dstart_ns = now_ns();
+    if (te->ctx.flags & 1) te->dstart_ns = now_ns();
     px_trace_format(&te->dctx, te->tp);
     *tp = te->tp;
     *ts = te->tracestate;

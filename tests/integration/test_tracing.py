@@ -4,6 +4,7 @@ Delivery.traceparent. A collector that is down or failing costs counted drops,
 never an entry."""
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from google.protobuf import json_format
@@ -22,8 +23,8 @@ class Collector:
     misspelt field name fails the parse); the spans are kept as JSON, whose ids
     are hex as the OTLP JSON encoding says. status=500 answers every POST so."""
 
-    def __init__(self, status=200):
-        self.status = status
+    def __init__(self, status=200, delay=0.0):
+        self.status, self.delay = status, delay
         self.bodies, self.errors, self.posts = [], [], 0
         self.lock = threading.Lock()
         col = self
@@ -41,6 +42,7 @@ class Collector:
                             col.bodies.append(json.loads(body))
                     except Exception as e:  # noqa: BLE001 (reported by the test)
                         col.errors.append(repr(e))
+                time.sleep(col.delay)          # a slow collector: idemproxy gives up first
                 self.send_response(col.status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", "2")
@@ -52,6 +54,7 @@ class Collector:
 
         self.port = free_port()
         self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server.daemon_threads, self.server.block_on_close = True, False
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -237,5 +240,25 @@ def test_a_collector_answering_500_costs_only_counted_drops(env):
                  15, "drops counted")
         assert p.metrics()["idemproxy_spans_exported_total"] == 0
         assert not col.errors, col.errors
+    finally:
+        col.close()
+
+
+def test_a_collector_that_never_answers_costs_only_counted_drops(env):
+    col = Collector(delay=60)
+    try:
+        n = 3000
+        t0 = time.time()
+        p = _run_against(env, col.url, n)
+        # Acked while the first POST still hangs: nothing waited for the collector.
+        assert time.time() - t0 < 30
+        # 4,096 spans at most wait; the rest are dropped at once, then each hung POST
+        # after its 5 s.
+        m = p.metrics()
+        assert m["idemproxy_spans_dropped_total"] >= 2 * n - 4096
+        assert m["idemproxy_spans_exported_total"] == 0
+        wait_for(lambda: p.metrics()["idemproxy_spans_dropped_total"] >= 2 * n - 4096 + 512, 20,
+                 "the hung POST dropped after its timeout")
+        assert col.posts >= 2
     finally:
         col.close()

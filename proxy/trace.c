@@ -118,6 +118,7 @@ struct px_trace_entry {
     uint64_t start_ns;
     px_trace_ctx dctx; /* the current delivery's span */
     uint64_t dstart_ns;
+    uint32_t dattempt; /* delivery.attempt before it: unchanged, it never went out */
     bool dopen;
     char tp[PX_TRACEPARENT_LEN + 1]; /* dctx as sent to the worker */
 };
@@ -536,7 +537,7 @@ static void delivery_close(px_trace *t, px_entry *e, const char *answer, bool er
     struct px_trace_entry *te = e->trace;
     if (!te->dopen) return;
     te->dopen = false;
-    if (!(te->ctx.flags & 1)) return;
+    if (!(te->ctx.flags & 1) || e->delivery.attempt == te->dattempt) return;
     px_span s = { .producer = true, .ctx = te->dctx, .parent = te->ctx.span_id, .e = e, .result = answer, .error = error, .start_ns = te->dstart_ns, .end_ns = now_ns() };
     push(t, &s);
 }
@@ -546,6 +547,7 @@ void px_trace_delivery_begin(px_trace *t, px_entry *e, const char **tp, const ch
     struct px_trace_entry *te = e->trace;
     /* One still open was never sent (the socket had no room): not a delivery. */
     te->dopen = true;
+    te->dattempt = e->delivery.attempt;
     te->dctx = te->ctx;
     new_span_id(t, te->dctx.span_id);
     if (te->ctx.flags & 1) te->dstart_ns = now_ns();

@@ -262,3 +262,20 @@ def test_a_collector_that_never_answers_costs_only_counted_drops(env):
         assert col.posts >= 2
     finally:
         col.close()
+
+
+def test_an_entry_released_at_shutdown_ends_its_span_without_a_delivery(env):
+    col = Collector()
+    try:
+        p = env.proxy([conf()], tracing={"otlp_endpoint": col.url})    # no worker: never sent
+        env.r.xadd("orders", {"payload": json.dumps({"id": "r1"}), "traceparent": TRACEPARENT})
+        wait_for(lambda: p.metrics().get('idemproxy_entries_read_total{stream="orders",group="g"}') == 1,
+                 20, "read")
+        assert p.stop() == 0
+        spans = [s for _, s in col.spans()]      # sent at shutdown
+        assert len(spans) == 1 and spans[0]["kind"] == 5, spans
+        assert attrs(spans[0])["idemproxy.outcome"] == "released"
+        assert spans[0]["parentSpanId"] == PRODUCER_SPAN
+        assert pending(env.r, "orders", "g") == 1    # left for another replica, as before
+    finally:
+        col.close()

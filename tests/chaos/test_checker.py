@@ -304,6 +304,7 @@ def test_the_generator_draws_only_configs_check_accepts(tmp_path):
     and dedup names) hold for what the search runs, so a finding is never a
     config the daemon would refuse."""
     import subprocess
+    import types
     for seed in range(100):
         c = chaos.generate(seed)
         if seed % 3 == 1:
@@ -312,6 +313,8 @@ def test_the_generator_draws_only_configs_check_accepts(tmp_path):
             chaos.clusterize(c, seed)
         run = chaos.Run.__new__(chaos.Run)
         run.c, run.tmp, run.pki, run.seed = c, tmp_path, None, seed
+        run.collector = (types.SimpleNamespace(url="http://127.0.0.1:4318")   # tracing seeds
+                         if c.get("tracing") is not None else None)
         address = ["127.0.0.1:7000", "127.0.0.1:7001"] if c["cluster"] else "redis://127.0.0.1:6379"
         for i in range(c["replicas"]):
             p = run.replica_proxy(i, address, f"ipc://{tmp_path}/app{i}.sock")

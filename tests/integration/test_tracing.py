@@ -279,3 +279,22 @@ def test_an_entry_released_at_shutdown_ends_its_span_without_a_delivery(env):
         assert pending(env.r, "orders", "g") == 1    # left for another replica, as before
     finally:
         col.close()
+
+
+def test_memory_stays_flat_while_the_collector_is_down(env):
+    """Every span dropped: the queue stays bounded, so 20,000 more entries after the
+    first 10,000 (the queue full long before) add no memory."""
+    ep = env.endpoint()
+    env.worker(ep)
+    p = env.proxy([conf()], endpoint=ep, tracing={"otlp_endpoint": f"http://127.0.0.1:{free_port()}"},
+                  log_level="info")
+
+    def rss_after(total, batch):
+        publish(env.r, "orders", [{"id": f"m{total - batch + i}"} for i in range(batch)])
+        wait_for(lambda: settled(p, "orders", total), 120, f"{total} entries acked")
+        return p.metrics()["process_resident_memory_bytes"]
+
+    first = rss_after(10000, 10000)
+    last = rss_after(30000, 20000)
+    assert p.metrics()["idemproxy_spans_dropped_total"] >= 2 * 30000 - 4096
+    assert last - first < 2 * 1024 * 1024, (first, last)

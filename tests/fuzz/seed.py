@@ -13,6 +13,8 @@ names them), so running it again is harmless. What it seeds:
             invalid configs, and - when a C compiler and the project's
             libraries are there - every YAML text tests/unit/test_config.c
             parses (captured by linking it with --wrap=px_config_parse)
+  traceparent  W3C traceparents: valid ones (sampled or not) and the usual
+            malformations (fuzz_traceparent.c)
 
 After a long run, `tests/fuzz/run.sh merge` folds what the fuzzers found back
 into these directories, minimised with -merge=1.
@@ -276,11 +278,22 @@ def seed_config():
             put("config", open(os.path.join(tmp, name), "rb").read())
 
 
+def seed_traceparent():
+    good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    for s in (good, good[:-2] + "00", good[:-2] + "ff",
+              "00-" + "0" * 32 + good[35:],                 # zero trace id
+              good[:36] + "0" * 16 + good[52:],             # zero span id
+              "01" + good[2:] + "-extra", "ff" + good[2:],  # other versions
+              good.upper(), good[:-1], good + "0", "", "00-"):
+        put("traceparent", s)
+
+
 if __name__ == "__main__":
+    seed_traceparent()
     seed_template()
     seed_event()
     seed_ack()
     seed_config()
-    for t in ("template", "event", "ack", "config"):
+    for t in ("template", "event", "ack", "config", "traceparent"):
         d = os.path.join(HERE, "corpus", t)
         print(f"{t}: {len(os.listdir(d))} files")

@@ -145,7 +145,7 @@ struct px_trace {
     char *url; /* {otlp_endpoint}/v1/traces */
     CURLM *multi;
     ev_timer curl_timer; /* CURLMOPT_TIMERFUNCTION's */
-    ev_timer tick;       /* sends a partial batch */
+    ev_timer tick;       /* sends a partial batch; runs only while spans wait */
     CURL *easy;          /* the POST in flight (of batch[head]), or NULL */
     struct curl_slist *headers;
     px_buf prefix; /* a body's start: the resource, the scope, "spans":[ */
@@ -305,6 +305,7 @@ static void post_done(px_trace *t, bool ok)
     t->head = (t->head + 1) % PX_TRACE_BATCHES;
     t->nbatch--;
     if (t->nbatch > 0 && t->count[t->head] == PX_TRACE_BATCH) send_batch(t);
+    else if (t->nbatch > 0 && !ev_is_active(&t->tick)) ev_timer_start(t->loop, &t->tick);
 }
 
 static void check_done(px_trace *t)
@@ -373,6 +374,7 @@ static void push(px_trace *t, const px_span *s)
     }
     px_buf *b = &t->batch[tail];
     if (t->count[tail]++) px_buf_appends(b, ",");
+    else if (!ev_is_active(&t->tick)) ev_timer_start(t->loop, &t->tick); /* idle: no wake-ups */
     span_write(b, s);
     if (t->count[tail] == PX_TRACE_BATCH) send_batch(t);
 }
@@ -469,10 +471,8 @@ px_trace *px_trace_create(struct ev_loop *loop, const px_config *conf)
     curl_multi_setopt(t->multi, CURLMOPT_TIMERDATA, t);
     ev_init(&t->curl_timer, curl_timer_cb);
     t->curl_timer.data = t;
-    ev_timer_init(&t->tick, tick_cb, PX_TRACE_EVERY_S, PX_TRACE_EVERY_S);
+    ev_timer_init(&t->tick, tick_cb, PX_TRACE_EVERY_S, 0.);
     t->tick.data = t;
-    ev_timer_start(loop, &t->tick);
-    ev_unref(loop); /* the tick alone does not keep the loop running */
     px_log_info("tracing: spans to %s (OTLP JSON), sample_ratio %g", t->url, t->ratio);
     return t;
 }
@@ -493,7 +493,6 @@ void px_trace_destroy(px_trace *t)
         px_spans_dropped += t->count[t->head];
     for (size_t i = 0; i < PX_TRACE_BATCHES; i++) px_buf_deinit(&t->batch[i]);
     px_buf_deinit(&t->prefix);
-    ev_ref(t->loop);
     ev_timer_stop(t->loop, &t->tick);
     ev_timer_stop(t->loop, &t->curl_timer);
     curl_multi_cleanup(t->multi);

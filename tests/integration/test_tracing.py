@@ -127,8 +127,9 @@ def test_a_producer_trace_reaches_the_worker_through_idemproxys_spans(env):
         res = spans[0][0]
         assert res["service.name"] == "px-test" and res["service.instance.id"] == "c1"
         assert res["service.version"]
-        m = p.metrics()
-        assert m["idemproxy_spans_exported_total"] >= 2 and m["idemproxy_spans_dropped_total"] == 0
+        # Counted once idemproxy has read the collector's answer (after the test saw the body).
+        wait_for(lambda: p.metrics()["idemproxy_spans_exported_total"] >= 2, 10, "spans counted")
+        assert p.metrics()["idemproxy_spans_dropped_total"] == 0
     finally:
         col.close()
 

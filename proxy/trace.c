@@ -209,48 +209,77 @@ static uint64_t key_hash(const px_entry *e)
  * strings). Strings go through px_buf_escape, so a body is valid JSON and
  * UTF-8 whatever bytes a key holds. */
 
-static void json_str(px_buf *b, const char *s)
+/* The inside of a JSON string: printable ASCII as it is (stream names, ids and
+ * most keys), anything else through px_buf_escape. */
+static void json_text(px_buf *b, const char *s)
 {
-    px_buf_appends(b, "\"");
-    px_buf_escape(b, s, strlen(s), PX_ESC_JSON);
-    px_buf_appends(b, "\"");
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x20 || c >= 0x7f || c == '"' || c == '\\') {
+            px_buf_escape(b, s, n, PX_ESC_JSON);
+            return;
+        }
+    }
+    px_buf_append(b, s, n);
 }
 
 static void json_hex(px_buf *b, const char *sep, const char *name, const uint8_t *id, size_t n)
 {
-    char hex[33];
+    char hex[32];
     hex_out(id, n, hex);
-    hex[2 * n] = '\0';
-    px_buf_printf(b, "%s\"%s\":\"%s\"", sep, name, hex);
+    px_buf_appends(b, sep);
+    px_buf_appends(b, "\"");
+    px_buf_appends(b, name);
+    px_buf_appends(b, "\":\"");
+    px_buf_append(b, hex, 2 * n);
+    px_buf_appends(b, "\"");
+}
+
+/* A decimal number, quoted (64-bit integers are strings in OTLP JSON). */
+static void json_u64(px_buf *b, uint64_t v)
+{
+    char num[22], *p = num + sizeof(num);
+    *--p = '"';
+    do *--p = (char)('0' + v % 10);
+    while (v /= 10);
+    *--p = '"';
+    px_buf_append(b, p, (size_t)(num + sizeof(num) - p));
 }
 
 static void attr_str(px_buf *b, bool first, const char *k, const char *v)
 {
-    px_buf_printf(b, "%s{\"key\":\"%s\",\"value\":{\"stringValue\":", first ? "" : ",", k);
-    json_str(b, v);
-    px_buf_appends(b, "}}");
+    px_buf_appends(b, first ? "{\"key\":\"" : ",{\"key\":\"");
+    px_buf_appends(b, k);
+    px_buf_appends(b, "\",\"value\":{\"stringValue\":\"");
+    json_text(b, v);
+    px_buf_appends(b, "\"}}");
 }
 
 static void span_write(px_buf *b, const px_span *s)
 {
     const px_stream_conf *sc = s->e->st->conf;
+    const char *op = s->producer ? "send" : "process";
     px_buf_appends(b, "{\"name\":\"");
-    px_buf_appends(b, s->producer ? "send " : "process ");
-    px_buf_escape(b, sc->stream, strlen(sc->stream), PX_ESC_JSON);
+    px_buf_appends(b, op);
+    px_buf_appends(b, " ");
+    json_text(b, sc->stream);
     px_buf_appends(b, "\"");
     json_hex(b, ",", "traceId", s->ctx.trace_id, 16);
     json_hex(b, ",", "spanId", s->ctx.span_id, 8);
     if (s->parent) json_hex(b, ",", "parentSpanId", s->parent, 8);
     if (s->tracestate) {
-        px_buf_appends(b, ",\"traceState\":");
-        json_str(b, s->tracestate);
+        px_buf_appends(b, ",\"traceState\":\"");
+        json_text(b, s->tracestate);
+        px_buf_appends(b, "\"");
     }
-    px_buf_printf(b,
-                  ",\"kind\":%d,\"startTimeUnixNano\":\"%llu\",\"endTimeUnixNano\":\"%llu\","
-                  "\"attributes\":[",
-                  s->producer ? 4 : 5, /* SPAN_KIND_PRODUCER, SPAN_KIND_CONSUMER */
-                  (unsigned long long)s->start_ns, (unsigned long long)s->end_ns);
-    const char *op = s->producer ? "send" : "process";
+    /* SPAN_KIND_PRODUCER (4), SPAN_KIND_CONSUMER (5) */
+    px_buf_appends(b, s->producer ? ",\"kind\":4" : ",\"kind\":5");
+    px_buf_appends(b, ",\"startTimeUnixNano\":");
+    json_u64(b, s->start_ns);
+    px_buf_appends(b, ",\"endTimeUnixNano\":");
+    json_u64(b, s->end_ns);
+    px_buf_appends(b, ",\"attributes\":[");
     attr_str(b, true, "messaging.system", "redis_streams");
     attr_str(b, false, "messaging.operation.type", op);
     attr_str(b, false, "messaging.operation.name", op);
@@ -259,8 +288,9 @@ static void span_write(px_buf *b, const px_span *s)
     if (sc->group) attr_str(b, false, "messaging.consumer.group.name", sc->group);
     if (s->e->key) attr_str(b, false, "idemproxy.key", s->e->key);
     if (s->producer) {
-        px_buf_printf(b, ",{\"key\":\"idemproxy.attempt\",\"value\":{\"intValue\":\"%u\"}}",
-                      s->e->delivery.attempt);
+        px_buf_appends(b, ",{\"key\":\"idemproxy.attempt\",\"value\":{\"intValue\":");
+        json_u64(b, s->e->delivery.attempt);
+        px_buf_appends(b, "}}");
         attr_str(b, false, "idemproxy.answer", s->result);
     } else {
         attr_str(b, false, "idemproxy.outcome", s->result);
@@ -272,8 +302,8 @@ static void span_write(px_buf *b, const px_span *s)
         json_hex(b, ",", "spanId", s->link->span_id, 8);
         px_buf_appends(b, "}]");
     }
-    /* STATUS_CODE_ERROR, or UNSET */
-    px_buf_printf(b, ",\"status\":{\"code\":%d}}", s->error ? 2 : 0);
+    /* STATUS_CODE_ERROR (2), or UNSET (0) */
+    px_buf_appends(b, s->error ? ",\"status\":{\"code\":2}}" : ",\"status\":{\"code\":0}}");
 }
 
 /* One resource (service.instance.id: the first stream block's consumer, the

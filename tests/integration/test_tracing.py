@@ -299,3 +299,20 @@ def test_memory_stays_flat_while_the_collector_is_down(env):
     last = rss_after(30000, 20000)
     assert p.metrics()["idemproxy_spans_dropped_total"] >= 2 * 30000 - 4096
     assert last - first < 2 * 1024 * 1024, (first, last)
+
+
+def test_a_key_of_any_characters_is_exported_as_valid_json(env):
+    col = Collector()
+    try:
+        ep = env.endpoint()
+        env.worker(ep)
+        p = env.proxy([conf()], endpoint=ep, tracing={"otlp_endpoint": col.url})
+        keys = ['q"uote', 'back\\slash', 'tab\tbed', '\u00e9\u4e2d\U0001F600', '\u0001ctl', "plain"]
+        for k in keys:      # one character class each: no key escapes for another
+            env.r.xadd("orders", {"payload": json.dumps({"id": k})})
+        wait_for(lambda: settled(p, "orders", len(keys)), 20, "acked")
+        wait_for(lambda: len(col.spans()) >= 2 * len(keys), 15, "spans exported")   # each body parsed
+        assert {attrs(s)["idemproxy.key"] for _, s in col.spans()} == set(keys)
+    finally:
+        col.close()
+

@@ -324,6 +324,16 @@ static void prefix_write(px_trace *t)
 
 static void send_batch(px_trace *t);
 
+/* A partial batch goes out PX_TRACE_EVERY_S after its first span. (Set each
+ * time: a one-shot timer that ran restarts at once, libev keeping its 'at'
+ * relative to when it stopped: every span had a POST of its own.) */
+static void tick_arm(px_trace *t)
+{
+    if (ev_is_active(&t->tick)) return;
+    ev_timer_set(&t->tick, PX_TRACE_EVERY_S, 0.);
+    ev_timer_start(t->loop, &t->tick);
+}
+
 static void post_done(px_trace *t, bool ok)
 {
     if (ok) px_spans_exported += t->count[t->head];
@@ -335,7 +345,7 @@ static void post_done(px_trace *t, bool ok)
     t->head = (t->head + 1) % PX_TRACE_BATCHES;
     t->nbatch--;
     if (t->nbatch > 0 && t->count[t->head] == PX_TRACE_BATCH) send_batch(t);
-    else if (t->nbatch > 0 && !ev_is_active(&t->tick)) ev_timer_start(t->loop, &t->tick);
+    else if (t->nbatch > 0) tick_arm(t);
 }
 
 static void check_done(px_trace *t)
@@ -404,7 +414,7 @@ static void push(px_trace *t, const px_span *s)
     }
     px_buf *b = &t->batch[tail];
     if (t->count[tail]++) px_buf_appends(b, ",");
-    else if (!ev_is_active(&t->tick)) ev_timer_start(t->loop, &t->tick); /* idle: no wake-ups */
+    else tick_arm(t); /* only while spans wait: an idle daemon is not woken */
     span_write(b, s);
     if (t->count[tail] == PX_TRACE_BATCH) send_batch(t);
 }

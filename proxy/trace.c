@@ -14,10 +14,12 @@
 #include "trace.h"
 
 #include <curl/curl.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "proxy.h"
@@ -159,6 +161,13 @@ struct px_trace {
 
 /* --- ids and clocks ---------------------------------------------------------- */
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static void random_bytes(px_trace *t, uint8_t *out, size_t n)
 {
     if (t->pool_left < n) {
@@ -166,6 +175,12 @@ static void random_bytes(px_trace *t, uint8_t *out, size_t n)
         while (got < sizeof(t->pool)) {
             ssize_t r = getrandom(t->pool + got, sizeof(t->pool) - got, 0);
             if (r > 0) got += (size_t)r;
+            else if (errno != EINTR) break;
+        }
+        /* No getrandom (ENOSYS): ids must still differ, if not unguessably. */
+        for (uint64_t x = (now_ns() ^ (uint64_t)getpid() << 32) | 1; got < sizeof(t->pool); got++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            t->pool[got] = (uint8_t)(x >> 24);
         }
         t->pool_left = sizeof(t->pool);
     }
@@ -186,12 +201,6 @@ static void new_span_id(px_trace *t, uint8_t id[8])
     while (all_zero(id, 8));
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static uint64_t key_hash(const px_entry *e)
 {

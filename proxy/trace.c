@@ -537,7 +537,7 @@ void px_trace_destroy(px_trace *t)
         check_done(t);
         if (t->easy) curl_multi_poll(t->multi, NULL, 0, 50, NULL);
     }
-    if (t->easy) post_done(t, false);
+    while (t->easy) post_done(t, false); /* which starts the next full batch, if any */
     for (; t->nbatch > 0; t->nbatch--, t->head = (t->head + 1) % PX_TRACE_BATCHES)
         px_spans_dropped += t->count[t->head];
     for (size_t i = 0; i < PX_TRACE_BATCHES; i++) px_buf_deinit(&t->batch[i]);

@@ -135,8 +135,11 @@ type Delivery struct {
 	Attempt        uint32                 `protobuf:"varint,6,opt,name=attempt,proto3" json:"attempt,omitempty"`                                       // 1 on the first delivery; group mode: the entry's Redis delivery count
 	FencingToken   uint64                 `protobuf:"varint,7,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`         // strictly increasing per lock (lock_key if set, else the key); 0 when off
 	DeadlineUnixMs uint64                 `protobuf:"varint,8,opt,name=deadline_unix_ms,json=deadlineUnixMs,proto3" json:"deadline_unix_ms,omitempty"` // an ack after this is too late (see 5.5)
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	Traceparent    string                 `protobuf:"bytes,9,opt,name=traceparent,proto3" json:"traceparent,omitempty"`                                // W3C trace context for the worker's span: idemproxy's delivery span
+	// when tracing is on, else the entry's own trace_field, else ""
+	Tracestate    string `protobuf:"bytes,10,opt,name=tracestate,proto3" json:"tracestate,omitempty"` // W3C tracestate that goes with it, else ""
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Delivery) Reset() {
@@ -225,12 +228,27 @@ func (x *Delivery) GetDeadlineUnixMs() uint64 {
 	return 0
 }
 
+func (x *Delivery) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
+}
+
+func (x *Delivery) GetTracestate() string {
+	if x != nil {
+		return x.Tracestate
+	}
+	return ""
+}
+
 type Ack struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Status        Ack_Status             `protobuf:"varint,1,opt,name=status,proto3,enum=idemproxy.v1.Ack_Status" json:"status,omitempty"`
-	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`                  // logged, copied into a dead-letter entry
-	Stream        string                 `protobuf:"bytes,3,opt,name=stream,proto3" json:"stream,omitempty"`                  // optional echo; if set it must match
-	EntryId       string                 `protobuf:"bytes,4,opt,name=entry_id,json=entryId,proto3" json:"entry_id,omitempty"` // optional echo; if set it must match
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`                                    // logged, copied into a dead-letter entry
+	Stream        string                 `protobuf:"bytes,3,opt,name=stream,proto3" json:"stream,omitempty"`                                    // optional echo; if set it must match
+	EntryId       string                 `protobuf:"bytes,4,opt,name=entry_id,json=entryId,proto3" json:"entry_id,omitempty"`                   // optional echo; if set it must match
+	RetryAfterMs  uint32                 `protobuf:"varint,5,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"` // RETRY only: redeliver no earlier than this (capped at 1 h), instead of the backoff
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -293,6 +311,13 @@ func (x *Ack) GetEntryId() string {
 	return ""
 }
 
+func (x *Ack) GetRetryAfterMs() uint32 {
+	if x != nil {
+		return x.RetryAfterMs
+	}
+	return 0
+}
+
 var File_idemproxy_v1_idemproxy_proto protoreflect.FileDescriptor
 
 const file_idemproxy_v1_idemproxy_proto_rawDesc = "" +
@@ -300,7 +325,7 @@ const file_idemproxy_v1_idemproxy_proto_rawDesc = "" +
 	"\x1cidemproxy/v1/idemproxy.proto\x12\fidemproxy.v1\"1\n" +
 	"\x05Field\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\xff\x01\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\xc1\x02\n" +
 	"\bDelivery\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x19\n" +
 	"\bentry_id\x18\x02 \x01(\tR\aentryId\x12\x10\n" +
@@ -309,12 +334,18 @@ const file_idemproxy_v1_idemproxy_proto_rawDesc = "" +
 	"\apayload\x18\x05 \x01(\fR\apayload\x12\x18\n" +
 	"\aattempt\x18\x06 \x01(\rR\aattempt\x12#\n" +
 	"\rfencing_token\x18\a \x01(\x04R\ffencingToken\x12(\n" +
-	"\x10deadline_unix_ms\x18\b \x01(\x04R\x0edeadlineUnixMs\"\xc2\x01\n" +
+	"\x10deadline_unix_ms\x18\b \x01(\x04R\x0edeadlineUnixMs\x12 \n" +
+	"\vtraceparent\x18\t \x01(\tR\vtraceparent\x12\x1e\n" +
+	"\n" +
+	"tracestate\x18\n" +
+	" \x01(\tR\n" +
+	"tracestate\"\xe8\x01\n" +
 	"\x03Ack\x120\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x18.idemproxy.v1.Ack.StatusR\x06status\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x16\n" +
 	"\x06stream\x18\x03 \x01(\tR\x06stream\x12\x19\n" +
-	"\bentry_id\x18\x04 \x01(\tR\aentryId\">\n" +
+	"\bentry_id\x18\x04 \x01(\tR\aentryId\x12$\n" +
+	"\x0eretry_after_ms\x18\x05 \x01(\rR\fretryAfterMs\">\n" +
 	"\x06Status\x12\x16\n" +
 	"\x12STATUS_UNSPECIFIED\x10\x00\x12\a\n" +
 	"\x03ACK\x10\x01\x12\t\n" +

@@ -118,10 +118,11 @@ static ProtobufCAllocator ack_allocator = { ack_alloc, ack_free, NULL };
 
 px_ack_status px_codec_ack_decode(const void *data, size_t len, const char *stream,
                                   const char *entry_id, char *reason, size_t reason_size,
-                                  const char **why)
+                                  const char **why, uint32_t *retry_after_ms)
 {
     reason[0] = '\0';
     *why = NULL;
+    *retry_after_ms = 0;
     ack_used = 0;
     Idemproxy__V1__Ack *a = idemproxy__v1__ack__unpack(&ack_allocator, len, data);
     if (a == NULL) {
@@ -143,6 +144,7 @@ px_ack_status px_codec_ack_decode(const void *data, size_t len, const char *stre
         *why = "ack echoes another entry id";
         st = PX_ACK_INVALID;
     }
+    if (st == PX_ACK_RETRY) *retry_after_ms = a->retry_after_ms;
     if (a->reason) {
         size_t n = strlen(a->reason);
         if (n > reason_size - 1) { /* cut at a character boundary */

@@ -50,11 +50,12 @@ typedef enum {
  * 'stream' and 'entry_id'. Returns the status; PX_ACK_INVALID when the bytes
  * do not decode, the status is unspecified or unknown, or an echo differs
  * (then 'why' says which). The reason is copied into 'reason' (truncated to
- * 'reason_size'), always NUL-terminated.
+ * 'reason_size'), always NUL-terminated. '*retry_after_ms' is the Ack's
+ * retry_after_ms (protocol 1.1; 0 when absent), for a RETRY.
  */
 px_ack_status px_codec_ack_decode(const void *data, size_t len, const char *stream,
                                   const char *entry_id, char *reason, size_t reason_size,
-                                  const char **why);
+                                  const char **why, uint32_t *retry_after_ms);
 
 /*
  * The request id of a reply, from the control data nn_recvmsg filled in

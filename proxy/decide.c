@@ -44,6 +44,12 @@ long long px_decide_backoff_ms(long long base_ms, uint32_t attempt)
     return ms > PX_DECIDE_BACKOFF_CAP_MS ? PX_DECIDE_BACKOFF_CAP_MS : ms;
 }
 
+long long px_decide_retry_ms(long long backoff_ms, uint32_t retry_after_ms)
+{
+    if (retry_after_ms == 0) return backoff_ms;
+    return retry_after_ms > PX_DECIDE_RETRY_AFTER_CAP_MS ? PX_DECIDE_RETRY_AFTER_CAP_MS : retry_after_ms;
+}
+
 px_window_next px_decide_window(double l, double lmin, double ack_s)
 {
     if (l > ack_s / 3) return PX_WINDOW_SHRINK; /* three times the wait: room for a stall */

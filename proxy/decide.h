@@ -73,6 +73,13 @@ typedef enum {
  * quickest recent answer (one handler's time), ack_timeout 'ack_s' s. */
 px_window_next px_decide_window(double l, double lmin, double ack_s);
 
+/* The wait before a redelivery: the worker's Ack.retry_after_ms when it set
+ * one (protocol 1.1: it knows when it can succeed, a rate limit's reset, a
+ * Retry-After), at most PX_DECIDE_RETRY_AFTER_CAP_MS (1 h); else the
+ * exponential 'backoff_ms'. */
+#define PX_DECIDE_RETRY_AFTER_CAP_MS 3600000LL
+long long px_decide_retry_ms(long long backoff_ms, uint32_t retry_after_ms);
+
 typedef enum {
     PX_BUSY_WAIT,   /* within wait_ms: look again in 10-50 ms */
     PX_BUSY_PARK,   /* release, look again after the holder's lease */

@@ -384,7 +384,7 @@ static void rcv_cb(struct ev_loop *loop, ev_io *w, int revents)
         char reason[512];
         const char *why = NULL;
         px_ack_status st = px_codec_ack_decode(body, (size_t)n, e->st->conf->stream, e->id, reason,
-                                               sizeof(reason), &why);
+                                               sizeof(reason), &why, &e->delivery.retry_after_ms);
         nn_freemsg(body);
         slot_put(d, id);
         ev_timer_stop(px->loop, &e->timer);

@@ -122,16 +122,17 @@ struct px_entry {
         unsigned redis_errors; /* such errors so far (PX_MAX_REDIS_ERRORS; proxy.c counts) */
     } step;
 
-    struct {                  /* deliver.c; reader.c for Redis' counts */
-        uint32_t attempt;     /* deliveries so far; group mode starts from Redis' count */
-        uint32_t redis_count; /* group mode: the delivery count Redis holds for it */
-        uint32_t counts_wait; /* claimed only once this batch's delivery counts are in */
-        uint32_t rereads;     /* history reads of it while its counts were out (reader.c) */
-        bool count_unsure;    /* the last count set was lost: Redis' count not known (reader.c) */
-        bool taken;           /* another consumer owns it (px_proxy_taken_over): never delivered from here */
-        uint32_t req_id;      /* SP request id of the current delivery */
-        uint64_t deadline_ms; /* ack deadline of the current delivery */
-        double sent_at;       /* loop time the current delivery went out (ack_latency) */
+    struct {                     /* deliver.c; reader.c for Redis' counts */
+        uint32_t attempt;        /* deliveries so far; group mode starts from Redis' count */
+        uint32_t redis_count;    /* group mode: the delivery count Redis holds for it */
+        uint32_t counts_wait;    /* claimed only once this batch's delivery counts are in */
+        uint32_t rereads;        /* history reads of it while its counts were out (reader.c) */
+        bool count_unsure;       /* the last count set was lost: Redis' count not known (reader.c) */
+        bool taken;              /* another consumer owns it (px_proxy_taken_over): never delivered from here */
+        uint32_t req_id;         /* SP request id of the current delivery */
+        uint64_t deadline_ms;    /* ack deadline of the current delivery */
+        double sent_at;          /* loop time the current delivery went out (ack_latency) */
+        uint32_t retry_after_ms; /* the worker's RETRY asked for this wait (protocol 1.1), else 0 */
     } delivery;
 
     struct {                    /* proxy.c: waiting for a lock or its holder */

@@ -611,7 +611,9 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
         px_entry_finish(e, PX_OUT_NONE);
         return;
     }
-    long long ms = px_decide_backoff_ms(sc->retry_backoff_ms, e->delivery.attempt);
+    long long ms = px_decide_retry_ms(px_decide_backoff_ms(sc->retry_backoff_ms, e->delivery.attempt),
+                                      status == PX_ACK_RETRY ? e->delivery.retry_after_ms : 0);
+    e->delivery.retry_after_ms = 0;
     px_entry_to(e, PX_E_BACKOFF);
     /* The worker's reason, at most once a second: a handler failing every
      * entry must not flood the log (the count of the rest is in the next line

@@ -39,7 +39,8 @@ static void ack_check(const uint8_t *data, size_t size, const Idemproxy__V1__Ack
     char *reason = malloc(rsize);
     memset(reason, 'x', rsize);
     const char *why = (const char *)1;
-    px_ack_status st = px_codec_ack_decode(data, size, stream, entry_id, reason, rsize, &why);
+    uint32_t after;
+    px_ack_status st = px_codec_ack_decode(data, size, stream, entry_id, reason, rsize, &why, &after);
 
     px_ack_status want = PX_ACK_INVALID;
     if (ref) {

@@ -65,7 +65,8 @@ static void test_delivery_roundtrip(void)
 
 static px_ack_status decode(const void *p, size_t n, const char **why, char *reason, size_t rsize)
 {
-    return px_codec_ack_decode(p, n, "room", "1-0", reason, rsize, why);
+    uint32_t after;
+    return px_codec_ack_decode(p, n, "room", "1-0", reason, rsize, why, &after);
 }
 
 static void test_ack(void)

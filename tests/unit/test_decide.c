@@ -66,6 +66,17 @@ static void test_backoff(void)
     test_cond("base above the cap is capped", px_decide_backoff_ms(60000, 1) == 30000);
 }
 
+/* Protocol 1.1: the worker's retry_after_ms, capped at an hour; else the backoff. */
+static void test_retry_after(void)
+{
+    test_cond("no retry_after: the backoff", px_decide_retry_ms(400, 0) == 400);
+    test_cond("retry_after over the backoff", px_decide_retry_ms(400, 30000) == 30000);
+    test_cond("retry_after under the backoff: the worker knows", px_decide_retry_ms(400, 50) == 50);
+    test_cond("at the cap", px_decide_retry_ms(400, 3600000) == 3600000);
+    test_cond("over the cap: an hour", px_decide_retry_ms(400, 3600001) == 3600000);
+    test_cond("the largest: an hour", px_decide_retry_ms(400, UINT32_MAX) == 3600000);
+}
+
 static void test_window(void)
 {
     /* ack_timeout 3 s: a quarter is 0.75 s, a third 1 s (binary fractions: exact sums). */
@@ -246,6 +257,7 @@ int main(void)
     test_answer();
     test_backoff();
     test_window();
+    test_retry_after();
     test_busy();
     test_lease_held();
     test_attempt();

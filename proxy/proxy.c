@@ -846,11 +846,15 @@ static void signal_cb(struct ev_loop *loop, ev_signal *w, int revents)
 static void command_link_cb(px_redis *r, bool up, void *udata)
 {
     (void)r;
-    (void)udata;
     /* While a command is refused (NOPERM) each reconnect would say it again:
      * the refusal's own line is enough. */
     if (px_redis_refused()) px_log_debug("redis: %s", up ? "connected" : "not ready");
     else px_log_info("redis: %s", up ? "ready" : "not ready: not reading until Redis is back");
+    /* Before the claims this loop turn flushes: the refresh's answer comes
+     * first on the link, so an entry taken over meanwhile is not sent again. */
+    px_proxy *px = udata;
+    if (up)
+        for (size_t s = 0; s < px->nstreams; s++) px_reader_refresh_now(&px->streams[s]);
 }
 
 px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *password)

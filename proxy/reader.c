@@ -503,6 +503,12 @@ static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
     }
 }
 
+void px_reader_refresh_now(px_stream *st)
+{
+    px_reader *rd = st->reader;
+    if (st->conf->group && rd && rd->state != R_STOPPED) refresh_cb(st->px->loop, &rd->refresh, 0);
+}
+
 /* The id of one [id, fields] element of a read or reclaim reply, or NULL when
  * it is not a stream id as Redis writes one (a misbehaving server's reply must
  * never become a cursor, a last_id or an XPENDING range). */

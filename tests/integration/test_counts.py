@@ -173,3 +173,33 @@ def test_a_draining_replica_keeps_what_its_worker_holds_fresh(env):
     assert owners == {"A"}, f"k1 was taken over while A's worker held it: {owners}"
     m = pb_.metrics()
     assert m['idemproxy_entries_read_total{stream="s",group="g"}'] == 0
+
+
+def test_an_entry_taken_over_while_the_link_was_down_is_not_sent_again(env):
+    """A's worker answered RETRY (retry_after_ms 4000); while A waited, the
+    entry was taken over by consumer B (as B's XAUTOCLAIM does once A's
+    refreshes stop reaching Redis) and A's links dropped. The refresh that
+    finds a takeover ran only every claim_idle_ms / 3 (10 s here), so A's
+    backoff ended first and A claimed and delivered it again (SPEC 5.2:
+    never redelivered from here). A refreshes as soon as its command link is
+    back, before anything else it sends."""
+    r = env.r
+    r.xgroup_create("s", "g", id="0", mkstream=True)
+    got = []
+
+    def behave(d):
+        got.append(d.attempt)
+        return pb.Ack(status=pb.Ack.RETRY, reason="later", retry_after_ms=4000).SerializeToString()
+
+    p = env.proxy([{"stream": "s", "group": "g", "consumer": "A", "key": "#event.eventId",
+                    "payload_field": "payload", "claim_idle_ms": 30000}])
+    env.worker(p.endpoint, behave=behave)
+    (eid,) = publish(r, "s", [{"eventId": "k1"}])
+    wait_for(lambda: got == [1], 10, "the first delivery, answered RETRY")
+    time.sleep(0.3)
+    r.xclaim("s", "g", "B", 0, [eid], justid=True)       # B takes it over
+    r.client_kill_filter(_type="normal", skipme=True)    # A's links drop; A reconnects
+    wait_for(lambda: "taken over" in p.log_text(), 3, "A sees the takeover")
+    time.sleep(5)                                        # past A's 4 s backoff
+    assert got == [1], f"A delivered k1 again after it was taken over: attempts {got}"
+    assert [x["consumer"] for x in r.xpending_range("s", "g", "-", "+", 5)] == ["B"]

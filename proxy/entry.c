@@ -1,11 +1,16 @@
 /*
- * entry.c - an entry's state changes, checked against the table of legal
- * transitions (debug and sanitizer builds), and log lines about an entry.
+ * entry.c - an entry's memory (made from its stream reply, freed once its
+ * replies are in), the queues it waits in, its state changes, checked against
+ * the table of legal transitions (debug and sanitizer builds), and log lines
+ * about an entry.
  */
 #include <stdarg.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "proxy.h"
+#include "reply.h"
+#include "trace.h"
 
 /* --- the entry's states -------------------------------------------------------
  * Every change of an entry's state goes through px_entry_to, which checks it
@@ -81,6 +86,92 @@ void px_entry_to(px_entry *e, px_entry_state next)
     PX_ASSERT(legal[e->state][next]);
     (void)legal;
     if (next != PX_E_GONE) e->state = next;
+}
+
+/* --- queues ------------------------------------------------------------------ */
+
+void px_queue_push(px_queue *q, px_entry *e)
+{
+    e->qnext = NULL;
+    if (q->tail) q->tail->qnext = e;
+    else q->head = e;
+    q->tail = e;
+    q->n++;
+}
+
+px_entry *px_queue_pop(px_queue *q)
+{
+    px_entry *e = q->head;
+    if (e == NULL) return NULL;
+    q->head = e->qnext;
+    if (q->head == NULL) q->tail = NULL;
+    q->n--;
+    e->qnext = NULL;
+    return e;
+}
+
+/* --- an entry's memory ------------------------------------------------------------ */
+
+px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, size_t *page_bytes)
+{
+    px_stream_conf *sc = st->conf;
+    /* More field names and values than any deliverable entry has (reply.c
+     * elided the array): its size is at least its count. */
+    size_t toomany = fields->type == PX_REPLY_ELIDED ? fields->len : 0;
+    size_t nf = toomany ? 0 : fields->elements / 2, bytes = toomany, idlen = strlen(id);
+    for (size_t i = 0; i < nf * 2; i++) bytes += fields->element[i]->len + 1;
+    *page_bytes += bytes;
+    /* Over max_entry_bytes: bad input whose dead letter is a reference, so
+     * its bytes are never copied (the link may not even hold them: reply.c
+     * elides the strings of an entry past max_entry_bytes). */
+    size_t fbytes = toomany ? toomany : bytes - nf * 2;
+    bool oversized = toomany || (long long)fbytes > st->px->conf->max_entry_bytes;
+    if (oversized) nf = bytes = 0;
+    /* One block: the entry, then its fields, then the bytes they point to. */
+    px_entry *e = px_malloc(sizeof(*e) + nf * sizeof(px_field) + idlen + 1 + bytes);
+    memset(e, 0, sizeof(*e));
+    e->st = st;
+    e->payload_idx = -1;
+    e->fields = (px_field *)(e + 1);
+    e->blob = (char *)(e->fields + nf);
+    e->nfields = nf;
+    char *p = e->blob;
+    memcpy(p, id, idlen + 1);
+    e->id = p;
+    p += idlen + 1;
+    for (size_t i = 0; i < nf; i++) {
+        redisReply *k = fields->element[2 * i], *v = fields->element[2 * i + 1];
+        e->fields[i].name = p;
+        e->fields[i].name_len = k->len;
+        memcpy(p, k->str ? k->str : "", k->len);
+        p[k->len] = '\0';
+        p += k->len + 1;
+        e->fields[i].value = p;
+        e->fields[i].value_len = v->len;
+        memcpy(p, v->str ? v->str : "", v->len);
+        p[v->len] = '\0';
+        p += v->len + 1;
+        e->bytes += k->len + v->len;
+        if (sc->payload_field && e->payload_idx < 0 && strcmp(e->fields[i].name, sc->payload_field) == 0)
+            e->payload_idx = (int)i;
+    }
+    if (oversized) {
+        e->bytes = fbytes;
+        e->oversized = true; /* its verdict: px_proxy_read */
+        e->wide = toomany > 0;
+    }
+    px_proxy_read(e);
+    return e;
+}
+
+void px_entry_free(px_entry *e)
+{
+    if (e->trace) px_trace_entry_free(e);
+    free(e->key);
+    free(e->lock_key);
+    free(e->reason);
+    free(e->step.redis_error);
+    free(e); /* and its fields and blob, in the same block */
 }
 
 /* --- lines about an entry ---------------------------------------------------------- */

@@ -7,6 +7,7 @@
 #define PX_ENTRY_H
 
 #include <ev.h>
+#include <hiredis/hiredis.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -76,6 +77,7 @@ struct px_entry {
     uint64_t fp;           /* px_hash64 of the fingerprint's rendering (event.c) */
     bool bad;              /* bad input: the commit is its dead letter */
     bool oversized;        /* over max_entry_bytes: its dead letter is a reference */
+    bool wide;             /* ... with more fields than any deliverable entry: bytes is their count */
     px_outcome outcome;    /* set when the final answer is known */
     bool mark_done;        /* the commit writes the done mark */
     char *reason;          /* owned: dead-letter reason, or NULL */
@@ -143,6 +145,23 @@ struct px_entry {
         double claim_since;     /* loop time of the first claim attempt (lock_wait) */
     } park;
 };
+
+/* A new entry 'id' of stream 'st', its fields copied from the stream reply's
+ * 'fields' (one allocation), handed to the hub (px_proxy_read), which tracks
+ * it and gives its verdict. Adds the entry's field bytes to *page_bytes.
+ * Group-less, the entry returned may be gone already (bad input skipped or
+ * without a dead-letter stream). */
+px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, size_t *page_bytes);
+void px_entry_free(px_entry *e); /* only when e->step.io == 0 */
+
+/* A singly linked FIFO of entries through 'qnext'. */
+typedef struct px_queue {
+    px_entry *head, *tail;
+    size_t n;
+} px_queue;
+
+void px_queue_push(px_queue *q, px_entry *e);
+px_entry *px_queue_pop(px_queue *q);
 
 /* Every state change; debug and sanitizer builds check it against entry.c's
  * table of legal transitions. */

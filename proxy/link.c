@@ -118,8 +118,6 @@ struct px_link {
     void *msg_priv;
 };
 
-unsigned long long px_redis_errors;
-
 static void connect_start(px_link *l);
 static void drop(px_link *l, const char *why, px_log_level level);
 static int link_cmd(px_link *l, px_redis_cb *cb, void *priv, const char *fmt, ...);
@@ -1189,16 +1187,6 @@ static void deadline_cb(struct ev_loop *loop, ev_timer *w, int revents)
     }
 }
 
-/* Scripts are loaded on every new connection; the sha lets later calls use EVALSHA. */
-static px_script *scripts[8];
-static size_t nscripts;
-
-void px_script_init(px_script *s)
-{
-    s->sha[0] = '\0';
-    if (nscripts < sizeof(scripts) / sizeof(scripts[0])) scripts[nscripts++] = s;
-}
-
 static void script_load_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
@@ -1327,36 +1315,6 @@ static void retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
     connect_start(l);
 }
 
-/* read(2), not stdio: stdio's buffer would be freed holding the password;
- * 'buf' is wiped before returning. */
-int px_redis_read_password(const char *path, char **out)
-{
-    *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    char buf[1024];
-    size_t n = 0;
-    int err = 0;
-    while (n < sizeof(buf) - 1) {
-        ssize_t r = read(fd, buf + n, sizeof(buf) - 1 - n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) err = errno;
-        if (r <= 0) break;
-        n += (size_t)r;
-    }
-    close(fd);
-    if (err) {
-        explicit_bzero(buf, sizeof(buf));
-        errno = err;
-        return -1;
-    }
-    buf[n] = '\0';
-    buf[strcspn(buf, "\r\n")] = '\0';
-    if (buf[0]) *out = px_strdup(buf);
-    explicit_bzero(buf, sizeof(buf));
-    return 0;
-}
-
 /* The password file again, at every connect: a rotated Secret is used from
  * the next connect on, without a restart. A file that cannot be read (a
  * Secret being swapped), or is empty while a user is set, keeps the last
@@ -1407,7 +1365,7 @@ static void connect_start(px_link *l)
         /* Room for the whole handshake first, so no realloc leaves a copy of
          * the AUTH in freed memory; out_reset wipes it once written. */
         size_t room = 1024 + strlen(l->opts.password) + (l->opts.user ? strlen(l->opts.user) : 0);
-        for (size_t i = 0; i < nscripts; i++) room += strlen(scripts[i]->body) + 64;
+        for (px_script **at = px_scripts(); *at; at++) room += strlen((*at)->body) + 64;
         px_buf_reserve(&l->out, room);
         l->out_secret = true;
         /* Straight into 'out' (not link_cmd: hiredis' formatter frees
@@ -1426,8 +1384,8 @@ static void connect_start(px_link *l)
         if (l->opts.db) link_cmd(l, handshake_reply_cb, l, "SELECT %d", l->opts.db);
         if (l->opts.check_role) link_cmd(l, role_reply_cb, l, "ROLE");
         link_cmd(l, version_reply_cb, l, "HELLO 2");
-        for (size_t i = 0; i < nscripts; i++)
-            link_cmd(l, script_load_reply_cb, scripts[i], "SCRIPT LOAD %s", scripts[i]->body);
+        for (px_script *sc, **at = px_scripts(); (sc = *at) != NULL; at++)
+            link_cmd(l, script_load_reply_cb, sc, "SCRIPT LOAD %s", sc->body);
     }
     link_cmd(l, handshake_reply_cb, l, "PING");
 

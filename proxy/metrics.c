@@ -329,18 +329,18 @@ void px_metrics_render(px_proxy *px, px_buf *b)
                       "# TYPE idemproxy_group_lag gauge\n");
     for (size_t s = 0; s < px->nstreams; s++) {
         px_stream *st = &px->streams[s];
-        if (!st->conf->group || !st->lag_known) continue;
+        if (!st->conf->group || !st->info.lag_known) continue;
         series(b, "idemproxy_group_lag", st);
-        px_buf_printf(b, "\"} %lld\n", st->group_lag);
+        px_buf_printf(b, "\"} %lld\n", st->info.lag);
     }
     px_buf_appends(b, "# HELP idemproxy_group_pending Entries delivered to a consumer of the group "
                       "and not acked (XINFO GROUPS pending), all replicas'.\n"
                       "# TYPE idemproxy_group_pending gauge\n");
     for (size_t s = 0; s < px->nstreams; s++) {
         px_stream *st = &px->streams[s];
-        if (!st->conf->group || !st->info_known) continue;
+        if (!st->conf->group || !st->info.known) continue;
         series(b, "idemproxy_group_pending", st);
-        px_buf_printf(b, "\"} %lld\n", st->group_pending);
+        px_buf_printf(b, "\"} %lld\n", st->info.pending);
     }
     px_buf_appends(b, "# HELP idemproxy_build_info The version and git commit built; always 1.\n"
                       "# TYPE idemproxy_build_info gauge\nidemproxy_build_info{version=\"");
@@ -383,14 +383,14 @@ static void groups_reply_cb(px_redis *r, redisReply *reply, void *priv)
     (void)r;
     px_stream *from = priv;
     px_proxy *px = from->px;
-    from->info_busy = false;
+    from->info.busy = false;
     for (size_t s = 0; s < px->nstreams; s++) {
         px_stream *st = &px->streams[s];
         if (!st->conf->group || !same_stream(st, from)) continue;
-        st->info_known = st->lag_known = false;
+        st->info.known = st->info.lag_known = false;
         /* Each number only from an integer (replies.c; lag: nil when Redis cannot tell). */
-        px_rp_xinfo_group(reply, st->conf->group, &st->group_pending, &st->info_known,
-                          &st->group_lag, &st->lag_known);
+        px_rp_xinfo_group(reply, st->conf->group, &st->info.pending, &st->info.known, &st->info.lag,
+                          &st->info.lag_known);
     }
 }
 
@@ -398,7 +398,7 @@ static void groups_unknown(px_proxy *px, const px_stream *from)
 {
     for (size_t s = 0; s < px->nstreams; s++)
         if (same_stream(&px->streams[s], from))
-            px->streams[s].info_known = px->streams[s].lag_known = false;
+            px->streams[s].info.known = px->streams[s].info.lag_known = false;
 }
 
 /* One XINFO GROUPS per stream read with a group, sent by its first block that
@@ -413,7 +413,7 @@ static void groups_cb(struct ev_loop *loop, ev_timer *w, int revents)
     if (px->stopping) return;
     for (size_t s = 0; s < px->nstreams; s++) {
         px_stream *st = &px->streams[s];
-        if (!px_reader_live(st)) st->info_known = st->lag_known = false;
+        if (!px_reader_live(st)) st->info.known = st->info.lag_known = false;
     }
     for (size_t s = 0; s < px->nstreams; s++) {
         px_stream *st = &px->streams[s];
@@ -421,14 +421,14 @@ static void groups_cb(struct ev_loop *loop, ev_timer *w, int revents)
         bool covered = false;
         for (size_t t = 0; t < s && !covered; t++) {
             px_stream *o = &px->streams[t];
-            covered = o->conf->group && same_stream(o, st) && (o->info_busy || px_reader_live(o));
+            covered = o->conf->group && same_stream(o, st) && (o->info.busy || px_reader_live(o));
         }
-        if (covered || st->info_busy) continue;
+        if (covered || st->info.busy) continue;
         const char *argv[] = { "XINFO", "GROUPS", st->conf->stream };
         size_t lens[3] = { 5, 6, strlen(st->conf->stream) };
         if (px_redis_argv(px->redis, st->conf->stream, 0, groups_reply_cb, st, 3, argv, lens) ==
             PX_OK)
-            st->info_busy = true;
+            st->info.busy = true;
         else
             groups_unknown(px, st);
     }

@@ -22,28 +22,6 @@
 
 #define PX_ERROR_PAUSE_MS 200
 
-/* --- queues ------------------------------------------------------------------ */
-
-void px_queue_push(px_queue *q, px_entry *e)
-{
-    e->qnext = NULL;
-    if (q->tail) q->tail->qnext = e;
-    else q->head = e;
-    q->tail = e;
-    q->n++;
-}
-
-px_entry *px_queue_pop(px_queue *q)
-{
-    px_entry *e = q->head;
-    if (e == NULL) return NULL;
-    q->head = e->qnext;
-    if (q->head == NULL) q->tail = NULL;
-    q->n--;
-    e->qnext = NULL;
-    return e;
-}
-
 /* --- timers on an entry ---------------------------------------------------------- */
 
 static void entry_timer(px_entry *e, void (*cb)(struct ev_loop *, ev_timer *, int), double ms)
@@ -119,50 +97,11 @@ static void lock_key_again_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
 /* --- entries ----------------------------------------------------------------------- */
 
-px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, size_t *page_bytes)
+/* A new entry, built by px_entry_create (entry.c): tracked, counted as read,
+ * and given its verdict: bad input, or on to its claim. */
+void px_proxy_read(px_entry *e)
 {
-    px_stream_conf *sc = st->conf;
-    /* More field names and values than any deliverable entry has (reply.c
-     * elided the array): its size is at least its count. */
-    size_t toomany = fields->type == PX_REPLY_ELIDED ? fields->len : 0;
-    size_t nf = toomany ? 0 : fields->elements / 2, bytes = toomany, idlen = strlen(id);
-    for (size_t i = 0; i < nf * 2; i++) bytes += fields->element[i]->len + 1;
-    *page_bytes += bytes;
-    /* Over max_entry_bytes: bad input whose dead letter is a reference, so
-     * its bytes are never copied (the link may not even hold them: reply.c
-     * elides the strings of an entry past max_entry_bytes). */
-    size_t fbytes = toomany ? toomany : bytes - nf * 2;
-    bool oversized = toomany || (long long)fbytes > st->px->conf->max_entry_bytes;
-    if (oversized) nf = bytes = 0;
-    /* One block: the entry, then its fields, then the bytes they point to. */
-    px_entry *e = px_malloc(sizeof(*e) + nf * sizeof(px_field) + idlen + 1 + bytes);
-    memset(e, 0, sizeof(*e));
-    e->st = st;
-    e->payload_idx = -1;
-    e->fields = (px_field *)(e + 1);
-    e->blob = (char *)(e->fields + nf);
-    e->nfields = nf;
-    char *p = e->blob;
-    memcpy(p, id, idlen + 1);
-    e->id = p;
-    p += idlen + 1;
-    for (size_t i = 0; i < nf; i++) {
-        redisReply *k = fields->element[2 * i], *v = fields->element[2 * i + 1];
-        e->fields[i].name = p;
-        e->fields[i].name_len = k->len;
-        memcpy(p, k->str ? k->str : "", k->len);
-        p[k->len] = '\0';
-        p += k->len + 1;
-        e->fields[i].value = p;
-        e->fields[i].value_len = v->len;
-        memcpy(p, v->str ? v->str : "", v->len);
-        p[v->len] = '\0';
-        p += v->len + 1;
-        e->bytes += k->len + v->len;
-        if (sc->payload_field && e->payload_idx < 0 && strcmp(e->fields[i].name, sc->payload_field) == 0)
-            e->payload_idx = (int)i;
-    }
-    if (oversized) e->bytes = fbytes;
+    px_stream *st = e->st;
     /* Track it: the stream's list and the global count (backpressure). */
     e->next = st->head;
     if (st->head) st->head->prev = e;
@@ -173,24 +112,22 @@ px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, siz
     if (st->px->trace) px_trace_entry_begin(st->px->trace, e);
 
     char why[512];
-    if (toomany) {
+    if (e->wide) {
         snprintf(why, sizeof(why), "entry has %zu field names and values, more than max_entry_bytes %lld allows",
-                 toomany, st->px->conf->max_entry_bytes);
-        e->oversized = true;
+                 e->bytes, st->px->conf->max_entry_bytes);
         px_proxy_bad_entry(e, why);
-        return e;
+        return;
     }
-    if (oversized) {
-        snprintf(why, sizeof(why), "entry is %zu bytes, over max_entry_bytes %lld", fbytes,
+    if (e->oversized) {
+        snprintf(why, sizeof(why), "entry is %zu bytes, over max_entry_bytes %lld", e->bytes,
                  st->px->conf->max_entry_bytes);
-        e->oversized = true;
         px_proxy_bad_entry(e, why);
-        return e;
+        return;
     }
-    if (px_event_prepare(e, sc, st->px->conf->max_entry_bytes, why, sizeof(why)) != PX_OK) {
+    if (px_event_prepare(e, st->conf, st->px->conf->max_entry_bytes, why, sizeof(why)) != PX_OK) {
         e->oversized = (long long)e->bytes > st->px->conf->max_entry_bytes;
         px_proxy_bad_entry(e, why);
-        return e;
+        return;
     }
     size_t size = px_deliver_size(st->px, e);
     if ((long long)size > st->px->conf->max_entry_bytes) {
@@ -198,21 +135,10 @@ px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, siz
                  size, st->px->conf->max_entry_bytes);
         e->oversized = true;
         px_proxy_bad_entry(e, why);
-        return e;
+        return;
     }
     px_log_entry(PX_LOG_DEBUG, e, "read");
     to_claim(e);
-    return e;
-}
-
-void px_entry_free(px_entry *e)
-{
-    if (e->trace) px_trace_entry_free(e);
-    free(e->key);
-    free(e->lock_key);
-    free(e->reason);
-    free(e->step.redis_error);
-    free(e); /* and its fields and blob, in the same block */
 }
 
 /* The entry of this replica working on 'e's key (claiming, delivered, being

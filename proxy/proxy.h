@@ -36,15 +36,6 @@ typedef struct px_deliver px_deliver; /* deliver.c's state */
 typedef struct px_metrics px_metrics; /* metrics.c's state */
 typedef struct px_reader px_reader;   /* reader.c's state of one stream */
 
-/* A singly linked FIFO of entries through 'qnext'. */
-typedef struct px_queue {
-    px_entry *head, *tail;
-    size_t n;
-} px_queue;
-
-void px_queue_push(px_queue *q, px_entry *e);
-px_entry *px_queue_pop(px_queue *q);
-
 /*
  * Per-stream counters of SPEC 6, declared once: the struct field, the metric
  * family, its label and the family's help text (on its first member; NULL on
@@ -91,17 +82,17 @@ typedef struct px_hist {
     unsigned long long count;
 } px_hist;
 
+/*
+ * A stream block, its fields grouped by the module that owns them, as
+ * px_entry's are: the stream itself, its entries and counters (proxy.c; the
+ * counters and histograms are exported by metrics.c), the reader (reader.c,
+ * opaque), the leases (claim.c) and the group's XINFO numbers (metrics.c).
+ */
 struct px_stream {
     px_proxy *px;         /* (ref) */
     px_stream_conf *conf; /* (ref) */
     size_t index;
-    char lease_s[24];    /* lease_ms as text, for commands */
-    char ttl_s[24];      /* done_ttl_ms as text */
-    px_reader *reader;   /* reader.c: its link, state, page and cursors (opaque) */
-    ev_timer lease;      /* ticks PX_LEASE_TICKS times per lease_every */
-    double lease_every;  /* seconds between two extensions of one lease: lease_ms / 3 */
-    size_t lease_budget; /* entries extended at most per tick (bounds the bursts) */
-    px_entry *head;      /* tracked entries of this stream */
+    px_entry *head; /* tracked entries of this stream */
     size_t tracked;
     size_t waiting_out; /* of those, copies parked behind another holder's lock (proxy.c) */
     size_t leaving;     /* of those, committed (or copies) and only awaiting XACK (proxy.c) */
@@ -113,13 +104,26 @@ struct px_stream {
     px_hist ack_latency; /* delivery sent -> answer received */
     px_hist lock_wait;   /* first claim attempt -> locks held */
     px_hist dup_age;     /* a copy found done: the done mark's age (its time, decide.h) */
+
+    px_reader *reader; /* reader.c: its link, state, page and cursors (opaque) */
+
+    struct {                 /* claim.c (set up by px_proxy_create): its lease */
+        char lease_s[24];    /* lease_ms as text, for commands */
+        char ttl_s[24];      /* done_ttl_ms as text */
+        ev_timer lease;      /* ticks PX_LEASE_TICKS times per lease_every */
+        double lease_every;  /* seconds between two extensions of one lease: lease_ms / 3 */
+        size_t lease_budget; /* entries extended at most per tick (bounds the bursts) */
+    };                       /* unnamed: claim.c's lines read st->lease_s as before */
+
     /* Group mode, with metrics on: the group's XINFO GROUPS numbers, refreshed
      * every PX_GROUP_INFO_S by metrics.c (not exported while unknown). */
-    bool info_busy;          /* this block's XINFO GROUPS is in flight */
-    bool info_known;         /* group_pending is the last answer's */
-    bool lag_known;          /* group_lag too (Redis answers nil when it cannot tell) */
-    long long group_pending; /* entries delivered to the group and not acked */
-    long long group_lag;     /* entries not yet delivered to the group */
+    struct {               /* metrics.c */
+        bool busy;         /* this block's XINFO GROUPS is in flight */
+        bool known;        /* pending is the last answer's */
+        bool lag_known;    /* lag too (Redis answers nil when it cannot tell) */
+        long long pending; /* entries delivered to the group and not acked */
+        long long lag;     /* entries not yet delivered to the group */
+    } info;
 };
 
 struct px_proxy {
@@ -152,11 +156,8 @@ struct px_proxy {
 /* proxy.c */
 px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *password);
 void px_proxy_destroy(px_proxy *px);
-/* Adds the entry's field bytes to *page_bytes. Group-less, the entry returned
- * may be gone already (bad input skipped or without a dead-letter stream). */
-px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, size_t *page_bytes);
+void px_proxy_read(px_entry *e);                       /* a new entry (px_entry_create): tracked, then its verdict */
 void px_entry_finish(px_entry *e, px_outcome outcome); /* after XACK (or none needed) */
-void px_entry_free(px_entry *e);                       /* only when e->step.io == 0 */
 void px_proxy_claimed(px_entry *e);
 void px_proxy_busy(px_entry *e, bool lock_key_busy);
 void px_proxy_duplicate(px_entry *e, bool after_lock);

@@ -2,16 +2,77 @@
  * redis.c - see redis.h. A thin front: a px_redis is one link (link.h) to a
  * single server, or one Redis Cluster router (cluster.h) over a link per
  * master, or the link to the master the sentinels name (sentinel.h). The routing key of every command is the caller's, explicitly.
+ * It also holds what every link shares: the scripts each loads at connect,
+ * the error count, and the pure checks of the handshake (the server's version,
+ * the password file).
  */
 #include "redis.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 
 #include "cluster.h"
 #include "link.h"
 #include "log.h"
 #include "sentinel.h"
+
+/* --- what every link shares: its scripts, its error count, the checks of
+ * its handshake -------------------------------------------------------------- */
+
+unsigned long long px_redis_errors;
+
+/* Scripts are loaded on every new connection; the sha lets later calls use EVALSHA. */
+static px_script *scripts[9]; /* NULL-terminated */
+static size_t nscripts;
+
+void px_script_init(px_script *s)
+{
+    s->sha[0] = '\0';
+    if (nscripts + 1 < sizeof(scripts) / sizeof(scripts[0])) scripts[nscripts++] = s;
+}
+
+px_script **px_scripts(void)
+{
+    return scripts;
+}
+
+
+/* read(2), not stdio: stdio's buffer would be freed holding the password;
+ * 'buf' is wiped before returning. */
+int px_redis_read_password(const char *path, char **out)
+{
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    char buf[1024];
+    size_t n = 0;
+    int err = 0;
+    while (n < sizeof(buf) - 1) {
+        ssize_t r = read(fd, buf + n, sizeof(buf) - 1 - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) err = errno;
+        if (r <= 0) break;
+        n += (size_t)r;
+    }
+    close(fd);
+    if (err) {
+        explicit_bzero(buf, sizeof(buf));
+        errno = err;
+        return -1;
+    }
+    buf[n] = '\0';
+    buf[strcspn(buf, "\r\n")] = '\0';
+    if (buf[0]) *out = px_strdup(buf);
+    explicit_bzero(buf, sizeof(buf));
+    return 0;
+}
+
+/* --- the front ---------------------------------------------------------------- */
 
 struct px_redis {
     char *name;

@@ -80,7 +80,11 @@ typedef struct px_script {
     char sha[41];     /* filled by px_script_init */
 } px_script;
 
+/* Registers 's' (its sha cleared): every link loads it at each connect
+ * (SCRIPT LOAD), and px_redis_script sends it as EVALSHA. At most 8. */
 void px_script_init(px_script *s);
+/* The scripts registered, in order, NULL-terminated (for link.c). */
+px_script **px_scripts(void);
 
 px_redis *px_redis_create(struct ev_loop *loop, const px_redis_opts *opts,
                           px_redis_state_cb *state_cb, void *udata);

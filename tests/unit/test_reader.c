@@ -6,15 +6,16 @@
  * and chaos suites stay the proof against real Redis; here a replay, a lost
  * reclaim or a takeover takes a few timer ticks, with no server.
  *
- * The stand-in replaces redis.h's calls, the hub's (px_entry_create,
+ * The stand-in replaces redis.h's calls, the hub's (px_proxy_read,
  * px_proxy_find, ...), step.h's hold and config.c's link options; reader.o,
- * decide.o, hooks.o, log.o and px.o are the real ones.
+ * entry.o, decide.o, hooks.o, log.o and px.o are the real ones.
  */
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "reader.h"
+#include "trace.h"
 #include "step.h"
 #include "test.h"
 
@@ -130,20 +131,15 @@ static px_proxy proxy;
 static px_stream stream;
 static char taken_ids[512], trimmed_ids[512];
 
-px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, size_t *page_bytes)
+/* px_entry_create (entry.c) made it: tracked, and on to its claim. */
+void px_proxy_read(px_entry *e)
 {
-    (void)fields;
-    (void)page_bytes;
-    px_entry *e = px_calloc(1, sizeof(*e));
-    e->st = st;
-    e->id = px_strdup(id);
-    e->state = PX_E_CLAIM;
+    px_stream *st = e->st;
     e->next = st->head;
     if (st->head) st->head->prev = e;
     st->head = e;
     st->tracked++;
     st->px->tracked++;
-    return e;
 }
 
 px_entry *px_proxy_find(px_stream *st, const char *id)
@@ -156,6 +152,16 @@ px_entry *px_proxy_find(px_stream *st, const char *id)
 size_t px_proxy_room(px_proxy *px)
 {
     return px->tracked < (size_t)px->conf->max_inflight ? (size_t)px->conf->max_inflight - px->tracked : 0;
+}
+
+size_t px_proxy_room_for(px_stream *st)
+{
+    return px_proxy_room(st->px);
+}
+
+void px_trace_entry_free(px_entry *e)
+{
+    (void)e;
 }
 
 void px_proxy_taken_over(px_entry *e)
@@ -199,8 +205,7 @@ static void finish(const char *id)
     if (e->next) e->next->prev = e->prev;
     stream.tracked--;
     proxy.tracked--;
-    free(e->id);
-    free(e);
+    px_entry_free(e);
 }
 
 /* --- replies --------------------------------------------------------------------- */
@@ -337,7 +342,7 @@ static void setup(int max_inflight, long long claim_idle_ms)
     memset(cmds, 0, sizeof(cmds));
     ncmds = 0;
     taken_ids[0] = trimmed_ids[0] = '\0';
-    config = (px_config){ .max_inflight = max_inflight };
+    config = (px_config){ .max_inflight = max_inflight, .max_entry_bytes = 1 << 20 };
     static char s[] = "s", g[] = "g", c1[] = "c1", zero[] = "0";
     sconf = (px_stream_conf){ .stream = s, .group = g, .consumer = c1, .start = zero, .claim_idle_ms = claim_idle_ms };
     proxy = (px_proxy){ .loop = loop, .conf = &config, .redis = &commands };

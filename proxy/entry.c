@@ -74,24 +74,23 @@ static const bool legal[PX_E_GONE + 1][PX_E_GONE + 1] = {
 };
 #undef T
 
-void px_assert_fail(const char *cond, const char *file, int line)
-{
-    px_log_error("assertion failed: %s (%s:%d)", cond, file, line);
-    abort();
-}
-
 void px_entry_to(px_entry *e, px_entry_state next)
 {
     PX_ASSERT(!e->gone);
     PX_ASSERT(legal[e->state][next]);
     (void)legal;
+    /* Sent only while it holds its dedup lock (claim.c's send rule). */
+    if (next == PX_E_SENT) PX_ENSURE(e->claim.has_dedup);
     if (next != PX_E_GONE) e->state = next;
 }
 
 /* --- queues ------------------------------------------------------------------ */
 
+/* An entry waits in one queue at a time (its 'qnext' is the only link). */
 void px_queue_push(px_queue *q, px_entry *e)
 {
+    PX_ENSURE(!e->queued);
+    e->queued = true;
     e->qnext = NULL;
     if (q->tail) q->tail->qnext = e;
     else q->head = e;
@@ -107,6 +106,7 @@ px_entry *px_queue_pop(px_queue *q)
     if (q->head == NULL) q->tail = NULL;
     q->n--;
     e->qnext = NULL;
+    e->queued = false;
     return e;
 }
 
@@ -164,8 +164,12 @@ px_entry *px_entry_create(px_stream *st, const char *id, redisReply *fields, siz
     return e;
 }
 
+/* Freed only with no reply about it to come and in no queue: a reply or a
+ * flush would find freed memory. */
 void px_entry_free(px_entry *e)
 {
+    PX_ENSURE(e->step.io == 0);
+    PX_ENSURE(!e->queued);
     if (e->trace) px_trace_entry_free(e);
     free(e->key);
     free(e->lock_key);

@@ -14,6 +14,7 @@
 #include "codec.h"
 #include "decide.h"
 #include "log.h"
+#include "px.h"
 
 typedef struct px_stream px_stream;
 typedef struct px_entry px_entry;
@@ -30,15 +31,6 @@ typedef enum {
     PX_E_XACK,     /* finished; XACK queued or in flight (group mode) */
     PX_E_GONE,     /* finished (px_entry_finish): not a state it is in, where it goes */
 } px_entry_state;
-
-/* Debug and sanitizer builds (-DPX_DEBUG) check invariants, as twemproxy's
- * ASSERT does; a failure names the place and aborts. */
-#ifdef PX_DEBUG
-#define PX_ASSERT(cond) ((cond) ? (void)0 : px_assert_fail(#cond, __FILE__, __LINE__))
-#else
-#define PX_ASSERT(cond) ((void)0)
-#endif
-void px_assert_fail(const char *cond, const char *file, int line) __attribute__((noreturn));
 
 typedef enum { /* what the entry leaves as (SPEC 6 outcomes) */
                PX_OUT_NONE = 0,
@@ -85,6 +77,7 @@ struct px_entry {
     ev_timer timer;        /* park / backoff / lock wait / ack timeout */
     px_entry *prev, *next; /* the stream's list of tracked entries */
     px_entry *qnext;       /* the queue it waits in (claim, send, commit, xack) */
+    bool queued;           /* on one of them (px_queue_push .. px_queue_pop) */
 
     struct px_trace_entry *trace; /* trace.c's; NULL while tracing is off */
 

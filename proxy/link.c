@@ -4,7 +4,11 @@
  * next reply's. Every command on one link gets the same allowance (a reader's
  * link carries one read at a time; the command link's commands all get
  * timeout_ms), so deadlines grow along the FIFO and the head's is the
- * earliest; the handshake's commands are queued before the name is resolved,
+ * earliest. Not quite always: on a cluster, a reader's node link can carry
+ * CLUSTER SLOTS (or ASKING) behind its blocking read, whose deadline is
+ * later by the BLOCK time; replies come in order, so the command behind is
+ * answered after the read anyway, and the head's deadline bounds both. The
+ * handshake's commands are queued before the name is resolved,
  * so one deadline covers the lookup, the connect, TLS and the handshake.
  * A deadline bounds silence, not transfer (SPEC 5.6): while a reply's bytes
  * keep arriving, the link's deadlines are at least timeout_ms after the last
@@ -60,6 +64,7 @@ typedef struct px_rcmd {
     px_redis_cb *cb;
     void *priv;
     ev_tstamp deadline;                   /* loop time after which the link is dropped */
+    bool blocking;                        /* its deadline has a BLOCK time on top */
     px_script *script;                    /* (ref) set for EVALSHA, to retry as EVAL */
     const char *argv[PX_SCRIPT_ARGC_MAX]; /* scripts only: into 'args' or *script */
     size_t lens[PX_SCRIPT_ARGC_MAX];
@@ -127,6 +132,10 @@ static void link_free(px_link *l);
 
 static void fifo_push(px_link *l, px_rcmd *c)
 {
+    /* Deadlines grow along the FIFO but behind a blocking read (above).
+     * Debug builds only: they are loop times (ev_now), which follow the wall
+     * clock, and a step of it back is no reason to stop. */
+    PX_ASSERT(l->tail == NULL || l->tail->blocking || c->deadline >= l->tail->deadline);
     c->next = NULL;
     if (l->tail) l->tail->next = c;
     else l->head = c;
@@ -156,6 +165,7 @@ static px_rcmd *rcmd_new(px_link *l, px_redis_cb *cb, void *priv, long long extr
     c->cb = cb;
     c->priv = priv;
     c->deadline = ev_now(l->loop) + (double)(l->opts.timeout_ms + extra_ms) / 1000.0;
+    c->blocking = extra_ms > 0;
     return c;
 }
 

@@ -7,8 +7,10 @@
  * "entry_id", "key" and "attempt" as fields before "msg".
  */
 #include "log.h"
+#include "px.h"
 
 #include <stdarg.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/time.h>
@@ -127,4 +129,10 @@ static void log_line(px_log_level level, const px_log_about *about, const char *
     px_buf_appends(&b, "\"}\n");
     fputs(b.data, stderr);
     px_buf_deinit(&b);
+}
+
+void px_assert_fail(const char *cond, const char *file, int line)
+{
+    px_log_error("assertion failed: %s (%s:%d)", cond, file, line);
+    abort();
 }

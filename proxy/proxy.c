@@ -857,6 +857,11 @@ void px_proxy_destroy(px_proxy *px)
 {
     if (px == NULL) return;
     px->stopping = true; /* finishing entries below wakes and queues nothing */
+    /* Nothing is flushed any more: the queues let go of their entries first,
+     * as a queue never names a freed entry (px_entry_free checks it). */
+    px_queue *qs[] = { &px->claim_q, &px->send_q, &px->commit_q, &px->xack_q };
+    for (size_t i = 0; i < 4; i++)
+        while (px_queue_pop(qs[i]) != NULL) continue;
     for (size_t s = 0; s < px->nstreams; s++) {
         px_stream *st = &px->streams[s];
         px_reader_stop(st);

@@ -67,6 +67,21 @@ uint64_t px_hash64(const void *p, size_t n);
 /* 'h' as 16 lowercase hex digits and a NUL. */
 void px_hash64_hex(uint64_t h, char out[17]);
 
+/* Invariants, checked where they are relied on. PX_ENSURE is always on, for
+ * those whose violation would break the guarantee (as Redis' serverAssert):
+ * a failure logs the expression, the file and the line, and aborts; each is a
+ * compare and a branch predicted taken. PX_ASSERT is compiled only into debug
+ * and sanitizer builds (-DPX_DEBUG), as twemproxy's ASSERT, for the rest.
+ * px_assert_fail is in log.c (the line goes where the logs go). */
+#define PX_ENSURE(cond) \
+    (__builtin_expect(!!(cond), 1) ? (void)0 : px_assert_fail(#cond, __FILE__, __LINE__))
+#ifdef PX_DEBUG
+#define PX_ASSERT(cond) PX_ENSURE(cond)
+#else
+#define PX_ASSERT(cond) ((void)0)
+#endif
+void px_assert_fail(const char *cond, const char *file, int line) __attribute__((noreturn));
+
 /* Wall clock in milliseconds since the epoch. */
 uint64_t px_now_ms(void);
 /* A clock that never steps, in milliseconds: for the ages that decide

@@ -50,8 +50,9 @@ static long long idle_consumer_ms = PX_IDLE_CONSUMER_MS;
 
 /* --- the reader's states ------------------------------------------------------
  * One reader per stream block. Every change of its state goes through
- * reader_to, which checks it against this table (debug and sanitizer builds,
- * PX_ASSERT). It starts DOWN (px_reader_start).
+ * reader_to, which checks it against this table in every build (PX_ENSURE:
+ * the counts it keeps decide how many deliveries an entry is charged). It
+ * starts DOWN (px_reader_start).
  *
  *   from      to        event                                          who
  *   DOWN      CREATE    link up: group mode (the group may be gone, our
@@ -127,14 +128,21 @@ static const bool reader_legal[R_STOPPED + 1][R_STOPPED + 1] = {
 };
 #undef T
 
+/* A history read in flight is a read of the history state: what is charged
+ * for a history read lost or still out (counts_reply_cb) relies on it. A stop
+ * leaves the read it abandons as it was. */
+static bool history_ok(const px_reader *rd)
+{
+    return !(rd->reading && rd->reading_history) || rd->state == R_HISTORY || rd->state == R_STOPPED;
+}
+
 /* Every change of the reader's state (the table above). */
 static void reader_to(px_stream *st, r_state next)
 {
     px_reader *rd = st->reader;
-    PX_ASSERT(reader_legal[rd->state][next]);
-    (void)reader_legal;
+    PX_ENSURE(reader_legal[rd->state][next]);
     if (next == R_HISTORY) { /* a replay from the start, with nothing in flight */
-        PX_ASSERT(st->conf->group && !rd->reading);
+        PX_ENSURE(st->conf->group && !rd->reading);
         strcpy(rd->last_id, "0");
         rd->replay_due = false; /* this replay brings back what a lost reclaim took */
     } else if (rd->state == R_HISTORY && next == R_LIVE) {
@@ -144,6 +152,7 @@ static void reader_to(px_stream *st, r_state next)
         if (!rd->replay_due) rd->lost_reads = rd->lost_reclaims = 0;
     }
     rd->state = next;
+    PX_ENSURE(history_ok(rd));
 }
 
 static void read_next(px_stream *st);
@@ -253,6 +262,7 @@ static void counts_reply_cb(px_redis *r, redisReply *reply, void *priv)
     counts_ask *a = priv;
     px_stream *st = a->st;
     px_reader *rd = st->reader;
+    PX_ENSURE(history_ok(rd));
     if (reply == NULL && !st->px->stopping) {
         /* Not sent (the command link is not up yet: a restart's history
          * read can come first) or lost: asked again shortly, and the batch's
@@ -580,6 +590,8 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
     px_reader *rd = st->reader;
     rd->reading = false;
     if (rd->state == R_STOPPED) return;
+    /* Its link went down first (link.c drops, then answers what was pending). */
+    PX_ENSURE(!rd->reading_history || rd->state == R_HISTORY || rd->state == R_DOWN);
     if (reply == NULL) {
         if (rd->reading_history) rd->history_lost++;
         page_lost(st, false);

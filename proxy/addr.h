@@ -2,7 +2,7 @@
  * addr.h - "host:port" split into its host and its port (addr.c). Pure: no
  * lookup, no allocation. One splitter for every address the daemon reads:
  * metrics.listen (the server and `idemproxy health`), the app endpoint's
- * tcp:// address and the redis.cluster seeds (config.c), and the addresses
+ * tcp:// address and the redis.cluster startup nodes (config.c), and the addresses
  * Redis Cluster sends back in MOVED/ASK and CLUSTER SLOTS (slots.c, cluster.c).
  */
 #ifndef PX_ADDR_H

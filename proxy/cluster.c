@@ -137,7 +137,7 @@ static cl_node *node_get(px_cluster *cl, const char *addr, bool create)
     if (!create) return NULL;
     char host[PX_ADDR_HOST_MAX];
     int port;
-    /* A seed ("[::1]:7000") or what Redis sent ("::1:7000", unbracketed). */
+    /* A startup node ("[::1]:7000") or what Redis sent ("::1:7000", unbracketed). */
     if (!px_addr_split(addr, host, sizeof(host), &port, PX_ADDR_BARE_IPV6)) return NULL;
     cl_node *n = px_calloc(1, sizeof(*n));
     n->cl = cl;
@@ -370,7 +370,7 @@ static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
     if (cl->refreshing) return;
     static const char *argv[] = { "CLUSTER", "SLOTS" };
     static const size_t lens[] = { 7, 5 };
-    /* Ask a master first, then any node we know; with none up, dial the seeds again. */
+    /* Ask a master first, then any node we know; with none up, dial the startup nodes again. */
     cl_node *n = any_master(cl);
     for (cl_node *m = cl->nodes; n == NULL && m; m = m->next)
         if (px_link_is_up(m->link)) n = m;
@@ -400,7 +400,7 @@ static void wait_cb(struct ev_loop *loop, ev_timer *w, int revents)
     retry_waiting(w->data);
 }
 
-/* A seed's link coming up starts the first refresh (node_state_cb -> update_up). */
+/* A startup node's link coming up starts the first refresh (node_state_cb -> update_up). */
 px_cluster *px_cluster_create(struct ev_loop *loop, const px_redis_opts *opts, px_redis *outer,
                               px_cluster_state_cb *state_cb)
 {

@@ -9,7 +9,7 @@
  * ASK sends ASKING and the command to the named node once; TRYAGAIN,
  * CLUSTERDOWN and a node without a live link make the command wait (up to its
  * deadline) for the map to settle. redis.c puts a px_redis in cluster mode
- * when px_redis_opts names seeds; callers see the same API either way.
+ * when px_redis_opts names startup nodes (its 'seeds'); callers see the same API either way.
  */
 #ifndef PX_CLUSTER_H
 #define PX_CLUSTER_H

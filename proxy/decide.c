@@ -32,7 +32,7 @@ px_answer_next px_decide_answer(px_ack_status status, uint32_t attempt, int max_
 {
     if (status == PX_ACK_ACK) return PX_NEXT_COMMIT_DONE;
     if (status == PX_ACK_DROP) return PX_NEXT_DEAD_LETTER_DONE;
-    /* RETRY, a bad reply or none: once max_deliveries is reached, no replica delivers it again. */
+    /* RETRY, a bad reply or none: once max_deliveries is reached, no instance delivers it again. */
     if ((long long)attempt >= max_deliveries) return PX_NEXT_DEAD_LETTER_DONE;
     return PX_NEXT_RETRY;
 }

@@ -15,7 +15,9 @@
 /* --- the entry's states -------------------------------------------------------
  * Every change of an entry's state goes through px_entry_to, which checks it
  * against this table in debug and sanitizer builds. A new entry starts in
- * CLAIM (or goes straight to COMMIT, XACK or GONE as bad input).
+ * CLAIM (or goes straight to COMMIT, XACK or GONE as bad input). GONE is
+ * where an entry goes, never a state it is in: px_entry_to(e, PX_E_GONE)
+ * marks it 'gone' and leaves 'state' as it was (px_entry_finish reads it).
  *
  *   from      to        event                                          who
  *   CLAIM     CLAIM     queued again (a new entry, a re-look)           proxy.c
@@ -33,6 +35,8 @@
  *   LOCKWAIT  CLAIM     its timer: lock_key tried again                 proxy.c
  *   LOCKWAIT  GONE      released while draining                         proxy.c
  *   SEND      SENT      sent to a worker (its ack timer starts)         deliver.c
+ *   SEND      CLAIM     its lease, no longer known held, found lost by
+ *                       an extension before it was sent: claimed again  deliver.c -> proxy.c
  *   SEND      GONE      released while draining                         proxy.c
  *   SENT      COMMIT    ACK; DROP; RETRY or timeout at max_deliveries   deliver.c -> proxy.c
  *   SENT      BACKOFF   RETRY, invalid reply or timeout: locks released proxy.c
@@ -79,9 +83,13 @@ void px_entry_to(px_entry *e, px_entry_state next)
     PX_ASSERT(!e->gone);
     PX_ASSERT(legal[e->state][next]);
     (void)legal;
+    if (next == PX_E_GONE) {
+        e->gone = true; /* 'state' stays the last one */
+        return;
+    }
     /* Sent only while it holds its dedup lock (claim.c's send rule). */
     if (next == PX_E_SENT) PX_ENSURE(e->claim.has_dedup);
-    if (next != PX_E_GONE) e->state = next;
+    e->state = next;
 }
 
 /* --- queues ------------------------------------------------------------------ */

@@ -29,7 +29,7 @@ typedef enum {
     PX_E_BACKOFF,  /* released after RETRY/timeout; its timer brings it back */
     PX_E_COMMIT,   /* answer known; done mark / dead letter being written */
     PX_E_XACK,     /* finished; XACK queued or in flight (group mode) */
-    PX_E_GONE,     /* finished (px_entry_finish): not a state it is in, where it goes */
+    PX_E_GONE,     /* finished (px_entry_finish): never stored in 'state'; sets 'gone' */
 } px_entry_state;
 
 typedef enum { /* what the entry leaves as (SPEC 6 outcomes) */
@@ -73,7 +73,7 @@ struct px_entry {
     px_outcome outcome;    /* set when the final answer is known */
     bool mark_done;        /* the commit writes the done mark */
     char *reason;          /* owned: dead-letter reason, or NULL */
-    bool gone;             /* finished; freed when step.io reaches 0 */
+    bool gone;             /* sent to PX_E_GONE (px_entry_to); freed when step.io reaches 0 */
     ev_timer timer;        /* park / backoff / lock wait / ack timeout */
     px_entry *prev, *next; /* the stream's list of tracked entries */
     px_entry *qnext;       /* the queue it waits in (claim, send, commit, xack) */
@@ -104,7 +104,7 @@ struct px_entry {
         bool recheck_mine;       /* that look found our dedup lock */
         unsigned char done_sets; /* single layout: done marks sent (a retry reads back its own D) */
         bool dl_written;         /* the dead letter is written (not again on a retry) */
-        bool dl_other;           /* ... by another replica (group-less mark) */
+        bool dl_other;           /* ... by another instance (group-less mark) */
     } claim;
 
     struct {                   /* step.c (step.h: the contract) */

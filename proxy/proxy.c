@@ -141,7 +141,7 @@ void px_proxy_read(px_entry *e)
     to_claim(e);
 }
 
-/* The entry of this replica working on 'e's key (claiming, delivered, being
+/* The entry of this instance working on 'e's key (claiming, delivered, being
  * committed), if any: a copy waiting on it is woken when it leaves or lets
  * go, rather than after a whole lease. */
 static px_entry *local_holder(px_entry *e)
@@ -191,7 +191,6 @@ void px_entry_finish(px_entry *e, px_outcome outcome)
     if (e->next) e->next->prev = e->prev;
     st->tracked--;
     st->px->tracked--;
-    e->gone = true;
     if (e->step.io == 0) px_entry_free(e);
 }
 
@@ -206,7 +205,7 @@ px_entry *px_proxy_find(px_stream *st, const char *id)
 /* max_inflight bounds the entries being claimed, with a worker or being
  * written (SPEC 4: claimed entries not yet committed). Two kinds of tracked
  * entry are not in it: copies parked behind another holder's lock (for up to
- * a lease), or a few busy keys across replicas would stall reading; and
+ * a lease), or a few busy keys across instances would stall reading; and
  * entries already committed (or found to be copies) that only await their
  * XACK, or that last round trip would hold up the next read. Together they
  * are bounded apart, to PX_WAITING_OUT_MAX times max_inflight. */
@@ -354,7 +353,7 @@ void px_proxy_busy(px_entry *e, bool lock_key_busy)
         entry_timer(e, lock_key_busy ? lock_key_again_cb : back_to_claim_cb, jitter(10, 50));
         return;
     case PX_BUSY_REFUSE:
-        /* Refused at once, as the seeds answer 409: dead-lettered, not done. */
+        /* Refused at once, as the write-ups' services answer 409: dead-lettered, not done. */
         e->park.wait_until_ms = 0;
         px_log_entry(PX_LOG_INFO, e, "busy: lock %s held elsewhere; dead-lettered", e->lock_key);
         commit(e, PX_OUT_DEAD_LETTERED, false, "busy");
@@ -362,7 +361,7 @@ void px_proxy_busy(px_entry *e, bool lock_key_busy)
     case PX_BUSY_PARK: {
         /* Look again until the holder's lease could have ended; never lost. A
          * local holder wakes its copies when it leaves; a holder elsewhere
-         * (another replica) usually finishes in a few ms, so the copy looks
+         * (another instance) usually finishes in a few ms, so the copy looks
          * again after 20 ms, doubling up to lease_ms: a few SETs instead of a
          * whole lease of waiting. */
         e->park.wait_until_ms = 0;
@@ -426,7 +425,7 @@ void px_proxy_claim_failed(px_entry *e)
     entry_timer(e, back_to_claim_cb, ms);
 }
 
-/* Another reader (or we, before a restart; in a group, the replica that took
+/* Another reader (or we, before a restart; in a group, the instance that took
  * it over while we stalled) dead-lettered this entry for good (a busy
  * refusal); it is never delivered. */
 void px_proxy_already_dead(px_entry *e)
@@ -440,7 +439,7 @@ void px_proxy_already_dead(px_entry *e)
  * now, with a higher fencing token, and may have finished it. It is not
  * delivered on the old lock: it gives back what may still be its own and is
  * claimed afresh, with a new token (chaos seed 492 delivered it with a token
- * lower than the one a second replica had used meanwhile). */
+ * lower than the one a second instance had used meanwhile). */
 void px_proxy_reclaim_unsent(px_entry *e)
 {
     px_log_entry(PX_LOG_INFO, e, "lease lost before delivery; claiming again");
@@ -450,7 +449,7 @@ void px_proxy_reclaim_unsent(px_entry *e)
     to_claim(e);
 }
 
-/* Its locks given back, it leaves this replica, still pending for the
+/* Its locks given back, it leaves this instance, still pending for the
  * consumer that took it over. */
 static void drop_taken(px_entry *e)
 {
@@ -706,7 +705,7 @@ static bool undelivered(const px_entry *e, bool all)
     }
 }
 
-/* Give back what was not delivered, so another replica can take it at once.
+/* Give back what was not delivered, so another instance can take it at once.
  * The queues are rebuilt without those entries first: the entries are freed
  * as they finish, and a queue must never name a freed entry. */
 static void release_undelivered(px_proxy *px, bool all)

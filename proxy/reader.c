@@ -373,14 +373,14 @@ static void counts_go(counts_ask *a)
 
 /* --- what this consumer owns -------------------------------------------------
  * Group mode: entries we track are kept fresh (their idle time reset) well
- * inside claim_idle_ms, so no XAUTOCLAIM, ours or another replica's, takes
+ * inside claim_idle_ms, so no XAUTOCLAIM, ours or another instance's, takes
  * over one we still work on; and Redis' delivery count of an entry is
  * idemproxy's deliveries of it (SPEC 5.2). Both are written by one script
  * that keeps only what this consumer still owns: for each id, XPENDING says
  * who holds it; ours are claimed again with min-idle 0 and JUSTID (no
  * delivery counted), with RETRYCOUNT when ARGV[3] is a count; an id another
  * consumer holds (it took it over while our refreshes were lost) is returned
- * and left alone: a plain XCLAIM would take it back, and both replicas would
+ * and left alone: a plain XCLAIM would take it back, and both instances would
  * deliver it. An id pending nowhere (acked) is left alone, as XCLAIM would.
  * KEYS[1] the stream; ARGV: group, consumer, count or "", ids. */
 static px_script keep_script = {
@@ -458,7 +458,7 @@ void px_reader_delivering(px_entry *e)
 
 /* The read (or takeover) that brought 'e' counted the delivery it was read
  * for; it waits instead (busy, its claim failed): not charged (SPEC 5.2), so
- * another replica that takes it over while it waits (our refreshes lost)
+ * another instance that takes it over while it waits (our refreshes lost)
  * counts its real deliveries. Sent when it first waits, or again when that
  * was lost, written with the loop turn's claims. */
 void px_reader_waiting(px_entry *e)
@@ -485,7 +485,7 @@ static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
     px_stream *st = w->data;
     px_stream_conf *sc = st->conf;
     /* On a cluster, the stream's master being up is enough: a failover of
-     * another master must not let another replica take over what we hold. */
+     * another master must not let another instance take over what we hold. */
     if (st->head == NULL || !px_redis_key_up(st->px->redis, sc->stream, strlen(sc->stream))) return;
     const char *argv[7 + PX_REFRESH_BATCH];
     size_t lens[7 + PX_REFRESH_BATCH];

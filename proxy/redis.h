@@ -7,7 +7,7 @@
  * scripts sent as EVALSHA that fall back to EVAL after NOSCRIPT.
  *
  * Callers route through px_redis_argv with the key the command is about. With
- * cluster seeds in the options, a px_redis is a Redis Cluster client
+ * cluster startup nodes in the options ('seeds'), a px_redis is a Redis Cluster client
  * (cluster.c) behind the same calls: each command goes to the master that owns
  * its key's slot. With a master_name, it is one link to the master the
  * sentinels name (sentinel.c), followed across failovers.
@@ -51,7 +51,7 @@ typedef struct px_redis_opts {
                                   while a user is set, keeps the last one) */
     int db;
     long long timeout_ms;     /* deadline of every command */
-    const char *const *seeds; /* (ref) Redis Cluster seed nodes "host:port"; host/port unused */
+    const char *const *seeds; /* (ref) Redis Cluster startup nodes "host:port"; host/port unused */
     size_t nseeds;
     bool cluster_node;      /* a cluster's link to one node: errors are the router's to report */
     size_t max_array_bytes; /* strings of a reply's array past this many bytes are

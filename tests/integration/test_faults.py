@@ -160,10 +160,9 @@ def test_xack_rides_with_the_next_claim_and_a_stop_sends_it(env):
 
 
 def test_a_copy_parked_behind_its_holder_looks_again_once_the_key_is_done(env):
-    """A copy parked behind a holder of this replica is woken when the holder's
+    """A copy parked behind a holder of this instance is woken when the holder's
     done mark is written, not when its XACK is (which waits for a ride: here
-    10 minutes, by the hook). The adversarial review of the ride found the
-    copy waiting for the holder's XACK."""
+    10 minutes, by the hook); otherwise it waits for the holder's XACK."""
     r = env.r
     p = env.proxy([group_conf(lease_ms=60000)], max_inflight=4,
                   proc_env={"IDEMPROXY_DEBUG_XACK_RIDE_MS": 600000})

@@ -90,6 +90,18 @@ static void sent_with_lock(void)
     free(e);
 }
 
+/* GONE is where an entry goes, never a state it is in (entry.c's table):
+ * px_entry_to marks it gone and leaves its last state, which the hub reads. */
+static void test_gone(void)
+{
+    px_entry *e = entry();
+    e->state = PX_E_XACK;
+    px_entry_to(e, PX_E_GONE);
+    test_cond("to GONE: marked gone", e->gone);
+    test_cond("to GONE: its state stays the last one", e->state == PX_E_XACK);
+    free(e);
+}
+
 int main(void)
 {
     px_log_setup(PX_LOG_ERROR, PX_LOG_TEXT);
@@ -99,5 +111,6 @@ int main(void)
     test_cond("freed while in a queue aborts", aborts(freed_in_a_queue));
     test_cond("SENT without its dedup lock aborts", aborts(sent_without_lock));
     test_cond("SENT holding it does not", !aborts(sent_with_lock));
+    test_gone();
     return test_report();
 }

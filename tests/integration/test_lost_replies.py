@@ -1,9 +1,11 @@
-"""An adversarial review of proxy/link.c (the connection to Redis) against the
-guarantee (SPEC 5.7) and the fault rules (SPEC 5.2, 5.6). Each test shows one
-finding, red on the code it was written against; its docstring names the
-finding and the fix proposed. Real redis-server, real idemproxy; a throttling
-TCP forwarder (Throttle, below) and a SYN-dropping listener (Blackhole) stand
-in for a slow network and a dead address."""
+"""Replies lost, late or slow on the link to Redis (proxy/link.c, the reader's
+replays and reclaims) against the guarantee (SPEC 5.7) and the fault rules
+(SPEC 5.2, 5.6): a read or reclaim whose reply never came is not a delivery,
+a replay brings back what it took and is not moved by a reclaim, a stop frees
+what waits, and an address that never answers does not hide the next. Each
+docstring says what breaks if the rule does. Real redis-server, real
+idemproxy; a throttling TCP forwarder (Throttle, below) and a SYN-dropping
+listener (Blackhole) stand in for a slow network and a dead address."""
 import json
 import os
 import socket
@@ -86,8 +88,8 @@ class Throttle:
 
 
 def test_a_slow_history_read_never_counts_as_deliveries(env):
-    """Finding 1 (harm: entries dead-lettered as exhausted that no worker ever
-    saw; SPEC 5.2 "attempt counts idemproxy's real deliveries", 5.5).
+    """If broken: entries dead-lettered as exhausted that no worker ever
+    saw (SPEC 5.2 "attempt counts idemproxy's real deliveries", 5.5).
 
     A read's reply that takes longer than its deadline to arrive (a large page
     over a slow link) drops the link (link.c deadline_cb) after Redis has
@@ -132,8 +134,8 @@ def test_a_slow_history_read_never_counts_as_deliveries(env):
 
 
 def test_a_read_whose_reply_was_lost_is_not_a_delivery(env):
-    """Finding 1, its everyday form (harm: the first delivery of an entry says
-    attempt 2, and each lost read eats one of max_deliveries; SPEC 5.2
+    """The same, in its everyday form. If broken: the first delivery of an entry says
+    attempt 2, and each lost read eats one of max_deliveries (SPEC 5.2
     "attempt counts idemproxy's real deliveries").
 
     The live XREADGROUP ... > is applied (the entries go to c1's pending list,
@@ -190,13 +192,13 @@ class Blackhole:
 
 
 HOSTS = "/etc/hosts"
-MARK = "# idemproxy test_link_review"
+MARK = "# idemproxy test_lost_replies"
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not os.access(HOSTS, os.W_OK),
                     reason="rewrites /etc/hosts: needs root (CI runs as root)")
 def test_an_address_that_never_answers_does_not_hide_the_next(env, tmp_path):
-    """Finding 2 (harm: not ready for ever while Redis is reachable; SPEC 5.6).
+    """If broken: not ready for ever while Redis is reachable (SPEC 5.6).
 
     link.c tries the next address of a lookup only when a connect fails
     (connect_done, an error in SO_ERROR). A connect that is never answered
@@ -215,7 +217,7 @@ def test_an_address_that_never_answers_does_not_hide_the_next(env, tmp_path):
     and try_next_addr, as on a refused connect; or race them (Happy Eyeballs,
     RFC 8305). Dropping the link only when the last address has failed."""
     port = free_port()
-    name = "redis-review.test"
+    name = "redis-silent.test"
     hole = Blackhole("127.0.0.1", port)
     fwd = Throttle(env.redis.port, None, at=("127.0.0.2", port))
     with open(HOSTS) as f:
@@ -244,8 +246,8 @@ def test_an_address_that_never_answers_does_not_hide_the_next(env, tmp_path):
 def test_a_stop_while_an_xpending_ask_waits_frees_it(env):
     """A history page's XPENDING (the delivery counts) waiting on its timer when
     SIGTERM comes: the drain ends the loop before the timer fires, and the ask
-    must be answered and freed by the stop, not leaked (LeakSanitizer exits 23:
-    red under `tests/run memcheck` before the fix). The entries it held back
+    must be answered and freed by the stop, not leaked (LeakSanitizer exits 23
+    under `tests/run memcheck`). The entries it held back
     were never delivered and stay pending for the next process."""
     r = env.r
     r.xgroup_create("room", "game-server", id="0", mkstream=True)
@@ -261,8 +263,8 @@ def test_a_stop_while_an_xpending_ask_waits_frees_it(env):
 
 
 def test_a_reclaim_whose_reply_was_lost_is_not_a_delivery(env):
-    """Finding 1 on the reclaim path (harm: entries dead-lettered as exhausted
-    that a worker saw once; SPEC 5.2 "attempt counts idemproxy's real
+    """On the reclaim path. If broken: entries dead-lettered as exhausted
+    that a worker saw once (SPEC 5.2 "attempt counts idemproxy's real
     deliveries", 5.5).
 
     XAUTOCLAIM takes entries another consumer left pending, and Redis counts a
@@ -342,11 +344,10 @@ def reader_connection(r):
 
 
 def test_a_reclaim_answered_during_a_replay_does_not_move_the_replay(env):
-    """Found by the review of the lost-reclaim fix (harm: entries of ours a
-    lost read took are skipped by the replay meant to bring them back, then
-    reclaimed claim_idle_ms later with a delivery counted that no worker saw:
-    attempt 2 on their first delivery, a dead letter with max_deliveries 1;
-    SPEC 5.2).
+    """If broken: entries of ours a lost read took are skipped by the replay
+    meant to bring them back, then reclaimed claim_idle_ms later with a
+    delivery counted that no worker saw: attempt 2 on their first delivery, a
+    dead letter with max_deliveries 1 (SPEC 5.2).
 
     The history replay reads our pending entries page by page from the last
     id it read. An XAUTOCLAIM reply that arrived while the replay waited for
@@ -438,8 +439,8 @@ def assert_each_delivered(r, w):
 
 
 def test_an_entry_read_again_before_its_count_is_known_is_not_charged_for_it(env):
-    """Found by the review of the replay fix (harm: a reclaimed entry
-    dead-lettered as exhausted that no worker of ours saw; SPEC 5.2, 5.5).
+    """If broken: a reclaimed entry
+    dead-lettered as exhausted that no worker of ours saw (SPEC 5.2, 5.5).
 
     A replay that reads again an entry we hold (Redis counts one more) sets
     its count back with XCLAIM RETRYCOUNT. For an entry whose count was not
@@ -467,8 +468,8 @@ def test_an_entry_read_again_before_its_count_is_known_is_not_charged_for_it(env
 
 
 def test_a_replay_read_lost_before_a_reclaims_count_comes_is_not_charged(env):
-    """Found by the review of the fix above (harm: a reclaimed entry
-    dead-lettered as exhausted that no worker of ours saw; SPEC 5.2, 5.5).
+    """If broken: a reclaimed entry
+    dead-lettered as exhausted that no worker of ours saw (SPEC 5.2, 5.5).
 
     We reclaim c0's entries (count 2); their XPENDING goes out late (a test
     hook). Meanwhile the reader's connection is reset and the replay's first

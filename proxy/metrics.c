@@ -23,6 +23,7 @@
  * idemproxy_group_lag and idemproxy_group_pending gauges.
  */
 #include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -584,23 +585,35 @@ static void mhd_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 /* metrics.listen as config.c checked it: "host:port", "[v6]:port" or ":port" (every interface). */
 int px_metrics_start(px_proxy *px)
 {
-    const char *listen = px->conf->metrics_listen;
-    if (listen == NULL || listen[0] == '\0') return PX_OK;
+    const char *where = px->conf->metrics_listen;
+    if (where == NULL || where[0] == '\0') return PX_OK;
     char host[PX_ADDR_HOST_MAX], port[8] = "";
     int portno;
     struct addrinfo hints = { 0 }, *res = NULL;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_PASSIVE;
-    bool split = px_addr_split(listen, host, sizeof(host), &portno, PX_ADDR_HOST_OPTIONAL);
+    bool split = px_addr_split(where, host, sizeof(host), &portno, PX_ADDR_HOST_OPTIONAL);
     if (split) snprintf(port, sizeof(port), "%d", portno);
     if (!split || getaddrinfo(host[0] ? host : NULL, port, &hints, &res) != 0) {
-        px_log_error("metrics: cannot resolve listen address %s", listen);
+        px_log_error("metrics: cannot resolve listen address %s", where);
+        return PX_ERR;
+    }
+    /* Bound here, not by MHD, so a failure can say why (address in use). */
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), on = 1;
+    if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+    if (fd >= 0 && res->ai_family == AF_INET6)
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof(on));
+    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
+        px_log_error("metrics: cannot listen on %s: %s (metrics.listen; \"\" disables it)", where,
+                     strerror(errno));
+        if (fd >= 0) close(fd);
+        freeaddrinfo(res);
         return PX_ERR;
     }
     px_metrics *m = px_calloc(1, sizeof(*m));
     px->metrics = m; /* the connection callbacks below may run from the first MHD_run */
     m->mhd = MHD_start_daemon(MHD_USE_EPOLL | (res->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0), 0,
-                              accept_cb, px, handler, px, MHD_OPTION_SOCK_ADDR, res->ai_addr,
+                              accept_cb, px, handler, px, MHD_OPTION_LISTEN_SOCKET, fd,
                               MHD_OPTION_NOTIFY_CONNECTION, conn_cb, px,
                               MHD_OPTION_NOTIFY_COMPLETED, done_cb, px,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)PX_METRICS_IDLE_TIMEOUT_S,
@@ -610,7 +623,7 @@ int px_metrics_start(px_proxy *px)
     freeaddrinfo(res);
     const union MHD_DaemonInfo *info = m->mhd ? MHD_get_daemon_info(m->mhd, MHD_DAEMON_INFO_EPOLL_FD) : NULL;
     if (info == NULL) {
-        px_log_error("metrics: cannot listen on %s", listen);
+        px_log_error("metrics: cannot start the HTTP server on %s", where);
         if (m->mhd) MHD_stop_daemon(m->mhd);
         free(m);
         px->metrics = NULL;
@@ -626,7 +639,7 @@ int px_metrics_start(px_proxy *px)
     ev_timer_init(&m->groups, groups_cb, 1., PX_GROUP_INFO_S);
     m->groups.data = px;
     ev_timer_start(px->loop, &m->groups);
-    px_log_info("metrics on http://%s/metrics", listen);
+    px_log_info("metrics on http://%s/metrics", where);
     return PX_OK;
 }
 

@@ -481,3 +481,24 @@ def test_promtool_check_metrics_is_clean(env):
                          timeout=30)
     assert res.returncode == 0 and res.stdout.strip() == "" and res.stderr.strip() == "", \
         (res.returncode, res.stdout, res.stderr)
+
+
+def test_a_taken_metrics_port_names_the_cause_and_the_setting(env):
+    """Issue 33: "cannot listen on 127.0.0.1:9464" alone left the user guessing."""
+    import socket
+    from pxtest import Proxy
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen(1)
+    try:
+        p = Proxy(env.tmp, "busy", env.redis.url, env.endpoint(), [conf("room")])
+        p.config.write_text(p.config.read_text().replace(
+            f"127.0.0.1:{p.metrics_port}", f"127.0.0.1:{held.getsockname()[1]}"))
+        env.proxies.append(p)
+        p.start()
+        assert p.proc.wait(15) == 1
+        text = p.log_text()
+        assert f"cannot listen on 127.0.0.1:{held.getsockname()[1]}: Address already in use" in text, text
+        assert "metrics.listen" in text, text
+    finally:
+        held.close()

@@ -437,7 +437,16 @@ int px_deliver_init(px_proxy *px)
         if (ep >= 0) chmod(c->endpoint + 6, (mode_t)c->socket_mode);
     }
     if (ep < 0) {
-        px_log_error("app socket: bind %s: %s", c->endpoint, nn_strerror(nn_errno()));
+        int err = nn_errno();
+        /* An ipc path whose directory is missing: say what to do about it. */
+        const char *dir = c->endpoint + 6, *slash = ipc ? strrchr(dir, '/') : NULL;
+        if (err == ENOENT && slash != NULL && slash > dir)
+            px_log_error("app socket: bind %s: %s: create the directory %.*s, or set app.endpoint "
+                         "(or IDEMPROXY_ENDPOINT) to a socket in one that exists, such as "
+                         "ipc:///tmp/idemproxy.sock",
+                         c->endpoint, nn_strerror(err), (int)(slash - dir), dir);
+        else
+            px_log_error("app socket: bind %s: %s", c->endpoint, nn_strerror(err));
         return PX_ERR;
     }
     int rfd, sfd;

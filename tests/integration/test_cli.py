@@ -167,3 +167,48 @@ def test_check_refuses_an_ipc_path_nanomsg_cannot_bind(tmp_path):
     res = run("check", "-c", str(cfg))
     assert res.returncode == 2 and f"{cfg}:2:13: app.endpoint: the ipc path is 108 bytes" in res.stderr
     assert not (tmp_path / path).exists()
+
+
+def test_a_missing_socket_directory_says_what_to_do(tmp_path):
+    """Issue 33: "bind ipc:///run/idemproxy/app.sock: No such file or directory" alone."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"redis:\n  url: redis://127.0.0.1:1\napp:\n  endpoint: ipc://{tmp_path}/missing/app.sock\n"
+                   "metrics:\n  listen: \"\"\nstreams:\n  - stream: room\n    key: \"#event.eventId\"\n")
+    res = subprocess.run([str(BIN), "-c", str(cfg)], capture_output=True, text=True, timeout=10)
+    assert res.returncode == 1
+    assert f"No such file or directory: create the directory {tmp_path}/missing" in res.stderr, res.stderr
+    assert "IDEMPROXY_ENDPOINT" in res.stderr and "app.endpoint" in res.stderr
+
+
+def readme_run_it_config():
+    from pxtest import ROOT
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("\n## Run it\n"):]
+    return section[section.index("```yaml\n") + 8:section.index("```", section.index("```yaml\n") + 8)]
+
+
+def test_the_readme_run_it_config_runs_as_written(tmp_path, redis_server):
+    """Issue 33: copied from the README, it failed outside a container (its socket's
+    directory, /run/idemproxy, exists only in the image). Only the Redis address is
+    given (IDEMPROXY_REDIS_URL: the test's server is not on 6379) and metrics are off
+    (9464 may be taken on a shared machine); HOSTNAME is unset, as in a script."""
+    import os
+    cfg = tmp_path / "idemproxy.yaml"
+    cfg.write_text(readme_run_it_config() + "metrics:\n  listen: \"\"\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("HOSTNAME", "IDEMPROXY_ENDPOINT")}
+    env["IDEMPROXY_REDIS_URL"] = redis_server.url
+    res = subprocess.run([str(BIN), "check", "-c", str(cfg)], capture_output=True, text=True, timeout=10, env=env)
+    assert res.returncode == 0, res.stderr
+    p = subprocess.Popen([str(BIN), "-c", str(cfg)], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.time() + 10
+        while p.poll() is None and time.time() < deadline and \
+                redis_server.client.exists("room") + redis_server.client.exists("room:leave") < 2:
+            time.sleep(0.05)                  # the groups are created at start
+        assert p.poll() is None, p.stderr.read()
+    finally:
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(10)
+    err = p.stderr.read()
+    assert rc == 0, err
+    assert "error" not in err, err

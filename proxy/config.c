@@ -550,7 +550,8 @@ static void cfg_emit(px_buf *out, px_buf *map, const size_t *inmap, const char *
 
 /*
  * Expand ${VAR}, ${VAR:-default} and $$ in 'in' ('len' bytes; source offsets
- * in 'inmap' or NULL) into 'sc'. Unset variables warn at node 'n'; a malformed
+ * in 'inmap' or NULL) into 'sc'. Unset variables warn at node 'n' (HOSTNAME
+ * falls back to gethostname()); a malformed
  * "${" is an error. Returns false after reporting an error.
  */
 static bool cfg_expand(cfg_parser *p, const yaml_node_t *n, const char *name,
@@ -601,6 +602,12 @@ static bool cfg_expand(cfg_parser *p, const yaml_node_t *n, const char *name,
             goto fail;
         }
         const char *val = getenv(var);
+        /* bash sets HOSTNAME without exporting it: unset, it is the host's name. */
+        char host[256];
+        if (val == NULL && strcmp(var, "HOSTNAME") == 0 && gethostname(host, sizeof host) == 0) {
+            host[sizeof host - 1] = '\0';
+            val = host;
+        }
         if (def != NULL && (val == NULL || *val == '\0')) {
             cfg_emit(&out, &map, inmap, def, def_len, def_at, true);
         } else {

@@ -199,6 +199,7 @@ def test_the_readme_run_it_config_runs_as_written(tmp_path, redis_server):
     env["IDEMPROXY_REDIS_URL"] = redis_server.url
     res = subprocess.run([str(BIN), "check", "-c", str(cfg)], capture_output=True, text=True, timeout=10, env=env)
     assert res.returncode == 0, res.stderr
+    assert "HOSTNAME" not in res.stderr, res.stderr      # the host's name, no warning
     p = subprocess.Popen([str(BIN), "-c", str(cfg)], stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.time() + 10

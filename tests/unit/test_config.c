@@ -658,6 +658,18 @@ static void test_expansion(void)
     c = parse("streams:\n  - stream: room\n    consumer: ${HOSTNAME}\n");
     test_streq("consumer: ${HOSTNAME}", c ? c->streams[0].consumer : NULL, "pod-7");
     px_config_destroy(c);
+    /* issue 33: a script's shell does not export HOSTNAME; it is the host's name, no warning */
+    char host[256] = "";
+    gethostname(host, sizeof host);
+    unsetenv("HOSTNAME");
+    c = parse("streams:\n  - stream: room\n    consumer: ${HOSTNAME}\n"
+              "  - stream: leave\n    consumer: ${HOSTNAME:-other}-b\n");
+    test_streq("unset ${HOSTNAME} is gethostname()", c ? c->streams[0].consumer : NULL, host);
+    test_cond("unset ${HOSTNAME}: no warning", c && !find("t.yaml", "HOSTNAME"));
+    char b[300];
+    snprintf(b, sizeof b, "%s-b", host);
+    test_streq("unset ${HOSTNAME:-default} is gethostname()", c ? c->streams[1].consumer : NULL, b);
+    px_config_destroy(c);
 
     expect_error("${} without a name", "streams:\n  - stream: \"${}\"\n",
                  "t.yaml:2:13: ", "expected a variable name after '${'");

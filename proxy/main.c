@@ -397,7 +397,11 @@ int main(int argc, char **argv)
     else if (strcmp(sub, "keys") == 0) subbit = SUB_KEYS;
     else if (strcmp(sub, "version") == 0) subbit = SUB_VERSION;
     else {
-        fprintf(stderr, "idemproxy: unknown command '%s'\n%s", sub, usage);
+        /* "idemproxy c.yaml": a file where a command was expected */
+        bool file = access(sub, F_OK) == 0;
+        fprintf(stderr, "idemproxy: unknown command '%s'%s%s%s\n%s", sub,
+                file ? " (to run with it as the config file: idemproxy -c " : "", file ? sub : "",
+                file ? ")" : "", usage);
         return 2;
     }
     px_ops_args a = { .max = -1 };
@@ -459,6 +463,16 @@ int main(int argc, char **argv)
             break;
         }
         }
+    }
+    /* "idemproxy check c.yaml": the file is there, only -c is missing. */
+    if ((subbit & allowed[0].subs) && config == NULL && optind < argc) {
+        fprintf(stderr, "idemproxy: -c is missing before '%s' (a config file is given as -c FILE)\n%s",
+                argv[optind], usage);
+        goto out;
+    }
+    if (subbit == SUB_CHECK && config == NULL) {
+        rc = bad_usage("check needs -c FILE", NULL);
+        goto out;
     }
     switch (subbit) {
     case SUB_RUN:

@@ -213,3 +213,18 @@ def test_the_readme_run_it_config_runs_as_written(tmp_path, redis_server):
     err = p.stderr.read()
     assert rc == 0, err
     assert "error" not in err, err
+
+
+def test_a_config_file_without_c_says_c_is_missing(tmp_path):
+    """Issue 33: `idemproxy check c.yaml` printed the usage alone."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("streams:\n  - stream: room\n    key: \"#event.eventId\"\n")
+    for args in (["check", str(cfg)], ["health", str(cfg)], ["inspect", str(cfg), "--stream", "room", "--key", "k"],
+                 ["redrive", "--stream", "room", str(cfg)]):
+        res = run(*args)
+        assert res.returncode == 2, args
+        assert res.stderr.startswith(f"idemproxy: -c is missing before '{cfg}'"), (args, res.stderr)
+    res = run("check")
+    assert res.returncode == 2 and res.stderr.startswith("idemproxy: check needs -c FILE"), res.stderr
+    res = run(str(cfg))
+    assert res.returncode == 2 and f"idemproxy -c {cfg}" in res.stderr.splitlines()[0], res.stderr

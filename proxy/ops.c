@@ -736,7 +736,12 @@ static int inspect_entry(ops_conn *ctx, const px_config *c, const px_stream_conf
             json_object *x = json_object_new_object();
             json_object_object_add(x, "id", jstr(dead[i].id));
             json_object_object_add(x, "reason", jstr(dead[i].reason));
-            json_object_object_add(x, "attempts", jstr(dead[i].attempts));
+            /* a count, or null when a hand-written dead letter holds no count */
+            char *end;
+            errno = 0;
+            long long att = strtoll(dead[i].attempts, &end, 10);
+            bool num = dead[i].attempts[0] >= '0' && dead[i].attempts[0] <= '9' && !*end && !errno;
+            json_object_object_add(x, "attempts", num ? json_object_new_int64(att) : NULL);
             json_object_array_add(jd, x);
         }
         json_object_object_add(o, "dead_letters", jd);

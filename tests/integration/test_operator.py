@@ -172,6 +172,7 @@ def test_inspect_dead_lettered_entry(env):
     assert j["key"]["done"] is True
     assert [d["id"] for d in j["dead_letters"]] == [dlid]
     assert j["dead_letters"][0]["reason"] == "no such room"
+    assert j["dead_letters"][0]["attempts"] == 1      # a number, not "1" (issue 33)
     assert j["dead_letter_mark"] == dlid
     # an id that is not in the stream: said so, still 0
     res = run("inspect", "-c", str(p.config), "--stream", "room", "--entry", "1-1")

@@ -118,6 +118,33 @@ static bool render(const px_entry *e, const px_stream_conf *sc, const px_templat
     return false;
 }
 
+/* The reason for a payload json-c refused at byte 'at': what was found there,
+ * and the text around it (escaped, at most 16 bytes either side). */
+static void not_json(const char *s, size_t n, size_t at, const char *what, char *why,
+                     size_t whylen)
+{
+    size_t from = at > 16 ? at - 16 : 0, to = n - at > 16 ? at + 16 : n;
+    for (int k = 0; k < 3 && from > 0 && (s[from] & 0xC0) == 0x80; k++) from++; /* whole */
+    for (int k = 0; k < 3 && to < n && (s[to] & 0xC0) == 0x80; k++) to--;       /* characters */
+    px_buf ex = { 0 }, ch = { 0 };
+    px_buf_escape(&ex, s + from, to - from, PX_ESC_JSON);
+    px_buf_append(&ex, "", 1);
+    if (at < n) {
+        size_t cl = px_utf8_char(s + at, n - at);
+        px_buf_escape(&ch, s + at, cl ? cl : 1, PX_ESC_BACKSLASH);
+    }
+    px_buf_append(&ch, "", 1);
+    if (at >= n)
+        snprintf(why, whylen, "payload is not JSON: it ends at byte %zu, incomplete: %s\"%s\"%s",
+                 at, from ? "..." : "", ex.data, to < n ? "..." : "");
+    else
+        snprintf(why, whylen, "payload is not JSON: unexpected '%s' at byte %zu (%s): %s\"%s\"%s",
+                 ch.data, at, what, from ? "..." : "", ex.data, to < n ? "..." : "");
+    px_utf8_cut_end(why);
+    px_buf_deinit(&ex);
+    px_buf_deinit(&ch);
+}
+
 /* --- the fast path -----------------------------------------------------------
  * Most keys are one property of the payload object, "#event.eventId", whose
  * value is a plain string. For those, json-c's parse (a tree of allocations
@@ -188,14 +215,19 @@ int px_event_prepare(px_entry *e, const px_stream_conf *sc, long long max_entry_
         size_t used = json_tokener_get_parse_end(tok);
         json_tokener_free(tok);
         if (event == NULL || jerr != json_tokener_success) {
-            snprintf(why, whylen, "payload is not JSON: %s",
-                     event ? "trailing data" : json_tokener_error_desc(jerr));
+            size_t ws = 0;
+            while (ws < p->value_len && strchr(" \t\r\n", p->value[ws]) && p->value[ws]) ws++;
+            if (ws == p->value_len)
+                snprintf(why, whylen, "payload is not JSON: it is empty");
+            else
+                not_json(p->value, p->value_len, jerr == json_tokener_continue ? p->value_len : used,
+                         event ? "trailing data" : json_tokener_error_desc(jerr), why, whylen);
             goto done;
         }
         while (used < p->value_len && p->value[used] != '\0' && strchr(" \t\r\n", p->value[used]))
             used++;
         if (used != p->value_len) {
-            snprintf(why, whylen, "payload is not JSON: trailing data at byte %zu", used);
+            not_json(p->value, p->value_len, used, "trailing data", why, whylen);
             goto done;
         }
         if (!json_object_is_type(event, json_type_object)) {

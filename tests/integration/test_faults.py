@@ -14,7 +14,10 @@ import redis
 from pxtest import pb, outcomes, publish, pending, settled, wait_for
 
 BAD = [
-    ("not json", {"payload": "{not json"}, "payload is not JSON"),
+    ("not json", {"payload": "{not json"},
+     'payload is not JSON: unexpected \'n\' at byte 1 (quoted object property name expected): "{not json"'),
+    ("bare not json", {"payload": "not json"},
+     'payload is not JSON: unexpected \'o\' at byte 1 (null expected): "not json"'),
     ("array", {"payload": "[1,2]"}, "not an object"),
     ("missing key field", {"payload": json.dumps({"other": 1})}, "key '#event.eventId'"),
     ("null key", {"payload": json.dumps({"eventId": None})}, "key '#event.eventId'"),
@@ -26,7 +29,7 @@ BAD = [
     # Found by fuzz_event: "a\u0000b" and "a\u0000c" must not both become key "a".
     ("key with NUL", {"payload": '{"eventId": "a\\u0000b"}'}, "NUL"),
     ("field name with NUL", {b"na\x00me": "x", "payload": json.dumps({"eventId": "n"})}, "NUL"),
-    ("NUL after the JSON", {"payload": b'{"eventId": "t"}\x00'}, "trailing data"),
+    ("NUL after the JSON", {"payload": b'{"eventId": "t"}\x00'}, "unexpected '\\x00' at byte 16 (trailing data)"),
 ]
 
 

@@ -155,6 +155,21 @@ static void test_bad_payloads(void)
     check_bad_payload("{\"eventId\":null}", "key '#event.eventId'");
     check_bad_payload("{\"eventId\":\"x\"", "payload is not JSON");
     check_bad_payload("{\"eventId\":\"x\"} y", "payload is not JSON");
+    /* issue 33: what was found, where, and the text around it, escaped and short */
+    check_bad_payload("not json",
+                      "payload is not JSON: unexpected 'o' at byte 1 (null expected): \"not json\"");
+    check_bad_payload("{\"eventId\":\"x\"",
+                      "payload is not JSON: it ends at byte 14, incomplete: \"{\\\"eventId\\\":\\\"x\\\"\"");
+    check_bad_payload("{\"eventId\":\"x\"} y",
+                      "payload is not JSON: unexpected 'y' at byte 16 (unexpected character): \"{\\\"eventId\\\":\\\"x\\\"} y\"");
+    check_bad_payload("", "payload is not JSON: it is empty");
+    check_bad_payload(" \n", "payload is not JSON: it is empty");
+    check_bad_payload("{\"eventId\":\"0123456789abcdefghijklmnopqrstuvwxyz\",\x1b}",
+                      "unexpected '\\x1b' at byte 50 (quoted object property name expected): "
+                      "...\"mnopqrstuvwxyz\\\",\\u001b}\"");
+    check_bad_payload("{\"eventId\":\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\", x",
+                      "unexpected 'x' at byte 35 (quoted object property name expected): "
+                      "...\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\\\", x\"");
     check_bad_payload("[\"x\"]", "not an object");
     check_bad_payload("{\"eventId\":\"a\\u0000b\"}", "NUL character");
     check_bad_payload("{\"eventId\":\"\xff\"}", "not UTF-8");

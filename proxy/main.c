@@ -28,7 +28,9 @@
 
 static const char usage[] =
     "usage: idemproxy -c FILE             run\n"
-    "       idemproxy check -c FILE       validate a config and its templates (FILE - : stdin)\n"
+    "       idemproxy check -c FILE [--files]\n"
+    "                                     validate a config and its templates (FILE - : stdin);\n"
+    "                                     --files also reads the password and TLS files\n"
     "       idemproxy key TEMPLATE [--stream S] [--id ID] [--fields NAME=VALUE]...\n"
     "                                     render a key for the event JSON on stdin\n"
     "       idemproxy inspect -c FILE --stream S (--key K | --entry ID) [--group G] [--json]\n"
@@ -113,13 +115,15 @@ static bool sentinel_password_ok(const px_config *c)
     return true;
 }
 
-static int cmd_check(const char *path)
+/* Hermetic (SPEC 3): no file but the config is read unless 'files' (--files)
+ * asks for the password files and the TLS files, as the daemon reads them. */
+static int cmd_check(const char *path, bool files)
 {
     px_config *c = load(path);
     if (c == NULL) return 2;
-    char *password;
-    bool ok = px_config_password(c, c->path, &password) && tls_files_ok(c) &&
-              sentinel_password_ok(c);
+    char *password = NULL;
+    bool ok = !files || (px_config_password(c, c->path, &password) && tls_files_ok(c) &&
+                         sentinel_password_ok(c));
     px_free_secret(password);
     if (!ok) {
         px_config_destroy(c);
@@ -367,6 +371,7 @@ int main(int argc, char **argv)
         { "max", required_argument, NULL, 'm' },
         { "dry-run", no_argument, NULL, 'n' },
         { "count", required_argument, NULL, 'C' },
+        { "files", no_argument, NULL, 'F' },
         { NULL, 0, NULL, 0 },
     };
     static const struct {
@@ -386,6 +391,7 @@ int main(int argc, char **argv)
         { 'r', "--reason", SUB_REDRIVE },
         { 'm', "--max", SUB_REDRIVE },
         { 'n', "--dry-run", SUB_REDRIVE },
+        { 'F', "--files", SUB_CHECK },
     };
     int subbit = 0;
     if (sub == NULL) subbit = SUB_RUN;
@@ -409,6 +415,7 @@ int main(int argc, char **argv)
     char **fields = px_calloc((size_t)argc + 1, sizeof(char *));
     size_t nfields = 0;
     int ch, rc = 2;
+    bool files = false;
     while ((ch = getopt_long(argc, argv, "c:hV", opts, NULL)) != -1) {
         if (ch == 'V') {
             print_version();
@@ -442,6 +449,7 @@ int main(int argc, char **argv)
         case 'j': a.json = true; break;
         case 'r': a.reason = optarg; break;
         case 'n': a.dry_run = true; break;
+        case 'F': files = true; break;
         case 'm': {
             char *end;
             errno = 0;
@@ -487,7 +495,7 @@ int main(int argc, char **argv)
             fputs(usage, stderr);
             break;
         }
-        rc = cmd_check(config);
+        rc = cmd_check(config, files);
         break;
     case SUB_KEY:
         if (optind + 1 != argc) {

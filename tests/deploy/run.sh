@@ -428,15 +428,15 @@ expect_fail "negative: helm lint fails on a broken template" 'parse error at \(i
 # --- the idemproxy config ---------------------------------------------------
 
 # check_config FILE: `idemproxy check` passes, and warns about nothing (an
-# unset ${VAR} would warn). HOSTNAME is what the pod has; check reads the
-# password file and loads the TLS files, which the pod has mounted from its
+# unset ${VAR} would warn). HOSTNAME is what the pod has; check --files reads
+# the password file and loads the TLS files, which the pod has mounted from its
 # Secrets: files here ($tmp/certs: a CA and a client pair it signed, by openssl).
 check_config() {
     local out cfg="$tmp/checked-$(basename "$1")"
     printf 'pod-secret\n' >"$tmp/password"
     sed -E -e "s#^( *password_file: *)[^ ]+#\1$tmp/password#" \
         -e "s#^( *(ca|cert|key)_file: *)[^ ]*/([^/ ]+)#\1$tmp/certs/\3#" "$1" >"$cfg"
-    out=$(HOSTNAME=idemproxy-7d9c5b6f4-x2x8q "$IDEMPROXY_BIN" check -c "$cfg" 2>&1) || { echo "$out"; return 1; }
+    out=$(HOSTNAME=idemproxy-7d9c5b6f4-x2x8q "$IDEMPROXY_BIN" check -c "$cfg" --files 2>&1) || { echo "$out"; return 1; }
     echo "$out"
     ! grep -qi warning <<<"$out"
 }
@@ -444,6 +444,8 @@ check_config() {
 check "idemproxy check: the config of deploy/k8s/configmap.yaml" check_config "$tmp/k8s-config.yaml"
 "$PY" tests/deploy/manifests.py config "$tmp/default.yaml" "$tmp/chart-config.yaml"
 check "idemproxy check: the config the chart renders (defaults)" check_config "$tmp/chart-config.yaml"
+check "idemproxy check without --files: the chart's config, its Secret not mounted (hermetic)" \
+    "$IDEMPROXY_BIN" check -c "$tmp/chart-config.yaml"
 "$PY" tests/deploy/manifests.py config "$tmp/custom.yaml" "$tmp/custom-config.yaml"
 check "idemproxy check: the config the chart renders (non-default values)" check_config "$tmp/custom-config.yaml"
 render --set 'redis.cluster={redis-0.redis:6379,redis-1.redis:6379}' >"$tmp/cluster.yaml" 2>&1

@@ -225,12 +225,12 @@ def test_server_wanting_a_password_none_configured_is_one_line(env):
     assert w.keys() == ["y"]
 
 
-def check(tmp_path, redis_lines):
+def check(tmp_path, redis_lines, files=True):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("redis:\n" + "".join(f"  {ln}\n" for ln in redis_lines) +
                    "streams:\n  - stream: s\n")
-    return subprocess.run([str(BIN), "check", "-c", str(cfg)], capture_output=True, text=True,
-                          timeout=10)
+    return subprocess.run([str(BIN), "check", "-c", str(cfg), *(["--files"] if files else [])],
+                          capture_output=True, text=True, timeout=10)
 
 
 def test_check_refuses_a_user_without_password_and_a_missing_password_file(tmp_path):
@@ -259,6 +259,17 @@ def test_check_refuses_a_user_without_password_and_a_missing_password_file(tmp_p
     good.write_text("pw\n")
     res = check(tmp_path, ["username: app", f"password_file: {good}"])
     assert res.returncode == 0, res.stderr
+
+
+def test_check_reads_no_password_file_without_files(tmp_path):
+    """SPEC 3: check is hermetic (issue 33: CI checks a rendered ConfigMap with no
+    Secret mounted); --files reads the files as the daemon does."""
+    missing = tmp_path / "nope" / "password"
+    res = check(tmp_path, [f"password_file: {missing}", "username: app"], files=False)
+    assert res.returncode == 0, res.stderr
+    assert str(missing) not in res.stderr
+    res = check(tmp_path, [f"password_file: {missing}", "username: app"])
+    assert res.returncode == 2 and f"redis.password_file {missing}: cannot read it" in res.stderr
 
 
 def test_every_cluster_node_link_authenticates_as_the_user(tmp_path):

@@ -445,11 +445,11 @@ def test_sentinel_auth(tmp_path):
         s.stop()
 
 
-def check(tmp_path, redis_text):
+def check(tmp_path, redis_text, files=True):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("redis:\n  " + redis_text + "\nstreams:\n  - stream: s\n")
-    return subprocess.run([str(BIN), "check", "-c", str(cfg)], capture_output=True, text=True,
-                          timeout=10)
+    return subprocess.run([str(BIN), "check", "-c", str(cfg), *(["--files"] if files else [])],
+                          capture_output=True, text=True, timeout=10)
 
 
 def test_check_sentinel_block(tmp_path):
@@ -473,6 +473,9 @@ def test_check_sentinel_block(tmp_path):
         res = check(tmp_path, text)
         assert res.returncode == 2, (text, res.stderr)
         assert field in res.stderr, (text, res.stderr)
+    # without --files, check reads no password_file (SPEC 3, issue 33)
+    res = check(tmp_path, sentinel_block(["a:1"], password_file=str(tmp_path / "missing")), files=False)
+    assert res.returncode == 0, res.stderr
 
 
 def test_readonly_from_a_demoted_master_makes_it_ask_again(tmp_path, pair):

@@ -188,12 +188,12 @@ def test_plain_server_behind_rediss_is_named(tenv, pki):
 def test_check_validates_the_tls_files(tmp_path, pki):
     from pxtest import BIN
 
-    def check(**tls):
+    def check(files=True, **tls):
         cfg = tmp_path / "c.yaml"
         cfg.write_text(f"redis:\n  url: rediss://127.0.0.1:6380\n  tls: {tls_flow(**tls)}\n"
                        "streams:\n  - stream: s\n")
-        return subprocess.run([str(BIN), "check", "-c", str(cfg)], capture_output=True, text=True,
-                              timeout=10)
+        return subprocess.run([str(BIN), "check", "-c", str(cfg), *(["--files"] if files else [])],
+                              capture_output=True, text=True, timeout=10)
 
     ok = check(ca_file=str(pki / "ca.crt"), cert_file=str(pki / "client.crt"),
                key_file=str(pki / "client.key"))
@@ -207,6 +207,8 @@ def test_check_validates_the_tls_files(tmp_path, pki):
     garbage.write_text("not a certificate\n")
     bad = check(ca_file=str(garbage))
     assert bad.returncode == 2 and "garbage.crt" in bad.stderr
+    # without --files, check opens none of them (SPEC 3: hermetic; issue 33)
+    assert check(files=False, ca_file=str(pki / "nope.crt")).returncode == 0
 
 
 class TLSCluster(RedisCluster):

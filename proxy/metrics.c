@@ -314,7 +314,7 @@ void px_metrics_render(px_proxy *px, px_buf *b)
         px_buf_printf(b, "\"} %zu\n", st->tracked);
     }
     gauge(b, "idemproxy_delivery_window", "gauge",
-          "Unanswered deliveries allowed now, over all workers (flow control, SPEC 5.4).",
+          "Unanswered deliveries allowed now, over all workers (flow control: docs/protocol.md).",
           (double)px_deliver_window(px));
     gauge(b, "idemproxy_inflight", "gauge",
           "Claimed entries not yet committed (with a worker or being written).", (double)inflight);

@@ -242,3 +242,30 @@ def test_link_checker_sees_broken_and_outside_links():
         found = link_problems(readme, "# t\n\n" + snippet + "\n")
         assert found and what in found[0], (snippet, found)
     assert link_problems(readme, "# t\n\n[x](README.md#the-guarantee)\n") == []
+
+
+# ------------------------------------------------------------------ SPEC
+
+def test_shipped_files_name_no_spec_the_repository_lacks():
+    """Issue 33: the chart, its schema, the manifests, the dashboard, the protos and
+    /metrics' help texts pointed to a SPEC.md (or "SPEC 6", "see 5.5") that a clone does
+    not hold; they point to docs/ instead. Code comments and tests are not shipped."""
+    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "README.md", "CHANGELOG.md", "docs",
+                            "deploy", "proto", "clients", "demo"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    files += ["tests/deploy/fixtures/metrics.txt"]
+    bad = []
+    for rel in files:
+        path = ROOT / rel
+        if not path.is_file():
+            continue
+        text = path.read_text(errors="replace")
+        if "/tests/" in f"/{rel}" and rel != "tests/deploy/fixtures/metrics.txt":
+            continue
+        for n, ln in enumerate(text.splitlines(), 1):
+            if re.search(r"\bSPEC\b|SPEC\.md|\(see \d+(\.\d+)*\)", ln):
+                bad.append(f"{rel}:{n}: {ln.strip()[:100]}")
+    assert bad == []
+    # what /metrics says of itself
+    help_texts = re.findall(r'"[^"\n]*SPEC[^"\n]*"', (ROOT / "proxy" / "metrics.c").read_text())
+    assert help_texts == []

@@ -134,7 +134,7 @@ type Delivery struct {
 	Payload        []byte                 `protobuf:"bytes,5,opt,name=payload,proto3" json:"payload,omitempty"`                                        // value of the configured payload field, else empty
 	Attempt        uint32                 `protobuf:"varint,6,opt,name=attempt,proto3" json:"attempt,omitempty"`                                       // 1 on the first delivery; group mode: the entry's Redis delivery count
 	FencingToken   uint64                 `protobuf:"varint,7,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`         // strictly increasing per lock (lock_key if set, else the key); 0 when off
-	DeadlineUnixMs uint64                 `protobuf:"varint,8,opt,name=deadline_unix_ms,json=deadlineUnixMs,proto3" json:"deadline_unix_ms,omitempty"` // an ack after this is too late (see 5.5)
+	DeadlineUnixMs uint64                 `protobuf:"varint,8,opt,name=deadline_unix_ms,json=deadlineUnixMs,proto3" json:"deadline_unix_ms,omitempty"` // an ack after this is too late (docs/protocol.md, Deadlines)
 	Traceparent    string                 `protobuf:"bytes,9,opt,name=traceparent,proto3" json:"traceparent,omitempty"`                                // W3C trace context for the worker's span: idemproxy's delivery span
 	// when tracing is on, else the entry's own trace_field, else ""
 	Tracestate    string `protobuf:"bytes,10,opt,name=tracestate,proto3" json:"tracestate,omitempty"` // W3C tracestate that goes with it, else ""

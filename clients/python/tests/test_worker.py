@@ -242,3 +242,28 @@ def test_async_stop_finishes_and_answers_the_delivery_in_hand(url, aserve):
         assert (ack.status, ack.entry_id) == (pb.Ack.ACK, "1700000000000-0")
         t.join(5)
         assert not t.is_alive()
+
+
+def test_a_worker_without_a_connection_says_it_is_still_dialing(url, serve, monkeypatch, caplog):
+    """Issue 33: a typo in the socket path made a worker dial in silence for ever."""
+    monkeypatch.setenv("IDEMPROXY_DIAL_LOG_MS", "300")
+    caplog.set_level("WARNING", logger="idemproxy_worker")
+    serve(lambda d: None)
+    dialing = lambda: [r.getMessage() for r in caplog.records if "still dialing" in r.getMessage()]
+    deadline = time.time() + 10
+    while len(dialing()) < 2 and time.time() < deadline:   # the first, and one 6 x 300 ms later
+        time.sleep(0.05)
+    assert len(dialing()) >= 2, dialing()
+    assert dialing()[0].startswith(f"still dialing {url}: no connection to idemproxy for "), dialing()
+    with pynng.Req0(listen=url, recv_timeout=5000) as req:
+        assert ask(req, delivery()).status == pb.Ack.ACK     # connected: quiet from now on
+        n = len(dialing())
+        time.sleep(2.5)
+        assert len(dialing()) == n
+
+
+@pytest.mark.parametrize("endpoint", ["/tmp/px.sock", "px.sock", "unix:///tmp/px.sock"])
+def test_an_endpoint_without_a_transport_says_what_one_looks_like(endpoint):
+    w = Worker(endpoint, lambda d: None)
+    with pytest.raises(ValueError, match=r"expected ipc:///path/to/socket or tcp://host:port"):
+        w.run(handle_signals=False)

@@ -30,7 +30,8 @@ Every delivery is answered exactly once and the Ack echoes its stream and entry
 id; a delivery that does not decode (a string that is not UTF-8, a known field
 with the wrong wire type) is answered RETRY without calling the handler. The
 socket keeps dialing in the background, so a worker may start before idemproxy
-and survives its restarts; a peer that sends no SP header within 10 s (NNG's
+and survives its restarts (without a connection for 5 s, it logs that it is still
+dialing and where, then every 30 s: IDEMPROXY_DIAL_LOG_MS sets the first wait); a peer that sends no SP header within 10 s (NNG's
 handshake timeout) is hung up on. Deliveries of up to ``max_entry_bytes``
 (idemproxy's app.max_entry_bytes, 1 MiB by default) are received.
 
@@ -47,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -68,6 +70,67 @@ SP_HEADER_BYTES = 32  # room for the SP header in front of a Delivery (8 backtra
 STALE = "deadline passed before the handler ran"
 
 log = logging.getLogger("idemproxy_worker")
+
+DIAL_LOG_ENV = "IDEMPROXY_DIAL_LOG_MS"  # the first "still dialing" after this long (ms)
+DIAL_LOG_MS = 5000                      # ... by default; then every 6 times as long (30 s)
+ENDPOINT_FORMS = "ipc:///path/to/socket or tcp://host:port (idemproxy's app.endpoint)"
+
+
+def _check_endpoint(endpoint: str) -> None:
+    """Refuses an endpoint without a transport NNG and idemproxy share."""
+    if not endpoint.startswith(("ipc://", "tcp://")):
+        raise ValueError(f"bad endpoint {endpoint!r}: expected {ENDPOINT_FORMS}")
+
+
+def _dial(sock: Any, endpoint: str) -> None:
+    _check_endpoint(endpoint)
+    try:  # non-blocking: NNG redials in the background until idemproxy binds
+        sock.dial(endpoint, block=False)
+    except (pynng.AddressInvalid, pynng.NotSupported, pynng.InvalidOperation) as exc:
+        raise ValueError(f"bad endpoint {endpoint!r}: {exc}; expected {ENDPOINT_FORMS}") from exc
+
+
+class _DialWatch:
+    """Says, while the socket has no connection, that it is still dialing and
+    where: a wrong endpoint would otherwise dial in silence for ever. The first
+    line comes after IDEMPROXY_DIAL_LOG_MS (5 s), then one every six times as
+    long (30 s), until a connection is up; losing it starts over."""
+
+    def __init__(self, sock: Any, endpoint: str) -> None:
+        try:
+            ms = int(os.environ.get(DIAL_LOG_ENV) or DIAL_LOG_MS)
+        except ValueError:
+            ms = DIAL_LOG_MS
+        self.endpoint = endpoint
+        self.first = max(ms, 1) / 1000
+        self._lock = threading.Lock()
+        self._pipes = 0
+        self._since = time.monotonic()
+        self._next = self._since + self.first
+        sock.add_post_pipe_connect_cb(self._up)
+        sock.add_post_pipe_remove_cb(self._down)
+
+    def _up(self, _pipe: Any) -> None:
+        with self._lock:
+            self._pipes += 1
+
+    def _down(self, _pipe: Any) -> None:
+        with self._lock:
+            self._pipes -= 1
+            if self._pipes == 0:
+                self._since = time.monotonic()
+                self._next = self._since + self.first
+
+    def tick(self) -> None:
+        """Called now and then (twice a second): logs when it is time."""
+        now = time.monotonic()
+        with self._lock:
+            if self._pipes > 0 or now < self._next:
+                return
+            self._next = now + 6 * self.first
+            waited = now - self._since
+        log.warning("still dialing %s: no connection to idemproxy for %.0f s "
+                    "(is idemproxy running, and is this its app.endpoint?)", self.endpoint, waited)
 
 
 class Status(IntEnum):
@@ -244,10 +307,8 @@ class Worker:
         sock = pynng.Rep0(recv_timeout=int(POLL_S * 1000), recv_max_size=limit)
         threads: List[threading.Thread] = []
         try:
-            try:  # non-blocking: NNG redials in the background until idemproxy binds
-                sock.dial(self.endpoint, block=False)
-            except (pynng.AddressInvalid, pynng.NotSupported) as exc:
-                raise ValueError(f"bad endpoint {self.endpoint!r}: {exc}") from exc
+            watch = _DialWatch(sock, self.endpoint)
+            _dial(sock, self.endpoint)
             for i in range(self.concurrency):
                 t = threading.Thread(target=self._serve, args=(sock.new_context(),),
                                      name=f"idemproxy-worker-{i}", daemon=True)
@@ -256,6 +317,7 @@ class Worker:
             for t in threads:
                 while t.is_alive():
                     t.join(0.5)  # a timed join lets the main thread run signal handlers
+                    watch.tick()
         finally:
             self._stop.set()
             for t in threads:
@@ -365,18 +427,25 @@ class AsyncWorker:
                 signals.append(sig)
         limit = self.max_entry_bytes + SP_HEADER_BYTES if self.max_entry_bytes else 0
         sock = pynng.Rep0(recv_max_size=limit)
+        watcher = None
         try:
-            try:  # non-blocking: NNG redials in the background until idemproxy binds
-                sock.dial(self.endpoint, block=False)
-            except (pynng.AddressInvalid, pynng.NotSupported) as exc:
-                raise ValueError(f"bad endpoint {self.endpoint!r}: {exc}") from exc
+            watch = _DialWatch(sock, self.endpoint)
+            _dial(sock, self.endpoint)
+            watcher = asyncio.ensure_future(self._watch(watch))
             await asyncio.gather(*(self._serve(sock.new_context()) for _ in range(self.concurrency)))
         finally:
+            if watcher is not None:
+                watcher.cancel()
             for sig in signals:
                 loop.remove_signal_handler(sig)
             await asyncio.sleep(max(0.0, self._last_send + LINGER_S - time.monotonic()))
             sock.close()
             self._loop = self._stopping = None
+
+    async def _watch(self, watch: _DialWatch) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            watch.tick()
 
     async def _serve(self, ctx: pynng.Context) -> None:
         """One slot: receive, await the handler, answer on its own context."""

@@ -33,7 +33,10 @@
 //
 // The socket keeps dialing in the background, so a worker may start before
 // idemproxy and survives its restarts; a peer that sends no SP header within
-// HandshakeTimeout is hung up on. Deliveries of up to app.max_entry_bytes
+// HandshakeTimeout is hung up on. Without a connection for 5 s (the
+// environment variable IDEMPROXY_DIAL_LOG_MS, in milliseconds), Serve logs a
+// warning that it is still dialing and where, then one every six times as
+// long (30 s) until a connection is up: a wrong endpoint shows in the log. Deliveries of up to app.max_entry_bytes
 // (DefaultMaxEntryBytes unless raised: see MaxEntryBytes) are received.
 //
 // The library never prints. A handler's error or panic, a DROP, a delivery
@@ -52,7 +55,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -175,11 +182,16 @@ func Serve(ctx context.Context, endpoint string, h Handler, opts ...Option) erro
 	if o.log == nil {
 		o.log = slog.Default()
 	}
+	if !strings.HasPrefix(endpoint, "ipc://") && !strings.HasPrefix(endpoint, "tcp://") {
+		return fmt.Errorf("idemproxy: bad endpoint %q: expected %s", endpoint, endpointForms)
+	}
 	sock, err := rep.NewSocket()
 	if err != nil {
 		return fmt.Errorf("idemproxy: %w", err)
 	}
 	defer sock.Close()
+	watch := newDialWatch(endpoint, o.log)
+	sock.SetPipeEventHook(watch.hook)
 	limit := 0 // mangos: no limit
 	if o.maxEntryBytes > 0 {
 		limit = o.maxEntryBytes + spHeaderBytes
@@ -193,6 +205,7 @@ func Serve(ctx context.Context, endpoint string, h Handler, opts ...Option) erro
 	}
 	ctx, stop := context.WithCancel(ctx) // a context that fails stops the others
 	defer stop()
+	go watch.run(ctx)
 	errc := make(chan error, o.concurrency)
 	for i := 0; i < o.concurrency; i++ {
 		c, err := sock.OpenContext()
@@ -212,6 +225,75 @@ func Serve(ctx context.Context, endpoint string, h Handler, opts ...Option) erro
 	}
 	time.Sleep(flushGrace)
 	return err
+}
+
+// endpointForms says what Serve takes.
+const endpointForms = "ipc:///path/to/socket or tcp://host:port (idemproxy's app.endpoint)"
+
+// DialLogEnv names the environment variable that sets how long Serve waits
+// without a connection before it logs that it is still dialing, in
+// milliseconds (default 5000); the next records come every six times as long.
+const DialLogEnv = "IDEMPROXY_DIAL_LOG_MS"
+
+// dialWatch logs while the socket has no connection (no attached pipe).
+type dialWatch struct {
+	endpoint string
+	log      *slog.Logger
+	first    time.Duration
+	mu       sync.Mutex
+	pipes    map[uint32]bool // attached pipes, by id
+	since    time.Time       // no pipe since
+	next     time.Time       // the next record, while there is none
+}
+
+func newDialWatch(endpoint string, log *slog.Logger) *dialWatch {
+	first := 5 * time.Second
+	if ms, err := strconv.Atoi(os.Getenv(DialLogEnv)); err == nil && ms > 0 {
+		first = time.Duration(ms) * time.Millisecond
+	}
+	now := time.Now()
+	return &dialWatch{endpoint: endpoint, log: log, first: first, pipes: map[uint32]bool{},
+		since: now, next: now.Add(first)}
+}
+
+func (w *dialWatch) hook(ev mangos.PipeEvent, p mangos.Pipe) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch ev {
+	case mangos.PipeEventAttached:
+		w.pipes[p.ID()] = true
+	case mangos.PipeEventDetached:
+		delete(w.pipes, p.ID())
+		if len(w.pipes) == 0 {
+			w.since = time.Now()
+			w.next = w.since.Add(w.first)
+		}
+	}
+}
+
+// run looks twice a second until ctx ends.
+func (w *dialWatch) run(ctx context.Context) {
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			w.mu.Lock()
+			due := len(w.pipes) == 0 && !now.Before(w.next)
+			waited := now.Sub(w.since).Round(time.Second)
+			if due {
+				w.next = now.Add(6 * w.first)
+			}
+			w.mu.Unlock()
+			if due {
+				w.log.Warn("idemproxy: still dialing "+w.endpoint+": no connection to idemproxy for "+
+					waited.String()+" (is idemproxy running, and is this its app.endpoint?)",
+					"endpoint", w.endpoint)
+			}
+		}
+	}
 }
 
 // serveContext is one REP state machine: receive, handle, answer, until ctx ends.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -407,5 +408,47 @@ func TestBadEndpoint(t *testing.T) {
 	err := Serve(context.Background(), "nope://x", func(context.Context, *Delivery) error { return nil })
 	if err == nil {
 		t.Fatal("Serve accepted an unknown transport")
+	}
+}
+
+// Issue 33: a worker pointed at a wrong endpoint dialed in silence for ever.
+func TestStillDialingIsLoggedUntilConnected(t *testing.T) {
+	t.Setenv(DialLogEnv, "300")
+	p := newPeer(t)
+	rec := &recorder{}
+	serve(t, p.url, func(ctx context.Context, d *Delivery) error { return nil }, Logger(slog.New(rec)))
+	dialing := func() []record {
+		var out []record
+		for _, r := range rec.all() {
+			if strings.HasPrefix(r.Msg, "idemproxy: still dialing "+p.url+": no connection to idemproxy for ") {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(dialing()) < 2 && time.Now().Before(deadline) { // the first, and one 6 x 300 ms later
+		time.Sleep(50 * time.Millisecond)
+	}
+	if rs := dialing(); len(rs) < 2 || rs[0].Level != slog.LevelWarn || rs[0].attrs["endpoint"] != p.url {
+		t.Fatalf("got %+v, want two warnings naming %s", rec.all(), p.url)
+	}
+	p.listen()
+	if ack := p.deliver(&pb.Delivery{Stream: "s", EntryId: "1-0", Key: "k"}); ack.Status != pb.Ack_ACK {
+		t.Fatalf("got %v", ack.Status)
+	}
+	n := len(dialing())
+	time.Sleep(2500 * time.Millisecond) // connected: quiet
+	if len(dialing()) != n {
+		t.Errorf("still dialing logged while connected: %+v", dialing()[n:])
+	}
+}
+
+func TestEndpointWithoutTransportNamesTheForms(t *testing.T) {
+	for _, e := range []string{"/tmp/px.sock", "px.sock"} {
+		err := Serve(context.Background(), e, func(context.Context, *Delivery) error { return nil })
+		if err == nil || !strings.Contains(err.Error(), "expected ipc:///path/to/socket or tcp://host:port") {
+			t.Errorf("%s: got %v", e, err)
+		}
 	}
 }

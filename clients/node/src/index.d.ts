@@ -5,6 +5,8 @@ import { EventEmitter } from 'node:events';
 /** Where idemproxy binds by default: ipc:///tmp/idemproxy.sock. */
 export const DEFAULT_ENDPOINT: string;
 /** idemproxy's default app.max_entry_bytes (1 MiB): the largest Delivery it sends. */
+/** The default wait before the first "still dialing" warning (ms); the next come at 6 times it. */
+export const DIAL_LOG_MS: number;
 export const DEFAULT_MAX_ENTRY_BYTES: number;
 
 /** The answers a worker gives; the values are idemproxy.v1.Ack.Status. */
@@ -71,6 +73,9 @@ export interface WorkerOptions {
   concurrency?: number;
   /** idemproxy's app.max_entry_bytes if raised (default 1 MiB; Infinity: no limit) */
   maxEntryBytes?: number;
+  /** ms without a connection before the first "still dialing" warning, then 6 times as long
+   *  between the next (default IDEMPROXY_DIAL_LOG_MS, else 5000) */
+  dialLogMs?: number;
 }
 
 /** A handler's failure, emitted as 'error': 'cause' is what it threw, 'delivery' what it was handling. */

@@ -30,7 +30,9 @@
  * AbortSignal, { signal }, aborted (a TimeoutError) when that deadline passes.
  * The worker dials until idemproxy is there and again whenever it goes away;
  * deliveries received on a lost connection and not yet started are forgotten
- * (idemproxy redelivers them). The library never prints: listen to 'error',
+ * (idemproxy redelivers them). Without a connection for 5 s (dialLogMs, or
+ * IDEMPROXY_DIAL_LOG_MS) it warns that it is still dialing and where, then
+ * every six times as long (30 s) until connected: a wrong endpoint shows. The library never prints: listen to 'error',
  * 'connect', 'disconnect' and 'warn' on the returned Worker to log.
  *
  * The SP wire protocol lives in sp.js; README.md says why it is not a binding.
@@ -47,6 +49,13 @@ export const DEFAULT_MAX_ENTRY_BYTES = 1 << 20;
 /** Room for the SP header in front of a Delivery (8 backtrace words; idemproxy sends one). */
 const SP_HEADER_BYTES = 32;
 const STALE = 'deadline passed before the handler ran';
+/** The first "still dialing" warning after this long without a connection; then every 6 times as long. */
+export const DIAL_LOG_MS = 5000;
+
+function dialLogMs(option) {
+  const ms = option ?? Number.parseInt(process.env.IDEMPROXY_DIAL_LOG_MS ?? '', 10);
+  return Number.isInteger(ms) && ms > 0 ? ms : DIAL_LOG_MS;
+}
 
 /** The answers a worker gives; the values are idemproxy.v1.Ack.Status. */
 export const Status = Object.freeze({ ACK: 1, RETRY: 2, DROP: 3 });
@@ -181,19 +190,27 @@ const reasonOf = (err) => (err instanceof Error ? err.message || err.name : Stri
  */
 export class Worker extends EventEmitter {
   #handler; #concurrency; #dialer; #queue = []; #active = 0; #closing = null; #closed;
+  #endpoint; #dialLog; #dialTimer = null; #since;
 
-  constructor({ endpoint = DEFAULT_ENDPOINT, concurrency = 1, maxEntryBytes = DEFAULT_MAX_ENTRY_BYTES } = {}, handler) {
+  constructor({ endpoint = DEFAULT_ENDPOINT, concurrency = 1, maxEntryBytes = DEFAULT_MAX_ENTRY_BYTES,
+                dialLogMs: dialLog } = {}, handler) {
     super();
     if (typeof handler !== 'function') throw new TypeError('serve() needs a handler function');
     if (!(Number.isInteger(concurrency) && concurrency >= 1)) throw new RangeError('concurrency must be an integer >= 1');
     this.#handler = handler;
     this.#concurrency = concurrency;
+    this.#endpoint = endpoint;
+    this.#dialLog = dialLogMs(dialLog);
     this.#dialer = new RepDialer(endpoint, { maxMessageBytes: maxEntryBytes + SP_HEADER_BYTES });
-    this.#dialer.on('connect', () => this.emit('connect'));
+    this.#dialer.on('connect', () => {
+      clearTimeout(this.#dialTimer);
+      this.emit('connect');
+    });
     this.#dialer.on('warn', (err) => this.emit('warn', err));
     this.#dialer.on('disconnect', (err) => {
       this.#queue = this.#queue.filter((req) => req.live);
       this.#pump();
+      this.#watchDialing();
       this.emit('disconnect', err);
     });
     this.#dialer.on('request', (req) => {
@@ -202,7 +219,31 @@ export class Worker extends EventEmitter {
       if (this.#queue.length >= this.#concurrency) this.#dialer.pause();
       this.#pump();
     });
+    this.#watchDialing();
     this.#dialer.start();
+  }
+
+  /** Warns while there is no connection: after dialLogMs, then every 6 times as long. */
+  #watchDialing() {
+    clearTimeout(this.#dialTimer);
+    if (this.#closing) return;
+    this.#since = Date.now();
+    const tick = (wait) => {
+      this.#dialTimer = setTimeout(() => {
+        const secs = Math.round((Date.now() - this.#since) / 1000);
+        this.#warn(new Error(`still dialing ${this.#endpoint}: no connection to idemproxy for ${secs} s ` +
+                             '(is idemproxy running, and is this its app.endpoint?)'));
+        tick(6 * this.#dialLog);
+      }, wait);
+      this.#dialTimer.unref();
+    };
+    tick(this.#dialLog);
+  }
+
+  /** A 'warn' event, or a process warning when nobody listens (so it is seen). */
+  #warn(err) {
+    if (this.listenerCount('warn') > 0) this.emit('warn', err);
+    else process.emitWarning(err.message, 'IdemproxyWarning');
   }
 
   /** Deliveries being handled right now. */
@@ -214,6 +255,7 @@ export class Worker extends EventEmitter {
    */
   close() {
     if (!this.#closing) {
+      clearTimeout(this.#dialTimer);
       this.#dialer.pause();
       this.#queue = [];
       this.#closing = new Promise((resolve) => { this.#closed = resolve; });

@@ -267,3 +267,44 @@ test('close() lets handlers in progress finish and answer', async () => {
   await peer.until(() => peer.conns[0].closed);
   await peer.close();
 });
+
+test('without a connection the worker warns that it is still dialing, and where, until connected', async () => {
+  const endpoint = ipc();
+  const warnings = [];
+  const worker = serve({ endpoint, dialLogMs: 300 }, async () => {});
+  worker.on('warn', (err) => warnings.push(err.message));
+  const dialing = () => warnings.filter((m) => m.startsWith(`still dialing ${endpoint}: no connection to idemproxy for `));
+  try {
+    for (let i = 0; i < 200 && dialing().length < 2; i++) await sleep(50);   // the first, one 6 x 300 ms later
+    assert.ok(dialing().length >= 2, JSON.stringify(warnings));
+    const peer = await ReqPeer.bind(endpoint);
+    try {
+      await peer.until(() => peer.conns.length === 1 && peer.conns[0].header);
+      const before = dialing().length;
+      await sleep(2500);                                                      // connected: quiet
+      assert.equal(dialing().length, before);
+    } finally {
+      await worker.close();
+      await peer.close();
+    }
+  } finally {
+    await worker.close();
+  }
+});
+
+test('IDEMPROXY_DIAL_LOG_MS sets the wait; without a warn listener it is a process warning', async () => {
+  const endpoint = ipc();
+  process.env.IDEMPROXY_DIAL_LOG_MS = '200';
+  const seen = [];
+  const onWarning = (w) => seen.push(w.message);
+  process.on('warning', onWarning);
+  const worker = serve({ endpoint }, async () => {});
+  try {
+    for (let i = 0; i < 100 && seen.length === 0; i++) await sleep(50);
+    assert.ok(seen.some((m) => m.startsWith(`still dialing ${endpoint}`)), JSON.stringify(seen));
+  } finally {
+    delete process.env.IDEMPROXY_DIAL_LOG_MS;
+    process.off('warning', onWarning);
+    await worker.close();
+  }
+});

@@ -69,11 +69,27 @@ static void dial(idemproxy_client *c)
  * was not answered is idemproxy's to deliver again. */
 #define IDEMPROXY_CLIENT_REDIAL_MS 2000
 
+static long long mono_ms(void);
+
 static void watchdog(idemproxy_client *c, int waited_ms)
 {
+    long long now = mono_ms();
+
     if (nn_get_statistic(c->sock, NN_STAT_CURRENT_CONNECTIONS) > 0) {
         c->unconnected_ms = 0;
+        c->unconnected_since_ms = 0;
         return;
+    }
+    /* No connection: say so now and then, or a wrong endpoint dials in silence. */
+    if (c->unconnected_since_ms == 0) {
+        c->unconnected_since_ms = now;
+        c->dial_log_next_ms = now + c->dial_log_ms;
+    }
+    if (now >= c->dial_log_next_ms) {
+        c->dial_log_next_ms = now + 6LL * c->dial_log_ms;
+        set_error(c, ENOTCONN, "still dialing %s: no connection to idemproxy for %lld s "
+                  "(is idemproxy running, and is this its app.endpoint?)", c->endpoint,
+                  (now - c->unconnected_since_ms + 500) / 1000);
     }
     c->unconnected_ms += waited_ms > 0 ? waited_ms : 100;
     if (c->unconnected_ms < IDEMPROXY_CLIENT_REDIAL_MS)
@@ -88,6 +104,7 @@ static void watchdog(idemproxy_client *c, int waited_ms)
 idemproxy_client *idemproxy_client_connect(const char *endpoint)
 {
     idemproxy_client *c = calloc(1, sizeof(*c));
+    const char *env;
 
     if (c == NULL)
         return NULL;
@@ -96,6 +113,10 @@ idemproxy_client *idemproxy_client_connect(const char *endpoint)
 
     snprintf(c->endpoint, sizeof(c->endpoint), "%s", endpoint);
     c->rcvmax = IDEMPROXY_CLIENT_DEFAULT_MAX_ENTRY_BYTES + IDEMPROXY_CLIENT_SP_HEADER_BYTES;
+    env = getenv("IDEMPROXY_DIAL_LOG_MS");
+    c->dial_log_ms = env != NULL && atoi(env) > 0 ? atoi(env) : 5000;
+    c->unconnected_since_ms = mono_ms();
+    c->dial_log_next_ms = c->unconnected_since_ms + c->dial_log_ms;
     dial(c);
     return c;
 }
@@ -272,25 +293,31 @@ int idemproxy_client_recv(idemproxy_client *c, int timeout_ms,
     c->errstr[0] = '\0';
     if (c->sock < 0)
         return set_error(c, EBADF, "not connected");
-    if (nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RCVTIMEO, &timeout_ms,
-                      sizeof(timeout_ms)) < 0)
-        return set_error(c, errno, "NN_RCVTIMEO: %s", nn_strerror(errno));
-
     /* Receiving abandons an unanswered delivery (REP holds one request). */
     c->pending = 0;
-    n = nn_recv(c->sock, &buf, NN_MSG, 0);
-    if (n < 0) {
-        if (errno == ETIMEDOUT || errno == EAGAIN) {
-            watchdog(c, timeout_ms);
-            return IDEMPROXY_CLIENT_EAGAIN;
-        }
+    /* In slices of at most 1 s, so the watchdog runs even without a timeout. */
+    for (;;) {
+        int slice = timeout_ms < 0 || timeout_ms > 1000 ? 1000 : timeout_ms;
+
+        if (nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RCVTIMEO, &slice, sizeof(slice)) < 0)
+            return set_error(c, errno, "NN_RCVTIMEO: %s", nn_strerror(errno));
+        n = nn_recv(c->sock, &buf, NN_MSG, 0);
+        if (n >= 0)
+            break;
         if (errno == EINTR)
             return IDEMPROXY_CLIENT_EAGAIN;
-        return set_error(c, errno, "nn_recv: %s", nn_strerror(errno));
+        if (errno != ETIMEDOUT && errno != EAGAIN)
+            return set_error(c, errno, "nn_recv: %s", nn_strerror(errno));
+        watchdog(c, slice);
+        if (c->err != 0 || c->sock < 0) /* a line to log, or the redial failed */
+            return IDEMPROXY_CLIENT_EAGAIN;
+        if (timeout_ms >= 0 && (timeout_ms -= slice) <= 0)
+            return IDEMPROXY_CLIENT_EAGAIN;
     }
     c->pending = 1;
     c->seq++;
     c->unconnected_ms = 0;
+    c->unconnected_since_ms = 0;
 
     /* protobuf-c returns NULL both for bad input and for a failed malloc. */
     msg = idemproxy__v1__delivery__unpack(NULL, (size_t) n, buf);

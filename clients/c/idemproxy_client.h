@@ -18,7 +18,10 @@
  *     for (;;) {
  *         idemproxy_delivery *d;
  *         int rc = idemproxy_client_recv(c, -1, &d);
- *         if (rc == IDEMPROXY_CLIENT_EAGAIN) continue;    (timeout or signal)
+ *         if (rc == IDEMPROXY_CLIENT_EAGAIN) {            (timeout or signal)
+ *             if (c->err) ...log c->errstr...;         (still dialing, a late delivery)
+ *             continue;
+ *         }
  *         if (rc != IDEMPROXY_CLIENT_OK) { ...c->errstr...; continue; }
  *         ...handle d->key, d->payload, d->fields...
  *         idemproxy_client_ack(c, d);
@@ -43,7 +46,12 @@
  * returned: no stale work runs.
  *
  * nanomsg re-dials by itself, so a worker may start before idemproxy and
- * survives its restarts; a peer that sends no SP header within 1 s (nanomsg's
+ * survives its restarts. Without a connection for 5 s (the environment
+ * variable IDEMPROXY_DIAL_LOG_MS, in ms), idemproxy_client_recv() returns
+ * IDEMPROXY_CLIENT_EAGAIN with c->err = ENOTCONN and c->errstr "still dialing
+ * <endpoint>: ...", then again every six times as long (30 s) until connected
+ * (a receive without a timeout, -1, returns for it too): log it, and a wrong
+ * endpoint shows; a peer that sends no SP header within 1 s (nanomsg's
  * fixed handshake timeout; the other clients wait 10 s) is hung up on.
  * Receive limit: a Delivery of up to app.max_entry_bytes (1 MiB by default)
  * is accepted, plus IDEMPROXY_CLIENT_SP_HEADER_BYTES of SP header (nanomsg's
@@ -93,6 +101,10 @@ typedef struct idemproxy_client {
     int      unconnected_ms; /* receive timeouts in a row with no connection */
     int      rcvmax;       /* NN_RCVMAXSIZE, set again after a redial (-1: no limit) */
     long long last_send_ms; /* CLOCK_MONOTONIC ms of the last answer sent (0: none) */
+    /* Appended in 0.1 (the library allocates the struct: older programs are unaffected). */
+    long long unconnected_since_ms; /* CLOCK_MONOTONIC ms since no connection (0: connected) */
+    long long dial_log_next_ms;     /* when "still dialing" is due next */
+    int       dial_log_ms;          /* the first after this long (IDEMPROXY_DIAL_LOG_MS, 5000) */
 } idemproxy_client;
 
 /* One stream field: a UTF-8 name and a binary value (not NUL-terminated). */

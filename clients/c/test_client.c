@@ -202,6 +202,32 @@ int main(void)
     idemproxy_client_free(NULL);
     idemproxy_delivery_free(NULL);
 
+    /* Issue 33: with nobody at the endpoint (a typo), receiving says it is still
+     * dialing and where: after IDEMPROXY_DIAL_LOG_MS, then at six times it. */
+    {
+        char nobody[96], want[192];
+        uint64_t t0, t1;
+        int rc;
+
+        snprintf(nobody, sizeof(nobody), "ipc:///tmp/px-client-nobody-%d.sock", (int) getpid());
+        snprintf(want, sizeof(want), "still dialing %s: no connection to idemproxy for ", nobody);
+        setenv("IDEMPROXY_DIAL_LOG_MS", "300", 1);
+        c = idemproxy_client_connect(nobody);
+        unsetenv("IDEMPROXY_DIAL_LOG_MS");
+        t0 = now_unix_ms();
+        do
+            rc = idemproxy_client_recv(c, 100, &d);
+        while (rc == IDEMPROXY_CLIENT_EAGAIN && c->err == 0 && now_unix_ms() - t0 < 5000);
+        test_cond("still dialing: EAGAIN with ENOTCONN", rc == IDEMPROXY_CLIENT_EAGAIN && c->err == ENOTCONN);
+        test_cond("still dialing: names the endpoint", strncmp(c->errstr, want, strlen(want)) == 0);
+        t1 = now_unix_ms();
+        rc = idemproxy_client_recv(c, -1, &d); /* no timeout: returns for the next line */
+        test_cond("still dialing again, from a receive without a timeout",
+                  rc == IDEMPROXY_CLIENT_EAGAIN && c->err == ENOTCONN &&
+                  strncmp(c->errstr, want, strlen(want)) == 0 && now_unix_ms() - t1 >= 1000);
+        idemproxy_client_free(c);
+    }
+
     snprintf(url, sizeof(url), "ipc:///tmp/px-client-test-%d.sock", (int) getpid());
     req = nn_socket(AF_SP_RAW, NN_REQ);
     test_cond("raw req bind", req >= 0 && nn_bind(req, url) >= 0);

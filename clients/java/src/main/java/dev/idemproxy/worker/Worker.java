@@ -48,6 +48,9 @@ import java.util.concurrent.atomic.AtomicInteger;
  * still at most n at a time. The connection dials until idemproxy is there and again
  * whenever it goes away (backoff 0.1 s doubling to 1 s), so a worker may start first and
  * survives idemproxy's restarts; a peer that sends no SP header within 10 s is hung up on.
+ * Without a connection for 5 s (IDEMPROXY_DIAL_LOG_MS, in milliseconds) a WARNING says it is
+ * still dialing and where, then one every six times as long (30 s) until connected, so a
+ * wrong endpoint shows in the log.
  * When a connection is lost, the deliveries it brought that have not started are skipped
  * (their answers could not be sent; idemproxy delivers them again) and the worker dials
  * again at once. Every answer echoes the delivery's stream and entry id; a delivery that
@@ -76,6 +79,8 @@ public final class Worker implements AutoCloseable {
     private static final System.Logger LOG = System.getLogger(Worker.class.getPackageName());
     private static final long BACKOFF_MIN_MS = 100;
     private static final long BACKOFF_MAX_MS = 1000;
+    /** The first "still dialing" warning after this long without a connection; then 6 times as long. */
+    static final long DIAL_LOG_MS = 5000;
 
     private final int maxEntryBytes;
     private final CountDownLatch closing = new CountDownLatch(1);
@@ -85,6 +90,7 @@ public final class Worker implements AutoCloseable {
     private int inHand;      // guarded by this: deliveries taken whose answers are not sent yet
     private SpRep current;   // guarded by this
     private String lastError; // the serving thread's last dial failure, logged once
+    private long dialLogMs = dialLogFromEnv(); // see DIAL_LOG_MS; IDEMPROXY_DIAL_LOG_MS sets it
 
     public Worker() {
         this(DEFAULT_MAX_ENTRY_BYTES);
@@ -148,9 +154,20 @@ public final class Worker implements AutoCloseable {
         Semaphore free = new Semaphore(concurrency);
         try {
             long backoff = BACKOFF_MIN_MS;
+            long since = System.nanoTime(), next = since + dialLogMs * 1_000_000;
             while (!closed()) {
-                if (session(endpoint, handler, own != null ? own : executor, free, concurrency))
+                if (session(endpoint, handler, own != null ? own : executor, free, concurrency)) {
                     backoff = BACKOFF_MIN_MS;
+                    since = System.nanoTime(); // connected, then lost: start over
+                    next = since + dialLogMs * 1_000_000;
+                } else if (!closed() && System.nanoTime() - next >= 0) {
+                    // A wrong endpoint would otherwise dial in silence for ever.
+                    long now = System.nanoTime();
+                    next = now + 6 * dialLogMs * 1_000_000;
+                    LOG.log(WARNING, "still dialing {0}: no connection to idemproxy for {1} s "
+                            + "(is idemproxy running, and is this its app.endpoint?)", endpoint,
+                            String.valueOf(Math.round((now - since) / 1e9)));
+                }
                 closing.await(backoff, TimeUnit.MILLISECONDS);
                 backoff = Math.min(backoff * 2, BACKOFF_MAX_MS);
             }
@@ -163,6 +180,21 @@ public final class Worker implements AutoCloseable {
                 own.shutdown();
             finished.countDown();
         }
+    }
+
+    /** IDEMPROXY_DIAL_LOG_MS, or DIAL_LOG_MS when unset or not a positive number. */
+    private static long dialLogFromEnv() {
+        try {
+            long ms = Long.parseLong(System.getenv().getOrDefault("IDEMPROXY_DIAL_LOG_MS", ""));
+            return ms > 0 ? ms : DIAL_LOG_MS;
+        } catch (NumberFormatException e) {
+            return DIAL_LOG_MS;
+        }
+    }
+
+    /** For tests: the wait before the first "still dialing" warning. */
+    void dialLogMs(long ms) {
+        dialLogMs = ms;
     }
 
     /**

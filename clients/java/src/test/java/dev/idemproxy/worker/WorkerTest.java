@@ -275,6 +275,53 @@ class WorkerTest {
     }
 
     @Test
+    void saysItIsStillDialingAndWhereUntilConnected() throws Exception {
+        List<LogRecord> records = java.util.Collections.synchronizedList(new ArrayList<>());
+        java.util.logging.Handler collect = new java.util.logging.Handler() {
+            @Override public void publish(LogRecord r) { records.add(r); }
+            @Override public void flush() { }
+            @Override public void close() { }
+        };
+        Logger log = Logger.getLogger("dev.idemproxy.worker");
+        log.addHandler(collect);
+        Path sock = tmp.resolve("typo.sock");
+        String want = "still dialing ipc://" + sock + ": no connection to idemproxy for ";
+        java.util.function.Supplier<List<String>> dialing = () -> {
+            synchronized (records) {
+                return records.stream().filter(r -> r.getLevel() == Level.WARNING)
+                        .map(r -> java.text.MessageFormat.format(r.getMessage(), r.getParameters()))
+                        .filter(m -> m.startsWith(want)).toList();
+            }
+        };
+        try {
+            Worker w = new Worker(1024);
+            w.dialLogMs(300);
+            Thread t = new Thread(() -> {
+                try {
+                    w.serve("ipc://" + sock, 1, null, d -> { });
+                } catch (InterruptedException e) {
+                    // stopped
+                }
+            });
+            t.start();
+            running.add(new Running(w, t));
+            long deadline = System.nanoTime() + 10_000_000_000L;
+            while (dialing.get().size() < 2 && System.nanoTime() < deadline) // the first, one 6 x 300 ms later
+                Thread.sleep(50);
+            assertTrue(dialing.get().size() >= 2, records.toString());
+            try (FakeIdemproxy px = FakeIdemproxy.ipc(sock); FakeIdemproxy.Peer p = px.accept()) {
+                p.request(delivery("k", 1), 0x80000001);
+                assertEquals(Status.ACK, ack(p.reply(), 0x80000001).getStatus());
+                int n = dialing.get().size();
+                Thread.sleep(2500); // connected: quiet
+                assertEquals(n, dialing.get().size());
+            }
+        } finally {
+            log.removeHandler(collect);
+        }
+    }
+
+    @Test
     void dialsUntilIdemproxyBindsAndAgainAfterItRestarts() throws Exception {
         Path sock = tmp.resolve("later.sock");
         serve("ipc://" + sock, 1, d -> { });

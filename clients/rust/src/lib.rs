@@ -36,6 +36,10 @@
 //! - The socket dials in the background and re-dials whenever the connection is
 //!   gone, so a worker may start before idemproxy and survives its restarts; a peer
 //!   that sends no SP header within 10 s (NNG's handshake timeout) is hung up on.
+//!   Without a connection for 5 s (`IDEMPROXY_DIAL_LOG_MS`, or
+//!   [`Worker::set_dial_log`]), [`Worker::run`] logs a warning that it is still
+//!   dialing and where, then one every six times as long (30 s) until connected,
+//!   so a wrong endpoint shows.
 //! - `deadline_unix_ms` is the delivery's ack deadline: an answer after it is
 //!   ignored and the entry is delivered again. idemproxy paces deliveries per
 //!   worker, so the ack timer measures the handler's own work, not a queue in front
@@ -54,14 +58,15 @@
 //!   answer that could not be sent (error). A record about a delivery names its
 //!   stream, entry id, key and attempt.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, mpsc};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
 
 use nng::options::{Options as _, RecvMaxSize};
-use nng::{Aio, AioResult, Context, Protocol, Socket};
+use nng::{Aio, AioResult, Context, Pipe, PipeEvent, Protocol, Socket};
 use prost::Message as _;
 
 pub use nng;
@@ -180,10 +185,76 @@ where
     Worker::connect(endpoint)?.run(concurrency, handler)
 }
 
+/// The default wait without a connection before the first "still dialing"
+/// warning; the next come every six times as long.
+pub const DIAL_LOG: Duration = Duration::from_secs(5);
+
+/// Whether the socket has a connection, and when to say it still has none.
+struct DialWatch {
+    endpoint: String,
+    state: Mutex<DialState>,
+}
+
+struct DialState {
+    pipes: HashSet<Pipe>, // the connections up
+    since: Instant,       // without one since
+    next: Instant,        // the next warning, while without one
+    first: Duration,
+}
+
+impl DialWatch {
+    fn new(endpoint: &str) -> DialWatch {
+        let first = std::env::var("IDEMPROXY_DIAL_LOG_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&ms| ms > 0)
+            .map_or(DIAL_LOG, Duration::from_millis);
+        let now = Instant::now();
+        let state = DialState { pipes: HashSet::new(), since: now, next: now + first, first };
+        DialWatch { endpoint: endpoint.to_owned(), state: Mutex::new(state) }
+    }
+
+    fn pipe(&self, pipe: Pipe, event: PipeEvent) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match event {
+            PipeEvent::AddPost => {
+                st.pipes.insert(pipe);
+            }
+            PipeEvent::RemovePost => {
+                if st.pipes.remove(&pipe) && st.pipes.is_empty() {
+                    let now = Instant::now();
+                    st.since = now;
+                    st.next = now + st.first;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Called now and then (each idle receive): warns when it is time.
+    fn tick(&self) {
+        let now = Instant::now();
+        let waited = {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if !st.pipes.is_empty() || now < st.next {
+                return;
+            }
+            st.next = now + 6 * st.first;
+            now - st.since
+        };
+        log::warn!(
+            "still dialing {}: no connection to idemproxy for {} s (is idemproxy running, and is this its app.endpoint?)",
+            self.endpoint,
+            waited.as_secs_f64().round()
+        );
+    }
+}
+
 /// A REP socket dialing idemproxy, and the flag that stops [`Worker::run`].
 pub struct Worker {
     socket: Socket,
     stop: Arc<AtomicBool>,
+    dial: Arc<DialWatch>,
 }
 
 impl Worker {
@@ -193,8 +264,20 @@ impl Worker {
     pub fn connect(endpoint: &str) -> Result<Worker, SocketError> {
         let socket = Socket::new(Protocol::Rep0)?;
         socket.set_opt::<RecvMaxSize>(DEFAULT_MAX_ENTRY_BYTES + SP_HEADER_BYTES)?;
+        let dial = Arc::new(DialWatch::new(endpoint));
+        let watch = Arc::clone(&dial);
+        socket.pipe_notify(move |pipe, event| watch.pipe(pipe, event))?;
         socket.dial_async(endpoint)?;
-        Ok(Worker { socket, stop: Arc::new(AtomicBool::new(false)) })
+        Ok(Worker { socket, stop: Arc::new(AtomicBool::new(false)), dial })
+    }
+
+    /// Sets how long [`Worker::run`] goes without a connection before it warns
+    /// that it is still dialing (default [`DIAL_LOG`], or `IDEMPROXY_DIAL_LOG_MS`);
+    /// the next warnings come every six times as long.
+    pub fn set_dial_log(&self, first: Duration) {
+        let mut st = self.dial.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.first = first.max(Duration::from_millis(1));
+        st.next = st.since + st.first;
     }
 
     /// Accepts Deliveries of up to `bytes`: idemproxy's `app.max_entry_bytes`, to be
@@ -266,7 +349,10 @@ impl Worker {
             ctx.recv(&aio)?;
             let request = match wait()? {
                 AioResult::Recv(Ok(m)) => m,
-                AioResult::Recv(Err(nng::Error::TimedOut)) => continue,
+                AioResult::Recv(Err(nng::Error::TimedOut)) => {
+                    self.dial.tick();
+                    continue;
+                }
                 AioResult::Recv(Err(nng::Error::Closed)) => break,
                 AioResult::Recv(Err(e)) => return Err(e),
                 _ => unreachable!("only a receive was started"),

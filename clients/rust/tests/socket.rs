@@ -205,3 +205,42 @@ fn handlers_run_concurrently_on_contexts() {
     let ((s1, e1), (s2, e2)) = (spans[0], spans[1]);
     assert!(s1 < e2 && s2 < e1, "the two handlers did not overlap");
 }
+
+#[test]
+fn says_it_is_still_dialing_and_where_until_connected() {
+    record_logs();
+    let ep = endpoint("typo");
+    let want = format!("still dialing {ep}: no connection to idemproxy for ");
+    let dialing = || -> usize {
+        RECORDS
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(l, m)| *l == log::Level::Warn && m.starts_with(&want))
+            .count()
+    };
+    let worker = Worker::connect(&ep).unwrap();
+    worker.set_dial_log(Duration::from_millis(300));
+    let stop = worker.stop_flag();
+    thread::scope(|s| {
+        let run = s.spawn(|| worker.run(1, |_: &Delivery| Ok(())));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while dialing() < 2 && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(50)); // the first, and one 6 x 300 ms later
+        }
+        let got = dialing();
+        if got < 2 {
+            stop.store(true, Ordering::SeqCst); // fail, not hang: the scope joins run
+        }
+        assert!(got >= 2, "{:?}", RECORDS.0.lock().unwrap());
+        let req = Socket::new(Protocol::Req0).unwrap();
+        req.listen(&ep).unwrap();
+        assert_eq!(request(&req, &delivery("k")).status(), Status::Ack);
+        let n = dialing();
+        thread::sleep(Duration::from_millis(2500)); // connected: quiet
+        assert_eq!(dialing(), n);
+        stop.store(true, Ordering::SeqCst);
+        assert_eq!(run.join().unwrap(), Ok(()));
+    });
+}

@@ -449,3 +449,42 @@ def test_clients_hang_up_on_a_silent_peer(tmp_path):
     assert set(took) == set(LANGS), took
     slow = {lang: round(s, 1) for lang, s in took.items() if s > 13}
     assert not slow, f"waited this long (s) on a peer that never sent its SP header: {slow}"
+
+
+@pytest.mark.parametrize("lang", ["go", "node"])
+def test_client_exits_promptly_after_its_last_answer(env, lang):
+    """SIGTERM during a handler, deliveries waiting behind it: once the last
+    answer is sent and nothing is in flight, the worker is gone within 0.5 s
+    (a rolling update waits on it). Node waited 1 s more: it paused its socket
+    and never read idemproxy's close behind the unread deliveries."""
+    build(lang)
+    ep = env.endpoint()
+    p = env.proxy([{"stream": "quit", "group": "g", "consumer": "c1", "payload_field": "payload",
+                    "key": "#event.eventId"}], endpoint=ep, max_inflight=8)
+    report = env.tmp / f"{lang}-quit-report.jsonl"
+    w = ExampleWorker(lang, ep, env.tmp, WORKER_REPORT=report, WORKER_SLOW_KEYS="slow", WORKER_SLOW_MS=600)
+    try:
+        pid = worker_pid(w)
+        wait_for(lambda: p.metrics().get("idemproxy_workers_connected") == 1, timeout=60,
+                 what=f"{lang} worker connected")
+        env.r.xadd("quit", {"payload": json.dumps({"eventId": "slow"})})
+        for k in range(6):
+            env.r.xadd("quit", {"payload": json.dumps({"eventId": f"after-{k}"})})
+        wait_for(lambda: p.metrics().get("idemproxy_inflight", 0) >= 1, what="slow delivered")
+        time.sleep(0.2)   # slow in the handler, the others in the socket
+        os.kill(pid, signal.SIGTERM)
+        gone = None
+        while gone is None:
+            try:
+                if open(f"/proc/{pid}/stat").read().split()[2] == "Z":
+                    gone = time.time()
+            except FileNotFoundError:
+                gone = time.time()
+            time.sleep(0.002)
+        assert w.proc.wait(10) == 0, f"{lang}: {w.err.read_text(errors='replace')[-800:]}"
+        last = max(r["end_ms"] for r in reported(report)) / 1000
+        assert gone - last < 0.5, f"{lang}: exited {gone - last:.2f} s after its last answer"
+        wait_for(lambda: (env.r.get("idem:slow") or "")[:1] == "D", timeout=10, what="the last answer done")
+    finally:
+        if w.proc.poll() is None:
+            w.stop()

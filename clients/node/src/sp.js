@@ -84,6 +84,9 @@ export class RepDialer extends EventEmitter {
     if (!sock) return Promise.resolve();
     const cut = setTimeout(() => sock.destroy(), 1000);   // a peer that never closes its side
     sock.end();
+    // Read on, discarding, to the peer's close: nanomsg closes only once the deliveries it has
+    // written are read, so a paused socket waited out the cut (and would reset the connection).
+    sock.resume();
     return once(sock, 'close').then(() => clearTimeout(cut));
   }
 
@@ -115,6 +118,7 @@ export class RepDialer extends EventEmitter {
       sock.write(spHeader(SP_REP));
     });
     sock.on('data', (chunk) => {
+      if (this.#closed) return;                // closing: what comes now is never answered
       chunks.push(chunk);
       have += chunk.length;
       for (let b; !sock.destroyed && (b = take(need)) !== null;) {

@@ -1,6 +1,10 @@
 package idemproxy
 
 import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math"
 	"net"
 	"strings"
 	"time"
@@ -91,7 +95,41 @@ func (d *timedDialer) Dial() (transport.Pipe, error) {
 		return nil, err
 	}
 	_ = c.SetDeadline(time.Time{})
+	if d.network == "unix" {
+		return &ipcPipe{Pipe: pipe, c: c, maxrx: d.maxRecvSize}, nil
+	}
 	return pipe, nil
+}
+
+// ipcPipe is mangos' ipc pipe with a Recv that refuses a frame whose type
+// byte is not 1: nanomsg's ipc frames are type 1 = message, and mangos takes
+// any type as one. Such a frame closes the connection (the dialer then dials
+// again), as a message over the receive limit does.
+type ipcPipe struct {
+	transport.Pipe          // Send, Close, GetOption: mangos' own
+	c              net.Conn // read only by Recv, which mangos calls from one goroutine
+	maxrx          int      // the receive limit; 0: none
+}
+
+func (p *ipcPipe) Recv() (*transport.Message, error) {
+	var head [9]byte // type, 64-bit big-endian length
+	if _, err := io.ReadFull(p.c, head[:]); err != nil {
+		return nil, err
+	}
+	if head[0] != 1 {
+		return nil, fmt.Errorf("idemproxy: ipc frame of type %d is not a message", head[0])
+	}
+	n := binary.BigEndian.Uint64(head[1:])
+	if n > math.MaxInt || (p.maxrx > 0 && n > uint64(p.maxrx)) {
+		return nil, mangos.ErrTooLong
+	}
+	msg := mangos.NewMessage(int(n))
+	msg.Body = msg.Body[:n]
+	if _, err := io.ReadFull(p.c, msg.Body); err != nil {
+		msg.Free()
+		return nil, err
+	}
+	return msg, nil
 }
 
 func (d *timedDialer) SetOption(name string, v interface{}) error {

@@ -2,13 +2,16 @@ package idemproxy
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -450,5 +453,75 @@ func TestEndpointWithoutTransportNamesTheForms(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "expected ipc:///path/to/socket or tcp://host:port") {
 			t.Errorf("%s: got %v", e, err)
 		}
+// rawIPC plays idemproxy at the byte level on a unix socket: it accepts a
+// worker's connection and swaps SP headers, so a test chooses every frame.
+func rawIPC(t *testing.T, l net.Listener) net.Conn {
+	t.Helper()
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte{0, 'S', 'P', 0, 0, 48, 0, 0}); err != nil { // REQ
+		t.Fatal(err)
+	}
+	hdr := make([]byte, 8)
+	if _, err := io.ReadFull(c, hdr); err != nil || hdr[5] != 49 {
+		t.Fatalf("worker's SP header %v: %v", hdr, err)
+	}
+	return c
+}
+
+// rawFrame is one ipc frame: the type byte, the length, request id 1 and a Delivery for key.
+func rawFrame(t *testing.T, typ byte, key string) []byte {
+	body, err := proto.Marshal(&pb.Delivery{Stream: "s", EntryId: "1-0", Key: key, Attempt: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := append([]byte{0x80, 0, 0, 1}, body...)
+	f := append([]byte{typ}, binary.BigEndian.AppendUint64(nil, uint64(len(msg)))...)
+	return append(f, msg...)
+}
+
+// nanomsg's ipc frames are type 1, a message; any other type is not one:
+// the worker hangs up without running the handler, dials again, and serves
+// the type-1 frames of the new connection.
+func TestIPCFrameOfAnotherTypeIsNotAMessage(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "raw.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var mu sync.Mutex
+	var seen []string
+	serve(t, "ipc://"+path, func(_ context.Context, d *Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, d.Key)
+		return nil
+	})
+	c := rawIPC(t, l)
+	if _, err := c.Write(rawFrame(t, 2, "type-2")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Read(make([]byte, 64)); err == nil {
+		t.Fatalf("a frame of type 2 was answered (%d bytes) instead of the connection closed", n)
+	} else if !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("the worker did not hang up: %v", err)
+	}
+	c = rawIPC(t, l) // it dials again
+	if _, err := c.Write(rawFrame(t, 1, "type-1")); err != nil {
+		t.Fatal(err)
+	}
+	head := make([]byte, 9)
+	if _, err := io.ReadFull(c, head); err != nil || head[0] != 1 {
+		t.Fatalf("no answer to a frame of type 1: %v %v", head, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(seen) != "[type-1]" {
+		t.Errorf("the handler saw %v, want [type-1]", seen)
 	}
 }

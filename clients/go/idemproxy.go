@@ -101,6 +101,8 @@ type Delivery struct {
 	Attempt        uint32  // 1 on the first delivery
 	FencingToken   uint64  // strictly increasing per lock; 0 when fencing is off
 	DeadlineUnixMs uint64  // an answer after this is too late
+	Traceparent    string  // W3C trace context of idemproxy's delivery span (protocol 1.1), or ""
+	Tracestate     string  // the W3C tracestate that goes with it, or ""
 }
 
 // Field returns the value of the first field called name.
@@ -122,8 +124,9 @@ func (d *Delivery) Deadline() (t time.Time, ok bool) {
 }
 
 // Handler handles one delivery. It returns nil to ACK, an error made by Drop
-// (possibly wrapped) to DROP, and any other error to RETRY; the reason sent
-// is err.Error().
+// (possibly wrapped) to DROP, one made by RetryAfter to RETRY no earlier than
+// its duration, and any other error to RETRY after idemproxy's backoff; the
+// reason sent is err.Error().
 type Handler func(ctx context.Context, d *Delivery) error
 
 // DropError asks idemproxy to dead-letter the delivery instead of retrying it.
@@ -133,6 +136,30 @@ func (e *DropError) Error() string { return e.Reason }
 
 // Drop returns the error a handler returns to answer DROP with reason.
 func Drop(reason string) error { return &DropError{Reason: reason} }
+
+// RetryAfterError asks idemproxy to deliver the entry again after After
+// instead of its backoff (protocol 1.1; an older idemproxy ignores it and
+// backs off). The attempt counts toward max_deliveries as any RETRY does.
+type RetryAfterError struct{ After time.Duration }
+
+func (e *RetryAfterError) Error() string { return "retry after " + e.After.String() }
+
+// maxRetryAfter is idemproxy's cap on retry_after_ms.
+const maxRetryAfter = time.Hour
+
+// millis is After as Ack.retry_after_ms: whole ms rounded up, at least 1
+// (0 would mean "the backoff"), at most an hour (idemproxy's cap).
+func (e *RetryAfterError) millis() uint32 {
+	d := min(max(e.After, time.Millisecond), maxRetryAfter)
+	return uint32((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// RetryAfter returns the error a handler returns to answer RETRY and have
+// the entry delivered again no earlier than d from now (at least 1 ms,
+// capped at an hour by idemproxy): a rate limit, a downstream's Retry-After.
+// Wrapped (fmt.Errorf("rate limited: %w", idemproxy.RetryAfter(d))) it still
+// counts; the reason sent is err.Error().
+func RetryAfter(d time.Duration) error { return &RetryAfterError{After: d} }
 
 // Option configures Serve.
 type Option func(*options)
@@ -341,6 +368,7 @@ func answer(ctx context.Context, msg []byte, h Handler, o *options) *pb.Ack {
 	d := &Delivery{
 		Stream: m.Stream, EntryID: m.EntryId, Key: m.Key, Payload: m.Payload,
 		Attempt: m.Attempt, FencingToken: m.FencingToken, DeadlineUnixMs: m.DeadlineUnixMs,
+		Traceparent: m.Traceparent, Tracestate: m.Tracestate,
 	}
 	for _, f := range m.Fields {
 		d.Fields = append(d.Fields, Field{Name: f.Name, Value: f.Value})
@@ -348,10 +376,18 @@ func answer(ctx context.Context, msg []byte, h Handler, o *options) *pb.Ack {
 	ack := &pb.Ack{Status: pb.Ack_ACK, Stream: d.Stream, EntryId: d.EntryID}
 	if err := call(ctx, h, d, o); err != nil {
 		var drop *DropError
+		var later *RetryAfterError
 		ack.Status, ack.Reason = pb.Ack_RETRY, err.Error()
 		msg := "idemproxy: handler failed, answered RETRY"
-		if errors.As(err, &drop) {
+		switch {
+		case errors.As(err, &drop):
 			ack.Status, msg = pb.Ack_DROP, "idemproxy: handler dropped the delivery, answered DROP"
+		case errors.As(err, &later):
+			ack.RetryAfterMs = later.millis()
+			o.log.Info("idemproxy: handler asked for a later retry, answered RETRY", "stream", d.Stream,
+				"entry_id", d.EntryID, "key", d.Key, "attempt", d.Attempt,
+				"retry_after_ms", ack.RetryAfterMs, "err", err)
+			return ack
 		}
 		if !errors.As(err, new(panicked)) { // call logged the panic, with its stack
 			o.log.Warn(msg, "stream", d.Stream, "entry_id", d.EntryID, "key", d.Key,

@@ -525,3 +525,48 @@ func TestIPCFrameOfAnotherTypeIsNotAMessage(t *testing.T) {
 		t.Errorf("the handler saw %v, want [type-1]", seen)
 	}
 }
+
+// Protocol 1.1: RetryAfter is a RETRY whose Ack carries retry_after_ms (field
+// 5) in whole ms rounded up, at least 1, at most an hour; a wrapped one counts.
+func TestRetryAfter(t *testing.T) {
+	p := newPeer(t)
+	p.listen()
+	serve(t, p.url, func(_ context.Context, d *Delivery) error {
+		switch d.Key {
+		case "later":
+			return RetryAfter(1500 * time.Millisecond)
+		case "wrapped":
+			return fmt.Errorf("rate limited: %w", RetryAfter(2500*time.Microsecond))
+		case "now":
+			return RetryAfter(0)
+		case "tomorrow":
+			return RetryAfter(24 * time.Hour)
+		}
+		return errors.New("plain")
+	})
+	for _, c := range []struct {
+		key    string
+		ms     uint32
+		reason string
+	}{{"later", 1500, "retry after 1.5s"}, {"wrapped", 3, "rate limited: retry after 2.5ms"},
+		{"now", 1, "retry after 0s"}, {"tomorrow", 3600000, "retry after 24h0m0s"}, {"plain", 0, "plain"}} {
+		ack := p.deliver(&pb.Delivery{Stream: "s", EntryId: "1-0", Key: c.key, Attempt: 1})
+		if ack.Status != pb.Ack_RETRY || ack.RetryAfterMs != c.ms || ack.Reason != c.reason {
+			t.Errorf("%s: %v retry_after_ms=%d reason=%q, want RETRY %d %q",
+				c.key, ack.Status, ack.RetryAfterMs, ack.Reason, c.ms, c.reason)
+		}
+	}
+}
+
+// Protocol 1.1: the delivery's W3C trace context reaches the handler.
+func TestTraceContextReachesHandler(t *testing.T) {
+	p := newPeer(t)
+	p.listen()
+	got := make(chan *Delivery, 1)
+	serve(t, p.url, func(_ context.Context, d *Delivery) error { got <- d; return nil })
+	tp := "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	p.deliver(&pb.Delivery{Stream: "s", EntryId: "1-0", Key: "k", Attempt: 1, Traceparent: tp, Tracestate: "x=1"})
+	if d := <-got; d.Traceparent != tp || d.Tracestate != "x=1" {
+		t.Errorf("traceparent %q tracestate %q", d.Traceparent, d.Tracestate)
+	}
+}

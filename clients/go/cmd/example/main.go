@@ -13,6 +13,8 @@
 //	WORKER_CONCURRENCY   handle up to n deliveries at the same time (1)
 //	WORKER_DELAY_MS      work this long before answering each delivery
 //	WORKER_RETRY_KEYS    k1,k2: answer RETRY while attempt <= WORKER_RETRY_TIMES (1)
+//	WORKER_RETRY_AFTER_MS  n > 0: those RETRYs ask to come again after n ms
+//	                     (idemproxy.RetryAfter) instead of idemproxy's backoff
 //	WORKER_DROP_KEYS     k3: answer DROP, reason "dropped by worker"
 //	WORKER_NOACK_KEYS    k4: never answer in time (the handler waits out the
 //	                     delivery's deadline, so idemproxy's ack timeout fires)
@@ -22,7 +24,8 @@
 //	WORKER_SLOW_KEYS     k6: work WORKER_SLOW_MS (1000) on these before answering
 //	WORKER_REPORT        a file: one JSON object per answered delivery is appended
 //	                     (key, stream, entry_id, attempt, fencing_token,
-//	                     deadline_unix_ms, payload, fields, status, start_ms, end_ms)
+//	                     deadline_unix_ms, payload, fields, status, start_ms, end_ms,
+//	                     traceparent, tracestate)
 package main
 
 import (
@@ -73,6 +76,8 @@ type reportRow struct {
 	Status         string            `json:"status"`
 	StartMs        int64             `json:"start_ms"`
 	EndMs          int64             `json:"end_ms"`
+	Traceparent    string            `json:"traceparent"`
+	Tracestate     string            `json:"tracestate"`
 }
 
 func newRow(d *idemproxy.Delivery, status string, start, end time.Time) reportRow {
@@ -81,6 +86,7 @@ func newRow(d *idemproxy.Delivery, status string, start, end time.Time) reportRo
 		FencingToken: d.FencingToken, DeadlineUnixMs: d.DeadlineUnixMs,
 		Payload: string(d.Payload), Fields: map[string]string{}, Status: status,
 		StartMs: start.UnixMilli(), EndMs: end.UnixMilli(),
+		Traceparent: d.Traceparent, Tracestate: d.Tracestate,
 	}
 	for _, f := range d.Fields {
 		row.Fields[f.Name] = string(f.Value)
@@ -151,6 +157,9 @@ func handle(ctx context.Context, d *idemproxy.Delivery) error {
 	case inList(os.Getenv("WORKER_RETRY_KEYS"), d.Key) &&
 		int64(d.Attempt) <= int64(envInt("WORKER_RETRY_TIMES", 1)):
 		status, err = "retry", errors.New("retry requested by worker")
+		if ms := envInt("WORKER_RETRY_AFTER_MS", 0); ms > 0 {
+			err = fmt.Errorf("retry requested by worker: %w", idemproxy.RetryAfter(time.Duration(ms)*time.Millisecond))
+		}
 	}
 	if path := os.Getenv("WORKER_REPORT"); path != "" {
 		if rerr := appendReport(path, newRow(d, status, start, time.Now())); rerr != nil {

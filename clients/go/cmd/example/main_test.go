@@ -28,7 +28,8 @@ func TestReportLine(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "report.jsonl")
 	d := &idemproxy.Delivery{Stream: "room", EntryID: "1-0", Key: "k\"1", Payload: []byte(`{"n":1}`),
 		Fields:  []idemproxy.Field{{Name: "source", Value: []byte("x")}},
-		Attempt: 2, FencingToken: 7, DeadlineUnixMs: 1700000000000}
+		Attempt: 2, FencingToken: 7, DeadlineUnixMs: 1700000000000,
+		Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", Tracestate: "x=1"}
 	start := time.UnixMilli(1700000000001)
 	for i := 0; i < 2; i++ {
 		if err := appendReport(path, newRow(d, "retry", start, start.Add(5*time.Millisecond))); err != nil {
@@ -50,7 +51,8 @@ func TestReportLine(t *testing.T) {
 	want := map[string]any{"key": "k\"1", "stream": "room", "entry_id": "1-0", "attempt": 2.0,
 		"fencing_token": 7.0, "deadline_unix_ms": 1700000000000.0, "payload": `{"n":1}`,
 		"fields": map[string]any{"source": "x"}, "status": "retry",
-		"start_ms": 1700000000001.0, "end_ms": 1700000000006.0}
+		"start_ms": 1700000000001.0, "end_ms": 1700000000006.0,
+		"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "x=1"}
 	if len(rows) != 2 || !reflect.DeepEqual(rows[0], want) {
 		t.Errorf("report rows %v\nwant %v", rows, want)
 	}

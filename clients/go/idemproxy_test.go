@@ -453,6 +453,9 @@ func TestEndpointWithoutTransportNamesTheForms(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "expected ipc:///path/to/socket or tcp://host:port") {
 			t.Errorf("%s: got %v", e, err)
 		}
+	}
+}
+
 // rawIPC plays idemproxy at the byte level on a unix socket: it accepts a
 // worker's connection and swaps SP headers, so a test chooses every frame.
 func rawIPC(t *testing.T, l net.Listener) net.Conn {

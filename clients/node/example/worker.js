@@ -13,6 +13,8 @@
  *   WORKER_CONCURRENCY   handle up to n deliveries at once (1)
  *   WORKER_DELAY_MS      work this long before answering each delivery
  *   WORKER_RETRY_KEYS    k1,k2: answer RETRY while attempt <= WORKER_RETRY_TIMES (1)
+ *   WORKER_RETRY_AFTER_MS  n > 0: those RETRYs ask to come again after n ms (RetryAfter)
+ *                        instead of idemproxy's backoff
  *   WORKER_DROP_KEYS     k3: answer DROP, reason "dropped by worker"
  *   WORKER_NOACK_KEYS    k4: never answer (idemproxy's ack timeout fires)
  *   WORKER_CRASH_KEYS    k5: exit(3) on receipt, unanswered, as a crash would
@@ -24,7 +26,7 @@
  */
 import { appendFileSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { serve, Drop, NoReply, DEFAULT_ENDPOINT } from '../src/index.js';
+import { serve, Drop, NoReply, RetryAfter, DEFAULT_ENDPOINT } from '../src/index.js';
 
 const env = process.env;
 const keys = (name) => new Set((env[name] ?? '').split(',').filter(Boolean));
@@ -49,6 +51,7 @@ const noackKeys = keys('WORKER_NOACK_KEYS'), crashKeys = keys('WORKER_CRASH_KEYS
 const slowKeys = keys('WORKER_SLOW_KEYS');
 const retryTimes = int('WORKER_RETRY_TIMES', 1), delayMs = int('WORKER_DELAY_MS', 0);
 const slowMs = int('WORKER_SLOW_MS', 1000), maxBytes = int('WORKER_MAX_BYTES', 0);
+const retryAfterMs = int('WORKER_RETRY_AFTER_MS', 0);
 const verbose = int('WORKER_VERBOSE', 0) !== 0;
 
 /** Appends one JSON line about 'd' to WORKER_REPORT (one write: lines never interleave). */
@@ -58,7 +61,8 @@ function report(d, status, start, end) {
   const fields = Object.fromEntries(d.fields.map((f) => [f.name, text(f.value)]));
   const head = JSON.stringify({ key: d.key, stream: d.stream, entry_id: d.entryId, attempt: d.attempt });
   const tail = JSON.stringify({ deadline_unix_ms: d.deadlineUnixMs, payload: text(d.payload), fields,
-                                status, start_ms: start, end_ms: end });
+                                status, start_ms: start, end_ms: end,
+                                traceparent: d.traceparent, tracestate: d.tracestate });
   // The fencing token is a uint64 bigint, which JSON.stringify refuses: written as a plain number.
   appendFileSync(env.WORKER_REPORT, `${head.slice(0, -1)},"fencing_token":${d.fencingToken},${tail.slice(1)}\n`);
 }
@@ -91,6 +95,7 @@ const worker = serve({ endpoint, concurrency: Math.max(1, int('WORKER_CONCURRENC
     }
     if (retryKeys.has(d.key) && d.attempt <= retryTimes) {
       status = 'retry';
+      if (retryAfterMs > 0) throw new RetryAfter(retryAfterMs, 'retry requested by worker');
       throw new Error('retry requested by worker');
     }
   } finally {

@@ -19,6 +19,20 @@ export class Drop extends Error {
   readonly reason: string;
 }
 
+/** idemproxy's cap on Ack.retry_after_ms: an hour. */
+export const MAX_RETRY_AFTER_MS: number;
+
+/**
+ * Throw from a handler to answer RETRY and have the entry delivered again no earlier than 'ms'
+ * from now (whole ms rounded up, at least 1, at most MAX_RETRY_AFTER_MS) instead of idemproxy's
+ * backoff (protocol 1.1). Not a handler failure: no 'error' event.
+ */
+export class RetryAfter extends Error {
+  constructor(ms: number, reason?: string);
+  readonly ms: number;
+  readonly reason: string;
+}
+
 /** Throw from a handler to leave the delivery unanswered (idemproxy retries it after ack_timeout_ms). */
 export class NoReply extends Error {
   constructor();
@@ -48,6 +62,10 @@ export class Delivery {
   readonly fencingToken: bigint;
   /** epoch ms after which an answer is too late (0: none) */
   readonly deadlineUnixMs: number;
+  /** W3C trace context of idemproxy's delivery span (protocol 1.1), or '' */
+  readonly traceparent: string;
+  /** the W3C tracestate that goes with it, or '' */
+  readonly tracestate: string;
   /** The value of the first field called 'name', or undefined. */
   field(name: string): Buffer | undefined;
   /** Decodes an idemproxy.v1.Delivery; throws on malformed input. */
@@ -62,7 +80,8 @@ export interface HandlerContext {
 
 /**
  * Handles one delivery. Resolving answers ACK; throwing or rejecting answers RETRY (and
- * emits 'error'); throwing Drop answers DROP; throwing NoReply leaves it unanswered.
+ * emits 'error'); throwing Drop answers DROP; throwing RetryAfter answers RETRY after its ms;
+ * throwing NoReply leaves it unanswered.
  */
 export type Handler = (delivery: Delivery, context: HandlerContext) => unknown | Promise<unknown>;
 
@@ -110,4 +129,4 @@ export class Worker extends EventEmitter {
 export function serve(options: WorkerOptions | undefined, handler: Handler): Worker;
 
 /** Encodes an idemproxy.v1.Ack. */
-export function encodeAck(ack: { status: Status; reason?: string; stream?: string; entryId?: string }): Buffer;
+export function encodeAck(ack: { status: Status; reason?: string; stream?: string; entryId?: string; retryAfterMs?: number }): Buffer;

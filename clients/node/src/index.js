@@ -6,10 +6,11 @@
  * handles each delivery and answers with an idemproxy.v1.Ack. Here that is
  * one function:
  *
- *   import { serve, Drop } from 'idemproxy-client';
+ *   import { serve, Drop, RetryAfter } from 'idemproxy-client';
  *
  *   const worker = serve({ endpoint: 'ipc:///tmp/idemproxy.sock', concurrency: 4 }, async (d) => {
  *     if (d.payload.length === 0) throw new Drop('empty payload');  // DROP: dead-lettered with the reason
+ *     if (await rateLimited()) throw new RetryAfter(30000);        // RETRY, again in 30 s (not the backoff)
  *     await db.apply(d.key, d.payload, d.fencingToken);             // throws → RETRY, reason = its message
  *   });                                                             // resolves → ACK
  *   process.on('SIGTERM', () => worker.close().then(() => process.exit(0)));
@@ -77,9 +78,29 @@ export class NoReply extends Error {
   }
 }
 
+/** idemproxy's cap on Ack.retry_after_ms: an hour. */
+export const MAX_RETRY_AFTER_MS = 3600000;
+
 /**
- * What a Worker emits as 'error' when a handler throws or rejects (Drop and
- * NoReply are answers, not failures): 'cause' is what was thrown, 'delivery'
+ * Throw from a handler to answer RETRY and have the entry delivered again no
+ * earlier than 'ms' from now (protocol 1.1; whole ms rounded up, at least 1,
+ * at most an hour) instead of idemproxy's backoff: a rate limit, a
+ * downstream's Retry-After. The attempt counts toward max_deliveries. Not a
+ * handler failure: no 'error' event.
+ */
+export class RetryAfter extends Error {
+  constructor(ms, reason = `retry after ${ms} ms`) {
+    super(reason);
+    this.name = 'RetryAfter';
+    this.reason = reason;
+    const n = Number(ms);
+    this.ms = Number.isNaN(n) ? 1 : Math.min(Math.max(Math.ceil(n), 1), MAX_RETRY_AFTER_MS);
+  }
+}
+
+/**
+ * What a Worker emits as 'error' when a handler throws or rejects (Drop,
+ * RetryAfter and NoReply are answers, not failures): 'cause' is what was thrown, 'delivery'
  * the Delivery it was handling. The delivery has been answered RETRY.
  */
 export class HandlerError extends Error {
@@ -137,6 +158,10 @@ export class Delivery {
     this.fencingToken = toBigInt(m.fencingToken);
     /** @type {number} epoch ms after which an answer is too late (exact: well below 2^53) */
     this.deadlineUnixMs = Number(toBigInt(m.deadlineUnixMs));
+    /** @type {string} W3C trace context of idemproxy's delivery span (protocol 1.1), or '' */
+    this.traceparent = m.traceparent;
+    /** @type {string} the W3C tracestate that goes with it, or '' */
+    this.tracestate = m.tracestate;
   }
 
   /** The value of the first field called 'name', or undefined. */
@@ -155,7 +180,8 @@ export class Delivery {
 // checking UTF-8; the other clients' protobuf libraries refuse both, so we do too.
 const utf8 = new TextDecoder('utf-8', { fatal: true });
 const SHAPES = {   // per field number: its wire type, and what a length-delimited one holds
-  delivery: { 1: [2, 'string'], 2: [2, 'string'], 3: [2, 'string'], 4: [2, 'field'], 5: [2], 6: [0], 7: [0], 8: [0] },
+  delivery: { 1: [2, 'string'], 2: [2, 'string'], 3: [2, 'string'], 4: [2, 'field'], 5: [2], 6: [0], 7: [0], 8: [0],
+              9: [2, 'string'], 10: [2, 'string'] },
   field: { 1: [2, 'string'], 2: [2] },
 };
 
@@ -176,8 +202,8 @@ function checkWire(bytes, shape) {
 }
 
 /** Encodes an idemproxy.v1.Ack. */
-export function encodeAck({ status, reason = '', stream = '', entryId = '' }) {
-  return Buffer.from(Ack.encode({ status, reason, stream, entryId }).finish());
+export function encodeAck({ status, reason = '', stream = '', entryId = '', retryAfterMs = 0 }) {
+  return Buffer.from(Ack.encode({ status, reason, stream, entryId, retryAfterMs }).finish());
 }
 
 const reasonOf = (err) => (err instanceof Error ? err.message || err.name : String(err));
@@ -297,19 +323,20 @@ export class Worker extends EventEmitter {
       req.reply(encodeAck({ status: Status.RETRY, reason: STALE, stream: d.stream, entryId: d.entryId }));
       return;
     }
-    let status = Status.ACK, reason = '', failure = null;
+    let status = Status.ACK, reason = '', failure = null, retryAfterMs = 0;
     const [signal, done] = deadlineSignal(d.deadlineUnixMs);
     try {
       await this.#handler(d, { signal });
     } catch (err) {
       if (err instanceof NoReply) return;
       status = err instanceof Drop ? Status.DROP : Status.RETRY;
-      reason = err instanceof Drop ? String(err.reason) : reasonOf(err);
-      if (!(err instanceof Drop)) failure = new HandlerError(d, err);
+      reason = err instanceof Drop || err instanceof RetryAfter ? String(err.reason) : reasonOf(err);
+      if (err instanceof RetryAfter) retryAfterMs = err.ms;
+      else if (!(err instanceof Drop)) failure = new HandlerError(d, err);
     } finally {
       done();
     }
-    const sent = req.reply(encodeAck({ status, reason, stream: d.stream, entryId: d.entryId }));
+    const sent = req.reply(encodeAck({ status, reason, stream: d.stream, entryId: d.entryId, retryAfterMs }));
     if (failure) this.#fail(failure);
     if (!sent) {
       this.emit('warn', new Error(`connection lost before answering ${d.stream} ${d.entryId}; idemproxy will redeliver it`));
@@ -328,7 +355,8 @@ export class Worker extends EventEmitter {
  * calls 'handler(delivery, { signal })' for each delivery, up to 'concurrency'
  * (default 1) at once; 'signal' is aborted when the delivery's deadline passes.
  * The handler resolving answers ACK; throwing or rejecting answers RETRY with
- * the error's message as reason (and an 'error' event); throwing Drop answers DROP.
+ * the error's message as reason (and an 'error' event); throwing Drop answers
+ * DROP; throwing RetryAfter(ms) answers RETRY, to come again after ms.
  * 'maxEntryBytes' (default 1 MiB) is idemproxy's app.max_entry_bytes, to be
  * raised together with it (Infinity: no limit); a bigger message closes the
  * connection. A peer that sends no SP header within 10 s is hung up on.

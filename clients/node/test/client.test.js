@@ -5,8 +5,9 @@ import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { serve, Drop, NoReply, Delivery, Status, HandlerError } from '../src/index.js';
-import { ReqPeer, Delivery as DeliveryMsg } from './req_peer.js';
+import { serve, Drop, NoReply, RetryAfter, Delivery, Status, HandlerError } from '../src/index.js';
+import protobuf from 'protobufjs/minimal.js';
+import { ReqPeer, Delivery as DeliveryMsg, Ack as AckMsg } from './req_peer.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'idemproxy-node-'));
 let n = 0;
@@ -307,4 +308,58 @@ test('IDEMPROXY_DIAL_LOG_MS sets the wait; without a warn listener it is a proce
     process.off('warning', onWarning);
     await worker.close();
   }
+});
+
+/** The varint in field 5 of the protobuf 'bytes', read off the wire, or undefined. */
+function field5(bytes) {
+  const r = protobuf.Reader.create(bytes);
+  let v;
+  while (r.pos < r.len) {
+    const tag = r.uint32();
+    if (tag === (5 << 3)) v = r.uint32();
+    else r.skipType(tag & 7);
+  }
+  return v;
+}
+
+test('RetryAfter answers RETRY with retry_after_ms (field 5): rounded up, at least 1, at most an hour; no error event', async () => {
+  const errors = [];
+  await withPair(async (d) => {
+    if (d.key === 'later') throw new RetryAfter(1500);
+    if (d.key === 'frac') throw new RetryAfter(2.5, 'rate limited');
+    if (d.key === 'now') throw new RetryAfter(0);
+    if (d.key === 'tomorrow') throw new RetryAfter(86400000);
+    throw new Error('plain');
+  }, async (peer, worker) => {
+    worker.on('error', (e) => errors.push(e));
+    const want = { later: [1500, 'retry after 1500 ms'], frac: [3, 'rate limited'], now: [1, 'retry after 0 ms'],
+                   tomorrow: [3600000, 'retry after 86400000 ms'], plain: [0, 'plain'] };
+    let id = 0;
+    for (const [key, [ms, reason]] of Object.entries(want)) {
+      peer.deliver(++id, { key });
+      const a = await peer.ack(id);
+      assert.equal(a.status, Status.RETRY, key);
+      assert.equal(a.reason, reason, key);
+      assert.equal(AckMsg.decode(a.raw.body).retryAfterMs, ms, key);
+      assert.equal(field5(a.raw.body), ms === 0 ? undefined : ms, key);   // on the wire only when set
+    }
+    assert.deepEqual(errors.map((e) => e.delivery.key), ['plain']);
+  });
+});
+
+test('the delivery carries its W3C trace context (protocol 1.1)', async () => {
+  let got;
+  const tp = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01';
+  await withPair(async (d) => { got = d; }, async (peer) => {
+    peer.deliver(1, { key: 'k', traceparent: tp, tracestate: 'x=1' });
+    await peer.ack(1);
+    peer.deliver(2, { key: 'none' });
+    await peer.ack(2);
+  });
+  assert.equal(got.key, 'none');
+  assert.equal(got.traceparent, '');
+  assert.equal(got.tracestate, '');
+  const d = Delivery.decode(DeliveryMsg.encode({ key: 'k', traceparent: tp, tracestate: 'x=1' }).finish());
+  assert.equal(d.traceparent, tp);
+  assert.equal(d.tracestate, 'x=1');
 });

@@ -488,3 +488,26 @@ def test_client_exits_promptly_after_its_last_answer(env, lang):
     finally:
         if w.proc.poll() is None:
             w.stop()
+
+
+@pytest.mark.parametrize("lang", ["go", "node"])
+def test_client_retry_after_is_honoured(env, lang):
+    """Protocol 1.1: a RETRY that asks for a later retry (WORKER_RETRY_AFTER_MS,
+    the client's RetryAfter) comes again no earlier than that, not after the
+    stream's 50 ms backoff, and the second attempt is acked."""
+    build(lang)
+    ep = env.endpoint()
+    report = env.tmp / f"{lang}-later-report.jsonl"
+    w = ExampleWorker(lang, ep, env.tmp, WORKER_REPORT=report, WORKER_RETRY_KEYS="later",
+                      WORKER_RETRY_AFTER_MS=1500)
+    try:
+        env.proxy([{"stream": "later", "group": "g", "consumer": "c1", "payload_field": "payload",
+                    "key": "#event.eventId", "retry_backoff_ms": 50}], endpoint=ep)
+        env.r.xadd("later", {"payload": json.dumps({"eventId": "later"})})
+        wait_for(lambda: (env.r.get("idem:later") or "")[:1] == "D", timeout=30, what="later done")
+        rows = [r for r in reported(report) if r["key"] == "later"]
+        assert [(r["attempt"], r["status"]) for r in rows] == [(1, "retry"), (2, "ack")], rows
+        gap = rows[1]["start_ms"] - rows[0]["end_ms"]
+        assert 1500 <= gap < 6000, f"{lang}: attempt 2 came {gap} ms after the RETRY asking for 1500 ms"
+    finally:
+        w.stop()

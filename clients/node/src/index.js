@@ -44,6 +44,9 @@ import { idemproxy } from '../gen/idemproxy.js';
 import { RepDialer } from './sp.js';
 
 const { Delivery: DeliveryMsg, Ack } = idemproxy.v1;
+// OpenTelemetry is an optional peer dependency: with @opentelemetry/api installed, each handler
+// runs in a span that continues the delivery's trace (see handlerSpan); without it, no spans.
+const otel = await import('@opentelemetry/api').catch(() => null);
 export const DEFAULT_ENDPOINT = 'ipc:///tmp/idemproxy.sock';
 /** idemproxy's default app.max_entry_bytes: the largest Delivery it sends. */
 export const DEFAULT_MAX_ENTRY_BYTES = 1 << 20;
@@ -206,6 +209,44 @@ export function encodeAck({ status, reason = '', stream = '', entryId = '', retr
   return Buffer.from(Ack.encode({ status, reason, stream, entryId, retryAfterMs }).finish());
 }
 
+const TRACEPARENT = /^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/;
+
+/**
+ * The handler's span (OpenTelemetry present): "process <stream>", a CONSUMER
+ * span whose parent is the delivery's traceparent (idemproxy's delivery span;
+ * a new root when it is empty or malformed), with the attributes idemproxy's
+ * own spans use. Returns the context to run the handler in and finish(answer, err).
+ */
+function handlerSpan(d) {
+  const { ROOT_CONTEXT, trace, SpanKind, SpanStatusCode } = otel;
+  let parent = ROOT_CONTEXT;
+  const m = TRACEPARENT.exec(d.traceparent);
+  if (m) {
+    const sc = { traceId: m[1], spanId: m[2], traceFlags: Number.parseInt(m[3], 16) & 1, isRemote: true };
+    try { if (d.tracestate && otel.createTraceState) sc.traceState = otel.createTraceState(d.tracestate); } catch { /* ignored */ }
+    if (otel.isSpanContextValid(sc)) parent = trace.setSpanContext(ROOT_CONTEXT, sc);
+  }
+  const span = trace.getTracer('idemproxy-client').startSpan(`process ${d.stream}`, {
+    kind: SpanKind.CONSUMER,
+    attributes: {
+      'messaging.system': 'redis_streams', 'messaging.operation.type': 'process',
+      'messaging.operation.name': 'process', 'messaging.destination.name': d.stream,
+      'messaging.message.id': d.entryId, 'idemproxy.key': d.key, 'idemproxy.attempt': d.attempt,
+    },
+  }, parent);
+  return {
+    ctx: trace.setSpan(parent, span),
+    finish(answer, err) {
+      span.setAttribute('idemproxy.answer', answer);
+      if (err) {
+        span.recordException(err instanceof Error ? err : String(err));
+        span.setStatus({ code: SpanStatusCode.ERROR, message: reasonOf(err) });
+      }
+      span.end();
+    },
+  };
+}
+
 const reasonOf = (err) => (err instanceof Error ? err.message || err.name : String(err));
 
 /**
@@ -325,10 +366,15 @@ export class Worker extends EventEmitter {
     }
     let status = Status.ACK, reason = '', failure = null, retryAfterMs = 0;
     const [signal, done] = deadlineSignal(d.deadlineUnixMs);
+    const span = otel ? handlerSpan(d) : null;
     try {
-      await this.#handler(d, { signal });
+      const run = () => this.#handler(d, { signal });
+      await (span ? otel.context.with(span.ctx, run) : run());
     } catch (err) {
-      if (err instanceof NoReply) return;
+      if (err instanceof NoReply) {
+        span?.finish('none');
+        return;
+      }
       status = err instanceof Drop ? Status.DROP : Status.RETRY;
       reason = err instanceof Drop || err instanceof RetryAfter ? String(err.reason) : reasonOf(err);
       if (err instanceof RetryAfter) retryAfterMs = err.ms;
@@ -336,6 +382,7 @@ export class Worker extends EventEmitter {
     } finally {
       done();
     }
+    span?.finish(['', 'ack', 'retry', 'drop'][status], failure?.cause);
     const sent = req.reply(encodeAck({ status, reason, stream: d.stream, entryId: d.entryId, retryAfterMs }));
     if (failure) this.#fail(failure);
     if (!sent) {

@@ -23,12 +23,29 @@
  *   WORKER_SLOW_KEYS     k6: work WORKER_SLOW_MS (1000) on these before answering
  *   WORKER_REPORT        a file: one JSON object per answered delivery is appended
  *                        (tests/integration/test_clients.py reads it)
+ *
+ * With WORKER_REPORT and OpenTelemetry's SDK at hand (the devDependencies), it registers a
+ * tracer provider (no exporter) and a context manager, so each handler runs in a real span;
+ * the report gives that span's trace id and parent span id (span_trace_id, span_parent_id).
  */
 import { appendFileSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { serve, Drop, NoReply, RetryAfter, DEFAULT_ENDPOINT } from '../src/index.js';
 
 const env = process.env;
+
+/** The active span's trace id and parent span id, when the SDK is there. */
+let spanIds = () => ({ span_trace_id: '', span_parent_id: '' });
+if (env.WORKER_REPORT) try {
+  const [{ trace, context }, { BasicTracerProvider }, { AsyncLocalStorageContextManager }] = await Promise.all([
+    import('@opentelemetry/api'), import('@opentelemetry/sdk-trace-base'), import('@opentelemetry/context-async-hooks')]);
+  context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
+  trace.setGlobalTracerProvider(new BasicTracerProvider());
+  spanIds = () => {
+    const span = trace.getActiveSpan();
+    return { span_trace_id: span?.spanContext().traceId ?? '', span_parent_id: span?.parentSpanContext?.spanId ?? '' };
+  };
+} catch { /* no OpenTelemetry SDK: no spans */ }
 const keys = (name) => new Set((env[name] ?? '').split(',').filter(Boolean));
 const int = (name, dflt) => {
   const v = Number.parseInt(env[name] ?? '', 10);
@@ -62,7 +79,7 @@ function report(d, status, start, end) {
   const head = JSON.stringify({ key: d.key, stream: d.stream, entry_id: d.entryId, attempt: d.attempt });
   const tail = JSON.stringify({ deadline_unix_ms: d.deadlineUnixMs, payload: text(d.payload), fields,
                                 status, start_ms: start, end_ms: end,
-                                traceparent: d.traceparent, tracestate: d.tracestate });
+                                traceparent: d.traceparent, tracestate: d.tracestate, ...spanIds() });
   // The fencing token is a uint64 bigint, which JSON.stringify refuses: written as a plain number.
   appendFileSync(env.WORKER_REPORT, `${head.slice(0, -1)},"fencing_token":${d.fencingToken},${tail.slice(1)}\n`);
 }

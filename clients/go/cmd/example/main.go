@@ -25,7 +25,11 @@
 //	WORKER_REPORT        a file: one JSON object per answered delivery is appended
 //	                     (key, stream, entry_id, attempt, fencing_token,
 //	                     deadline_unix_ms, payload, fields, status, start_ms, end_ms,
-//	                     traceparent, tracestate)
+//	                     traceparent, tracestate, span_trace_id, span_parent_id)
+//
+// With WORKER_REPORT the handler runs in idemproxyotel's span from an
+// OpenTelemetry SDK provider (no exporter): the report gives that span's
+// trace id and parent span id, so a test can follow the trace into it.
 package main
 
 import (
@@ -43,7 +47,11 @@ import (
 	"syscall"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+
 	idemproxy "github.com/idemproxy/idemproxy/clients/go"
+	idemproxyotel "github.com/idemproxy/idemproxy/clients/go/otel"
 )
 
 // inList reports whether key is one of the comma-separated names in list.
@@ -78,6 +86,20 @@ type reportRow struct {
 	EndMs          int64             `json:"end_ms"`
 	Traceparent    string            `json:"traceparent"`
 	Tracestate     string            `json:"tracestate"`
+	SpanTraceID    string            `json:"span_trace_id"`
+	SpanParentID   string            `json:"span_parent_id"`
+}
+
+// spanIDs are the trace id and parent span id of the handler's span, or "".
+func spanIDs(ctx context.Context) (traceID, parentID string) {
+	span, ok := trace.SpanFromContext(ctx).(sdktrace.ReadOnlySpan)
+	if !ok {
+		return "", ""
+	}
+	if p := span.Parent(); p.IsValid() {
+		parentID = p.SpanID().String()
+	}
+	return span.SpanContext().TraceID().String(), parentID
 }
 
 func newRow(d *idemproxy.Delivery, status string, start, end time.Time) reportRow {
@@ -162,7 +184,9 @@ func handle(ctx context.Context, d *idemproxy.Delivery) error {
 		}
 	}
 	if path := os.Getenv("WORKER_REPORT"); path != "" {
-		if rerr := appendReport(path, newRow(d, status, start, time.Now())); rerr != nil {
+		row := newRow(d, status, start, time.Now())
+		row.SpanTraceID, row.SpanParentID = spanIDs(ctx)
+		if rerr := appendReport(path, row); rerr != nil {
 			log.Printf("report: %v", rerr)
 		}
 	}
@@ -188,8 +212,12 @@ func main() {
 	if n := envInt("WORKER_MAX_BYTES", 0); n != 0 {
 		opts = append(opts, idemproxy.MaxEntryBytes(n))
 	}
+	h := idemproxy.Handler(handle)
+	if os.Getenv("WORKER_REPORT") != "" {
+		h = idemproxyotel.Handler(h, idemproxyotel.WithTracerProvider(sdktrace.NewTracerProvider()))
+	}
 	log.Printf("waiting for deliveries on %s", endpoint)
-	if err := idemproxy.Serve(ctx, endpoint, handle, opts...); err != nil {
+	if err := idemproxy.Serve(ctx, endpoint, h, opts...); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -52,7 +52,8 @@ func TestReportLine(t *testing.T) {
 		"fencing_token": 7.0, "deadline_unix_ms": 1700000000000.0, "payload": `{"n":1}`,
 		"fields": map[string]any{"source": "x"}, "status": "retry",
 		"start_ms": 1700000000001.0, "end_ms": 1700000000006.0,
-		"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "x=1"}
+		"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "x=1",
+		"span_trace_id": "", "span_parent_id": ""}
 	if len(rows) != 2 || !reflect.DeepEqual(rows[0], want) {
 		t.Errorf("report rows %v\nwant %v", rows, want)
 	}

@@ -511,3 +511,35 @@ def test_client_retry_after_is_honoured(env, lang):
         assert 1500 <= gap < 6000, f"{lang}: attempt 2 came {gap} ms after the RETRY asking for 1500 ms"
     finally:
         w.stop()
+
+
+@pytest.mark.parametrize("lang", ["go", "node"])
+def test_client_span_continues_the_producers_trace(env, lang):
+    """Protocol 1.1 with tracing on, a real OTLP receiver: producer span ->
+    idemproxy's entry span -> its delivery span -> the worker's handler span
+    (the client's OpenTelemetry support; the example reports its span's ids)."""
+    from test_tracing import PRODUCER_SPAN, PRODUCER_TRACE, TRACEPARENT, Collector
+    build(lang)
+    col = Collector()
+    ep = env.endpoint()
+    report = env.tmp / f"{lang}-traced-report.jsonl"
+    w = ExampleWorker(lang, ep, env.tmp, WORKER_REPORT=report)
+    try:
+        env.proxy([{"stream": "traced", "group": "g", "consumer": "c1", "payload_field": "payload",
+                    "key": "#event.id"}], endpoint=ep, tracing={"otlp_endpoint": col.url})
+        env.r.xadd("traced", {"payload": json.dumps({"id": "t-1"}), "traceparent": TRACEPARENT,
+                              "tracestate": "vendor=abc"})
+        wait_for(lambda: (env.r.get("idem:t-1") or "")[:1] == "D", timeout=30, what="t-1 done")
+        wait_for(lambda: any(s["kind"] == 4 for _, s in col.spans()), 15, "the delivery span exported")
+        entry = next(s for _, s in col.spans() if s["kind"] == 5)
+        send = next(s for _, s in col.spans() if s["kind"] == 4)
+        assert entry["traceId"] == PRODUCER_TRACE and entry["parentSpanId"] == PRODUCER_SPAN
+        assert send["parentSpanId"] == entry["spanId"]
+        [row] = reported(report)
+        assert row["traceparent"] == f"00-{PRODUCER_TRACE}-{send['spanId']}-01", row
+        assert row["tracestate"] == "vendor=abc", row
+        assert (row["span_trace_id"], row["span_parent_id"]) == (PRODUCER_TRACE, send["spanId"]), \
+            f"{lang}: the handler's span is not a child of idemproxy's delivery span: {row}"
+    finally:
+        w.stop()
+        col.close()

@@ -543,3 +543,54 @@ def test_client_span_continues_the_producers_trace(env, lang):
     finally:
         w.stop()
         col.close()
+
+
+@pytest.mark.parametrize("lang", ["go", "node"])
+def test_client_refuses_an_ipc_frame_that_is_not_a_message(tmp_path, lang):
+    """nanomsg's ipc frames start with a type byte, 1 = message. A frame of
+    type 2 is not a delivery: the worker hangs up without running its handler,
+    dials again and serves the type-1 frames of the new connection (Go took it
+    as a message). C's libnanomsg asserts on it instead (its Known limits)."""
+    import socket as socketlib
+    import struct
+    build(lang)
+    path = tmp_path / f"{lang}-frames.sock"
+    srv = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(4)
+    srv.settimeout(60)
+    report = tmp_path / f"{lang}-frames-report.jsonl"
+    w = ExampleWorker(lang, f"ipc://{path}", tmp_path, WORKER_REPORT=report)
+
+    def accept():
+        conn, _ = srv.accept()
+        conn.settimeout(10)
+        conn.sendall(b"\x00SP\x00\x00\x30\x00\x00")   # REQ
+        head = b""
+        while len(head) < 8:
+            head += conn.recv(8 - len(head))
+        assert head == b"\x00SP\x00\x00\x31\x00\x00", head   # REP
+        return conn
+
+    def frame(kind, key):
+        msg = b"\x80\x00\x00\x01" + delivery(key)
+        return bytes([kind]) + struct.pack(">Q", len(msg)) + msg
+
+    try:
+        conn = accept()
+        conn.sendall(frame(2, "type-2"))
+        try:
+            got = conn.recv(64)
+        except ConnectionResetError:
+            got = b""
+        assert got == b"", f"{lang}: a frame of type 2 was answered: {got!r}"
+        conn.close()
+        conn = accept()                                # it dials again
+        conn.sendall(frame(1, "type-1"))
+        head = conn.recv(9)
+        assert head[:1] == b"\x01", f"{lang}: no answer to a frame of type 1: {head!r}"
+        conn.close()
+        assert [r["key"] for r in reported(report)] == ["type-1"]
+    finally:
+        w.stop()
+        srv.close()

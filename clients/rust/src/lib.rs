@@ -402,6 +402,7 @@ where
                 reason: STALE.into(),
                 stream: pb.stream,
                 entry_id: pb.entry_id,
+                retry_after_ms: 0,
             }
         }
         Ok(pb) => {
@@ -430,7 +431,13 @@ where
                     d.attempt
                 );
             }
-            proto::Ack { status: status as i32, reason, stream: d.stream, entry_id: d.entry_id }
+            proto::Ack {
+                status: status as i32,
+                reason,
+                stream: d.stream,
+                entry_id: d.entry_id,
+                retry_after_ms: 0,
+            }
         }
     };
     ack.encode_to_vec()

@@ -78,6 +78,7 @@ fn delivery(key: &str) -> Vec<u8> {
         attempt: 2,
         fencing_token: 1 << 40,
         deadline_unix_ms: 4_102_444_800_000,
+        ..Default::default()
     }
     .encode_to_vec()
 }

@@ -117,6 +117,13 @@ static const bool reader_legal[R_STOPPED + 1][R_STOPPED + 1] = {
     T(LIVE, CREATE),
     T(LIVE, HISTORY),
     T(DOWN, DOWN),
+    /* the link said up again with no down between (a cluster's link is up
+     * again once its map is refreshed): the reader starts over as it would */
+    T(CREATE, CREATE),
+    T(LIVE, LIVE),
+    /* a group's XGROUP CREATE answered again while its replay runs (on a
+     * cluster, after the link said up again): the replay starts over from 0 */
+    T(HISTORY, HISTORY),
     T(CREATE, DOWN),
     T(HISTORY, DOWN),
     T(LIVE, DOWN),
@@ -140,6 +147,10 @@ static bool history_ok(const px_reader *rd)
 static void reader_to(px_stream *st, r_state next)
 {
     px_reader *rd = st->reader;
+    static const char *const name[] = { "DOWN", "CREATE", "HISTORY", "LIVE", "STOPPED" };
+    if (!reader_legal[rd->state][next])
+        px_log_error("stream %s: the reader cannot go from %s to %s", st->conf->stream, name[rd->state],
+                     name[next]);
     PX_ENSURE(reader_legal[rd->state][next]);
     if (next == R_HISTORY) { /* a replay from the start, with nothing in flight */
         PX_ENSURE(st->conf->group && !rd->reading);

@@ -1151,6 +1151,29 @@ def check(run):
                 v.append(f"attempt-inflated: entry {eid} delivered with attempt {x['attempt']} "
                          f"after {n} recorded deliveries")
                 break
+        # The boundary (issue 30: a poison check of `>` for `>=` survived every
+        # suite): no delivery past max_deliveries, and no more deliveries of an
+        # entry than max_deliveries plus the faults that can hide one from the
+        # count. Group-less, each replica process counts its own (README, Known
+        # limits): counted per replica, from its last stop on.
+        over = next((x for x in xs if x["attempt"] > c["max_deliveries"]), None)
+        if over is not None:
+            v.append(f"over-max-deliveries: entry {eid} delivered to {over['worker']} with attempt "
+                     f"{over['attempt']} at {over['start'] - run.hist.t0:.2f}s "
+                     f"(max_deliveries {c['max_deliveries']})")
+        counted = defaultdict(list)
+        for x in xs:
+            if c["group"]:
+                counted[None].append(x)
+            else:
+                life = sum(1 for f in faults if f["replica"] == x["replica"] and
+                           f["kind"] in ("kill9", "sigterm", "pause_term") and f["t0"] <= x["start"])
+                counted[(x["replica"], life)].append(x)
+        for who, ys in counted.items():
+            if len(ys) > c["max_deliveries"] + lost_allowance(eid, ys[-1]["start"]):
+                v.append(f"too-many-deliveries: entry {eid} delivered {len(ys)}x"
+                         f"{'' if who is None else f' by replica{who[0]}'} (attempts "
+                         f"{[y['attempt'] for y in ys]}, max_deliveries {c['max_deliveries']})")
         if len(dl) > 1:
             v.append(f"dead-lettered-{len(dl)}x: entry {eid} ({ev['kind']}): "
                      f"{[d['reason'][:50] for d in dl]}")

@@ -157,6 +157,60 @@ def test_attempt_inflated_by_one_is_excused_only_by_a_fault_in_the_entrys_life()
     assert "attempt-inflated" in inflated_by_one("slow_reply", 1.5)
 
 
+def test_no_delivery_past_max_deliveries():
+    """Issue 30's mutant (the poison check `>=` turned `>`): attempts 1 and 2
+    fail, a restart, then attempt 3 with max_deliveries 2. The restart may
+    hide a delivery from the count, never make one past the limit legal."""
+    run = record(max_deliveries=2)
+    entry(run, "1-0", "k1")
+    deliver(run, "k1", "1-0", 1.0, 1.1, answer="retry", attempt=1)
+    deliver(run, "k1", "1-0", 1.5, 1.6, answer="retry", attempt=2)
+    run.hist.faults.append({"kind": "kill9", "replica": 0, "t0": 1.7, "t1": 1.8})
+    deliver(run, "k1", "1-0", 2.5, 2.6, answer="retry", attempt=3)
+    dead(run, "1-0", "max_deliveries (2) reached")
+    done(run, "k1")
+    assert tags(run) == ["over-max-deliveries"]
+    run.hist.rows.pop()                            # attempt 2 was the last: legal
+    assert tags(run) == []
+
+
+def test_no_more_deliveries_than_max_deliveries():
+    """Issue 30's finding 3: two replicas each redeliver one group entry after a
+    lost refresh, attempt 2 sent twice: 3 deliveries with max_deliveries 2."""
+    run = record(max_deliveries=2, lock_key=False)
+    entry(run, "1-0", "k1")
+    deliver(run, "k1", "1-0", 1.0, 1.1, answer="retry", attempt=1)
+    deliver(run, "k1", "1-0", 2.0, 2.1, answer="retry", attempt=2)
+    deliver(run, "k1", "1-0", 2.2, 2.3, answer="retry", attempt=2, worker="w1.0", replica=1)
+    dead(run, "1-0", "max_deliveries (2) reached")
+    done(run, "k1")
+    assert tags(run) == ["too-many-deliveries"]
+    # a link fault (a refused XCLAIM) does not excuse it; a restart may hide one
+    run.hist.faults.append({"kind": "refuse", "replica": 0, "t0": 1.2, "t1": 1.9})
+    assert tags(run) == ["too-many-deliveries"]
+    run.hist.faults.append({"kind": "kill9", "replica": 1, "t0": 1.2, "t1": 1.3})
+    assert tags(run) == []
+
+
+def test_group_less_replicas_count_their_own_deliveries():
+    """Without a group each replica process counts its own (README, Known limits):
+    two replicas at max_deliveries 2 each is legal, three by one is not."""
+    run = record(group=False, max_deliveries=2, lock_key=False)
+    entry(run, "1-0", "k1")
+    for r, t in ((0, 1.0), (1, 1.5), (0, 2.0), (1, 2.5)):
+        deliver(run, "k1", "1-0", t, t + 0.1, answer="retry", attempt=1 + (t >= 2.0),
+                worker=f"w{r}.0", replica=r)
+    run.hist.faults.append({"kind": "lost_reply", "replica": None, "t0": 1.2, "t1": 1.3})
+    dead(run, "1-0", "max_deliveries (2) reached")
+    done(run, "k1")
+    assert tags(run) == []
+    deliver(run, "k1", "1-0", 3.0, 3.1, answer="retry", attempt=2)
+    assert tags(run) == ["too-many-deliveries"]
+    # ... a restarted replica process starts its count again
+    run.hist.faults.append({"kind": "sigterm", "replica": 0, "t0": 2.7, "t1": 2.8})
+    assert tags(run) == []
+
+
 def test_dead_lettered_twice():
     run = record()
     entry(run, "1-0", "k1")

@@ -28,6 +28,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -68,6 +69,9 @@ FIXED_NET_SEEDS = [4, 31]
 # --net: every replica reaches Redis through a forwarder of its own that can lose
 # or hold the reply of one chosen command (set by main(); single server, no TLS).
 NET = False
+# The --net seeds chosen before the link faults of issue 30 (refused commands, a
+# throttled link, absent workers, foreign locks) keep the run they were chosen for.
+PRE_LINK_SEEDS = {4, 31}
 FIXED_BUDGET_S = 120
 # The fixed seeds chosen before the linger was built keep linger_ms 0 (generate()).
 PRE_LINGER_SEEDS = {0, 2, 4, 5, 8, 12, 14, 31, 1003}
@@ -247,7 +251,85 @@ def netize(c, seed):
             f["wait_s"] = round(c["claim_idle_ms"] * 1.5 / 1000.0 + 2.0, 1)
         c["faults"].append(f)
     c["faults"].sort(key=lambda f: f["t"])
+    if seed not in PRE_LINK_SEEDS:
+        link_faults(c, seed)
     return c
+
+
+# Commands a "refuse" fault drops the link on (matched framed, as hiredis sends
+# them: "\r\nEVAL" is EVAL and EVALSHA, the claim, extension and commit scripts;
+# XCLAIM the refresh and a count set back; SET the done mark and the claim's lock;
+# XAUTOCLAIM the takeover). "ALL": the link refused whatever it carries.
+REFUSE = {"XCLAIM": b"\r\nXCLAIM\r\n", "SET": b"\r\nSET\r\n", "EVAL": b"\r\nEVAL",
+          "XAUTOCLAIM": b"\r\nXAUTOCLAIM\r\n", "ALL": b"*"}
+
+
+def link_faults(c, seed):
+    """--net, issue 30: the faults that a link losing one reply does not reach, from
+    their own Random(f"{seed}/link") (so every draw above stays what it was):
+    - "refuse": for a while, one replica's link is closed whenever it carries one
+      of some commands (nothing of that chunk reaches Redis);
+    - "throttle": replies come at a few MB/s on some replicas' links for the whole
+      run, and the workload gets entries of several MB (over max_entry_bytes);
+    - "workers_absent": one replica's workers disconnect, and dial again only
+      after its leases could run out (often with its link refused meanwhile);
+    - "foreign_lock": another service holds the dedup lock or the room's lock of
+      some keys of a batch (SET NX with its own token and a TTL) as it is read;
+    - retry_hold: a worker's RETRY comes only after 1.2-1.6 leases (often with
+      XCLAIM refused meanwhile, so the refresh of what it holds is lost).
+    Each is drawn on its own; together 9 seeds of 10 get at least one."""
+    rnd = random.Random(f"{seed}/link")
+    lease = c["lease_ms"] / 1000.0
+    n = c["replicas"]
+    cmds = ["XCLAIM", "SET", "EVAL", "XAUTOCLAIM"] if c["group"] else ["SET", "EVAL"]
+    new = []
+
+    def refuse(t, replica, for_s, commands=None):
+        new.append({"t": round(t, 2), "kind": "refuse", "replica": replica, "down": 0, "pause_ms": 0,
+                    "command": "+".join(commands or sorted(rnd.sample(cmds, rnd.randint(1, len(cmds))))),
+                    "for_s": round(for_s, 2)})
+
+    if rnd.random() < 0.4:
+        for _ in range(rnd.choice([1, 1, 2])):
+            refuse(rnd.uniform(0.0, c["duration"]), rnd.randrange(n), rnd.choice([0.5, 1.5, 3.0, 6.0, 8.0]))
+    if rnd.random() < 0.25:
+        mbps = rnd.choice([2, 3, 5])
+        who = list(range(n)) if rnd.random() < 0.7 else [rnd.randrange(n)]
+        new.append({"t": -0.1, "kind": "throttle", "replica": who[0], "replicas": who, "down": 0,
+                    "pause_ms": 0, "mbps": mbps})
+        for _ in range(rnd.choice([1, 2])):
+            big = {"kind": "huge", "n": 1, "mb": rnd.choice([2, 4, 8])}
+            c["events"].insert(rnd.randint(0, len(c["events"])), big)
+            big["key"] = f"x{seed}-huge{len(c['events'])}-{big['mb']}mb"
+    if rnd.random() < 0.35:
+        i = rnd.randrange(n)
+        t = max(rnd.choice(c["batches"]) - 0.05, -0.05)
+        cut = rnd.random() < 0.7        # cut off too while its leases run out
+        cut_s = lease * rnd.choice([1.5, 2.5]) + 0.5
+        away = (cut_s if cut else 0) + lease * rnd.choice([1.0, 2.0]) + 1.0
+        new.append({"t": round(t, 2), "kind": "workers_absent", "replica": i, "down": round(away, 2),
+                    "pause_ms": 0})
+        if cut:
+            refuse(t + rnd.uniform(0.05, 0.5), i, cut_s, rnd.choice([["ALL"], ["EVAL"], ["EVAL", "SET"]]))
+    if rnd.random() < 0.35:
+        b = rnd.randrange(len(c["batches"]))
+        nev = len(c["events"])
+        cuts = [int(nev * k / len(c["batches"])) for k in range(len(c["batches"]) + 1)]
+        goods = [ev for ev in c["events"][cuts[b]:cuts[b + 1]] if ev["kind"] == "good"]
+        if goods:
+            locks = []
+            for ev in rnd.sample(goods, min(len(goods), rnd.choice([1, 2, 4]))):
+                own = ("idem:" if c["layout"] == "single" else "lock:") + ev["key"]
+                locks.append(f"room-lock:{ev['room']}" if c["lock_key"] and rnd.random() < 0.4 else own)
+            t = max(c["batches"][b] - 0.05, -0.05)
+            new.append({"t": round(t, 2), "kind": "foreign_lock", "replica": None, "down": 0, "pause_ms": 0,
+                        "locks": sorted(set(locks)), "ttl_ms": rnd.choice([500, 1500, 2500, 4000])})
+            if c["group"] and rnd.random() < 0.5:   # its refresh lost while it parks
+                refuse(t + 0.1, rnd.randrange(n), c["claim_idle_ms"] * 2.5 / 1000.0 + 1.0, ["XCLAIM", "SET"])
+    c["retry_hold"] = rnd.random() < 0.3
+    if c["retry_hold"] and c["group"] and rnd.random() < 0.7:
+        refuse(rnd.uniform(0.2, c["duration"]), rnd.randrange(n), rnd.choice([1.6, 3.0]), ["XCLAIM"])
+    c["faults"] = sorted(c["faults"] + new, key=lambda f: f["t"])
 
 
 def payload_for(ev, lim):
@@ -349,6 +431,7 @@ class Worker(threading.Thread):
         self.name_ = f"w{replica}.{idx}"
         self.endpoint = endpoint
         self.reconnect = threading.Event()
+        self.absent_until = 0.0           # --net workers_absent: dial again only then
         self.sock = None
 
     def behaviour(self, d):
@@ -360,10 +443,14 @@ class Worker(threading.Thread):
     def run(self):
         stop = self.run_.stopping
         while not stop.is_set():
+            self.reconnect.clear()
+            away = self.absent_until - time.time()
+            if away > 0:                # --net workers_absent: gone until then
+                self.run_.hist.fault("worker_absent", self.replica, t1=self.absent_until + 0.2)
+                stop.wait(away)
             sock = self.pynng.Rep0(recv_timeout=100)
             sock.dial(self.endpoint, block=False)
             self.sock = sock
-            self.reconnect.clear()
             try:
                 self.serve(sock)
             finally:
@@ -372,7 +459,7 @@ class Worker(threading.Thread):
                 # the fault spans from the request to this moment. (Seed 303: the
                 # fault was recorded only when it was asked for, 50 ms before the
                 # worker took its last delivery, whose ack the close then lost.)
-                if self.reconnect.is_set():
+                if self.reconnect.is_set() and self.absent_until <= time.time():
                     self.run_.hist.fault("worker_reconnect", self.replica)
                 sock.close()
             stop.wait(0.2)          # reconnecting takes a moment
@@ -409,7 +496,7 @@ class Worker(threading.Thread):
                 stop.wait(max(0.0, row["deadline"] - time.time()) + 0.05)
                 row["answer"], row["end"] = "none", time.time()
                 continue                        # the next recv abandons this request
-            if act == "slow":
+            if act == "slow" or (act == "retry" and c.get("retry_hold")):
                 stop.wait(c["lease_ms"] / 1000.0 * c["slow_factor"])
             elif act == "ack" and random.random() < 0.3:
                 stop.wait(random.uniform(0.005, 0.05))
@@ -501,6 +588,74 @@ class ChaosCluster(RedisCluster):
                 s.execute_command("MIGRATE", "127.0.0.1", dst, "", 0, 5000, "KEYS", *keys)
             for port in [dst, src] + [m for m in self.masters() if m not in (src, dst)]:
                 self.node(port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", did)
+
+
+# --- a replica's link for --net -----------------------------------------------------
+
+class ChaosLink(SlowLink):
+    """SlowLink, plus: replies from Redis throttled to 'rate' bytes a second (0: not),
+    'busy' recording when the throttle held a reply back (merged spans); and a
+    refusal that adds to one still running instead of replacing it."""
+
+    def __init__(self, target_port):
+        self.rate = 0
+        self.busy = []
+        super().__init__(target_port, 0)
+
+    def _accept(self):          # SlowLink's, with Redis' side throttled
+        while not self.closed:
+            try:
+                c, _ = self.lsock.accept()
+            except OSError:
+                return
+            try:
+                u = _Throttled(socket.create_connection(self.target), self)
+            except OSError:
+                c.close()
+                continue
+            self.conns += [c, u]
+            state = {"cut": False}
+            for a, b, up in ((c, u, True), (u, c, False)):
+                threading.Thread(target=self._pump, args=(a, b, state, up), daemon=True).start()
+
+    def held_back(self, t0, t1):
+        with self.cut_lock:
+            if self.busy and t0 - self.busy[-1][1] < 0.5:
+                self.busy[-1][1] = max(self.busy[-1][1], t1)
+            else:
+                self.busy.append([t0, t1])
+
+    def refuse(self, patterns, seconds):
+        """As SlowLink's; returns when (time.time()) the refusal ends."""
+        with self.cut_lock:
+            now = time.monotonic()
+            keep = self.refused if now < self.refuse_until else []
+            self.refused = sorted(set(keep) | set(patterns))
+            self.refuse_until = max(self.refuse_until, now + seconds)
+            return time.time() + self.refuse_until - now
+
+
+class _Throttled:
+    """Redis' side of a ChaosLink connection: recv() keeps to the link's rate."""
+
+    def __init__(self, sock, link):
+        self.sock, self.link = sock, link
+
+    def recv(self, n):
+        rate = self.link.rate
+        if not rate:
+            return self.sock.recv(n)
+        data = self.sock.recv(min(n, max(4096, rate // 50)))
+        d = len(data) / rate
+        if len(data) >= 16384:                 # a small reply is not held back
+            now = time.time()
+            self.link.held_back(now, now + d)
+        if d > 0:
+            time.sleep(d)
+        return data
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
 
 
 # --- one run ------------------------------------------------------------------------
@@ -595,7 +750,7 @@ class Run:
             ep = f"ipc://{self.tmp}/app{i}.sock"
             address = self.redis_address()
             if c.get("net"):
-                self.links.append(SlowLink(self.redis.port, 0))
+                self.links.append(ChaosLink(self.redis.port))
                 address = self.links[-1].url
             p = self.replica_proxy(i, address, ep)
             self.start_proxy(p)
@@ -815,6 +970,25 @@ class Run:
             i_ = i
         elif kind in ("lost_reply", "slow_reply"):
             return self.net_fault(f)
+        elif kind == "refuse":
+            until = self.links[i].refuse([REFUSE[x] for x in f["command"].split("+")], f["for_s"])
+            return self.hist.fault(kind, i, t0, until)
+        elif kind == "throttle":
+            for j in f["replicas"]:
+                self.links[j].rate = f["mbps"] << 20       # for the run; recorded while it bites
+            return
+        elif kind == "workers_absent":
+            for w in self.workers:
+                if w.replica == i:
+                    w.absent_until = t0 + f["down"]
+                    w.reconnect.set()
+            return                                       # recorded by each worker as it leaves
+        elif kind == "foreign_lock":
+            r = self.control()
+            for n, name in enumerate(f["locks"]):
+                r.set(name, f"foreign-{self.seed}-{n}", nx=True, px=f["ttl_ms"])
+            # delays, never excuses (the checker does not know this kind)
+            return self.hist.fault(kind, None, t0, t0 + f["ttl_ms"] / 1000.0)
         self.hist.fault(kind, i_, t0, time.time())
 
     def net_fault(self, f):
@@ -948,8 +1122,10 @@ class Run:
         for w in self.workers:
             w.join(3)
         self.redis.stop()
-        for link in self.links:
+        for i, link in enumerate(self.links):
             link.close()
+            for t0, t1 in link.busy:                     # a throttle bites while it holds replies
+                self.hist.fault("throttle", i, t0, t1)
         if self.collector:
             self.collector.close()
         return self
@@ -1003,6 +1179,14 @@ BAD_KINDS = {"over", "bigkey", "badjson", "nokey", "wrongtype", "huge"}
 # the attempt count: the reader corrects what a lost read or reclaim counted.
 REDIS_FAULTS = ("client_kill", "pause", "redis_restart", "pause_term", "failover", "master_kill",
                 "migrate", "lost_reply", "slow_reply")
+# Faults of one replica's link (--net, issue 30): a command refused, replies throttled.
+# They may cost that replica's leases and acks, no other replica's: the checker
+# judges another replica's holders as if nothing happened (finding 1 of issue 30: a
+# replica cut off sent after another one's ACK). Like a lost reply, they hide no
+# delivery from the count. A foreign lock ("foreign_lock") only delays: it excuses
+# nothing, so the checker does not name it.
+LINK_FAULTS = ("refuse", "throttle")
+LINK_KINDS = ("refuse", "throttle", "workers_absent")        # the generator's, for describe()
 SLACK = 0.05
 
 
@@ -1064,8 +1248,12 @@ def check(run):
             if f["kind"] in REDIS_FAULTS and \
                     f["t0"] <= x["end"] + 1.0 and f["t1"] >= x["sent"] - lease:
                 return False
+            if f["kind"] in LINK_FAULTS and f["replica"] == x["replica"] and \
+                    f["t0"] <= x["end"] + 1.0 and f["t1"] >= x["sent"] - lease:
+                return False
             if f["replica"] == x["replica"] and f["kind"] in ("kill9", "sigterm", "pause_term",
-                                                              "worker_reconnect", "worker_crash") and \
+                                                              "worker_reconnect", "worker_absent",
+                                                              "worker_crash") and \
                     f["t0"] <= x["end"] + 2.0 and f["t1"] >= x["sent"]:
                 return False
         return True
@@ -1074,6 +1262,9 @@ def check(run):
         """Held without any fault that could cost the lease, answered or not."""
         for f in faults:
             if f["kind"] in REDIS_FAULTS and \
+                    f["t0"] <= end_eff(x) + 0.5 and f["t1"] >= x["sent"] - lease:
+                return False
+            if f["kind"] in LINK_FAULTS and f["replica"] == x["replica"] and \
                     f["t0"] <= end_eff(x) + 0.5 and f["t1"] >= x["sent"] - lease:
                 return False
             if f["replica"] == x["replica"] and f["kind"] in ("kill9", "sigterm", "pause_term") and \
@@ -1133,7 +1324,7 @@ def check(run):
         was added (its id's time) on. A lost or held reply (--net) hides none."""
         born = int(eid.split("-")[0]) / 1000.0
         return sum(1 for f in faults if f["kind"] in (
-            "kill9", "sigterm", "pause_term", "worker_reconnect", "worker_crash", "failover",
+            "kill9", "sigterm", "pause_term", "worker_reconnect", "worker_absent", "worker_crash", "failover",
             "master_kill", "migrate")
             and f["t1"] >= born - 1.0 and f["t0"] <= before)
     for eid, ev in entry_ev.items():
@@ -1252,8 +1443,13 @@ def describe(c):
              f"tracing={c['tracing']}" if c.get("tracing") is not None else ""]
     kinds = Counter(ev["kind"] for ev in c["events"])
     parts.append(",".join(f"{k}:{n}" for k, n in sorted(kinds.items())))
-    parts.append("faults=" + ",".join(f"{f['kind']}{'/' + f['command'] if 'command' in f else ''}@{f['t']}"
+    parts.append("faults=" + ",".join(f"{f['kind']}{'/' + f['command'] if 'command' in f else ''}"
+                                      f"{'/' + str(f['mbps']) + 'MB/s' if 'mbps' in f else ''}"
+                                      f"{'/' + '+'.join(f['locks']) if 'locks' in f else ''}"
+                                      f"{'/r' + str(f['replica']) if f['kind'] in LINK_KINDS else ''}@{f['t']}"
                                       for f in c["faults"]))
+    if c.get("retry_hold"):
+        parts.append("retry_hold")
     return " ".join(p for p in parts if p)
 
 

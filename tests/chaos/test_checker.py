@@ -319,6 +319,56 @@ def test_cluster_topology_faults_excuse_like_a_redis_restart():
         assert tags(run) == [], kind
 
 
+def cut_off_replica_sends_after_anothers_ack(fault):
+    """Issue 30's finding 1: replica 1 delivers k1 and its worker acks; replica 0,
+    whose link 'fault' cut off while its lease ran out, then sends k1 too."""
+    run = record(lock_key=False)
+    entry(run, "1-0", "k1")
+    deliver(run, "k1", "1-0", 3.0, 3.2, worker="w1.0", replica=1)
+    deliver(run, "k1", "1-0", 4.0, 4.1, worker="w0.0", replica=0)
+    done(run, "k1")
+    run.hist.faults.append(dict(fault, t0=1.0, t1=3.5))
+    return tags(run)
+
+
+def test_a_link_fault_excuses_that_replicas_holders_only():
+    # replica 0's link refused: replica 1's ack stays clean, sending after it is a break
+    assert cut_off_replica_sends_after_anothers_ack({"kind": "refuse", "replica": 0}) == ["twice-after-ack"]
+    assert cut_off_replica_sends_after_anothers_ack({"kind": "throttle", "replica": 0}) == ["twice-after-ack"]
+    # ... replica 1's own link, or a fault of Redis itself, may have cost that ack
+    assert cut_off_replica_sends_after_anothers_ack({"kind": "refuse", "replica": 1}) == []
+    assert cut_off_replica_sends_after_anothers_ack({"kind": "lost_reply", "replica": None}) == []
+
+
+def test_a_foreign_lock_delays_and_excuses_nothing():
+    assert cut_off_replica_sends_after_anothers_ack({"kind": "foreign_lock", "replica": None}) == \
+        ["twice-after-ack"]
+    run = record(lock_key=False)                   # nor a second holder while the first holds it
+    entry(run, "1-0", "k1")
+    deliver(run, "k1", "1-0", 1.0, 1.5)
+    deliver(run, "k1", "1-0", 1.2, 1.3, worker="w1.0", replica=1, attempt=2)
+    done(run, "k1")
+    run.hist.faults.append({"kind": "foreign_lock", "replica": None, "t0": 0.5, "t1": 3.0})
+    assert "held-twice" in tags(run)
+    run = legal()                                  # nor an attempt too high
+    run.hist.rows[0]["attempt"] = 2
+    run.hist.faults.append({"kind": "foreign_lock", "replica": None, "t0": 0.5, "t1": 3.0})
+    assert tags(run) == ["attempt-inflated"]
+
+
+def test_absent_workers_excuse_like_a_reconnect():
+    # the ack of the delivery in hand when the workers left may be lost
+    run = legal()
+    entry(run, "3-0", "k1")
+    deliver(run, "k1", "3-0", 2.0, 2.1)
+    run.hist.faults.append({"kind": "worker_absent", "replica": 0, "t0": 1.25, "t1": 1.9})
+    assert tags(run) == []
+    # ... and a delivery sent to them uncounted; not another replica's ack
+    assert "attempt-inflated" not in inflated_by_one("worker_absent", 1.5)
+    run.hist.faults[-1]["replica"] = 1
+    assert tags(run) == ["twice-after-ack"]
+
+
 def test_max_deliveries_of_timeouts_no_worker_recorded_is_legitimate():
     """Deliveries that timed out queued behind a slow handler are never recorded
     by a worker; the replica's log counts them (seed 13). Without those lines

@@ -304,13 +304,16 @@ def link_faults(c, seed):
     if rnd.random() < 0.35:
         i = rnd.randrange(n)
         t = max(rnd.choice(c["batches"]) - 0.05, -0.05)
-        cut = rnd.random() < 0.7        # cut off too while its leases run out
-        cut_s = lease * rnd.choice([1.5, 2.5]) + 0.5
-        away = (cut_s if cut else 0) + lease * rnd.choice([1.0, 2.0]) + 1.0
+        # Often cut off too while its leases run out, and still cut off when its
+        # workers come back: it cannot have learned that it lost them.
+        cut = rnd.random() < 0.7
+        cut_s = lease * rnd.choice([2.5, 3.5]) + 1.0
+        away = lease * rnd.choice([1.2, 2.0]) + 1.0
         new.append({"t": round(t, 2), "kind": "workers_absent", "replica": i, "down": round(away, 2),
                     "pause_ms": 0})
         if cut:
-            refuse(t + rnd.uniform(0.05, 0.5), i, cut_s, rnd.choice([["ALL"], ["EVAL"], ["EVAL", "SET"]]))
+            # once it has claimed what it read (the claim is an EVAL too)
+            refuse(t + rnd.uniform(0.25, 0.65), i, cut_s, rnd.choice([["ALL"], ["EVAL"], ["EVAL", "SET"]]))
     if rnd.random() < 0.35:
         b = rnd.randrange(len(c["batches"]))
         nev = len(c["events"])
@@ -322,13 +325,19 @@ def link_faults(c, seed):
                 own = ("idem:" if c["layout"] == "single" else "lock:") + ev["key"]
                 locks.append(f"room-lock:{ev['room']}" if c["lock_key"] and rnd.random() < 0.4 else own)
             t = max(c["batches"][b] - 0.05, -0.05)
+            idle = c["claim_idle_ms"]
             new.append({"t": round(t, 2), "kind": "foreign_lock", "replica": None, "down": 0, "pause_ms": 0,
-                        "locks": sorted(set(locks)), "ttl_ms": rnd.choice([500, 1500, 2500, 4000])})
-            if c["group"] and rnd.random() < 0.5:   # its refresh lost while it parks
-                refuse(t + 0.1, rnd.randrange(n), c["claim_idle_ms"] * 2.5 / 1000.0 + 1.0, ["XCLAIM", "SET"])
+                        "locks": sorted(set(locks)),
+                        "ttl_ms": rnd.choice([500, 1500, int(idle * 1.5), idle * 2])})
+            if c["group"] and rnd.random() < 0.6:   # the refreshes of what they park lost
+                for i in range(n):
+                    refuse(t + 0.1, i, idle * 2.5 / 1000.0 + 1.0, ["XCLAIM", "SET"])
     c["retry_hold"] = rnd.random() < 0.3
     if c["retry_hold"] and c["group"] and rnd.random() < 0.7:
-        refuse(rnd.uniform(0.2, c["duration"]), rnd.randrange(n), rnd.choice([1.6, 3.0]), ["XCLAIM"])
+        # ... the refreshes of what the workers hold lost, past claim_idle_ms
+        t = rnd.choice(c["batches"]) + rnd.uniform(0.0, 0.5)
+        for i in range(n):
+            refuse(t, i, c["claim_idle_ms"] / 1000.0 + lease * 2, ["XCLAIM"])
     c["faults"] = sorted(c["faults"] + new, key=lambda f: f["t"])
 
 
@@ -1090,7 +1099,11 @@ class Run:
             try:
                 st = self.read_state()
                 n = self.unsettled(st)
-                if not n:
+                # --net workers_absent: not settled before the absent workers are
+                # back, and a moment more: what their replica held must not go out
+                # then (finding 1 of issue 30 sent it right after they came back).
+                back = max([w.absent_until for w in self.workers] + [0.0]) + 1.5
+                if not n and time.time() >= back:
                     settled = True
                     break
                 if (left is not None and n < left) or len(self.hist.rows) > rows:
@@ -1446,7 +1459,8 @@ def describe(c):
     parts.append("faults=" + ",".join(f"{f['kind']}{'/' + f['command'] if 'command' in f else ''}"
                                       f"{'/' + str(f['mbps']) + 'MB/s' if 'mbps' in f else ''}"
                                       f"{'/' + '+'.join(f['locks']) if 'locks' in f else ''}"
-                                      f"{'/r' + str(f['replica']) if f['kind'] in LINK_KINDS else ''}@{f['t']}"
+                                      f"{'/r' + ','.join(map(str, f.get('replicas', [f['replica']]))) if f['kind'] in LINK_KINDS else ''}"
+                                      f"@{f['t']}"
                                       for f in c["faults"]))
     if c.get("retry_hold"):
         parts.append("retry_hold")
@@ -1482,7 +1496,7 @@ def run_seed(seed, binary, verbose=False, keep=False, cluster=False):
         except Exception:
             pass
     dt = time.time() - t
-    if v:
+    if v or keep:               # --keep: the history of a passing seed too
         try:
             (tmp / "history.json").write_text(json.dumps(
                 {"seed": seed, "t0": run.hist.t0, "rows": run.hist.rows, "faults": run.hist.faults,
@@ -1490,6 +1504,7 @@ def run_seed(seed, binary, verbose=False, keep=False, cluster=False):
                  "violations": v}, indent=1, default=str))
         except Exception:
             pass
+    if v:
         print(f"seed {seed}{'c' if cluster else ''}: FAIL in {dt:.1f}s  [{describe(run.c)}]")
         seen = Counter()
         for line in v:

@@ -17,7 +17,8 @@ The environment turns it into a test double, as clients/c/example_worker.c:
   WORKER_VERBOSE=1     describe each delivery on stderr
   WORKER_REPORT        a file: one JSON object per answered delivery is appended
                        (key, stream, entry_id, attempt, fencing_token,
-                       deadline_unix_ms, payload, fields, status, start_ms, end_ms)
+                       deadline_unix_ms, payload, fields, traceparent, tracestate,
+                       status, start_ms, end_ms)
 WORKER_NOACK_KEYS is not supported: this library answers every delivery.
 """
 import argparse
@@ -70,6 +71,7 @@ def main() -> None:
             "fencing_token": d.fencing_token, "deadline_unix_ms": d.deadline_unix_ms,
             "payload": d.payload.decode("utf-8", "replace"),
             "fields": {k: v.decode("utf-8", "replace") for k, v in d.fields.items()},
+            "traceparent": d.traceparent, "tracestate": d.tracestate,
             "status": status, "start_ms": start, "end_ms": end}) + "\n"
         with out_lock, open(report_path, "a", encoding="utf-8") as f:
             f.write(line)

@@ -56,13 +56,13 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import signal
 import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import IntEnum
+from math import ceil, inf
 from typing import Any, Awaitable, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar, Union
 
 import pynng
@@ -118,7 +118,7 @@ class Retry(Exception):
         seconds = after.total_seconds() if isinstance(after, timedelta) else (after or 0)
         if seconds < 0:
             raise ValueError("Retry(after=...) must not be negative")
-        self.after_ms = min(math.ceil(seconds * 1000), MAX_RETRY_AFTER_MS)
+        self.after_ms = min(ceil(seconds * 1000), MAX_RETRY_AFTER_MS)
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ class Delivery:
         """Seconds left until the deadline (0.0 once it has passed; infinity
         without one): a timeout for the handler's own calls."""
         if not self.deadline_unix_ms:
-            return math.inf
+            return inf
         return max(0.0, self.deadline_unix_ms / 1000 - time.time())
 
     def json(self) -> Any:
@@ -339,6 +339,7 @@ class Worker:
         if self._handler is None:
             raise RuntimeError("no handler: pass one to Worker() or decorate it with @worker.handler")
         self._stop.clear()
+        self._fatal = None
         previous: Dict[int, Any] = {}
         if handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -346,17 +347,13 @@ class Worker:
         limit = self.max_entry_bytes + SP_HEADER_BYTES if self.max_entry_bytes else 0
         sock = pynng.Rep0(recv_max_size=limit)
         threads: List[threading.Thread] = []
-        self._fatal = None
         try:
             try:  # non-blocking: NNG redials in the background until idemproxy binds
                 sock.dial(self.endpoint, block=False)
             except (pynng.AddressInvalid, pynng.NotSupported) as exc:
                 raise ValueError(f"bad endpoint {self.endpoint!r}: {exc}") from exc
-            slots = [_Slot(sock.new_context()) for _ in range(self.concurrency)]
-            with self._slots_lock:
-                self._slots = slots
-            for i, slot in enumerate(slots):
-                t = threading.Thread(target=self._serve, args=(slot,),
+            for i in range(self.concurrency):
+                t = threading.Thread(target=self._serve, args=(sock.new_context(),),
                                      name=f"idemproxy-worker-{i}", daemon=True)
                 t.start()
                 threads.append(t)
@@ -378,9 +375,12 @@ class Worker:
         if self._fatal is not None:  # a handler's sys.exit(): the program ends as it asked
             raise self._fatal
 
-    def _serve(self, slot: "_Slot") -> None:
+    def _serve(self, ctx: pynng.Context) -> None:
         """One handler thread: receive, handle, answer on its own context."""
         assert self._handler is not None
+        slot = _Slot(ctx)
+        with self._slots_lock:  # run() closes it once every thread has ended
+            self._slots.append(slot)
         try:
             while not self._stop.is_set():
                 data = slot.recv(self._stop)

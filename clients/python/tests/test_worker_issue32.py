@@ -215,3 +215,16 @@ def test_handler_runs_in_a_child_span_of_the_delivery(url, serve, aserve, spans,
     assert span.attributes["messaging.message.id"] == "1700000000000-0"
     assert seen[0].span_id == span.context.span_id   # the handler ran inside it
     assert span.context.trace_state.get("congo") == "t61"
+
+
+def test_async_handler_that_is_not_a_coroutine_is_retried(url, aserve):
+    """A plain function given to AsyncWorker, whether it returns or raises, is
+    a failing handler like any other: RETRY, and the worker goes on."""
+    def handler(d):
+        if d.key == "raises":
+            raise ValueError("no")
+    aserve(handler)
+    with pynng.Req0(listen=url, recv_timeout=5000) as req:
+        for key in ("returns-none", "raises"):
+            ack = ask(req, delivery(key))
+            assert ack.status == pb.Ack.RETRY and ack.reason, (key, ack)

@@ -73,7 +73,7 @@ try:  # optional: pip install idemproxy-worker[otel]
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
     _tracer: Any = _otel_trace.get_tracer("idemproxy_worker")
     _propagator: Any = TraceContextTextMapPropagator()
-except ImportError:  # pragma: no cover - tested where the package is absent
+except ImportError:  # as in tests/packaging/test_python.py's venv
     _otel_trace = None
 
 from google.protobuf.unknown_fields import UnknownFieldSet
@@ -279,7 +279,10 @@ async def answer_async(handler: AsyncHandler, data: bytes) -> bytes:
     if d is None:
         return early
     with _span(d):
-        task = asyncio.ensure_future(handler(d))
+        try:
+            task = asyncio.ensure_future(handler(d))
+        except Exception as exc:  # a plain function: it returned a non-awaitable, or raised
+            return _close(d, exc)
         timeout = None if not d.deadline_unix_ms else d.remaining()
         try:
             done, _ = await asyncio.wait({task}, timeout=timeout)

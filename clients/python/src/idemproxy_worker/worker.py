@@ -262,8 +262,10 @@ def answer(handler: Handler, data: bytes) -> bytes:
     """Decodes the Delivery in 'data', runs 'handler' on it and returns the
     encoded Ack: ACK when it returns, DROP on Drop, RETRY on any other
     exception, when 'data' does not decode, or when its deadline has passed
-    (then without running the handler). The transport-free core of a
-    worker, for tests or for serving deliveries some other way."""
+    (then without running the handler). A SystemExit or KeyboardInterrupt
+    from the handler is logged and raised, not answered (Worker answers it
+    RETRY, then stops). The transport-free core of a worker, for tests or
+    for serving deliveries some other way."""
     reply, fatal = _answer(handler, data)
     if fatal is not None:  # a handler's SystemExit or KeyboardInterrupt goes on up
         raise fatal

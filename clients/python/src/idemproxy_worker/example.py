@@ -10,6 +10,8 @@ The environment turns it into a test double, as clients/c/example_worker.c:
   WORKER_CONCURRENCY   handle up to n deliveries at the same time (1)
   WORKER_DELAY_MS      work this long before answering each delivery
   WORKER_RETRY_KEYS    k1,k2: answer RETRY while attempt <= WORKER_RETRY_TIMES (1)
+  WORKER_RETRY_AFTER_MS  n > 0: those RETRYs ask to come again after n ms
+                       (Retry(after=...)) instead of idemproxy's backoff
   WORKER_DROP_KEYS     k3: answer DROP, reason "dropped by worker"
   WORKER_SLOW_KEYS     k4: work WORKER_SLOW_MS (1000) on these before answering
   WORKER_CRASH_KEYS    k5: exit(3) on receipt, unanswered, as a crash would
@@ -17,7 +19,11 @@ The environment turns it into a test double, as clients/c/example_worker.c:
   WORKER_VERBOSE=1     describe each delivery on stderr
   WORKER_REPORT        a file: one JSON object per answered delivery is appended
                        (key, stream, entry_id, attempt, fencing_token,
-                       deadline_unix_ms, payload, fields, status, start_ms, end_ms)
+                       deadline_unix_ms, payload, fields, traceparent, tracestate,
+                       span_trace_id, span_parent_id, status, start_ms, end_ms)
+With WORKER_REPORT and OpenTelemetry's SDK at hand (the dev extra), it sets a
+tracer provider (no exporter), so each handler runs in a real span; the report
+gives that span's trace id and parent span id (span_trace_id, span_parent_id).
 WORKER_NOACK_KEYS is not supported: this library answers every delivery.
 """
 import argparse
@@ -27,7 +33,7 @@ import os
 import sys
 import threading
 import time
-from typing import Set
+from typing import Dict, Set
 
 from . import DEFAULT_ENDPOINT, Delivery, Drop, Retry, Worker
 
@@ -45,6 +51,28 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def span_ids() -> Dict[str, str]:
+    """The handler's span: its trace id and its parent's span id, or ""."""
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return {"span_trace_id": "", "span_parent_id": ""}
+    span = trace.get_current_span()
+    ctx, parent = span.get_span_context(), getattr(span, "parent", None)
+    return {"span_trace_id": format(ctx.trace_id, "032x") if ctx.is_valid else "",
+            "span_parent_id": format(parent.span_id, "016x") if parent is not None else ""}
+
+
+def use_otel_sdk() -> None:
+    """Real spans (never exported) when opentelemetry-sdk is installed."""
+    try:
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+    except ImportError:
+        return
+    trace.set_tracer_provider(TracerProvider())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m idemproxy_worker.example",
                                  description="An idemproxy worker that acks every delivery.")
@@ -56,11 +84,15 @@ def main() -> None:
     delay_ms, slow_ms = env_int("WORKER_DELAY_MS", 0), env_int("WORKER_SLOW_MS", 1000)
     retry_times = env_int("WORKER_RETRY_TIMES", 1)
     retry_keys, drop_keys = env_keys("WORKER_RETRY_KEYS"), env_keys("WORKER_DROP_KEYS")
+    retry_after_ms = env_int("WORKER_RETRY_AFTER_MS", 0)
     slow_keys, crash_keys = env_keys("WORKER_SLOW_KEYS"), env_keys("WORKER_CRASH_KEYS")
     report_path = os.environ.get("WORKER_REPORT", "")
     out_lock = threading.Lock()  # one line at a time, from concurrent handlers
     logging.basicConfig(stream=sys.stderr, level=logging.INFO if verbose else logging.WARNING,
                         format="example_worker: %(message)s")
+
+    if report_path:
+        use_otel_sdk()
 
     def report(d: Delivery, status: str, start: int, end: int) -> None:
         if not report_path:
@@ -70,6 +102,7 @@ def main() -> None:
             "fencing_token": d.fencing_token, "deadline_unix_ms": d.deadline_unix_ms,
             "payload": d.payload.decode("utf-8", "replace"),
             "fields": {k: v.decode("utf-8", "replace") for k, v in d.fields.items()},
+            "traceparent": d.traceparent, "tracestate": d.tracestate, **span_ids(),
             "status": status, "start_ms": start, "end_ms": end}) + "\n"
         with out_lock, open(report_path, "a", encoding="utf-8") as f:
             f.write(line)
@@ -97,7 +130,8 @@ def main() -> None:
                 raise Drop("dropped by worker")
             if d.key in retry_keys and d.attempt <= retry_times:
                 status = "retry"
-                raise Retry("retry requested by worker")
+                raise Retry("retry requested by worker",
+                            after=retry_after_ms / 1000 if retry_after_ms > 0 else None)
         finally:  # the answer goes out as soon as this returns
             report(d, status, start, now_ms())
             with out_lock:

@@ -36,16 +36,25 @@ handshake timeout) is hung up on. Deliveries of up to ``max_entry_bytes``
 (idemproxy's app.max_entry_bytes, 1 MiB by default) are received.
 
 ``d.deadline_unix_ms`` is the delivery's ack deadline: an answer after it is
-ignored and the entry is delivered again. idemproxy paces deliveries per
-worker, so the ack timer measures the handler's own work, not a queue in front
-of it. A delivery that arrives already past its deadline is answered RETRY
-without calling the handler. ``d.fencing_token`` lets the application's
-database refuse stale work. The library never prints: it logs through the
-"idemproxy_worker" logger (a handler's exception at WARNING with its traceback).
+ignored and the entry is delivered again; ``d.remaining()`` is the seconds left.
+idemproxy paces deliveries per worker, so the ack timer measures the handler's
+own work, not a queue in front of it. A delivery that arrives already past its
+deadline is answered RETRY without calling the handler. An AsyncWorker handler
+is cancelled at the deadline (RETRY); a Worker handler cannot be stopped (a
+thread), so one that ends past its deadline is logged at WARNING.
+``d.fencing_token`` lets the application's database refuse stale work.
+``raise Retry(reason, after=timedelta(seconds=30))`` asks for the next attempt
+no earlier than that (protocol 1.1's Ack.retry_after_ms). With opentelemetry-api
+installed (the ``otel`` extra) the handler runs in a span that is a child of
+``d.traceparent``. A handler's SystemExit is answered RETRY, then the worker
+stops (finishing and answering what the others have) and run() raises it. The
+library never prints: it logs through the "idemproxy_worker" logger (a
+handler's exception at WARNING with its traceback).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -53,21 +62,33 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import IntEnum
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple, TypeVar
+from math import ceil, inf
+from typing import Any, Awaitable, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar, Union
 
 import pynng
+from pynng import ffi, lib
+
+try:  # optional: pip install idemproxy-worker[otel]
+    from opentelemetry import trace as _otel_trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    _tracer: Any = _otel_trace.get_tracer("idemproxy_worker")
+    _propagator: Any = TraceContextTextMapPropagator()
+except ImportError:  # as in tests/packaging/test_python.py's venv
+    _otel_trace = None
 
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from . import idemproxy_pb2 as pb
 
 DEFAULT_ENDPOINT = "ipc:///tmp/idemproxy.sock"
-POLL_S = 0.2     # how often an idle handler thread looks whether stop() was called
 LINGER_S = 0.1   # time given to the last answer to leave before the socket closes
 DEFAULT_MAX_ENTRY_BYTES = 1 << 20   # idemproxy's default app.max_entry_bytes
 SP_HEADER_BYTES = 32  # room for the SP header in front of a Delivery (8 backtrace words)
 STALE = "deadline passed before the handler ran"
+LATE = "deadline passed while the handler ran"
+MAX_RETRY_AFTER_MS = (1 << 32) - 1  # uint32 on the wire; idemproxy caps it at 1 h
 
 log = logging.getLogger("idemproxy_worker")
 
@@ -148,7 +169,19 @@ class Drop(Exception):
 class Retry(Exception):
     """Raise from a handler to have the delivery again later (attempt + 1, after
     idemproxy's backoff) with ``str(exc)`` as the reason. Any other exception
-    does the same, but is also logged with its traceback, as the bug it may be."""
+    does the same, but is also logged with its traceback, as the bug it may be.
+
+    ``Retry(reason, after=timedelta(seconds=30))`` (or seconds as a number) asks
+    for the next attempt no earlier than that, instead of the backoff: sent as
+    Ack.retry_after_ms (protocol 1.1; idemproxy caps it at 1 h, and it still
+    counts toward max_deliveries)."""
+
+    def __init__(self, *args: Any, after: Union[timedelta, float, None] = None) -> None:
+        super().__init__(*args)
+        seconds = after.total_seconds() if isinstance(after, timedelta) else (after or 0)
+        if seconds < 0:
+            raise ValueError("Retry(after=...) must not be negative")
+        self.after_ms = min(ceil(seconds * 1000), MAX_RETRY_AFTER_MS)
 
 
 @dataclass(frozen=True)
@@ -161,7 +194,9 @@ class Delivery:
     payload: bytes           # the payload field's value, or b""
     attempt: int             # 1 on the first delivery
     fencing_token: int       # strictly increasing per lock; 0 when fencing is off
-    deadline_unix_ms: int    # an answer after this (epoch ms) is too late
+    deadline_unix_ms: int    # an answer after this (epoch ms) is too late; 0: none
+    traceparent: str = ""    # W3C trace context of idemproxy's delivery span, or ""
+    tracestate: str = ""     # the W3C tracestate that goes with it, or ""
 
     @classmethod
     def decode(cls, data: bytes) -> "Delivery":
@@ -171,7 +206,15 @@ class Delivery:
         return cls(stream=m.stream, entry_id=m.entry_id, key=m.key,
                    fields={f.name: f.value for f in m.fields}, payload=m.payload,
                    attempt=m.attempt, fencing_token=m.fencing_token,
-                   deadline_unix_ms=m.deadline_unix_ms)
+                   deadline_unix_ms=m.deadline_unix_ms, traceparent=m.traceparent,
+                   tracestate=m.tracestate)
+
+    def remaining(self) -> float:
+        """Seconds left until the deadline (0.0 once it has passed; infinity
+        without one): a timeout for the handler's own calls."""
+        if not self.deadline_unix_ms:
+            return inf
+        return max(0.0, self.deadline_unix_ms / 1000 - time.time())
 
     def json(self) -> Any:
         """The payload parsed as JSON (the usual case with ``payload_field``)."""
@@ -220,47 +263,106 @@ def _open(data: bytes) -> Tuple[Optional[Delivery], bytes]:
 def _close(d: Delivery, exc: Optional[BaseException]) -> bytes:
     """The second half: the encoded Ack for the handler's outcome on 'd', None
     when it returned, else the exception it raised (logged here)."""
-    status, reason = Status.ACK, ""
+    status, reason, after_ms = Status.ACK, "", 0
+    if d.deadline_unix_ms and time.time() * 1000 > d.deadline_unix_ms:
+        log.warning("%s %s key=%s attempt=%d: handler ran past its deadline, its answer comes too late",
+                    d.stream, d.entry_id, d.key, d.attempt)
     if isinstance(exc, Drop):
         status, reason = Status.DROP, _reason(exc)
         log.info("%s %s key=%s: DROP: %s", d.stream, d.entry_id, d.key, reason)
     elif isinstance(exc, Retry):
-        status, reason = Status.RETRY, _reason(exc)
-        log.info("%s %s key=%s: RETRY: %s", d.stream, d.entry_id, d.key, reason)
+        status, reason, after_ms = Status.RETRY, _reason(exc), exc.after_ms
+        log.info("%s %s key=%s: RETRY%s: %s", d.stream, d.entry_id, d.key,
+                 f" after {after_ms} ms" if after_ms else "", reason)
+    elif exc is not None and not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt
+        text = _reason(exc) if str(exc) else ""
+        status, reason = Status.RETRY, f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        log.error("%s %s key=%s attempt=%d: handler raised %s, RETRY; the worker stops",
+                  d.stream, d.entry_id, d.key, d.attempt, type(exc).__name__, exc_info=exc)
     elif exc is not None:
         status, reason = Status.RETRY, _reason(exc)
         log.warning("%s %s key=%s attempt=%d: handler failed, RETRY: %s",
                     d.stream, d.entry_id, d.key, d.attempt, reason, exc_info=exc)
-    return pb.Ack(status=int(status), reason=reason, stream=d.stream,
-                  entry_id=d.entry_id).SerializeToString()
+    return pb.Ack(status=int(status), reason=reason, stream=d.stream, entry_id=d.entry_id,
+                  retry_after_ms=after_ms).SerializeToString()
+
+
+@contextlib.contextmanager
+def _span(d: Delivery) -> Iterator[None]:
+    """The handler's span, a child of the delivery's traceparent, when
+    opentelemetry-api is installed (a no-op until an SDK is configured)."""
+    if _otel_trace is None:
+        yield
+        return
+    carrier = {"traceparent": d.traceparent, "tracestate": d.tracestate} if d.traceparent else {}
+    with _tracer.start_as_current_span(
+            f"{d.stream} process", context=_propagator.extract(carrier),
+            kind=_otel_trace.SpanKind.CONSUMER, record_exception=False, set_status_on_exception=False,
+            attributes={"messaging.system": "idemproxy", "messaging.destination.name": d.stream,
+                        "messaging.message.id": d.entry_id, "messaging.operation.type": "process",
+                        "idemproxy.key": d.key, "idemproxy.attempt": d.attempt}):
+        yield
+
+
+def _answer(handler: Handler, data: bytes) -> Tuple[bytes, Optional[BaseException]]:
+    """answer()'s work: the encoded Ack, and the BaseException (SystemExit,
+    KeyboardInterrupt) the handler raised, if it raised one, for the caller to
+    act on after the answer is sent."""
+    d, early = _open(data)
+    if d is None:
+        return early, None
+    with _span(d):
+        try:
+            handler(d)
+        except Exception as exc:
+            return _close(d, exc), None
+        except BaseException as exc:
+            return _close(d, exc), exc
+    return _close(d, None), None
 
 
 def answer(handler: Handler, data: bytes) -> bytes:
     """Decodes the Delivery in 'data', runs 'handler' on it and returns the
     encoded Ack: ACK when it returns, DROP on Drop, RETRY on any other
     exception, when 'data' does not decode, or when its deadline has passed
-    (then without running the handler). The transport-free core of a
-    worker, for tests or for serving deliveries some other way."""
-    d, early = _open(data)
-    if d is None:
-        return early
-    try:
-        handler(d)
-    except Exception as exc:
-        return _close(d, exc)
-    return _close(d, None)
+    (then without running the handler). A SystemExit or KeyboardInterrupt
+    from the handler is logged and raised, not answered (Worker answers it
+    RETRY, then stops). The transport-free core of a worker, for tests or
+    for serving deliveries some other way."""
+    reply, fatal = _answer(handler, data)
+    if fatal is not None:  # a handler's SystemExit or KeyboardInterrupt goes on up
+        raise fatal
+    return reply
 
 
 async def answer_async(handler: AsyncHandler, data: bytes) -> bytes:
-    """answer() for a coroutine handler: awaits handler(delivery)."""
+    """answer() for a coroutine handler: awaits handler(delivery) in a task of
+    its own, cancelled at the delivery's deadline (answered RETRY). A handler
+    that raises asyncio.CancelledError is answered RETRY too; only when the
+    task awaiting answer_async() is cancelled does the cancellation go on up."""
     d, early = _open(data)
     if d is None:
         return early
-    try:
-        await handler(d)
-    except Exception as exc:
-        return _close(d, exc)
-    return _close(d, None)
+    with _span(d):
+        try:
+            task = asyncio.ensure_future(handler(d))
+        except Exception as exc:  # a plain function: it returned a non-awaitable, or raised
+            return _close(d, exc)
+        timeout = None if not d.deadline_unix_ms else d.remaining()
+        try:
+            done, _ = await asyncio.wait({task}, timeout=timeout)
+        except asyncio.CancelledError:  # the worker itself is being stopped
+            task.cancel()
+            raise
+        if not done:
+            task.cancel()
+            await asyncio.wait({task})
+            if not task.cancelled() and task.exception() is not None:
+                return _close(d, task.exception())
+            return _close(d, Retry(LATE))
+        if task.cancelled():
+            return _close(d, Retry("handler cancelled"))
+        return _close(d, task.exception())
 
 
 class Worker:
@@ -280,6 +382,9 @@ class Worker:
         self.max_entry_bytes = max_entry_bytes
         self._handler = handler
         self._stop = threading.Event()
+        self._slots: List["_Slot"] = []  # run()'s, under _slots_lock; stop() cancels their receives
+        self._slots_lock = threading.RLock()  # stop() may run in a signal handler in run()'s thread
+        self._fatal: Optional[BaseException] = None  # a handler's SystemExit: run() raises it
         self._last_send = 0.0
 
     def handler(self, fn: H) -> H:
@@ -291,6 +396,9 @@ class Worker:
         """Makes run() return: no new delivery is taken, those in hand are
         finished and answered. Safe from any thread and from signal handlers."""
         self._stop.set()
+        with self._slots_lock:
+            for slot in self._slots:
+                slot.cancel()
 
     def run(self, *, handle_signals: bool = True) -> None:
         """Connects and serves deliveries until stop(), or SIGTERM/SIGINT when
@@ -299,12 +407,13 @@ class Worker:
         if self._handler is None:
             raise RuntimeError("no handler: pass one to Worker() or decorate it with @worker.handler")
         self._stop.clear()
+        self._fatal = None
         previous: Dict[int, Any] = {}
         if handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, lambda *_: self.stop())
         limit = self.max_entry_bytes + SP_HEADER_BYTES if self.max_entry_bytes else 0
-        sock = pynng.Rep0(recv_timeout=int(POLL_S * 1000), recv_max_size=limit)
+        sock = pynng.Rep0(recv_max_size=limit)
         threads: List[threading.Thread] = []
         try:
             watch = _DialWatch(sock, self.endpoint)
@@ -319,36 +428,84 @@ class Worker:
                     t.join(0.5)  # a timed join lets the main thread run signal handlers
                     watch.tick()
         finally:
-            self._stop.set()
+            self.stop()
             for t in threads:
                 t.join()
             time.sleep(max(0.0, self._last_send + LINGER_S - time.monotonic()))
+            with self._slots_lock:
+                slots, self._slots = self._slots, []
+            for slot in slots:
+                slot.close()
             sock.close()
             for sig, old in previous.items():
                 signal.signal(sig, old)
+        if self._fatal is not None:  # a handler's sys.exit(): the program ends as it asked
+            raise self._fatal
 
     def _serve(self, ctx: pynng.Context) -> None:
         """One handler thread: receive, handle, answer on its own context."""
         assert self._handler is not None
+        slot = _Slot(ctx)
+        with self._slots_lock:  # run() closes it once every thread has ended
+            self._slots.append(slot)
         try:
             while not self._stop.is_set():
+                data = slot.recv(self._stop)
+                if data is None:  # stop()
+                    break
+                reply, fatal = _answer(self._handler, data)
                 try:
-                    data = ctx.recv()
-                except pynng.Timeout:
-                    continue
-                reply = answer(self._handler, data)
-                try:
-                    ctx.send(reply)
+                    slot.ctx.send(reply)
                     self._last_send = time.monotonic()
                 except pynng.NNGException as exc:  # idemproxy's ack timeout covers it
                     log.warning("answer not sent: %s", exc)
+                if fatal is not None:  # answered; now stop, finishing what the others have
+                    self._fatal = self._fatal or fatal
+                    self.stop()
         except pynng.Closed:
             pass
-        except BaseException:  # SystemExit, or a bug here: stop the others too
-            self._stop.set()
+        except BaseException:  # a bug here: stop the others too
+            self.stop()
             raise
+
+
+class _Slot:
+    """One NNG context and the aio its receive waits on: a thread blocks in
+    NNG (no polling, so an idle worker costs no CPU), and cancel() ends a
+    receive still waiting without losing one that has completed."""
+
+    def __init__(self, ctx: pynng.Context) -> None:
+        self.ctx = ctx  # owned; closed by close()
+        aio = ffi.new("nng_aio **")
+        pynng.check_err(lib.nng_aio_alloc(aio, ffi.NULL, ffi.NULL))
+        self._aio = aio[0]  # owned; freed by close()
+
+    def recv(self, stop: threading.Event) -> Optional[bytes]:
+        """The next request's body, or None once cancelled."""
+        lib.nng_ctx_recv(self.ctx.context, self._aio)
+        if stop.is_set():  # stop() may have run before the receive began
+            lib.nng_aio_cancel(self._aio)
+        lib.nng_aio_wait(self._aio)  # cffi releases the GIL
+        err = lib.nng_aio_result(self._aio)
+        if err == lib.NNG_ECANCELED:
+            return None
+        pynng.check_err(err)
+        msg = lib.nng_aio_get_msg(self._aio)
+        try:
+            return bytes(ffi.buffer(lib.nng_msg_body(msg), lib.nng_msg_len(msg)))
         finally:
-            ctx.close()
+            lib.nng_msg_free(msg)
+
+    def cancel(self) -> None:
+        lib.nng_aio_cancel(self._aio)
+
+    def close(self) -> None:
+        """After the thread using it has ended."""
+        if self._aio is not None:
+            lib.nng_aio_free(self._aio)
+            self._aio = None
+        with contextlib.suppress(pynng.NNGException):
+            self.ctx.close()
 
 
 def run(endpoint: str, handler: Handler, concurrency: int = 1) -> None:
@@ -470,4 +627,5 @@ class AsyncWorker:
         except pynng.Closed:
             pass
         finally:
-            ctx.close()
+            with contextlib.suppress(pynng.NNGException):
+                ctx.close()

@@ -498,7 +498,7 @@ def test_clients_hang_up_on_a_silent_peer(tmp_path):
     assert not slow, f"waited this long (s) on a peer that never sent its SP header: {slow}"
 
 
-@pytest.mark.parametrize("lang", ["go", "node"])
+@pytest.mark.parametrize("lang", ["go", "node", "python"])
 def test_client_exits_promptly_after_its_last_answer(env, lang):
     """SIGTERM during a handler, deliveries waiting behind it: once the last
     answer is sent and nothing is in flight, the worker is gone within 0.5 s
@@ -537,7 +537,7 @@ def test_client_exits_promptly_after_its_last_answer(env, lang):
             w.stop()
 
 
-@pytest.mark.parametrize("lang", ["go", "node"])
+@pytest.mark.parametrize("lang", ["go", "node", "python"])
 def test_client_retry_after_is_honoured(env, lang):
     """Protocol 1.1: a RETRY that asks for a later retry (WORKER_RETRY_AFTER_MS,
     the client's RetryAfter) comes again no earlier than that, not after the
@@ -560,7 +560,7 @@ def test_client_retry_after_is_honoured(env, lang):
         w.stop()
 
 
-@pytest.mark.parametrize("lang", ["go", "node"])
+@pytest.mark.parametrize("lang", ["go", "node", "python"])
 def test_client_span_continues_the_producers_trace(env, lang):
     """Protocol 1.1 with tracing on, a real OTLP receiver: producer span ->
     idemproxy's entry span -> its delivery span -> the worker's handler span
@@ -592,7 +592,7 @@ def test_client_span_continues_the_producers_trace(env, lang):
         col.close()
 
 
-@pytest.mark.parametrize("lang", ["go", "node"])
+@pytest.mark.parametrize("lang", ["go", "node", "python"])
 def test_client_refuses_an_ipc_frame_that_is_not_a_message(tmp_path, lang):
     """nanomsg's ipc frames start with a type byte, 1 = message. A frame of
     type 2 is not a delivery: the worker hangs up without running its handler,

@@ -166,7 +166,10 @@ echo "== valgrind: the unit tests and the C client's test"
 for t in build/tests/test_* clients/c/build/test_client; do
     case "$t" in *.d|*.o) continue ;; esac
     d=build/memcheck/vg-$(basename "$t"); rm -rf "$d"; mkdir -p "$d"
-    valgrind $VG_OPTS --log-file="$d/vg.%p.log" "$t" > "$d/out" 2>&1; rc=$?
+    # test_entry forks a child for each broken invariant and expects it to
+    # abort (PX_ENSURE): what an aborted child still holds is no leak.
+    silent=""; [ "$(basename "$t")" = test_entry ] && silent=--child-silent-after-fork=yes
+    valgrind $VG_OPTS $silent --log-file="$d/vg.%p.log" "$t" > "$d/out" 2>&1; rc=$?
     tail -1 "$d/out"
     out=$(valgrind_reports "valgrind $t" "$d" 1)
     echo "$out"

@@ -416,12 +416,17 @@ def memory_holds(pid, secret):
             if "r" not in perms or "w" not in perms:
                 continue
             lo, hi = (int(x, 16) for x in addr.split("-"))
-            try:
-                mem.seek(lo)
-                chunk = mem.read(hi - lo)
-            except (OSError, ValueError, OverflowError):
+            if hi - lo > 1 << 30:       # a sanitizer's shadow: reserved, not the heap
                 continue
-            found = found or secret in chunk
+            tail = b""
+            for at in range(lo, hi, 16 << 20):   # 16 MiB at a time, overlapping by the secret
+                try:
+                    mem.seek(at)
+                    chunk = tail + mem.read(min(16 << 20, hi - at))
+                except (OSError, ValueError, OverflowError):
+                    break
+                found = found or secret in chunk
+                tail = chunk[-(len(secret) - 1):]
     return found
 
 

@@ -290,7 +290,8 @@ def test_memory_stays_flat_while_the_collector_is_down(env):
     ep = env.endpoint()
     env.worker(ep)
     proc_env = {}
-    if "libasan" in subprocess.run(["ldd", str(BIN)], capture_output=True, text=True).stdout:
+    asan = "libasan" in subprocess.run(["ldd", str(BIN)], capture_output=True, text=True).stdout
+    if asan:
         # ASan's quarantine keeps freed memory for a while: RSS would grow with any allocation.
         proc_env["ASAN_OPTIONS"] = (os.environ.get("ASAN_OPTIONS", "") +
                                     ":quarantine_size_mb=0:thread_local_quarantine_size_kb=0").lstrip(":")
@@ -305,6 +306,8 @@ def test_memory_stays_flat_while_the_collector_is_down(env):
     first = rss_after(10000, 10000)
     last = rss_after(30000, 20000)
     assert p.metrics()["idemproxy_spans_dropped_total"] >= 2 * 30000 - 4096
+    if asan:   # ASan's allocator caches what it frees: its RSS says nothing of the queue (memcheck)
+        return
     assert last - first < 2 * 1024 * 1024, (first, last)
 
 

@@ -237,6 +237,30 @@ class WorkerTest {
         }
     }
 
+    @Test
+    void aBacktraceLongerThanEightHopsIsIgnored() throws Exception {
+        try (FakeIdemproxy px = FakeIdemproxy.tcp()) {
+            serve(px.endpoint(), 1, d -> { });
+            try (FakeIdemproxy.Peer p = px.accept()) {
+                // 8 hops and then the request id: past the SP limit of 8 words, as nanomsg and NNG drop it
+                p.request(delivery("too-far", 1), 1, 2, 3, 4, 5, 6, 7, 8, 0x80000009);
+                p.request(delivery("ok", 1), 0x8000000a);
+                Ack a = ack(p.reply(), 0x8000000a);
+                assertEquals(Status.ACK, a.getStatus());
+            }
+        }
+    }
+
+    @Test
+    void aPeerHeaderWithNonZeroReservedBytesIsHungUpOn() throws Exception {
+        try (FakeIdemproxy px = FakeIdemproxy.ipc(tmp.resolve("px.sock"))) {
+            serve(px.endpoint(), 1, d -> { });
+            try (FakeIdemproxy.Peer p = px.accept(new byte[] {0x00, 0x53, 0x50, 0x00, 0x00, 0x30, 0x00, 0x01})) {
+                assertTrue(p.closedByWorker());
+            }
+        }
+    }
+
     /** Reads 'n' replies, in whatever order they come, by request id. */
     static Map<Integer, Ack> replies(FakeIdemproxy.Peer p, int n) throws IOException {
         Map<Integer, Ack> got = new HashMap<>();

@@ -115,7 +115,7 @@ impl Config {
         let result = self.work(d);
         let status = match &result {
             Ok(()) => "ack",
-            Err(Error::Retry(_)) => "retry",
+            Err(Error::Retry(_) | Error::RetryAfter(_)) => "retry",
             Err(Error::Drop(_)) => "drop",
         };
         self.report(d, status, start, now_ms());

@@ -27,6 +27,9 @@
 //!   delivery comes again later with `attempt + 1`. A panicking handler also
 //!   answers RETRY. `Err(Error::Drop(reason))` answers DROP: idemproxy dead-letters
 //!   the entry with the reason and never delivers it again.
+//! - `Err(Error::RetryAfter(duration))` answers RETRY with `retry_after_ms`:
+//!   idemproxy redelivers no earlier (at most an hour) instead of its backoff.
+//!   `traceparent`/`tracestate` carry idemproxy's delivery span (protocol 1.1).
 //! - Every Ack echoes the delivery's stream and entry id. A message that does not
 //!   decode (a string that is not UTF-8, a known field with the wrong wire type) is
 //!   answered RETRY without calling the handler.
@@ -58,9 +61,9 @@ use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use nng::options::{Options as _, RecvMaxSize};
+use nng::options::{MaxTtl, Options as _, RecvMaxSize};
 use nng::{Aio, AioResult, Context, Protocol, Socket};
 use prost::Message as _;
 
@@ -92,6 +95,8 @@ const POLL: Duration = Duration::from_millis(200);
 const SEND_TIMEOUT: Duration = Duration::from_secs(5);
 /// NNG has no linger: give the last replies time to leave before the socket closes.
 const LINGER: Duration = Duration::from_millis(100);
+/// idemproxy caps a retry-after at an hour; a longer one is sent as an hour.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
 /// One delivery: a unique stream entry that idemproxy asks the worker to handle.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -110,14 +115,28 @@ pub struct Delivery {
     pub attempt: u32,
     /// Strictly increasing per lock; 0 when fencing is off.
     pub fencing_token: u64,
-    /// An answer after this (epoch milliseconds) is too late.
+    /// An answer after this (epoch milliseconds) is too late; 0: none.
     pub deadline_unix_ms: u64,
+    /// `deadline_unix_ms` on this process's monotonic clock, fixed when the
+    /// delivery arrived; `None` when there is none. A handler past it is not
+    /// stopped (Rust cannot stop a thread): its late answer is ignored, logged.
+    pub deadline: Option<Instant>,
+    /// The W3C trace context of idemproxy's delivery span (protocol 1.1), or
+    /// empty: the parent of the handler's span.
+    pub traceparent: String,
+    /// The W3C tracestate that goes with it, or empty.
+    pub tracestate: String,
 }
 
 impl Delivery {
     /// The value of the first field called `name`, if there is one.
     pub fn field(&self, name: &str) -> Option<&[u8]> {
         self.fields.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_slice())
+    }
+
+    /// The time left until the deadline: zero once it has passed, `None` when there is none.
+    pub fn remaining(&self) -> Option<Duration> {
+        self.deadline.map(|d| d.saturating_duration_since(Instant::now()))
     }
 }
 
@@ -132,6 +151,17 @@ impl From<proto::Delivery> for Delivery {
             attempt: d.attempt,
             fencing_token: d.fencing_token,
             deadline_unix_ms: d.deadline_unix_ms,
+            deadline: (d.deadline_unix_ms != 0).then(|| {
+                let now = now_unix_ms();
+                let now_i = Instant::now();
+                if d.deadline_unix_ms >= now {
+                    now_i + Duration::from_millis(d.deadline_unix_ms - now)
+                } else {
+                    now_i.checked_sub(Duration::from_millis(now - d.deadline_unix_ms)).unwrap_or(now_i)
+                }
+            }),
+            traceparent: d.traceparent,
+            tracestate: d.tracestate,
         }
     }
 }
@@ -146,6 +176,10 @@ pub enum Error {
     Retry(String),
     /// Never: answer DROP; idemproxy dead-letters the entry with this reason.
     Drop(String),
+    /// Not before this wait: answer RETRY with `retry_after_ms` (protocol 1.1);
+    /// idemproxy redelivers no earlier (at most an hour) instead of its backoff,
+    /// and the attempt counts toward `max_deliveries`.
+    RetryAfter(Duration),
 }
 
 impl Error {
@@ -166,6 +200,7 @@ impl fmt::Display for Error {
         match self {
             Error::Retry(reason) => write!(f, "retry: {reason}"),
             Error::Drop(reason) => write!(f, "drop: {reason}"),
+            Error::RetryAfter(after) => write!(f, "retry after {} ms", after.as_millis()),
         }
     }
 }
@@ -193,6 +228,12 @@ impl Worker {
     pub fn connect(endpoint: &str) -> Result<Worker, SocketError> {
         let socket = Socket::new(Protocol::Rep0)?;
         socket.set_opt::<RecvMaxSize>(DEFAULT_MAX_ENTRY_BYTES + SP_HEADER_BYTES)?;
+        // NNG's REP hangs up on a request whose backtrace runs out before a word with
+        // the top bit (no request id) but drops one with more hops than MaxTtl. idemproxy
+        // sends exactly one word, so one hop makes every request without an id in its
+        // first word dropped, as the other clients ignore it (a body under 4 bytes
+        // still costs the connection: NNG's own limit).
+        socket.set_opt::<MaxTtl>(1)?;
         socket.dial_async(endpoint)?;
         Ok(Worker { socket, stop: Arc::new(AtomicBool::new(false)) })
     }
@@ -316,13 +357,24 @@ where
                 reason: STALE.into(),
                 stream: pb.stream,
                 entry_id: pb.entry_id,
+                ..Default::default()
             }
         }
         Ok(pb) => {
             let d = Delivery::from(pb);
             use log::Level::Warn;
+            let mut retry_after_ms = 0;
             let (status, reason, logged) = match catch_unwind(AssertUnwindSafe(|| handler(&d))) {
                 Ok(Ok(())) => (Status::Ack, String::new(), None),
+                Ok(Err(Error::RetryAfter(after))) => {
+                    retry_after_ms = after.min(MAX_RETRY_AFTER).as_millis() as u32;
+                    let reason = format!("retry after {retry_after_ms} ms");
+                    (
+                        Status::Retry,
+                        reason,
+                        Some((log::Level::Info, "handler asked for a later retry, answered RETRY")),
+                    )
+                }
                 Ok(Err(Error::Retry(reason))) => {
                     (Status::Retry, reason, Some((Warn, "handler failed, answered RETRY")))
                 }
@@ -334,6 +386,15 @@ where
                     (Status::Retry, reason, Some((log::Level::Error, "handler panicked, answered RETRY")))
                 }
             };
+            if d.deadline.is_some_and(|t| Instant::now() > t) {
+                log::warn!(
+                    "handler returned after the deadline, its answer comes too late: stream={} entry_id={} key={} attempt={}",
+                    d.stream,
+                    d.entry_id,
+                    d.key,
+                    d.attempt
+                );
+            }
             if let Some((level, what)) = logged {
                 log::log!(
                     level,
@@ -344,7 +405,13 @@ where
                     d.attempt
                 );
             }
-            proto::Ack { status: status as i32, reason, stream: d.stream, entry_id: d.entry_id }
+            proto::Ack {
+                status: status as i32,
+                reason,
+                stream: d.stream,
+                entry_id: d.entry_id,
+                retry_after_ms,
+            }
         }
     };
     ack.encode_to_vec()

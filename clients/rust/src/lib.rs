@@ -301,32 +301,40 @@ impl Worker {
             aio.wait();
             res
         };
-
-        while !self.stop.load(Ordering::SeqCst) {
-            aio.set_timeout(Some(POLL))?;
-            ctx.recv(&aio)?;
-            let request = match wait()? {
-                AioResult::Recv(Ok(m)) => m,
-                AioResult::Recv(Err(nng::Error::TimedOut)) => continue,
-                AioResult::Recv(Err(nng::Error::Closed)) => break,
-                AioResult::Recv(Err(e)) => return Err(e),
-                _ => unreachable!("only a receive was started"),
-            };
-            let reply = answer(request.as_slice(), handler);
-            aio.set_timeout(Some(SEND_TIMEOUT))?;
-            ctx.send(&aio, reply.as_slice()).map_err(|(_, e)| e)?;
-            // A reply that cannot leave is lost the way a dropped connection loses
-            // it: idemproxy's ack timeout redelivers the entry. Only a closed socket
-            // ends the loop.
-            match wait()? {
-                AioResult::Send(Err((_, nng::Error::Closed))) => break,
-                AioResult::Send(Err((_, e))) => {
-                    log::error!("answer not sent, the entry comes again after its ack timeout: {e}")
+        // Replies go out on an aio of their own whose callback deals with the
+        // outcome itself, so this thread goes on to its next receive without
+        // waiting for NNG's thread: one hand-off per delivery, not two. A reply
+        // that cannot leave is lost the way a dropped connection loses it:
+        // idemproxy's ack timeout redelivers the entry. A closed socket ends the
+        // loop at the next receive.
+        let sent = Aio::new(|_, res| {
+            if let AioResult::Send(Err((_, e))) = res {
+                if e != nng::Error::Closed {
+                    log::error!("answer not sent, the entry comes again after its ack timeout: {e}");
                 }
-                _ => {}
             }
-        }
-        Ok(())
+        })?;
+        sent.set_timeout(Some(SEND_TIMEOUT))?;
+        aio.set_timeout(Some(POLL))?;
+
+        let res = (|| {
+            while !self.stop.load(Ordering::SeqCst) {
+                ctx.recv(&aio)?;
+                let request = match wait()? {
+                    AioResult::Recv(Ok(m)) => m,
+                    AioResult::Recv(Err(nng::Error::TimedOut)) => continue,
+                    AioResult::Recv(Err(nng::Error::Closed)) => break,
+                    AioResult::Recv(Err(e)) => return Err(e),
+                    _ => unreachable!("only a receive was started"),
+                };
+                let reply = answer(request.as_slice(), handler);
+                sent.wait(); // the previous reply has left (normally long ago): the aio is free
+                ctx.send(&sent, reply.as_slice()).map_err(|(_, e)| e)?;
+            }
+            Ok(())
+        })();
+        sent.wait(); // the last reply's callback has returned before `sent` is dropped
+        res
     }
 }
 

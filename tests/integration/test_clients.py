@@ -545,3 +545,26 @@ def test_client_refuses_a_header_with_reserved_bytes_set(tmp_path, lang):
     finally:
         w.stop()
         peer.close()
+
+
+@pytest.mark.parametrize("lang", ["c", "java", "rust"])
+def test_client_retry_after_is_honoured(env, lang):
+    """A handler's retry-after (protocol 1.1) reaches idemproxy as retry_after_ms:
+    attempt 2 comes no earlier than that, not after the 50 ms backoff."""
+    build(lang)
+    report = env.tmp / f"{lang}-ra-report.jsonl"
+    ep = env.endpoint()
+    w = ExampleWorker(lang, ep, env.tmp, WORKER_RETRY_KEYS="later", WORKER_RETRY_AFTER_MS=1500,
+                      WORKER_REPORT=report)
+    try:
+        env.proxy([{"stream": "room", "group": "g", "consumer": "c1", "payload_field": "payload",
+                    "key": "#event.eventId", "retry_backoff_ms": 50}], endpoint=ep)
+        env.r.xadd("room", {"payload": json.dumps({"eventId": "later"})})
+        wait_for(lambda: len(w.lines()) >= 2, timeout=30,
+                 what=f"{lang} attempt 2 (stderr: {w.err.read_text(errors='replace')[-500:]})")
+        rows = reported(report)
+        assert [(r["attempt"], r["status"]) for r in rows] == [(1, "retry"), (2, "ack")], rows
+        gap = rows[1]["start_ms"] - rows[0]["end_ms"]
+        assert gap >= 1400, f"{lang}: attempt 2 came {gap} ms after the retry-after of 1500 ms"
+    finally:
+        w.stop()

@@ -331,7 +331,7 @@ public final class Worker implements AutoCloseable {
         }
         Alarm alarm = Alarm.at(d.deadlineUnixMs());
         try {
-            handler.handle(d);
+            Tracing.handle(handler, d);
             return ack.setStatus(Ack.Status.ACK).build();
         } catch (RetryAfter e) {
             LOG.log(INFO, "{0} {1} key={2} attempt={3}: the handler asked for a retry after {4} ms",

@@ -372,7 +372,7 @@ where
             let d = Delivery::from(pb);
             use log::Level::Warn;
             let mut retry_after_ms = 0;
-            let (status, reason, logged) = match catch_unwind(AssertUnwindSafe(|| handler(&d))) {
+            let (status, reason, logged) = match catch_unwind(AssertUnwindSafe(|| traced(&d, handler))) {
                 Ok(Ok(())) => (Status::Ack, String::new(), None),
                 Ok(Err(Error::RetryAfter(after))) => {
                     retry_after_ms = after.min(MAX_RETRY_AFTER).as_millis() as u32;
@@ -423,6 +423,76 @@ where
         }
     };
     ack.encode_to_vec()
+}
+
+/// Runs the handler, inside a span that is a child of the delivery's traceparent
+/// when the `opentelemetry` feature is on (on the global tracer provider).
+#[cfg(not(feature = "opentelemetry"))]
+fn traced<F>(d: &Delivery, handler: &F) -> Result<(), Error>
+where
+    F: Fn(&Delivery) -> Result<(), Error>,
+{
+    handler(d)
+}
+
+#[cfg(feature = "opentelemetry")]
+fn traced<F>(d: &Delivery, handler: &F) -> Result<(), Error>
+where
+    F: Fn(&Delivery) -> Result<(), Error>,
+{
+    use opentelemetry::trace::{SpanKind, Status as SpanStatus, TraceContextExt as _, Tracer as _};
+    use opentelemetry::{Context, KeyValue, global};
+    let parent = match remote_parent(&d.traceparent, &d.tracestate) {
+        Some(sc) => Context::new().with_remote_span_context(sc),
+        None => Context::new(),
+    };
+    let tracer = global::tracer("idemproxy_worker");
+    let span = tracer
+        .span_builder(format!("{} process", d.stream))
+        .with_kind(SpanKind::Consumer)
+        .with_attributes([
+            KeyValue::new("messaging.system", "idemproxy"),
+            KeyValue::new("messaging.destination.name", d.stream.clone()),
+            KeyValue::new("messaging.message.id", d.entry_id.clone()),
+            KeyValue::new("idemproxy.key", d.key.clone()),
+            KeyValue::new("idemproxy.attempt", i64::from(d.attempt)),
+        ])
+        .start_with_context(&tracer, &parent);
+    let cx = parent.with_span(span);
+    let res = {
+        let _current = cx.clone().attach();
+        handler(d) // a panic drops the span, which ends it
+    };
+    if let Err(e) = &res {
+        cx.span().set_status(SpanStatus::error(e.to_string()));
+    }
+    cx.span().end();
+    res
+}
+
+/// The span context of a W3C `traceparent` ("00-<trace id>-<span id>-<flags>"),
+/// None when it is absent or malformed.
+#[cfg(feature = "opentelemetry")]
+fn remote_parent(traceparent: &str, tracestate: &str) -> Option<opentelemetry::trace::SpanContext> {
+    use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    let [version, trace, span, flags, ..] = parts[..] else { return None };
+    let hex = |s: &str, n: usize| {
+        s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    if !hex(version, 2) || version == "ff" || (version == "00" && parts.len() != 4) {
+        return None;
+    }
+    if !hex(trace, 32) || !hex(span, 16) || !hex(flags, 2) {
+        return None;
+    }
+    let (trace, span) = (TraceId::from_hex(trace).ok()?, SpanId::from_hex(span).ok()?);
+    if trace == TraceId::INVALID || span == SpanId::INVALID {
+        return None;
+    }
+    let flags = TraceFlags::new(u8::from_str_radix(flags, 16).ok()? & 1);
+    let state = tracestate.parse::<TraceState>().unwrap_or_default();
+    Some(SpanContext::new(trace, span, flags, true, state))
 }
 
 fn now_unix_ms() -> u64 {

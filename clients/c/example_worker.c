@@ -11,6 +11,7 @@
  *   IDEMPROXY_ENDPOINT   endpoint when --endpoint is not given
  *   WORKER_DELAY_MS      work this long before answering each delivery
  *   WORKER_RETRY_KEYS    k1,k2: answer RETRY while attempt <= WORKER_RETRY_TIMES (1)
+ *   WORKER_RETRY_AFTER_MS  those RETRYs ask for a redelivery after this many ms
  *   WORKER_DROP_KEYS     k3: answer DROP, reason "dropped by worker"
  *   WORKER_NOACK_KEYS    k4: never answer (the next receive abandons it, so
  *                        idemproxy's ack timeout fires)
@@ -189,6 +190,9 @@ static int answer(idemproxy_client *c, const idemproxy_delivery *d, const char *
 {
     if (strcmp(status, "drop") == 0)
         return idemproxy_client_drop(c, d, "dropped by worker");
+    if (strcmp(status, "retry") == 0 && env_long("WORKER_RETRY_AFTER_MS", 0) > 0)
+        return idemproxy_client_retry_after(c, d, (uint32_t) env_long("WORKER_RETRY_AFTER_MS", 0),
+                                            "retry requested by worker");
     if (strcmp(status, "retry") == 0)
         return idemproxy_client_retry(c, d, "retry requested by worker");
     return idemproxy_client_ack(c, d);

@@ -170,7 +170,7 @@ void idemproxy_client_free(idemproxy_client *c)
 /* Packs an Ack and hands it to nanomsg, which routes it to the request the
  * socket received last. Empty strings are simply left out of the encoding. */
 static int send_ack(idemproxy_client *c, idemproxy_status status, const char *reason,
-                    const char *stream, const char *entry_id)
+                    const char *stream, const char *entry_id, uint32_t retry_after_ms)
 {
     Idemproxy__V1__Ack ack = IDEMPROXY__V1__ACK__INIT;
     uint8_t *buf;
@@ -184,6 +184,7 @@ static int send_ack(idemproxy_client *c, idemproxy_status status, const char *re
         ack.stream = (char *) stream;
     if (entry_id != NULL)
         ack.entry_id = (char *) entry_id;
+    ack.retry_after_ms = retry_after_ms;
 
     len = idemproxy__v1__ack__get_packed_size(&ack);
     buf = malloc(len);
@@ -240,7 +241,8 @@ static int strings_valid(const Idemproxy__V1__Delivery *msg)
 {
     size_t i;
 
-    if (!utf8_valid(msg->stream) || !utf8_valid(msg->entry_id) || !utf8_valid(msg->key))
+    if (!utf8_valid(msg->stream) || !utf8_valid(msg->entry_id) || !utf8_valid(msg->key) ||
+        !utf8_valid(msg->traceparent) || !utf8_valid(msg->tracestate))
         return 0;
     for (i = 0; i < msg->n_fields; i++) {
         if (!utf8_valid(msg->fields[i]->name))
@@ -278,6 +280,8 @@ static idemproxy_delivery *delivery_create(Idemproxy__V1__Delivery *msg)
     d->fencing_token = msg->fencing_token;
     d->deadline_unix_ms = msg->deadline_unix_ms;
     d->msg = msg;
+    d->traceparent = msg->traceparent;
+    d->tracestate = msg->tracestate;
     return d;
 }
 
@@ -324,7 +328,7 @@ int idemproxy_client_recv(idemproxy_client *c, int timeout_ms,
     nn_freemsg(buf);
     if (msg != NULL && !strings_valid(msg)) {
         idemproxy__v1__delivery__free_unpacked(msg, NULL);
-        send_ack(c, IDEMPROXY_STATUS_RETRY, "undecodable delivery: a string field is not UTF-8", NULL, NULL);
+        send_ack(c, IDEMPROXY_STATUS_RETRY, "undecodable delivery: a string field is not UTF-8", NULL, NULL, 0);
         return set_error(c, EPROTO, "a Delivery of %d bytes has a string field that is "
                          "not UTF-8; answered RETRY", n);
     }
@@ -333,7 +337,7 @@ int idemproxy_client_recv(idemproxy_client *c, int timeout_ms,
     if (*out == NULL) {
         /* The application has nothing to answer, so answer for it: a RETRY
          * lets idemproxy count the attempt and dead-letter it in the end. */
-        send_ack(c, IDEMPROXY_STATUS_RETRY, "undecodable delivery (or out of memory)", NULL, NULL);
+        send_ack(c, IDEMPROXY_STATUS_RETRY, "undecodable delivery (or out of memory)", NULL, NULL, 0);
         return set_error(c, EPROTO, "cannot decode a Delivery of %d bytes (a wrong wire "
                          "type, a truncated field) or out of memory; answered RETRY", n);
     }
@@ -344,7 +348,7 @@ int idemproxy_client_recv(idemproxy_client *c, int timeout_ms,
         set_error(c, ETIMEDOUT, "%s %s key=%s: deadline passed before the handler ran; "
                   "answered RETRY", (*out)->stream, (*out)->entry_id, (*out)->key);
         send_ack(c, IDEMPROXY_STATUS_RETRY, "deadline passed before the handler ran",
-                 (*out)->stream, (*out)->entry_id);
+                 (*out)->stream, (*out)->entry_id, 0);
         idemproxy_delivery_free(*out);
         *out = NULL;
         return IDEMPROXY_CLIENT_EAGAIN;
@@ -352,15 +356,40 @@ int idemproxy_client_recv(idemproxy_client *c, int timeout_ms,
     return IDEMPROXY_CLIENT_OK;
 }
 
-int idemproxy_client_reply(idemproxy_client *c, const idemproxy_delivery *d,
-                           idemproxy_status status, const char *reason)
+static int reply(idemproxy_client *c, const idemproxy_delivery *d, idemproxy_status status,
+                 const char *reason, uint32_t retry_after_ms)
 {
     if (status != IDEMPROXY_STATUS_ACK && status != IDEMPROXY_STATUS_RETRY && status != IDEMPROXY_STATUS_DROP)
         return set_error(c, EINVAL, "unknown status %d", (int) status);
     if (!c->pending || d->seq != c->seq)
         return set_error(c, EINVAL, "delivery %s is not awaiting an answer (answer "
                          "each delivery once, before receiving the next)", d->entry_id);
-    return send_ack(c, status, reason, d->stream, d->entry_id);
+    return send_ack(c, status, reason, d->stream, d->entry_id, retry_after_ms);
+}
+
+int idemproxy_client_reply(idemproxy_client *c, const idemproxy_delivery *d,
+                           idemproxy_status status, const char *reason)
+{
+    return reply(c, d, status, reason, 0);
+}
+
+int idemproxy_client_retry_after(idemproxy_client *c, const idemproxy_delivery *d,
+                                 uint32_t ms, const char *reason)
+{
+    return reply(c, d, IDEMPROXY_STATUS_RETRY, reason,
+                 ms > IDEMPROXY_CLIENT_MAX_RETRY_AFTER_MS ? IDEMPROXY_CLIENT_MAX_RETRY_AFTER_MS : ms);
+}
+
+long long idemproxy_delivery_remaining_ms(const idemproxy_delivery *d)
+{
+    long long left;
+
+    if (d->deadline_unix_ms == 0)
+        return -1;
+    if (d->deadline_unix_ms > (uint64_t) LLONG_MAX)
+        return LLONG_MAX;
+    left = (long long) d->deadline_unix_ms - unix_ms();
+    return left > 0 ? left : 0;
 }
 
 int idemproxy_client_ack(idemproxy_client *c, const idemproxy_delivery *d)

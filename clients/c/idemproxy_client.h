@@ -43,7 +43,16 @@
  * ack timer measures the handler's own work, not a queue in front of it. A
  * delivery that arrives already past its deadline is answered RETRY by
  * idemproxy_client_recv() ("deadline passed before the handler ran") and never
- * returned: no stale work runs.
+ * returned: no stale work runs. idemproxy_delivery_remaining_ms(d) is the time
+ * left; C cannot stop a handler, so one that may run long should check it and
+ * give up (a late answer is ignored, and attempt + 1 may already run elsewhere).
+ *
+ * Retry later: idemproxy_client_retry_after(c, d, 30000, "rate limited")
+ * answers RETRY with Ack.retry_after_ms (protocol 1.1): idemproxy redelivers
+ * no earlier than that (at most an hour) instead of its backoff, and the
+ * attempt counts toward max_deliveries. d->traceparent and d->tracestate carry
+ * the W3C trace context of idemproxy's delivery span (strings only; "" when
+ * absent), to parent the handler's span in your tracer.
  *
  * nanomsg re-dials by itself, so a worker may start before idemproxy and
  * survives its restarts. Without a connection for 5 s (the environment
@@ -62,6 +71,10 @@
  * The library never prints or aborts: functions return IDEMPROXY_CLIENT_OK,
  * IDEMPROXY_CLIENT_ERR (with c->err and c->errstr filled, as hiredis does) or
  * IDEMPROXY_CLIENT_EAGAIN. One idemproxy_client belongs to one thread at a time.
+ * Known limit: libnanomsg (1.1.5) itself asserts, and so aborts the process,
+ * on a malformed frame from the peer (an ipc frame whose type byte is not 1),
+ * as the daemon's Known limits say of its own socket: only trusted peers (an
+ * idemproxy) may reach the endpoint; keep the ipc socket's directory private.
  */
 #ifndef IDEMPROXY_CLIENT_H
 #define IDEMPROXY_CLIENT_H
@@ -79,6 +92,8 @@
 /* Room for the SP header in front of a Delivery: up to 8 backtrace words of 4
  * bytes (NNG's maximum hop count); idemproxy itself sends one. */
 #define IDEMPROXY_CLIENT_SP_HEADER_BYTES 32
+/* idemproxy caps a retry-after at an hour; idemproxy_client_retry_after() sends no more. */
+#define IDEMPROXY_CLIENT_MAX_RETRY_AFTER_MS 3600000u
 /* How long idemproxy_client_free() gives the last answer to leave. */
 #define IDEMPROXY_CLIENT_LINGER_MS 100
 
@@ -115,7 +130,9 @@ typedef struct idemproxy_field {
 } idemproxy_field;
 
 /* One delivery. Every pointer points into memory the delivery owns: all of it
- * stays valid until idemproxy_delivery_free(), independently of the client. */
+ * stays valid until idemproxy_delivery_free(), independently of the client.
+ * The library allocates deliveries, so fields are only ever appended (a program
+ * built against an older header keeps working: same soname). */
 typedef struct idemproxy_delivery {
     const char     *stream;            /* stream key */
     const char     *entry_id;          /* Redis entry id, "1700000000000-0" */
@@ -129,6 +146,8 @@ typedef struct idemproxy_delivery {
     uint64_t        deadline_unix_ms;  /* an answer after this is too late */
     uint64_t        seq;               /* private: which receive this was */
     void           *msg;               /* private: the unpacked protobuf message */
+    const char     *traceparent;       /* W3C trace context of idemproxy's delivery span, or "" */
+    const char     *tracestate;        /* W3C tracestate that goes with it, or "" */
 } idemproxy_delivery;
 
 /* Creates an NN_REP socket and connects it to 'endpoint' (NULL means
@@ -168,6 +187,13 @@ int idemproxy_client_retry(idemproxy_client *c, const idemproxy_delivery *d,
                            const char *reason);
 int idemproxy_client_drop(idemproxy_client *c, const idemproxy_delivery *d,
                           const char *reason);
+/* RETRY, redelivered no earlier than 'ms' from now instead of idemproxy's backoff
+ * (more than IDEMPROXY_CLIENT_MAX_RETRY_AFTER_MS is sent as that). */
+int idemproxy_client_retry_after(idemproxy_client *c, const idemproxy_delivery *d,
+                                 uint32_t ms, const char *reason);
+
+/* Milliseconds left until d's deadline: 0 once it has passed, -1 when it has none. */
+long long idemproxy_delivery_remaining_ms(const idemproxy_delivery *d);
 
 /* Frees a delivery from idemproxy_client_recv(); NULL is fine. */
 void idemproxy_delivery_free(idemproxy_delivery *d);

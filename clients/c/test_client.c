@@ -96,6 +96,8 @@ static Idemproxy__V1__Ack *req_recv(int s, uint32_t *id)
 
 /* The deadline send_delivery() puts in each Delivery (0: none). */
 static uint64_t deadline;
+/* The trace context send_delivery() puts in each Delivery ("": none). */
+static const char *traceparent = "", *tracestate = "";
 
 static uint64_t now_unix_ms(void)
 {
@@ -130,6 +132,8 @@ static int send_delivery(int s, uint32_t id, const char *key, uint32_t attempt)
     d.attempt = attempt;
     d.fencing_token = 9000000000ULL;
     d.deadline_unix_ms = deadline;
+    d.traceparent = (char *) traceparent;
+    d.tracestate = (char *) tracestate;
     len = idemproxy__v1__delivery__pack(&d, buf);
     return req_send(s, id, buf, len);
 }
@@ -313,6 +317,43 @@ int main(void)
     test_cond("no deadline acked", ack != NULL && id == 0x80000009u);
     idemproxy__v1__ack__free_unpacked(ack, NULL);
     deadline = now_unix_ms() + 60000;
+
+    /* Protocol 1.1: the trace context, the time left, and a retry-after. */
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    tracestate = "v=1";
+    test_cond("send traced", send_delivery(req, 14, "traced", 1) > 0);
+    test_cond("traced returned", idemproxy_client_recv(c, 2000, &d) == IDEMPROXY_CLIENT_OK && d != NULL);
+    if (d != NULL) {
+        long long left = idemproxy_delivery_remaining_ms(d);
+
+        test_streq("traceparent", d->traceparent, traceparent);
+        test_streq("tracestate", d->tracestate, "v=1");
+        test_cond("remaining ms", left > 50000 && left <= 60000);
+        test_cond("retry after", idemproxy_client_retry_after(c, d, 30000, "rate limited") == IDEMPROXY_CLIENT_OK);
+    }
+    idemproxy_delivery_free(d);
+    ack = req_recv(req, &id);
+    test_cond("retry_after_ms sent", ack != NULL && id == 0x8000000eu &&
+              ack->status == IDEMPROXY__V1__ACK__STATUS__RETRY && ack->retry_after_ms == 30000 &&
+              strcmp(ack->reason, "rate limited") == 0 && strcmp(ack->entry_id, "1700000000000-7") == 0);
+    idemproxy__v1__ack__free_unpacked(ack, NULL);
+    traceparent = tracestate = "";
+    test_cond("send untraced", send_delivery(req, 15, "untraced", 1) > 0);
+    test_cond("untraced returned", idemproxy_client_recv(c, 2000, &d) == IDEMPROXY_CLIENT_OK && d != NULL);
+    if (d != NULL) {
+        test_streq("no traceparent", d->traceparent, "");
+        test_streq("no tracestate", d->tracestate, "");
+        test_cond("retry after an hour at most",
+                  idemproxy_client_retry_after(c, d, 7200000, NULL) == IDEMPROXY_CLIENT_OK);
+    }
+    idemproxy_delivery_free(d);
+    ack = req_recv(req, &id);
+    test_cond("retry_after_ms capped", ack != NULL && id == 0x8000000fu && ack->retry_after_ms == 3600000);
+    idemproxy__v1__ack__free_unpacked(ack, NULL);
+    none.deadline_unix_ms = 0;
+    test_cond("no deadline: -1 ms remaining", idemproxy_delivery_remaining_ms(&none) == -1);
+    none.deadline_unix_ms = 1;
+    test_cond("past deadline: 0 ms remaining", idemproxy_delivery_remaining_ms(&none) == 0);
 
     /* Malformed input the application never sees: attempt (a varint) sent
      * length-delimited, and a key that is not UTF-8. */

@@ -537,7 +537,7 @@ def test_client_exits_promptly_after_its_last_answer(env, lang):
             w.stop()
 
 
-@pytest.mark.parametrize("lang", ["go", "node", "python"])
+@pytest.mark.parametrize("lang", ["go", "node", "python", "c", "java", "rust"])
 def test_client_retry_after_is_honoured(env, lang):
     """Protocol 1.1: a RETRY that asks for a later retry (WORKER_RETRY_AFTER_MS,
     the client's RetryAfter) comes again no earlier than that, not after the
@@ -641,3 +641,99 @@ def test_client_refuses_an_ipc_frame_that_is_not_a_message(tmp_path, lang):
     finally:
         w.stop()
         srv.close()
+
+
+class RawSpPeer:
+    """idemproxy's side of an ipc connection written byte by byte (the SP RFCs), so a
+    case can send what pynng never would: a bad header, a request without an id."""
+
+    def __init__(self, path, header=b"\x00SP\x00\x00\x30\x00\x00"):
+        import socket as socketlib
+        self.srv = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+        self.srv.bind(str(path))
+        self.srv.listen(4)
+        self.srv.settimeout(60)
+        self.header = header
+        self.conn = None
+
+    def accept(self):
+        self.conn, _ = self.srv.accept()
+        self.conn.settimeout(10)
+        self.conn.sendall(self.header)
+        return self.read(8)          # the worker's own header
+
+    def read(self, n):
+        b = b""
+        while len(b) < n:
+            got = self.conn.recv(n - len(b))
+            if not got:
+                raise EOFError("the worker closed the connection")
+            b += got
+        return b
+
+    def request(self, body, *words):
+        msg = b"".join(w.to_bytes(4, "big") for w in words) + body
+        self.conn.sendall(b"\x01" + len(msg).to_bytes(8, "big") + msg)
+
+    def reply(self):
+        """(backtrace word, Ack) of the next reply."""
+        hdr = self.read(9)
+        msg = self.read(int.from_bytes(hdr[1:], "big"))
+        return int.from_bytes(msg[:4], "big"), pb.Ack.FromString(msg[4:])
+
+    def hung_up(self, timeout=15):
+        self.conn.settimeout(timeout)
+        try:
+            return self.conn.recv(1) == b""
+        except ConnectionResetError:
+            return True
+        except OSError:              # a timeout: still connected
+            return False
+
+    def close(self):
+        if self.conn:
+            self.conn.close()
+        self.srv.close()
+
+
+@pytest.mark.parametrize("lang", ["c", "java", "rust"])
+def test_client_ignores_a_request_without_an_id_and_an_overlong_backtrace(tmp_path, lang):
+    """A request with no word with the top bit set, or whose request id comes after
+    more than 8 backtrace words (the SP limit), is ignored without a reply, and the
+    connection stays: the next request is answered on it (issue 32's probe)."""
+    build(lang)
+    peer = RawSpPeer(tmp_path / f"{lang}-noid.sock")
+    w = ExampleWorker(lang, f"ipc://{tmp_path}/{lang}-noid.sock", tmp_path)
+    try:
+        assert peer.accept()[:6] == b"\x00SP\x00\x00\x31"
+        peer.request(b"", 5, 6)                                        # no request id
+        peer.request(delivery("too-far"), 1, 2, 3, 4, 5, 6, 7, 8, 0x80000009)
+        peer.request(delivery("after"), 0x8000000a)
+        word, ack = peer.reply()
+        assert (word, ack.status) == (0x8000000a, pb.Ack.ACK), (lang, hex(word), ack)
+        assert not peer.hung_up(timeout=0.5), f"{lang} hung up"
+        assert w.lines() == ["after attempt=1"], (lang, w.lines())
+    finally:
+        w.stop()
+        peer.close()
+
+
+@pytest.mark.parametrize("lang", ["java", "rust"])   # C: libnanomsg 1.1.5 does not check them
+def test_client_refuses_a_header_with_reserved_bytes_set(tmp_path, lang):
+    """An SP header whose reserved bytes are not zero is not a REQ peer's: the
+    worker hangs up (and dials again) instead of taking deliveries from it."""
+    build(lang)
+    peer = RawSpPeer(tmp_path / f"{lang}-rsv.sock", header=b"\x00SP\x00\x00\x30\x00\x01")
+    w = ExampleWorker(lang, f"ipc://{tmp_path}/{lang}-rsv.sock", tmp_path)
+    try:
+        try:
+            peer.accept()
+            peer.request(delivery("k"), 0x80000001)
+            hung = peer.hung_up()
+        except (EOFError, BrokenPipeError, ConnectionResetError):   # it hung up at once
+            hung = True
+        assert hung, f"{lang} kept a peer with reserved header bytes set"
+        assert w.lines() == [], (lang, w.lines())
+    finally:
+        w.stop()
+        peer.close()

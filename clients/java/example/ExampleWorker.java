@@ -12,6 +12,7 @@
  *   WORKER_CONCURRENCY   handle up to n deliveries at the same time (1)
  *   WORKER_DELAY_MS      work this long before answering each delivery
  *   WORKER_RETRY_KEYS    k1,k2: answer RETRY while attempt <= WORKER_RETRY_TIMES (1)
+ *   WORKER_RETRY_AFTER_MS  those RETRYs ask for a redelivery after this many ms
  *   WORKER_DROP_KEYS     k3: answer DROP, reason "dropped by worker"
  *   WORKER_CRASH_KEYS    k5: exit(3) on receipt, unanswered, as a crash would
  *   WORKER_MAX_BYTES     app.max_entry_bytes, if it was raised
@@ -22,6 +23,7 @@
  */
 import dev.idemproxy.worker.Delivery;
 import dev.idemproxy.worker.Drop;
+import dev.idemproxy.worker.RetryAfter;
 import dev.idemproxy.worker.Worker;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
@@ -38,6 +40,7 @@ public final class ExampleWorker {
     private static final Set<String> SLOW_KEYS = keys("WORKER_SLOW_KEYS");
     private static final Set<String> CRASH_KEYS = keys("WORKER_CRASH_KEYS");
     private static final long RETRY_TIMES = env("WORKER_RETRY_TIMES", 1);
+    private static final long RETRY_AFTER_MS = env("WORKER_RETRY_AFTER_MS", 0);
     private static final long DELAY_MS = env("WORKER_DELAY_MS", 0);
     private static final long SLOW_MS = env("WORKER_SLOW_MS", 1000);
     private static final boolean VERBOSE = env("WORKER_VERBOSE", 0) != 0;
@@ -79,6 +82,8 @@ public final class ExampleWorker {
         System.out.flush();
         if (status.equals("drop"))
             throw new Drop("dropped by worker");
+        if (status.equals("retry") && RETRY_AFTER_MS > 0)
+            throw new RetryAfter(java.time.Duration.ofMillis(RETRY_AFTER_MS), "retry requested by worker");
         if (status.equals("retry"))
             throw new IllegalStateException("retry requested by worker");
     }

@@ -10,6 +10,7 @@
 //!   WORKER_CONCURRENCY   handle up to n deliveries at the same time (1)
 //!   WORKER_DELAY_MS      work this long before answering each delivery
 //!   WORKER_RETRY_KEYS    k1,k2: answer RETRY while attempt <= WORKER_RETRY_TIMES (1)
+//!   WORKER_RETRY_AFTER_MS  those RETRYs ask for a redelivery after this many ms
 //!   WORKER_DROP_KEYS     k3: answer DROP, reason "dropped by worker"
 //!   WORKER_SLOW_KEYS     k4: work WORKER_SLOW_MS (1000) on these before answering
 //!   WORKER_CRASH_KEYS    k5: exit(3) on receipt, unanswered, as a crash would
@@ -49,6 +50,7 @@ fn text(bytes: &[u8]) -> String {
 struct Config {
     retry_keys: Vec<String>,
     retry_times: u64,
+    retry_after_ms: u64,
     drop_keys: Vec<String>,
     slow_keys: Vec<String>,
     slow_ms: u64,
@@ -70,6 +72,7 @@ impl Config {
         Config {
             retry_keys: env_list("WORKER_RETRY_KEYS"),
             retry_times: env_u64("WORKER_RETRY_TIMES", 1),
+            retry_after_ms: env_u64("WORKER_RETRY_AFTER_MS", 0),
             drop_keys: env_list("WORKER_DROP_KEYS"),
             slow_keys: env_list("WORKER_SLOW_KEYS"),
             slow_ms: env_u64("WORKER_SLOW_MS", 1000),
@@ -90,6 +93,9 @@ impl Config {
             return Err(Error::Drop("dropped by worker".into()));
         }
         if self.retry_keys.contains(&d.key) && u64::from(d.attempt) <= self.retry_times {
+            if self.retry_after_ms > 0 {
+                return Err(Error::RetryAfter(Duration::from_millis(self.retry_after_ms)));
+            }
             return Err(Error::retry("retry requested by worker"));
         }
         Ok(())
@@ -115,7 +121,7 @@ impl Config {
         let result = self.work(d);
         let status = match &result {
             Ok(()) => "ack",
-            Err(Error::Retry(_)) => "retry",
+            Err(Error::Retry(_) | Error::RetryAfter(_)) => "retry",
             Err(Error::Drop(_)) => "drop",
         };
         self.report(d, status, start, now_ms());

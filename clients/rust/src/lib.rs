@@ -27,6 +27,9 @@
 //!   delivery comes again later with `attempt + 1`. A panicking handler also
 //!   answers RETRY. `Err(Error::Drop(reason))` answers DROP: idemproxy dead-letters
 //!   the entry with the reason and never delivers it again.
+//! - `Err(Error::RetryAfter(duration))` answers RETRY with `retry_after_ms`:
+//!   idemproxy redelivers no earlier (at most an hour) instead of its backoff.
+//!   `traceparent`/`tracestate` carry idemproxy's delivery span (protocol 1.1).
 //! - Every Ack echoes the delivery's stream and entry id. A message that does not
 //!   decode (a string that is not UTF-8, a known field with the wrong wire type) is
 //!   answered RETRY without calling the handler.
@@ -65,7 +68,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use nng::options::{Options as _, RecvMaxSize};
+use nng::options::{MaxTtl, Options as _, RecvMaxSize};
 use nng::{Aio, AioResult, Context, Pipe, PipeEvent, Protocol, Socket};
 use prost::Message as _;
 
@@ -97,6 +100,8 @@ const POLL: Duration = Duration::from_millis(200);
 const SEND_TIMEOUT: Duration = Duration::from_secs(5);
 /// NNG has no linger: give the last replies time to leave before the socket closes.
 const LINGER: Duration = Duration::from_millis(100);
+/// idemproxy caps a retry-after at an hour; a longer one is sent as an hour.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
 /// One delivery: a unique stream entry that idemproxy asks the worker to handle.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -115,14 +120,28 @@ pub struct Delivery {
     pub attempt: u32,
     /// Strictly increasing per lock; 0 when fencing is off.
     pub fencing_token: u64,
-    /// An answer after this (epoch milliseconds) is too late.
+    /// An answer after this (epoch milliseconds) is too late; 0: none.
     pub deadline_unix_ms: u64,
+    /// `deadline_unix_ms` on this process's monotonic clock, fixed when the
+    /// delivery arrived; `None` when there is none. A handler past it is not
+    /// stopped (Rust cannot stop a thread): its late answer is ignored, logged.
+    pub deadline: Option<Instant>,
+    /// The W3C trace context of idemproxy's delivery span (protocol 1.1), or
+    /// empty: the parent of the handler's span.
+    pub traceparent: String,
+    /// The W3C tracestate that goes with it, or empty.
+    pub tracestate: String,
 }
 
 impl Delivery {
     /// The value of the first field called `name`, if there is one.
     pub fn field(&self, name: &str) -> Option<&[u8]> {
         self.fields.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_slice())
+    }
+
+    /// The time left until the deadline: zero once it has passed, `None` when there is none.
+    pub fn remaining(&self) -> Option<Duration> {
+        self.deadline.map(|d| d.saturating_duration_since(Instant::now()))
     }
 }
 
@@ -137,6 +156,17 @@ impl From<proto::Delivery> for Delivery {
             attempt: d.attempt,
             fencing_token: d.fencing_token,
             deadline_unix_ms: d.deadline_unix_ms,
+            deadline: (d.deadline_unix_ms != 0).then(|| {
+                let now = now_unix_ms();
+                let now_i = Instant::now();
+                if d.deadline_unix_ms >= now {
+                    now_i + Duration::from_millis(d.deadline_unix_ms - now)
+                } else {
+                    now_i.checked_sub(Duration::from_millis(now - d.deadline_unix_ms)).unwrap_or(now_i)
+                }
+            }),
+            traceparent: d.traceparent,
+            tracestate: d.tracestate,
         }
     }
 }
@@ -151,6 +181,10 @@ pub enum Error {
     Retry(String),
     /// Never: answer DROP; idemproxy dead-letters the entry with this reason.
     Drop(String),
+    /// Not before this wait: answer RETRY with `retry_after_ms` (protocol 1.1);
+    /// idemproxy redelivers no earlier (at most an hour) instead of its backoff,
+    /// and the attempt counts toward `max_deliveries`.
+    RetryAfter(Duration),
 }
 
 impl Error {
@@ -171,6 +205,7 @@ impl fmt::Display for Error {
         match self {
             Error::Retry(reason) => write!(f, "retry: {reason}"),
             Error::Drop(reason) => write!(f, "drop: {reason}"),
+            Error::RetryAfter(after) => write!(f, "retry after {} ms", after.as_millis()),
         }
     }
 }
@@ -264,6 +299,12 @@ impl Worker {
     pub fn connect(endpoint: &str) -> Result<Worker, SocketError> {
         let socket = Socket::new(Protocol::Rep0)?;
         socket.set_opt::<RecvMaxSize>(DEFAULT_MAX_ENTRY_BYTES + SP_HEADER_BYTES)?;
+        // NNG's REP hangs up on a request whose backtrace runs out before a word with
+        // the top bit (no request id) but drops one with more hops than MaxTtl. idemproxy
+        // sends exactly one word, so one hop makes every request without an id in its
+        // first word dropped, as the other clients ignore it (a body under 4 bytes
+        // still costs the connection: NNG's own limit).
+        socket.set_opt::<MaxTtl>(1)?;
         let dial = Arc::new(DialWatch::new(endpoint));
         let watch = Arc::clone(&dial);
         socket.pipe_notify(move |pipe, event| watch.pipe(pipe, event))?;
@@ -343,35 +384,43 @@ impl Worker {
             aio.wait();
             res
         };
-
-        while !self.stop.load(Ordering::SeqCst) {
-            aio.set_timeout(Some(POLL))?;
-            ctx.recv(&aio)?;
-            let request = match wait()? {
-                AioResult::Recv(Ok(m)) => m,
-                AioResult::Recv(Err(nng::Error::TimedOut)) => {
-                    self.dial.tick();
-                    continue;
+        // Replies go out on an aio of their own whose callback deals with the
+        // outcome itself, so this thread goes on to its next receive without
+        // waiting for NNG's thread: one hand-off per delivery, not two. A reply
+        // that cannot leave is lost the way a dropped connection loses it:
+        // idemproxy's ack timeout redelivers the entry. A closed socket ends the
+        // loop at the next receive.
+        let sent = Aio::new(|_, res| {
+            if let AioResult::Send(Err((_, e))) = res {
+                if e != nng::Error::Closed {
+                    log::error!("answer not sent, the entry comes again after its ack timeout: {e}");
                 }
-                AioResult::Recv(Err(nng::Error::Closed)) => break,
-                AioResult::Recv(Err(e)) => return Err(e),
-                _ => unreachable!("only a receive was started"),
-            };
-            let reply = answer(request.as_slice(), handler);
-            aio.set_timeout(Some(SEND_TIMEOUT))?;
-            ctx.send(&aio, reply.as_slice()).map_err(|(_, e)| e)?;
-            // A reply that cannot leave is lost the way a dropped connection loses
-            // it: idemproxy's ack timeout redelivers the entry. Only a closed socket
-            // ends the loop.
-            match wait()? {
-                AioResult::Send(Err((_, nng::Error::Closed))) => break,
-                AioResult::Send(Err((_, e))) => {
-                    log::error!("answer not sent, the entry comes again after its ack timeout: {e}")
-                }
-                _ => {}
             }
-        }
-        Ok(())
+        })?;
+        sent.set_timeout(Some(SEND_TIMEOUT))?;
+        aio.set_timeout(Some(POLL))?;
+
+        let res = (|| {
+            while !self.stop.load(Ordering::SeqCst) {
+                ctx.recv(&aio)?;
+                let request = match wait()? {
+                    AioResult::Recv(Ok(m)) => m,
+                    AioResult::Recv(Err(nng::Error::TimedOut)) => {
+                        self.dial.tick();
+                        continue;
+                    }
+                    AioResult::Recv(Err(nng::Error::Closed)) => break,
+                    AioResult::Recv(Err(e)) => return Err(e),
+                    _ => unreachable!("only a receive was started"),
+                };
+                let reply = answer(request.as_slice(), handler);
+                sent.wait(); // the previous reply has left (normally long ago): the aio is free
+                ctx.send(&sent, reply.as_slice()).map_err(|(_, e)| e)?;
+            }
+            Ok(())
+        })();
+        sent.wait(); // the last reply's callback has returned before `sent` is dropped
+        res
     }
 }
 
@@ -402,14 +451,24 @@ where
                 reason: STALE.into(),
                 stream: pb.stream,
                 entry_id: pb.entry_id,
-                retry_after_ms: 0,
+                ..Default::default()
             }
         }
         Ok(pb) => {
             let d = Delivery::from(pb);
             use log::Level::Warn;
-            let (status, reason, logged) = match catch_unwind(AssertUnwindSafe(|| handler(&d))) {
+            let mut retry_after_ms = 0;
+            let (status, reason, logged) = match catch_unwind(AssertUnwindSafe(|| traced(&d, handler))) {
                 Ok(Ok(())) => (Status::Ack, String::new(), None),
+                Ok(Err(Error::RetryAfter(after))) => {
+                    retry_after_ms = after.min(MAX_RETRY_AFTER).as_millis() as u32;
+                    let reason = format!("retry after {retry_after_ms} ms");
+                    (
+                        Status::Retry,
+                        reason,
+                        Some((log::Level::Info, "handler asked for a later retry, answered RETRY")),
+                    )
+                }
                 Ok(Err(Error::Retry(reason))) => {
                     (Status::Retry, reason, Some((Warn, "handler failed, answered RETRY")))
                 }
@@ -421,6 +480,15 @@ where
                     (Status::Retry, reason, Some((log::Level::Error, "handler panicked, answered RETRY")))
                 }
             };
+            if d.deadline.is_some_and(|t| Instant::now() > t) {
+                log::warn!(
+                    "handler returned after the deadline, its answer comes too late: stream={} entry_id={} key={} attempt={}",
+                    d.stream,
+                    d.entry_id,
+                    d.key,
+                    d.attempt
+                );
+            }
             if let Some((level, what)) = logged {
                 log::log!(
                     level,
@@ -436,11 +504,81 @@ where
                 reason,
                 stream: d.stream,
                 entry_id: d.entry_id,
-                retry_after_ms: 0,
+                retry_after_ms,
             }
         }
     };
     ack.encode_to_vec()
+}
+
+/// Runs the handler, inside a span that is a child of the delivery's traceparent
+/// when the `opentelemetry` feature is on (on the global tracer provider).
+#[cfg(not(feature = "opentelemetry"))]
+fn traced<F>(d: &Delivery, handler: &F) -> Result<(), Error>
+where
+    F: Fn(&Delivery) -> Result<(), Error>,
+{
+    handler(d)
+}
+
+#[cfg(feature = "opentelemetry")]
+fn traced<F>(d: &Delivery, handler: &F) -> Result<(), Error>
+where
+    F: Fn(&Delivery) -> Result<(), Error>,
+{
+    use opentelemetry::trace::{SpanKind, Status as SpanStatus, TraceContextExt as _, Tracer as _};
+    use opentelemetry::{Context, KeyValue, global};
+    let parent = match remote_parent(&d.traceparent, &d.tracestate) {
+        Some(sc) => Context::new().with_remote_span_context(sc),
+        None => Context::new(),
+    };
+    let tracer = global::tracer("idemproxy_worker");
+    let span = tracer
+        .span_builder(format!("{} process", d.stream))
+        .with_kind(SpanKind::Consumer)
+        .with_attributes([
+            KeyValue::new("messaging.system", "idemproxy"),
+            KeyValue::new("messaging.destination.name", d.stream.clone()),
+            KeyValue::new("messaging.message.id", d.entry_id.clone()),
+            KeyValue::new("idemproxy.key", d.key.clone()),
+            KeyValue::new("idemproxy.attempt", i64::from(d.attempt)),
+        ])
+        .start_with_context(&tracer, &parent);
+    let cx = parent.with_span(span);
+    let res = {
+        let _current = cx.clone().attach();
+        handler(d) // a panic drops the span, which ends it
+    };
+    if let Err(e) = &res {
+        cx.span().set_status(SpanStatus::error(e.to_string()));
+    }
+    cx.span().end();
+    res
+}
+
+/// The span context of a W3C `traceparent` ("00-<trace id>-<span id>-<flags>"),
+/// None when it is absent or malformed.
+#[cfg(feature = "opentelemetry")]
+fn remote_parent(traceparent: &str, tracestate: &str) -> Option<opentelemetry::trace::SpanContext> {
+    use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    let [version, trace, span, flags, ..] = parts[..] else { return None };
+    let hex = |s: &str, n: usize| {
+        s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    if !hex(version, 2) || version == "ff" || (version == "00" && parts.len() != 4) {
+        return None;
+    }
+    if !hex(trace, 32) || !hex(span, 16) || !hex(flags, 2) {
+        return None;
+    }
+    let (trace, span) = (TraceId::from_hex(trace).ok()?, SpanId::from_hex(span).ok()?);
+    if trace == TraceId::INVALID || span == SpanId::INVALID {
+        return None;
+    }
+    let flags = TraceFlags::new(u8::from_str_radix(flags, 16).ok()? & 1);
+    let state = tracestate.parse::<TraceState>().unwrap_or_default();
+    Some(SpanContext::new(trace, span, flags, true, state))
 }
 
 fn now_unix_ms() -> u64 {

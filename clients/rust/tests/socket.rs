@@ -5,7 +5,8 @@ use std::sync::{Mutex, Once, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use idemproxy_worker::nng::{Aio, AioResult, Context, Protocol, Socket};
+use idemproxy_worker::nng::options::Options as _;
+use idemproxy_worker::nng::{Aio, AioResult, Context, Message, PipeEvent, Protocol, RawSocket, Socket};
 use idemproxy_worker::proto::{self, ack::Status};
 use idemproxy_worker::{Delivery, Error, Worker};
 use prost::Message as _;
@@ -242,6 +243,94 @@ fn says_it_is_still_dialing_and_where_until_connected() {
         thread::sleep(Duration::from_millis(2500)); // connected: quiet
         assert_eq!(dialing(), n);
         stop.store(true, Ordering::SeqCst);
+        assert_eq!(run.join().unwrap(), Ok(()));
+    });
+}
+
+#[test]
+fn trace_context_deadline_and_retry_after() {
+    let ep = endpoint("traced");
+    let req = Socket::new(Protocol::Req0).unwrap();
+    req.listen(&ep).unwrap();
+    let worker = Worker::connect(&ep).unwrap();
+    let stop = worker.stop_flag();
+    let seen = Mutex::new(Vec::new());
+    thread::scope(|s| {
+        let run = s.spawn(|| {
+            worker.run(1, |d: &Delivery| {
+                seen.lock().unwrap().push(d.clone());
+                match d.key.as_str() {
+                    "later" => Err(Error::RetryAfter(Duration::from_secs(30))),
+                    "much-later" => Err(Error::RetryAfter(Duration::from_secs(3 * 86400))),
+                    _ => Ok(()),
+                }
+            })
+        });
+        let in_a_minute =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+                + 60_000;
+        let traced = proto::Delivery {
+            stream: "room".into(),
+            entry_id: "1-1".into(),
+            key: "later".into(),
+            deadline_unix_ms: in_a_minute,
+            traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
+            tracestate: "v=1".into(),
+            ..Default::default()
+        };
+        let t0 = Instant::now();
+        let ack = request(&req, &traced.encode_to_vec());
+        assert_eq!((ack.status(), ack.retry_after_ms), (Status::Retry, 30_000));
+        assert_eq!(ack.entry_id, "1-1");
+        let ack = request(&req, &delivery("much-later"));
+        assert_eq!((ack.status(), ack.retry_after_ms), (Status::Retry, 3_600_000), "capped at an hour");
+        let ack = request(&req, &delivery("ok"));
+        assert_eq!((ack.status(), ack.retry_after_ms), (Status::Ack, 0));
+        stop.store(true, Ordering::SeqCst);
+        assert_eq!(run.join().unwrap(), Ok(()));
+
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen[0].traceparent, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+        assert_eq!(seen[0].tracestate, "v=1");
+        let left = seen[0].deadline.expect("a deadline") - t0;
+        assert!(left > Duration::from_secs(50) && left <= Duration::from_secs(61), "{left:?}");
+        assert_eq!((seen[2].traceparent.as_str(), seen[2].tracestate.as_str()), ("", ""));
+    });
+    let none = Delivery::default();
+    assert_eq!(none.deadline, None);
+}
+
+#[test]
+fn a_request_without_a_request_id_is_ignored_not_hung_up_on() {
+    let ep = endpoint("noid");
+    let raw = RawSocket::new(Protocol::Req0).unwrap();
+    let events = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let ev = std::sync::Arc::clone(&events);
+    raw.socket.pipe_notify(move |_, e| ev.lock().unwrap().push(e)).unwrap();
+    raw.socket.listen(&ep).unwrap();
+    raw.socket.set_opt::<idemproxy_worker::nng::options::RecvTimeout>(Some(Duration::from_secs(10))).unwrap();
+    let worker = Worker::connect(&ep).unwrap();
+    let stop = worker.stop_flag();
+    thread::scope(|s| {
+        let run = s.spawn(|| worker.run(1, |_: &Delivery| Ok(())));
+        let t0 = Instant::now();
+        while !events.lock().unwrap().contains(&PipeEvent::AddPost) {
+            assert!(t0.elapsed() < Duration::from_secs(10), "the worker never connected");
+            thread::sleep(Duration::from_millis(10));
+        }
+        // No word with the top bit set: no request id, nothing to answer.
+        raw.socket.send(Message::from(&[0u8, 0, 0, 5, 0, 0, 0, 6][..])).unwrap();
+        let mut m = Message::from(&delivery("after")[..]);
+        m.as_mut_header().push_back(&[0x80, 0, 0, 1]);
+        raw.socket.send(m).unwrap();
+        let reply = raw.socket.recv();
+        thread::sleep(Duration::from_millis(200));
+        stop.store(true, Ordering::SeqCst); // before any assert: a failed one must not hang the scope
+        let reply = reply.expect("no reply to the request after the one without an id");
+        assert_eq!(reply.as_header().as_slice(), &[0x80, 0, 0, 1]);
+        assert_eq!(proto::Ack::decode(reply.as_slice()).unwrap().status(), Status::Ack);
+        let events = events.lock().unwrap().clone();
+        assert!(!events.contains(&PipeEvent::RemovePost), "the worker hung up: {events:?}");
         assert_eq!(run.join().unwrap(), Ok(()));
     });
 }

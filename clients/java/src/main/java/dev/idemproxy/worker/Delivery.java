@@ -1,6 +1,8 @@
 package dev.idemproxy.worker;
 
 import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.time.temporal.ChronoUnit;
 import java.util.List;
 import java.util.Optional;
 
@@ -15,10 +17,14 @@ import java.util.Optional;
  * @param attempt        1 on the first delivery (an unsigned 32-bit number on the wire)
  * @param fencingToken   strictly increasing per lock, 0 when fencing is off; an unsigned
  *                       64-bit number: compare with {@link Long#compareUnsigned}
- * @param deadlineUnixMs an answer after this (epoch milliseconds) is too late
+ * @param deadlineUnixMs an answer after this (epoch milliseconds) is too late; 0: none
+ * @param traceparent    the W3C trace context of idemproxy's delivery span (protocol 1.1),
+ *                       or empty: the parent of the handler's span
+ * @param tracestate     the W3C tracestate that goes with it, or empty
  */
 public record Delivery(String stream, String entryId, String key, List<Field> fields,
-                       byte[] payload, int attempt, long fencingToken, long deadlineUnixMs) {
+                       byte[] payload, int attempt, long fencingToken, long deadlineUnixMs,
+                       String traceparent, String tracestate) {
 
     /** One stream field: a name and its binary value. */
     public record Field(String name, byte[] value) {
@@ -30,6 +36,16 @@ public record Delivery(String stream, String entryId, String key, List<Field> fi
 
     public Delivery {
         fields = List.copyOf(fields);
+    }
+
+    /**
+     * The time left until {@link #deadlineUnixMs()}, zero once it has passed (a very long
+     * duration when there is no deadline). At the deadline the handler's thread is interrupted.
+     */
+    public Duration remaining() {
+        if (deadlineUnixMs == 0)
+            return ChronoUnit.FOREVER.getDuration();
+        return Duration.ofMillis(Math.max(0, deadlineUnixMs - System.currentTimeMillis()));
     }
 
     /** The payload decoded as UTF-8 (usually JSON). */
@@ -47,6 +63,6 @@ public record Delivery(String stream, String entryId, String key, List<Field> fi
         return "Delivery[stream=" + stream + ", entryId=" + entryId + ", key=" + key
                 + ", fields=" + fields.size() + ", payload=" + payload.length + " bytes, attempt="
                 + Integer.toUnsignedString(attempt) + ", fencingToken="
-                + Long.toUnsignedString(fencingToken) + ", deadlineUnixMs=" + deadlineUnixMs + "]";
+                + Long.toUnsignedString(fencingToken) + ", deadlineUnixMs=" + deadlineUnixMs + ", traceparent=" + traceparent + "]";
     }
 }

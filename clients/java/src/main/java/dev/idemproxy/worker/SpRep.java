@@ -21,7 +21,9 @@ import java.util.Arrays;
  * protocol id (REP 49; the peer must be REQ 48) and {@code 00 00}. Then every message is a
  * frame: a 64-bit big-endian length and the body on tcp, the same preceded by the type byte
  * {@code 0x01} on ipc. A request body starts with its backtrace, 4-byte big-endian words of
- * which the last has the top bit set (idemproxy's raw REQ sends just the request id); the
+ * which the last has the top bit set (idemproxy's raw REQ sends just the request id; a
+ * request whose id is not within {@link #MAX_HOPS} words is skipped, and a header whose
+ * reserved bytes are not zero is refused, as nanomsg and NNG do); the
  * reply is the same backtrace followed by the answer, which routes it back to the request.
  * One thread reads; any thread may send, and replies may go out in any order (the request id
  * in the backtrace matches them up), as with NNG's REP contexts.
@@ -29,6 +31,8 @@ import java.util.Arrays;
 final class SpRep implements AutoCloseable {
     static final int PROTO_REQ = 48;
     static final int PROTO_REP = 49;
+    /** Backtrace words accepted in a request: NNG's default max TTL, nanomsg's too (and the other clients'). */
+    static final int MAX_HOPS = 8;
     /** A peer that sends no SP header in this time is hung up on (NNG's value; see README). */
     static final long HANDSHAKE_TIMEOUT_MS = 10_000;
     private static final java.util.Timer TIMER = new java.util.Timer("idemproxy-handshake", true);
@@ -103,12 +107,15 @@ final class SpRep implements AutoCloseable {
         } finally {
             hangUp.cancel();
         }
-        if (peer.getInt(0) != 0x00535000 || peer.getShort(4) != PROTO_REQ)
+        if (peer.getInt(0) != 0x00535000 || peer.getShort(4) != PROTO_REQ || peer.getShort(6) != 0)
             throw new ProtocolException("the peer is not an SP REQ socket: header "
                     + Arrays.toString(peer.array()));
     }
 
-    /** Waits for the next well-formed request; messages without a request id are skipped. */
+    /**
+     * Waits for the next well-formed request; messages without a request id within
+     * {@link #MAX_HOPS} backtrace words are skipped.
+     */
     Request recv() throws IOException {
         for (;;) {
             ByteBuffer hdr = readFully(ipc ? 9 : 8);
@@ -119,7 +126,7 @@ final class SpRep implements AutoCloseable {
                 throw new ProtocolException("a message of " + len + " bytes exceeds the limit of "
                         + maxBytes + " bytes");
             byte[] msg = readFully((int) len).array();
-            for (int n = 4; n <= msg.length; n += 4) {
+            for (int n = 4; n <= msg.length && n <= 4 * MAX_HOPS; n += 4) {
                 if ((msg[n - 4] & 0x80) != 0)
                     return new Request(Arrays.copyOf(msg, n), Arrays.copyOfRange(msg, n, msg.length));
             }

@@ -353,16 +353,23 @@ public final class Worker implements AutoCloseable {
         for (dev.idemproxy.worker.proto.Field f : m.getFieldsList())
             fields.add(new Delivery.Field(f.getName(), f.getValue().toByteArray()));
         Delivery d = new Delivery(m.getStream(), m.getEntryId(), m.getKey(), fields,
-                m.getPayload().toByteArray(), m.getAttempt(), m.getFencingToken(), m.getDeadlineUnixMs());
+                m.getPayload().toByteArray(), m.getAttempt(), m.getFencingToken(), m.getDeadlineUnixMs(),
+                m.getTraceparent(), m.getTracestate());
         Ack.Builder ack = Ack.newBuilder()
                 .setStream(m.getStream()).setEntryId(m.getEntryId());
         if (d.deadlineUnixMs() != 0 && Long.compareUnsigned(System.currentTimeMillis(), d.deadlineUnixMs()) > 0) {
             LOG.log(INFO, "{0} {1} key={2}: " + STALE + ", answered RETRY", d.stream(), d.entryId(), d.key());
             return ack.setStatus(Ack.Status.RETRY).setReason(STALE).build();
         }
+        Alarm alarm = Alarm.at(d.deadlineUnixMs());
         try {
-            handler.handle(d);
+            Tracing.handle(handler, d);
             return ack.setStatus(Ack.Status.ACK).build();
+        } catch (RetryAfter e) {
+            LOG.log(INFO, "{0} {1} key={2} attempt={3}: the handler asked for a retry after {4} ms",
+                    d.stream(), d.entryId(), d.key(), Integer.toUnsignedString(d.attempt()), e.millis());
+            return ack.setStatus(Ack.Status.RETRY).setReason(Objects.toString(e.getMessage(), ""))
+                    .setRetryAfterMs(e.millis()).build();
         } catch (Drop e) {
             LOG.log(INFO, "{0} {1} key={2} attempt={3}: the handler dropped it: {4}", d.stream(),
                     d.entryId(), d.key(), Integer.toUnsignedString(d.attempt()), e.reason());
@@ -372,6 +379,56 @@ public final class Worker implements AutoCloseable {
             LOG.log(WARNING, d.stream() + " " + d.entryId() + " key=" + d.key() + " attempt="
                     + Integer.toUnsignedString(d.attempt()) + ": the handler failed, answered RETRY", e);
             return ack.setStatus(Ack.Status.RETRY).setReason(reason).build();
+        } finally {
+            alarm.cancel();
+        }
+    }
+
+    /** Interrupts the handler's thread at its deadline, unless cancelled first. */
+    private static final class Alarm {
+        private static final java.util.concurrent.ScheduledExecutorService TIMER =
+                Executors.newSingleThreadScheduledExecutor(r -> {
+                    Thread t = new Thread(r, "idemproxy-deadline");
+                    t.setDaemon(true);
+                    return t;
+                });
+        private static final Alarm NONE = new Alarm(null);
+
+        private final Thread thread;
+        private java.util.concurrent.ScheduledFuture<?> task; // guarded by this
+        private boolean done;  // guarded by this: the handler returned, no interrupt may follow
+        private boolean fired; // guarded by this
+
+        private Alarm(Thread thread) {
+            this.thread = thread;
+        }
+
+        static Alarm at(long deadlineUnixMs) {
+            if (deadlineUnixMs == 0)
+                return NONE;
+            Alarm a = new Alarm(Thread.currentThread());
+            synchronized (a) {
+                a.task = TIMER.schedule(a::fire, deadlineUnixMs - System.currentTimeMillis(), TimeUnit.MILLISECONDS);
+            }
+            return a;
+        }
+
+        private synchronized void fire() {
+            if (!done) {
+                fired = true;
+                LOG.log(INFO, "a handler ran past its delivery's deadline: interrupting {0}", thread.getName());
+                thread.interrupt();
+            }
+        }
+
+        /** Called on the handler's thread once it returned: an interrupt of ours is not left behind. */
+        synchronized void cancel() {
+            if (thread == null)
+                return;
+            done = true;
+            task.cancel(false);
+            if (fired)
+                Thread.interrupted();
         }
     }
 

@@ -44,9 +44,14 @@ final class FakeIdemproxy implements AutoCloseable {
 
     /** Accepts one worker connection and checks its SP header (REP, 49). */
     Peer accept() throws IOException {
+        return accept(new byte[] {0x00, 0x53, 0x50, 0x00, 0x00, 0x30, 0x00, 0x00});
+    }
+
+    /** Accepts one worker connection, sending it 'header' as our SP header. */
+    Peer accept(byte[] header) throws IOException {
         SocketChannel ch = server.accept();
         Peer p = new Peer(ch);
-        p.write(new byte[] {0x00, 0x53, 0x50, 0x00, 0x00, 0x30, 0x00, 0x00});
+        p.write(header);
         byte[] hdr = p.read(8);
         if (!Arrays.equals(hdr, new byte[] {0x00, 0x53, 0x50, 0x00, 0x00, 0x31, 0x00, 0x00}))
             throw new IOException("not an SP REP header: " + Arrays.toString(hdr));

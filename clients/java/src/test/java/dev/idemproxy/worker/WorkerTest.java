@@ -207,6 +207,60 @@ class WorkerTest {
     }
 
     @Test
+    void exposesTheTraceContextAndTheTimeRemaining() {
+        byte[] body = dev.idemproxy.worker.proto.Delivery.newBuilder().setStream("s").setEntryId("1-2").setKey("k")
+                .setTraceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01").setTracestate("v=1")
+                .setDeadlineUnixMs(System.currentTimeMillis() + 60_000).build().toByteArray();
+        AtomicReference<Delivery> got = new AtomicReference<>();
+        AtomicReference<java.time.Duration> left = new AtomicReference<>();
+        assertEquals(Status.ACK, Worker.answer(body, d -> { got.set(d); left.set(d.remaining()); }).getStatus());
+        assertEquals("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", got.get().traceparent());
+        assertEquals("v=1", got.get().tracestate());
+        assertTrue(left.get().toMillis() > 50_000 && left.get().toMillis() <= 60_000, left.get().toString());
+        Worker.answer(delivery("k", 1), got::set);
+        assertEquals("", got.get().traceparent());
+        assertEquals("", got.get().tracestate());
+    }
+
+    @Test
+    void retryAfterIsSentAsRetryAfterMs() {
+        Ack a = Worker.answer(delivery("k", 1), d -> { throw new RetryAfter(java.time.Duration.ofSeconds(30)); });
+        assertEquals(Status.RETRY, a.getStatus());
+        assertEquals(30_000, a.getRetryAfterMs());
+        assertEquals("1700000000000-1", a.getEntryId());
+        a = Worker.answer(delivery("k", 1), d -> { throw new RetryAfter(java.time.Duration.ofDays(3)); });
+        assertEquals(3_600_000, a.getRetryAfterMs(), "capped at idemproxy's hour");
+        a = Worker.answer(delivery("k", 1), d -> { throw new IOException("plain"); });
+        assertEquals(0, a.getRetryAfterMs(), "a plain RETRY takes the backoff");
+    }
+
+    @Test
+    void aHandlerPastItsDeadlineIsInterrupted() throws Exception {
+        byte[] body = dev.idemproxy.worker.proto.Delivery.newBuilder().setStream("s").setEntryId("1-2").setKey("k")
+                .setDeadlineUnixMs(System.currentTimeMillis() + 300).build().toByteArray();
+        AtomicReference<Throwable> seen = new AtomicReference<>();
+        long t0 = System.nanoTime();
+        Ack a = Worker.answer(body, d -> {
+            try {
+                Thread.sleep(10_000);
+            } catch (InterruptedException e) {
+                seen.set(e);
+                throw e;
+            }
+        });
+        assertTrue(seen.get() instanceof InterruptedException, "interrupted at the deadline");
+        assertTrue(System.nanoTime() - t0 < TimeUnit.SECONDS.toNanos(5), "long before its sleep ended");
+        assertEquals(Status.RETRY, a.getStatus());
+        assertFalse(Thread.currentThread().isInterrupted(), "no interrupt left behind for the next delivery");
+        // a handler done in time leaves no interrupt behind either
+        body = dev.idemproxy.worker.proto.Delivery.newBuilder().setStream("s").setEntryId("1-3").setKey("k")
+                .setDeadlineUnixMs(System.currentTimeMillis() + 200).build().toByteArray();
+        assertEquals(Status.ACK, Worker.answer(body, d -> { }).getStatus());
+        Thread.sleep(400);
+        assertFalse(Thread.currentThread().isInterrupted());
+    }
+
+    @Test
     void anUndecodableDeliveryIsRetried() throws Exception {
         try (FakeIdemproxy px = FakeIdemproxy.ipc(tmp.resolve("px.sock"))) {
             serve(px.endpoint(), 1, d -> { });
@@ -233,6 +287,30 @@ class WorkerTest {
                 Ack a = ack(p.reply(), 0x00000005, 0x80000009);
                 assertEquals(Status.ACK, a.getStatus());
                 assertEquals("1700000000000-1", a.getEntryId());
+            }
+        }
+    }
+
+    @Test
+    void aBacktraceLongerThanEightHopsIsIgnored() throws Exception {
+        try (FakeIdemproxy px = FakeIdemproxy.tcp()) {
+            serve(px.endpoint(), 1, d -> { });
+            try (FakeIdemproxy.Peer p = px.accept()) {
+                // 8 hops and then the request id: past the SP limit of 8 words, as nanomsg and NNG drop it
+                p.request(delivery("too-far", 1), 1, 2, 3, 4, 5, 6, 7, 8, 0x80000009);
+                p.request(delivery("ok", 1), 0x8000000a);
+                Ack a = ack(p.reply(), 0x8000000a);
+                assertEquals(Status.ACK, a.getStatus());
+            }
+        }
+    }
+
+    @Test
+    void aPeerHeaderWithNonZeroReservedBytesIsHungUpOn() throws Exception {
+        try (FakeIdemproxy px = FakeIdemproxy.ipc(tmp.resolve("px.sock"))) {
+            serve(px.endpoint(), 1, d -> { });
+            try (FakeIdemproxy.Peer p = px.accept(new byte[] {0x00, 0x53, 0x50, 0x00, 0x00, 0x30, 0x00, 0x01})) {
+                assertTrue(p.closedByWorker());
             }
         }
     }

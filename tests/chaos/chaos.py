@@ -3,8 +3,9 @@
 
 One seed picks everything: a configuration (layout, group or not, lock_key,
 wait_ms, lease_ms, claim_idle_ms, ack_timeout_ms, max_inflight, on_busy, linger_ms,
-fencing, 1-4 replicas), a workload (copies of events, shared rooms, entries near
-and over max_entry_bytes, bad input, a lock_key of the wrong type), worker
+fingerprint and on_conflict, fencing, 1-4 replicas), a workload (copies of events,
+some with another payload, shared rooms, entries near and over max_entry_bytes, bad
+input, hostile producer entries, a lock_key of the wrong type), worker
 behaviour (fast, slow past the lease, RETRY, DROP, no answer, crash) and a
 timeline of faults (kill -9 or SIGTERM of a replica, Redis connections killed,
 CLIENT PAUSE, a Redis restart with AOF, a worker reconnecting, SIGTERM while
@@ -22,6 +23,7 @@ the same configuration, workload, answers and fault timeline, not the same
 interleaving (rerun a seed a few times if it fails only sometimes).
 """
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -185,7 +187,84 @@ def generate(seed):
     # flaky collector (FlakyCollector) at this sample_ratio; never in the fixed sets.
     c["tracing"] = (None if seed in PRE_TRACING_SEEDS else
                     random.Random(f"{seed}/tracing").choice([None, None, None, None, 1.0, 0.5]))
+    fingerprint(c, seed)
+    hostile(c, seed)
     return c
+
+
+# The fixed sets' seeds keep the fingerprint off and no hostile entries (generate()).
+PRE_FINGERPRINT_SEEDS = PRE_TRACING_SEEDS
+HOSTILE_KINDS = ("deep", "forged", "longkey")
+
+
+def fingerprint(c, seed):
+    """streams[].fingerprint and on_conflict (issue 31), from their own Random so the
+    draws above stay those of every seed found before: a fingerprint in two seeds of
+    five, and conflicting copies (a copy of a key with another "amount") in seven of
+    ten, with or without one (without, they are plain duplicates). Which copy is the
+    original is whichever is marked done first: the checker judges by the mark."""
+    c["fingerprint"], c["on_conflict"] = "", "dead_letter"
+    if seed in PRE_FINGERPRINT_SEEDS:
+        return
+    rnd = random.Random(f"{seed}/fingerprint")
+    c["fingerprint"] = rnd.choice(["", "", "", "#event", "#event.amount"])
+    c["on_conflict"] = rnd.choice(["dead_letter", "skip"])
+    variants = rnd.random() < 0.7
+    if c["fingerprint"] or variants:    # "#event.amount" reads it from every entry
+        for ev in c["events"]:
+            if ev["kind"] in ("good", "near", "bigkey", "wrongtype", "over"):
+                ev["amount"] = 1
+    if not variants:
+        return
+    copies = defaultdict(list)
+    for ev in c["events"]:
+        if ev["kind"] == "good":
+            copies[ev["key"]].append(ev)
+    for k in sorted(copies):
+        if len(copies[k]) > 1 and rnd.random() < 0.5:
+            rnd.choice(copies[k])["amount"] = 2        # any copy, the first published too
+
+
+def hostile(c, seed):
+    """Hostile producer entries (issue 37), from their own Random: in one seed of three,
+    some of a payload nested deeper than 32 levels ("deep"; every stream block here
+    has a payload_field, where a deep dotted field name would be a harmless field),
+    forged idemproxy-stream/-reason/-entry-id fields on an entry without a key
+    ("forged"; a dead letter keeps them, before idemproxy's own), and a key of over
+    1024 bytes ("longkey"). Each is bad input: dead-lettered, never delivered; a
+    good entry may carry forged fields too ("forged" set on it), and ends as any."""
+    if seed in PRE_FINGERPRINT_SEEDS:
+        return
+    rnd = random.Random(f"{seed}/hostile")
+    if not rnd.random() < 0.35:
+        return
+    rooms = sorted({ev["room"] for ev in c["events"] if ev["kind"] == "good"}) or ["r0"]
+    for kind in HOSTILE_KINDS:
+        for _ in range(rnd.choice([0, 1, 1, 2])):
+            ev = {"kind": kind, "room": rnd.choice(rooms), "amount": 1}
+            i = rnd.randint(0, len(c["events"]))
+            ev["key"] = f"x{seed}-{i}-{kind}{rnd.getrandbits(16)}"
+            if kind == "longkey":
+                ev["key"] += "-" + "L" * 1100
+            c["events"].insert(i, ev)
+    goods = [ev for ev in c["events"] if ev["kind"] == "good"]
+    if goods and rnd.random() < 0.5:
+        rnd.choice(goods)["forged"] = True
+
+
+def fingerprint_of(c, fields):
+    """The 16 hex digits a done mark keeps for this entry: the first 8 bytes of the
+    SHA-256 of the fingerprint's rendering, canonical JSON (members sorted, no
+    spaces); None without a fingerprint or for an entry it cannot render."""
+    if not c.get("fingerprint"):
+        return None
+    try:
+        body = json.loads(fields["payload"])
+        val = body if c["fingerprint"] == "#event" else body["amount"]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+    canon = json.dumps(val, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
 
 def clusterize(c, seed):
@@ -354,7 +433,18 @@ def payload_for(ev, lim):
         return {"payload": json.dumps({"eventId": ev["key"], "room": WRONGTYPE_ROOM})}
     if k == "nokey":
         return {"payload": json.dumps({"room": ev["room"], "no": "eventId"})}
+    forged = {"idemproxy-stream": "elsewhere", "idemproxy-reason": "busy", "idemproxy-entry-id": "0-1",
+              "idemproxy-attempts": "9"}
+    if k == "forged":      # no key, and fields a dead letter must not be read by
+        return dict(forged, payload=json.dumps({"room": ev["room"], "no": "eventId"}))
+    if k == "deep":        # nested 40 deep: deeper than a payload may be (32)
+        return {"payload": json.dumps({"eventId": ev["key"], "room": ev["room"],
+                                       "deep": json.loads("[" * 40 + "]" * 40)})}
     body = {"eventId": ev["key"], "room": ev["room"]}
+    if "amount" in ev:
+        body["amount"] = ev["amount"]
+    if ev.get("forged"):
+        return dict(forged, payload=json.dumps(body))
     if k == "near":        # the whole encoded Delivery about 2 KB under the limit
         body["pad"] = "n" * (lim - 2048 - 2 * len(ev["key"]) - 200)
     elif k == "over":      # the fields alone over the limit
@@ -753,6 +843,9 @@ class Run:
             s["on_busy"] = c["on_busy"]
         if c.get("linger_ms"):
             s["linger_ms"] = c["linger_ms"]
+        if c.get("fingerprint"):
+            s["fingerprint"] = c["fingerprint"]
+            s["on_conflict"] = c["on_conflict"]
         return s
 
     def start_proxies(self):
@@ -813,13 +906,17 @@ class Run:
         for ev in evs:
             if ev["kind"] == "huge":
                 for _ in range(ev["n"]):
-                    fields = {"payload": json.dumps({"eventId": ev["key"] + f"-{_}", "room": "r0",
-                                                     "pad": "h" * (ev["mb"] << 20)})}
+                    body = {"eventId": ev["key"] + f"-{_}", "room": "r0"}
+                    if c["fingerprint"]:
+                        body["amount"] = 1
+                    body["pad"] = "h" * (ev["mb"] << 20)
+                    fields = {"payload": json.dumps(body)}
                     hev = dict(ev, key=ev["key"] + f"-{_}", kind="over")
                     self.entries.append((self._xadd(r, fields), hev, ev["mb"] << 20))
                 continue
             fields = payload_for(ev, c["max_entry_bytes"])
             ev["size"] = encoded_size(ev, fields)
+            ev["fp"] = fingerprint_of(c, fields)
             self.entries.append((self._xadd(r, fields), ev, ev["size"]))
         self.log(f"published batch {batch}: {len(evs)} events")
 
@@ -960,7 +1057,10 @@ class Run:
             for n in range(10):
                 ev = {"kind": "good", "key": f"ev{self.seed}-burst{int(f['t'] * 100)}-{n}",
                       "room": f"r{n % 3}"}
+                if self.c.get("fingerprint"):
+                    ev["amount"] = 1
                 fields = payload_for(ev, self.c["max_entry_bytes"])
+                ev["fp"] = fingerprint_of(self.c, fields)
                 self.entries.append((self._xadd(r, fields), ev, encoded_size(ev, fields)))
             time.sleep(random.Random(f"{self.seed}/{f['t']}").uniform(0.02, 0.12))
             t0 = time.time()
@@ -1152,15 +1252,14 @@ class Run:
         r = self.r()
         c = self.c
         keys = sorted({ev["key"] for _, ev, _ in self.entries if "key" in ev})
-        done = {}
+        done, marks = {}, {}
         pipe = r.pipeline(transaction=False) if not c["cluster"] else r.pipeline()
         for k in keys:
-            if c["layout"] == "single":
-                pipe.get(f"idem:{k}")
-            else:
-                pipe.exists(f"done:{k}")
+            pipe.get(f"idem:{k}" if c["layout"] == "single" else f"done:{k}")
         for k, v in zip(keys, pipe.execute()):
-            done[k] = (v or b"")[:1] == b"D" if c["layout"] == "single" else bool(v)
+            done[k] = (v or b"")[:1] == b"D" if c["layout"] == "single" else v is not None
+            if done[k]:
+                marks[k] = parse_mark(v)
         dls = defaultdict(list)
         for did, f in r.xrange(DEAD):
             f = {a.decode(): b for a, b in f.items()}
@@ -1171,13 +1270,21 @@ class Run:
         pending = None
         if c["group"]:
             pending = r.xpending(STREAM, GROUP)["pending"]
-        return {"done": done, "dls": dls, "pending": pending}
+        return {"done": done, "marks": marks, "dls": dls, "pending": pending}
 
     def unsettled(self, st):
         """How many entries have no outcome yet, plus what is still pending."""
         n = sum(1 for eid, ev, _ in self.entries
                 if not st["dls"].get(eid) and not st["done"].get(ev["key"], False))
         return n + (st["pending"] or 0)
+
+
+def parse_mark(v):
+    """A done mark's (ms, fingerprint): `D:<ms>[:<16 hex>]` (single) or
+    `1:<ms>[:<16 hex>]` (split); (None, None) for a mark of another writer."""
+    parts = v.decode(errors="replace").split(":")
+    ms = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+    return ms, (parts[2] if len(parts) > 2 else None)
 
 
 def _is_asan(binary):
@@ -1190,7 +1297,10 @@ def _is_asan(binary):
 
 # --- the checker ------------------------------------------------------------------
 
-BAD_KINDS = {"over", "bigkey", "badjson", "nokey", "wrongtype", "huge"}
+BAD_KINDS = {"over", "bigkey", "badjson", "nokey", "wrongtype", "huge", "deep", "forged", "longkey"}
+# A conflicting copy (issue 31) may still be sent this long after its key's done
+# mark was written: claimed while the holder's lease had run out, before its mark.
+CONFLICT_SLACK = 1.0
 # Faults of Redis itself: any lease or ack around one may be lost.
 # A lost or held reply (--net) is one too, but not one that may hide a delivery from
 # the attempt count: the reader corrects what a lost read or reclaim counted.
@@ -1390,10 +1500,24 @@ def check(run):
                 v.append(f"bad-delivered: {ev['kind']} entry {eid} was delivered {len(xs)}x")
             if not dl:
                 v.append(f"no-outcome: {ev['kind']} entry {eid} was never dead-lettered")
-            elif ev["kind"] != "wrongtype" and any(d["reason"].startswith(("max_deliveries", "busy"))
+            elif ev["kind"] != "wrongtype" and any(d["reason"].startswith(("max_deliveries", "busy", "conflict"))
                                                    for d in dl):
                 v.append(f"bad-wrong-reason: {ev['kind']} entry {eid}: {dl[0]['reason'][:80]}")
             continue
+        # Issue 31: the copy whose fingerprint the done mark keeps is the original,
+        # whichever was published first; a copy with another one is a conflict once
+        # that mark is there: never sent again, and (dead_letter) dead-lettered.
+        mark = st.get("marks", {}).get(key) or (None, None)
+        other = bool(c.get("fingerprint")) and None not in (mark[1], ev.get("fp")) and ev["fp"] != mark[1]
+        if other:
+            late = [x for x in xs if mark[0] is not None and x["sent"] > mark[0] / 1000.0 + CONFLICT_SLACK]
+            if late:
+                v.append(f"conflict-delivered: entry {eid} (fingerprint {ev['fp']}) sent at "
+                         f"{late[0]['sent'] - run.hist.t0:.2f}s, after its key {key[:40]} was done with "
+                         f"{mark[1]} at {mark[0] / 1000.0 - run.hist.t0:.2f}s")
+            if c["on_conflict"] == "dead_letter" and not dl and not xs:
+                v.append(f"conflict-no-outcome: entry {eid} (fingerprint {ev['fp']}) never delivered nor "
+                         f"dead-lettered, its key {key[:40]} done with {mark[1]}")
         if not dl:
             if not st["done"].get(key):
                 v.append(f"no-outcome: entry {eid} key {key[:60]} neither done nor dead-lettered "
@@ -1415,6 +1539,18 @@ def check(run):
             if failed + lost_allowance(eid, d["t"]) < c["max_deliveries"]:
                 v.append(f"bad-cause: entry {eid} dead-lettered '{reason[:70]}' after {len(xs)} "
                          f"recorded deliveries, {failed} failed (max_deliveries {c['max_deliveries']})")
+        elif reason.startswith("conflict"):
+            if not c.get("fingerprint") or c.get("on_conflict") != "dead_letter":
+                v.append(f"bad-conflict: entry {eid} dead-lettered '{reason[:60]}' with fingerprint "
+                         f"'{c.get('fingerprint', '')}', on_conflict {c.get('on_conflict')}")
+            elif mark[1] is None:
+                v.append(f"bad-conflict: entry {eid} dead-lettered as a conflict, its key has no "
+                         f"fingerprinted done mark")
+            elif not other:
+                v.append(f"bad-conflict: entry {eid}, a true copy (fingerprint {ev.get('fp')} as the done "
+                         f"mark's), dead-lettered as a conflict")
+            elif mark[1] not in reason or ev["fp"] not in reason:
+                v.append(f"bad-conflict: entry {eid} ({ev['fp']}, done mark {mark[1]}): '{reason[:100]}'")
         else:
             v.append(f"bad-cause: good entry {eid} dead-lettered: {reason[:100]}")
         if reason != "busy" and not st["done"].get(key):
@@ -1429,6 +1565,25 @@ def check(run):
     for k, isdone in st["done"].items():
         if isdone and k not in handled:
             v.append(f"done-unacked: key {k[:60]} is done but no worker acked it")
+    # ... and its mark keeps the fingerprint of a copy that was acked (or dropped or
+    # dead-lettered after max_deliveries), never one of a copy no worker handled.
+    if c.get("fingerprint"):
+        fps = defaultdict(set)
+        for x in rows:
+            if x["answer"] in ("ack", "drop"):
+                fps[x["key"]].add(entry_ev.get(x["entry"], {}).get("fp"))
+        for eid, ev in entry_ev.items():
+            if any(d["reason"].startswith("max_deliveries") for d in st["dls"].get(eid, [])):
+                fps[ev.get("key")].add(ev.get("fp"))
+        for k, (ms, fp) in st.get("marks", {}).items():
+            if k not in handled:
+                continue
+            if fp is None:
+                v.append(f"mark-without-fingerprint: key {k[:60]} done without a fingerprint "
+                         f"('{c['fingerprint']}' set)")
+            elif fp not in fps[k]:
+                v.append(f"mark-of-unhandled-copy: key {k[:60]} done with fingerprint {fp}, which no "
+                         f"copy a worker acked carries ({sorted(f for f in fps[k] if f)})")
 
     # 7. Nothing pending in the group.
     if c["group"] and st["pending"] != 0:
@@ -1457,9 +1612,15 @@ def describe(c):
              f"inflight={c['max_inflight']}", f"replicas={c['replicas']}", f"mix={c['mix']}",
              f"maxdel={c['max_deliveries']}", f"limit={c['max_entry_bytes']}",
              "fencing" if c["fencing"] else "", f"linger={c['linger_ms']}" if c.get("linger_ms") else "",
-             f"tracing={c['tracing']}" if c.get("tracing") is not None else ""]
+             f"tracing={c['tracing']}" if c.get("tracing") is not None else "",
+             f"fingerprint={c['fingerprint']}/{c['on_conflict']}" if c.get("fingerprint") else ""]
     kinds = Counter(ev["kind"] for ev in c["events"])
     parts.append(",".join(f"{k}:{n}" for k, n in sorted(kinds.items())))
+    other = sum(1 for ev in c["events"] if ev.get("amount") == 2)
+    if other:
+        parts.append(f"conflicting-copies:{other}")
+    if any(ev.get("forged") for ev in c["events"]):
+        parts.append("forged-good")
     parts.append("faults=" + ",".join(f"{f['kind']}{'/' + f['command'] if 'command' in f else ''}"
                                       f"{'/' + str(f['mbps']) + 'MB/s' if 'mbps' in f else ''}"
                                       f"{'/' + '+'.join(f['locks']) if 'locks' in f else ''}"
@@ -1469,6 +1630,22 @@ def describe(c):
     if c.get("retry_hold"):
         parts.append("retry_hold")
     return " ".join(p for p in parts if p)
+
+
+def outcomes(run):
+    """What the issue 31 and 37 draws came to (--seed): conflicts dead-lettered,
+    copies of another fingerprint than their key's mark, hostile entries dead-lettered."""
+    st, c = run.state, run.c
+    dls = {eid: d[0]["reason"] for eid, d in st["dls"].items() if d}
+    conflicts = sum(1 for r in dls.values() if r.startswith("conflict"))
+    marks = st.get("marks", {})
+    other = sum(1 for eid, ev, _ in run.entries if ev.get("fp") and marks.get(ev.get("key"), (0, None))[1]
+                not in (None, ev["fp"]))
+    hostile = [(eid, ev["kind"]) for eid, ev, _ in run.entries if ev["kind"] in HOSTILE_KINDS]
+    hdl = Counter(f"{kind}: {dls[eid][:40]}" for eid, kind in hostile if eid in dls)
+    return (f"outcomes: {conflicts} conflict dead letters, {other} copies of another fingerprint than "
+            f"their key's mark, {sum(1 for m in marks.values() if m[1])}/{len(marks)} marks with one; "
+            f"hostile {sum(hdl.values())}/{len(hostile)} dead-lettered {dict(hdl)}")
 
 
 def replay_cmd(seed, binary, cluster=False):
@@ -1489,6 +1666,8 @@ def run_seed(seed, binary, verbose=False, keep=False, cluster=False):
     try:
         run.execute()
         v = check(run)
+        if verbose and run.state is not None:
+            run.log(outcomes(run))
     except Exception:
         v = ["harness: " + traceback.format_exc().strip().replace("\n", "\n    ")]
         for p in run.proxies:

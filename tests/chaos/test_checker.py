@@ -34,8 +34,11 @@ def record(**over):
                            rss={0: [(0.0, 10 * 1024)]}, final_rss={0: 10 * 1024}, asan=False)
 
 
-def entry(run, eid, key, kind="good", room="r0"):
-    run.entries.append((eid, {"kind": kind, "key": key, "room": room}, 100))
+def entry(run, eid, key, kind="good", room="r0", fp=None):
+    ev = {"kind": kind, "key": key, "room": room}
+    if fp is not None:                        # the fingerprint the generator computed at publish
+        ev["fp"] = fp
+    run.entries.append((eid, ev, 100))
 
 
 def deliver(run, key, eid, start, end, answer="ack", worker="w0.0", replica=0, attempt=1, token=None,
@@ -276,6 +279,128 @@ def test_done_unacked():
     run = legal()
     run.state["done"]["k3"] = True                 # no worker ever acked k3
     assert tags(run) == ["done-unacked"]
+
+
+# --- issue 31: fingerprints and conflicting copies ---------------------------------
+
+FP_A, FP_B = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"
+
+
+def conflict(on_conflict="dead_letter", first=FP_A, second=FP_B):
+    """Two copies of k1 with fingerprints 'first' (published first, entry 1-0) and
+    'second' (2-0). The SECOND one published is read first, acked and marked done at
+    1.5 s; the first published then meets that mark: a conflict, never delivered,
+    dead-lettered (dead_letter) or only counted (skip). The original is the copy the
+    mark keeps, not the first published."""
+    run = record(lock_key=False, fingerprint="#event", on_conflict=on_conflict)
+    entry(run, "1-0", "k1", fp=first)
+    entry(run, "2-0", "k1", fp=second)
+    deliver(run, "k1", "2-0", 1.0, 1.4)
+    done(run, "k1")
+    run.state["marks"] = {"k1": (1500, second)}
+    if on_conflict == "dead_letter" and first != second:
+        dead(run, "1-0", f"conflict: fingerprint {first} differs from the done mark's {second}", t=2.0)
+    return run
+
+
+def test_a_conflicting_copy_judged_by_the_mark_written_passes():
+    assert chaos.check(conflict()) == []
+    assert chaos.check(conflict("skip")) == []
+    assert chaos.check(conflict(first=FP_B)) == []           # a true copy: a plain duplicate
+
+
+def test_a_conflicting_copy_delivered_after_the_mark():
+    run = conflict()
+    deliver(run, "k1", "1-0", 3.0, 3.1, answer="retry")       # the mark (1.5 s) was there
+    assert tags(run) == ["conflict-delivered", "twice-after-ack"]
+    # A Redis fault around the ack excuses a copy sent again; not once the mark that
+    # fault might have cost is there after all.
+    run.hist.fault("client_kill", None, 1.3, 1.35)
+    assert tags(run) == ["conflict-delivered"]
+    run = conflict("skip")
+    run.hist.fault("client_kill", None, 1.3, 1.35)
+    deliver(run, "k1", "1-0", 3.0, 3.1, answer="retry")
+    assert tags(run) == ["conflict-delivered"]
+    run = conflict()                                          # sent before the mark: legal
+    run.hist.rows.insert(0, dict(run.hist.rows[0], entry="1-0", start=0.2, end=0.4, answer="retry",
+                                 deadline=0.2 + ACK_S))
+    run.hist.rows[0]["token"] = 1
+    assert chaos.check(run) == []
+
+
+def test_a_conflicting_copy_without_its_dead_letter():
+    run = conflict()
+    del run.state["dls"]["1-0"]
+    assert tags(run) == ["conflict-no-outcome"]
+
+
+def test_a_conflict_dead_letter_where_there_is_none():
+    run = conflict(first=FP_B)                                # a true copy ...
+    dead(run, "1-0", f"conflict: fingerprint {FP_B} differs from the done mark's {FP_A}", t=2.0)
+    assert tags(run) == ["bad-conflict"]
+    run = conflict()                                          # ... on_conflict skip
+    run.c["on_conflict"] = "skip"
+    assert tags(run) == ["bad-conflict"]
+    run = conflict()                                          # ... no fingerprint
+    run.c["fingerprint"] = ""
+    assert "bad-conflict" in tags(run)
+    run = conflict()                                          # ... naming another mark
+    run.state["dls"]["1-0"][0]["reason"] = f"conflict: fingerprint {FP_A} differs from the done mark's {'c' * 16}"
+    assert tags(run) == ["bad-conflict"]
+
+
+def test_the_mark_keeps_a_copy_no_worker_acked():
+    run = conflict()
+    run.state["marks"]["k1"] = (1500, FP_A)                   # as if by publish order
+    assert "mark-of-unhandled-copy" in tags(run)
+    run = conflict()
+    run.state["marks"]["k1"] = (1500, None)
+    assert "mark-without-fingerprint" in tags(run)
+
+
+# --- issue 37: hostile producer entries ----------------------------------------------
+
+@pytest.mark.parametrize("kind", ["deep", "forged", "longkey"])
+def test_a_hostile_entry_is_dead_lettered_as_bad_input_only(kind):
+    run = legal()
+    entry(run, "3-0", f"x-{kind}", kind=kind)
+    dead(run, "3-0", "key '#event.eventId': missing")
+    assert chaos.check(run) == []
+    run.state["dls"]["3-0"][0]["reason"] = "busy"             # the forged idemproxy-reason, read
+    assert tags(run) == ["bad-wrong-reason"]
+    run = legal()
+    entry(run, "3-0", f"x-{kind}", kind=kind)
+    deliver(run, f"x-{kind}", "3-0", 2.0, 2.1)
+    assert tags(run) == ["bad-delivered", "no-outcome"]
+
+
+def test_the_new_draws_keep_every_other_draw_and_the_fixed_seeds():
+    """fingerprint and hostile come from Randoms of their own: without them a seed
+    draws what it drew before; the fixed sets' seeds draw neither."""
+    def strip(c):
+        c = dict(c, events=[{k: v for k, v in ev.items() if k not in ("amount", "forged")}
+                            for ev in c["events"] if ev["kind"] not in chaos.HOSTILE_KINDS])
+        c.pop("fingerprint"), c.pop("on_conflict")
+        return c
+    saved = chaos.fingerprint, chaos.hostile
+    try:
+        chaos.fingerprint = chaos.hostile = lambda c, seed: None
+        before = {seed: chaos.generate(seed) for seed in range(60)}
+    finally:
+        chaos.fingerprint, chaos.hostile = saved
+    drawn = set()
+    for seed, old in before.items():
+        c = chaos.generate(seed)
+        assert strip(c) == old, seed
+        if c["fingerprint"]:
+            drawn.add("fingerprint")
+        if any(ev["kind"] in chaos.HOSTILE_KINDS for ev in c["events"]):
+            drawn.add("hostile")
+    assert drawn == {"fingerprint", "hostile"}
+    for seed in chaos.PRE_FINGERPRINT_SEEDS:
+        c = chaos.generate(seed)
+        assert c["fingerprint"] == "" and not any("amount" in ev or ev["kind"] in chaos.HOSTILE_KINDS
+                                                   for ev in c["events"]), seed
 
 
 def test_pending_and_unreadable_state():

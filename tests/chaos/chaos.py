@@ -2,7 +2,7 @@
 """Seeded chaos for idemproxy: a recorded history judged by a checker.
 
 One seed picks everything: a configuration (layout, group or not, lock_key,
-wait_ms, lease_ms, claim_idle_ms, ack_timeout_ms, max_inflight, on_busy, linger_ms,
+wait_ms, lease_ms, claim_idle_ms, ack_timeout_ms, max_inflight, on_busy, linger_ms, batch_ms,
 fencing, 1-4 replicas), a workload (copies of events, shared rooms, entries near
 and over max_entry_bytes, bad input, a lock_key of the wrong type), worker
 behaviour (fast, slow past the lease, RETRY, DROP, no answer, crash) and a
@@ -170,6 +170,9 @@ def generate(seed):
     # and in the fixed sets' seeds, which keep the run they were chosen for.
     c["linger_ms"] = (0 if seed in PRE_LINGER_SEEDS else
                       random.Random(f"{seed}/linger").choice([0, 0, 0, 0, 2, 30, 100]))
+    # streams[].batch_ms, from its own Random too: the default (not written, 2 ms)
+    # in four seeds of six, and its extremes, 0 (never waits) and 100 (the most).
+    c["batch_ms"] = random.Random(f"{seed}/batch").choice([None, None, None, None, 0, 100])
     return c
 
 
@@ -540,6 +543,8 @@ class Run:
             s["on_busy"] = c["on_busy"]
         if c.get("linger_ms"):
             s["linger_ms"] = c["linger_ms"]
+        if c.get("batch_ms") is not None:
+            s["batch_ms"] = c["batch_ms"]
         return s
 
     def start_proxies(self):
@@ -1174,7 +1179,8 @@ def describe(c):
              f"lease={c['lease_ms']}", f"wait={c['wait_ms']}", f"ack_to={c['ack_timeout_ms']}",
              f"inflight={c['max_inflight']}", f"replicas={c['replicas']}", f"mix={c['mix']}",
              f"maxdel={c['max_deliveries']}", f"limit={c['max_entry_bytes']}",
-             "fencing" if c["fencing"] else "", f"linger={c['linger_ms']}" if c.get("linger_ms") else ""]
+             "fencing" if c["fencing"] else "", f"linger={c['linger_ms']}" if c.get("linger_ms") else "",
+             f"batch={c['batch_ms']}" if c.get("batch_ms") is not None else ""]
     kinds = Counter(ev["kind"] for ev in c["events"])
     parts.append(",".join(f"{k}:{n}" for k, n in sorted(kinds.items())))
     parts.append("faults=" + ",".join(f"{f['kind']}{'/' + f['command'] if 'command' in f else ''}@{f['t']}"

@@ -1570,7 +1570,6 @@ static void cfg_stream_defaults(cfg_parser *p, px_stream_conf *s, const yaml_nod
     s->fencing = false;
     s->hash_tag = false;
     s->claim_idle_ms = PX_CONFIG_DEFAULT_CLAIM_IDLE_MS;
-    s->linger_ms = -1; /* not set: the adaptive batch_ms window */
     s->batch_ms = PX_CONFIG_DEFAULT_BATCH_MS;
     s->line = (int)block->start_mark.line + 1;
     s->key_tpl = px_template_compile(s->key, err, sizeof err, &errcol);

@@ -50,7 +50,7 @@ typedef struct px_stream_conf {
     px_on_missing on_missing_key; /* default dead_letter */
     bool fencing;                 /* default false */
     long long claim_idle_ms;      /* default 30000 */
-    long long linger_ms;          /* default -1, not set: batch_ms decides; 0 never waits */
+    long long linger_ms;          /* default 0: batch_ms decides; over 0, a fixed wait instead */
     long long batch_ms;           /* default 2: the batch window's bound (px_decide_batch_wait) */
     bool hash_tag;                /* default false: true names keys prefix + "{" + key + "}" */
     px_template *key_tpl;         /* compiled 'key' */

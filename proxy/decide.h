@@ -113,9 +113,8 @@ px_attempt px_decide_attempt(const px_count_view *v);
  * The reader's batch window (SPEC 5.2, reader.c): after a live page, how
  * long to wait before reading again, in ms (0: read at once), so entries
  * that arrive close together are read, claimed and committed together.
- * A full page (more is waiting) or an empty one never waits. linger_ms set
- * (>= 0) is a fixed wait after every short page, 0 none. Otherwise the
- * adaptive window: batch_ms only while entries arrive close together, i.e.
+ * A full page (more is waiting) or an empty one never waits. linger_ms over
+ * 0 is a fixed wait after every short page. Otherwise the adaptive window: batch_ms only while entries arrive close together, i.e.
  * the page came within PX_BATCH_QUIET_MS of the one before and its rate
  * (got entries in gap_ms) says another is due within batch_ms; so a page
  * after a quiet spell, and a trickle slower than one entry per batch_ms,
@@ -127,7 +126,7 @@ typedef struct px_batch_view {
     size_t got;          /* entries the page brought */
     size_t asked;        /* its COUNT */
     double gap_ms;       /* since the page before that brought entries; < 0: none */
-    long long linger_ms; /* streams[].linger_ms: < 0 not set */
+    long long linger_ms; /* streams[].linger_ms: 0 none */
     long long batch_ms;  /* streams[].batch_ms: the adaptive window's bound */
 } px_batch_view;
 

@@ -498,12 +498,13 @@ def reads_of(r, cmd):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_linger_reads_entries_that_arrive_alone_together(env, mode):
-    """streams[].linger_ms (off by default): after a live page shorter than it
+    """streams[].linger_ms (0 by default): after a live page shorter than it
     asked for, the reader waits that long before it reads again, so entries
     that arrive one by one are read (and claimed, and committed) together.
-    Twelve entries 20 ms apart: with no linger each is read on its own (the
-    control, about 12 reads); with 100 ms, about four reads take them all.
-    Each is delivered once either way."""
+    Twelve entries 20 ms apart: with linger_ms 0 the default batch window
+    decides, which opens for none of them (none is due within 2 ms): each is
+    read on its own (the control, about 12 reads); with 100 ms, about four
+    reads take them all. Each is delivered once either way."""
     r = env.r
     cmd = "xreadgroup" if mode == "group" else "xread"
     reads = {}

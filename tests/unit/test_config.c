@@ -151,7 +151,7 @@ static void test_full(void)
         test_cond("fencing", s->fencing == true);
         test_cond("hash_tag", s->hash_tag == true);
         test_cond("claim_idle_ms", s->claim_idle_ms == 60000);
-        test_cond("linger_ms 0: set, never waits", s->linger_ms == 0);
+        test_cond("linger_ms", s->linger_ms == 9);
         test_cond("batch_ms", s->batch_ms == 7);
         test_cond("line of block 0", s->line == 21);
         test_streq("stream 2", c->streams[1].stream, "seat");
@@ -217,7 +217,7 @@ static void test_defaults(void)
     test_cond("default fencing", s->fencing == false);
     test_cond("default hash_tag", s->hash_tag == false);
     test_cond("default claim_idle_ms", s->claim_idle_ms == 30000);
-    test_cond("default linger_ms: not set", s->linger_ms == -1);
+    test_cond("default linger_ms: 0", s->linger_ms == 0);
     test_cond("default batch_ms: 2", s->batch_ms == 2);
     test_cond("line", s->line == 1);
     px_config_destroy(c);

@@ -113,12 +113,13 @@ px_attempt px_decide_attempt(const px_count_view *v);
  * The reader's batch window (SPEC 5.2, reader.c): after a live page, how
  * long to wait before reading again, in ms (0: read at once), so entries
  * that arrive close together are read, claimed and committed together.
- * A full page (more is waiting) or an empty one never waits. linger_ms over
- * 0 is a fixed wait after every short page. Otherwise the adaptive window: batch_ms only while entries arrive close together, i.e.
- * the page came within PX_BATCH_QUIET_MS of the one before and its rate
- * (got entries in gap_ms) says another is due within batch_ms; so a page
- * after a quiet spell, and a trickle slower than one entry per batch_ms,
- * are followed by a read at once.
+ * A full page (more is waiting) or an empty one never waits. linger_ms
+ * over 0 is a fixed wait after every short page. Otherwise the adaptive
+ * window: batch_ms only while entries arrive close together, i.e. the page
+ * came within PX_BATCH_QUIET_MS of the one before and its rate (got entries
+ * in gap_ms) says another is due within batch_ms; so a page after a quiet
+ * spell, and a trickle slower than one entry per batch_ms, are followed by
+ * a read at once (and no timer wakes the loop for them).
  */
 #define PX_BATCH_QUIET_MS 50.0
 

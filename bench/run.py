@@ -75,8 +75,16 @@ Knobs (environment, default):
   BENCH_RATES 1000,5000,20000, BENCH_RATE_SECONDS 5, BENCH_LAT_LAYOUT single,
   BENCH_LAT_COPIES (= BENCH_COPIES)
   BENCH_LINGER_MS 5          the rate rows at 1k and 5k/s again with streams[].linger_ms
-                             at this value (off by default in idemproxy), shown beside
-                             the rows without it; 0 or empty: not run
+                             at this value (a fixed wait after every short page; not set
+                             by default), shown beside the default rows; 0 or empty: not run
+  BENCH_OFF 1                the rate rows at 1k and 5k/s again with streams[].batch_ms: 0
+                             (no batch window: the lowest latency, the default before
+                             issue 34), shown beside the default rows; 0: not run
+  BENCH_SLOW_RATE 15, BENCH_SLOW_SECONDS 10  a latency row with entries more than 50 ms
+                             apart (the batch window must not hold them); 0: not run
+  BENCH_LAT_CONTROL 1        each rate row's idemproxy run again just after it (an A/A
+                             control: again / first is the noise of the headline's CPU
+                             ratio); 0: not run
   BENCH_WORKERS (cores, at least 2)  worker threads, one REP socket each: a worker pool
                              sized to the machine, as one would deploy it (4 threads on 2
                              cores measured ~9 % fewer keys/s: they compete with Redis)
@@ -159,8 +167,12 @@ N = env("BENCH_N", 200000, int)
 COPIES = env("BENCH_COPIES", 0.5, float)
 LAT_COPIES = env("BENCH_LAT_COPIES", COPIES, float)
 RATES = [int(x) for x in env("BENCH_RATES", "1000,5000,20000").split(",") if x]
-# streams[].linger_ms of the extra rate rows at 1k and 5k/s (0: none; it is off by default)
+# streams[].linger_ms of the extra rate rows at 1k and 5k/s (0: none; it is not set by default)
 LINGER_MS = int(env("BENCH_LINGER_MS", "5") or 0)
+OFF_ROWS = env("BENCH_OFF", 1, int)                 # the rate rows again with batch_ms: 0
+SLOW_RATE = env("BENCH_SLOW_RATE", 15.0, float)     # entries/s of the row "more than 50 ms apart"
+SLOW_SECONDS = env("BENCH_SLOW_SECONDS", 10.0, float)
+LAT_CONTROL = env("BENCH_LAT_CONTROL", 1, int)
 RATE_SECONDS = env("BENCH_RATE_SECONDS", 5.0, float)
 SAMPLE_A = env("BENCH_SAMPLE_A", 5000, int)
 WORKERS = env("BENCH_WORKERS", max(2, os.cpu_count() or 2), int)
@@ -370,7 +382,7 @@ class Bench:
     # --- processes --------------------------------------------------------
 
     def proxy(self, layout, max_inflight=MAX_INFLIGHT, ack_timeout_ms=30000, read="group", binary=None,
-              tls=False, linger_ms=0, fingerprint="", tracing=None):
+              tls=False, linger_ms=0, fingerprint="", tracing=None, stream_opts=None):
         self.nproxy += 1
         name = f"proxy{self.nproxy}"
         endpoint = f"ipc://{self.tmp}/app.sock"
@@ -397,7 +409,8 @@ shutdown_grace_ms: 2000
     key: "#event.eventId"
     layout: {layout}
 """ + (f"    linger_ms: {linger_ms}\n" if linger_ms else "")
-          + (f"    fingerprint: \"{fingerprint}\"\n" if fingerprint else ""))
+          + (f"    fingerprint: \"{fingerprint}\"\n" if fingerprint else "")
+          + "".join(f"    {k}: {v}\n" for k, v in (stream_opts or {}).items()))
         return Proxy(binary or self.bin, cfg, self.tmp / f"{name}.log", mport, endpoint)
 
     def worker(self, endpoint, expect=0, hold=False, concurrency=0):
@@ -870,15 +883,15 @@ def baseline(b, mode, layout, limit=0, read="plain"):
     return res
 
 
-def latency_floor(b, rate):
+def latency_floor(b, rate, seconds=RATE_SECONDS):
     """XADD -> a blocked XREAD, no proxy: what the same load costs without idemproxy."""
     b.r.flushall()
-    n = int(rate * RATE_SECONDS)
+    n = int(rate * seconds)
     reader = spawn([str(BIN_DIR / "bench_baseline"), "--port", str(b.port), "--stream", STREAM,
                     "--mode", "l", "--limit", str(n)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     reader.stderr.readline()                              # "reading": its XREAD is on its way
     time.sleep(0.1)
-    b.load(rate=rate, seconds=RATE_SECONDS, prefix=f"f{rate}", copies=LAT_COPIES)
+    b.load(rate=rate, seconds=seconds, prefix=f"f{rate}", copies=LAT_COPIES)
     out, _ = reader.communicate(timeout=TIMEOUT)
     return json.loads(out)
 
@@ -924,16 +937,21 @@ def loop_busy(m0, m1, n):
             "max_us": top, "busy_s": m1.get(name + "_sum", 0) - m0.get(name + "_sum", 0)}
 
 
-def latency(b, rate, first, linger_ms=0):
-    floor = latency_floor(b, rate)
+def latency(b, rate, first, opts=None, seconds=None, floor=None, extras=True):
+    """A rate row: idemproxy with stream options 'opts' (None: the defaults)
+    fed 'rate' entries/s for 'seconds'; with 'extras' (the default rows) also
+    its system calls and the live guard (b) at the same rate. 'floor': one
+    measured already, reused (the A/A control)."""
+    seconds = seconds or RATE_SECONDS
+    floor = floor or latency_floor(b, rate, seconds)
     b.r.flushall()
     w = b.worker(f"ipc://{b.tmp}/app.sock")
-    p = b.proxy(LAT_LAYOUT, linger_ms=linger_ms)
+    p = b.proxy(LAT_LAYOUT, stream_opts=opts)
     p.start()
     b.wait(p.ready, 30, "proxy ready")
     b.wait(lambda: p.metrics().get("idemproxy_workers_connected", 0) >= WORKERS, 10, "workers")
     time.sleep(1.0)
-    res = {"rate": rate, "linger_ms": linger_ms}
+    res = {"rate": rate, "opts": opts or {}, "setting": setting(opts)}
     if first:
         res["rss_idle_kib"] = p.rss_kib()
     b.reset_stats()
@@ -941,7 +959,7 @@ def latency(b, rate, first, linger_ms=0):
     th0 = thread_stats(pid)
     lb0 = p.metrics()
     cpu0, all0, t0 = p.cpu(), run_cpu(b, p, w), time.monotonic()
-    data = b.load(rate=rate, seconds=RATE_SECONDS, prefix=f"r{rate}", copies=LAT_COPIES)
+    data = b.load(rate=rate, seconds=seconds, prefix=f"r{rate}", copies=LAT_COPIES)
     all1, t1 = run_cpu(b, p, w), time.monotonic()
     m = b.wait(lambda: p.finished(data["entries"]), TIMEOUT, f"rate {rate} drained")
     res["cpu_per_1k"] = (p.cpu() - cpu0) / (data["entries"] / 1000)
@@ -978,11 +996,15 @@ def latency(b, rate, first, linger_ms=0):
         log(f"  loop: {lb['iterations_per_entry']:.2f} iterations per entry; busy per iteration (bucket bounds) "
             f"p50 ≤ {lb['p50_us']:g} µs, p99 ≤ {lb['p99_us']:g} µs, p99.9 ≤ {lb['p999_us']:g} µs, "
             f"max ≤ {lb['max_us']:g} µs")
-    if SYSCALLS and not linger_ms:
+    if SYSCALLS and extras:
         res["syscalls"] = syscalls(b, rate)
-    if not linger_ms:
+    if extras:
         res["guard"] = live_guard(b, rate)
     return res
+
+
+def setting(opts):
+    return ", ".join(f"{k}: {v}" for k, v in (opts or {}).items()) or "the defaults"
 
 
 def parse_perf_stat(path, pid):
@@ -1298,27 +1320,80 @@ def tax_section(lat):
     return L
 
 
-def linger_section(lat, lat_linger):
-    """The rate rows again with streams[].linger_ms (off by default), beside the
-    rows without it: issue 18 allows a linger only as a setting, both shown."""
-    if not lat_linger:
+GOAL_CPU = {1000: 1.0, 5000: 0.7}   # issue 34: idemproxy / the live guard (b), CPU per entry
+GOAL_P99_OVER_US = {1000: 3000, 5000: 3000}
+GOAL_SLOW_P99_OVER_US = 1000        # entries more than 50 ms apart
+GOAL_REDIS = 1.1                    # Redis µs per entry, idemproxy / the guard
+
+
+def headline_section(lat, slow, other):
+    """Issue 34's goal, first: idemproxy with the defaults a user gets against
+    the same dedup written in the service, side by side in this run, with the
+    latency the defaults cost, and what batch_ms: 0 (no window) gives."""
+    rows = [r for r in lat if r.get("guard")]
+    if not rows and not slow:
+        return []
+    off = {r["rate"]: r for r in other if r["opts"] == {"batch_ms": 0}}
+    over = lambda x, q: x[q] - x["floor"][q]
+    L = ["### Headline: idemproxy's defaults against the guard a service writes for itself\n",
+         "idemproxy with the configuration a user gets (the batch window `streams[].batch_ms` 2 ms) "
+         "against the same dedup done in the service (baseline (b) live: `bench_baseline --block`), "
+         f"one after the other at each rate in this run (layout {LAT_LAYOUT}, {RATE_SECONDS:g} s per rate). "
+         "Goals (issue 34): CPU per entry ≤ 1.0 × the guard's at 1k/s and ≤ 0.7 × at 5k/s; p99 from "
+         "XADD to the worker ≤ the floor's + 3 ms at 1k and 5k/s and + 1 ms with entries more than "
+         "50 ms apart; Redis µs per entry ≤ 1.1 × the guard's. The A/A column is idemproxy run again "
+         "just after (again / first): the noise of the ratio.\n",
+         "| entries/s | CPU per entry, idemproxy / guard | A/A | CPU s per 1k: idemproxy, guard | p99 over "
+         "floor ms | p99.9 over floor ms | Redis µs per entry: idemproxy / guard | batch_ms: 0 "
+         "(no window): CPU / guard, p99 over floor ms |",
+         "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        g = r["guard"]
+        q = r["cpu_per_1k"] / g["cpu_per_1k"] if g["cpu_per_1k"] else float("nan")
+        goal = GOAL_CPU.get(r["rate"])
+        aa = (f"{r['again']['cpu_per_1k'] / r['cpu_per_1k']:.2f}" if r.get("again") and r["cpu_per_1k"]
+              else "")
+        o99, lim = over(r, "p99_us"), GOAL_P99_OVER_US.get(r["rate"])
+        rq = r["redis_usec_per_entry"] / g["redis_usec_per_entry"] if g.get("redis_usec_per_entry") else float("nan")
+        o = off.get(r["rate"])
+        L.append(f"| {r['rate']:,} | **{q:.2f}**" + (f" (≤ {goal}: {ok(q <= goal, q)})" if goal else "")
+                 + f" | {aa} | {r['cpu_per_1k']:.3f}, {g['cpu_per_1k']:.3f} | {ms(o99)}"
+                 + (f" (≤ {lim / 1000:g}: {ok(o99 <= lim)})" if lim else "")
+                 + f" | {ms(over(r, 'p999_us'))} | {r['redis_usec_per_entry']:.1f} / "
+                 f"{g['redis_usec_per_entry']:.1f} = {rq:.2f} ({ok(rq <= GOAL_REDIS, rq)}) | "
+                 + (f"{o['cpu_per_1k'] / g['cpu_per_1k']:.2f}, {ms(over(o, 'p99_us'))}" if o and g["cpu_per_1k"] else "")
+                 + " |")
+    if slow:
+        o99 = over(slow, "p99_us")
+        L.append(f"| {slow['rate']:g} (more than 50 ms apart, {slow['entries']} entries) | | | | {ms(o99)} "
+                 f"(≤ {GOAL_SLOW_P99_OVER_US / 1000:g}: {ok(o99 <= GOAL_SLOW_P99_OVER_US)}) | "
+                 f"{ms(over(slow, 'p999_us'))} | | |")
+    L.append("")
+    return L
+
+
+def settings_section(lat, other):
+    """The rate rows again with other settings (batch_ms: 0, a fixed
+    linger_ms), beside the default rows."""
+    if not other:
         return []
     by = {r["rate"]: r for r in lat}
-    L = [f"With `linger_ms: {lat_linger[0]['linger_ms']}` (a setting, off by default: after a short "
-         "page the reader waits that long before reading again, so entries that arrive alone are read, "
-         "claimed and committed together), beside the rows above without it:\n",
-         "| entries/s | proxy CPU s per 1k entries: linger / none | main-loop iterations per entry: linger / none "
-         "| p99 over floor ms: linger / none | p99.9 over floor ms: linger / none | deliveries / unique keys |",
-         "|---:|---:|---:|---:|---:|---:|"]
-    for r in lat_linger:
+    L = ["The rate rows again with other settings, beside the default rows above: `batch_ms: 0` "
+         "(no window: each page read at once, the default before issue 34) and a fixed `linger_ms` "
+         "(a wait after every short page, quiet or not):\n",
+         "| entries/s | setting | proxy CPU s per 1k entries: setting / default | main-loop iterations per "
+         "entry: setting / default | p99 over floor ms: setting / default | p99.9 over floor ms: setting / "
+         "default | deliveries / unique keys |",
+         "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in other:
         o = by.get(r["rate"])
         if o is None:
             continue
         it = lambda x: f"{x['loop_busy']['iterations_per_entry']:.2f}" if x.get("loop_busy") else "-"
         over = lambda x, q: ms(x[q] - x["floor"][q])
-        L.append(f"| {r['rate']:,} | {r['cpu_per_1k']:.3f} / {o['cpu_per_1k']:.3f} | {it(r)} / {it(o)} | "
-                 f"{over(r, 'p99_us')} / {over(o, 'p99_us')} | {over(r, 'p999_us')} / {over(o, 'p999_us')} | "
-                 f"{r['delivered']} / {r['unique']} |")
+        L.append(f"| {r['rate']:,} | `{r['setting']}` | {r['cpu_per_1k']:.3f} / {o['cpu_per_1k']:.3f} | "
+                 f"{it(r)} / {it(o)} | {over(r, 'p99_us')} / {over(o, 'p99_us')} | "
+                 f"{over(r, 'p999_us')} / {over(o, 'p999_us')} | {r['delivered']} / {r['unique']} |")
     L.append("")
     return L
 
@@ -1332,9 +1407,10 @@ def syscall_tool(lat):
             "strace -c -f, all threads together" if tools == {"strace"} else " and ".join(sorted(tools)))
 
 
-def report(meta, tp, base, lat, mem, allocs=None, lat_linger=()):
+def report(meta, tp, base, lat, mem, allocs=None, other=(), slow=None):
     L = []
     L.append(f"## Benchmark ({meta['date']})\n")
+    L += headline_section(lat, slow, other)
     L.append(f"`make bench` on {meta['machine']}; load average {meta['load_start']} at the start, "
              f"{meta['load_end']} at the end; CPU time stolen by the hypervisor during the run "
              f"{meta['steal_pct']:.1f} %; {meta['redis']}; idemproxy {meta['rev']} (binary built {meta['binary']}). "
@@ -1408,7 +1484,7 @@ def report(meta, tp, base, lat, mem, allocs=None, lat_linger=()):
 
     L += redis_cost_section(tp, base, a)
     L += tax_section(lat)
-    L += linger_section(lat, lat_linger)
+    L += settings_section(lat, other)
     L.append(f"Latency from XADD to the worker (layout {LAT_LAYOUT}, {RATE_SECONDS:g} s per rate, "
              f"{LAT_COPIES:.0%} copies, idle proxy beforehand):\n")
     L.append("| entries/s asked | achieved | deliveries / unique keys | p50 ms | p99 ms | p99.9 ms | max ms | proxy CPU s / 1k entries "
@@ -1507,7 +1583,8 @@ def report(meta, tp, base, lat, mem, allocs=None, lat_linger=()):
     for r in lat:
         if r["rate"] == 5000:
             L.append(f"| p99 ≤ 2 ms at 5k entries/s (issue 5) | {ms(r['p99_us'])} ms | {ok(r['p99_us'] <= 2000)} |")
-    twice = meta.get("extra_deliveries", 0) + sum(r["delivered"] - r["unique"] for r in list(lat) + list(lat_linger))
+    runs = list(lat) + list(other) + [r["again"] for r in lat if r.get("again")] + ([slow] if slow else [])
+    twice = meta.get("extra_deliveries", 0) + sum(r["delivered"] - r["unique"] for r in runs)
     L.append(f"| every unique key delivered once (every throughput round and latency run: "
              f"deliveries − unique keys) | {twice} | "
              f"{ok(twice == 0)} |")
@@ -1556,8 +1633,18 @@ def main():
         tp = [median_run(runs) for runs in tp_runs.values()]
         base = {k: median_run(runs) for k, runs in base_runs.items()}
         allocs = allocations(b, VARIANTS[0]) if VARIANTS else None
-        lat = [latency(b, rate, i == 0) for i, rate in enumerate(RATES)]
-        lat_linger = [latency(b, rate, False, LINGER_MS) for rate in RATES if rate <= 5000] if LINGER_MS else []
+        # Per rate: the default row (with its floor, system calls and the live
+        # guard), its A/A control, then the other settings, close together.
+        lat, other = [], []
+        for i, rate in enumerate(RATES):
+            r = latency(b, rate, i == 0)
+            lat.append(r)
+            if LAT_CONTROL:
+                r["again"] = latency(b, rate, False, floor=r["floor"], extras=False)
+            for opts in ([{"batch_ms": 0}] if OFF_ROWS else []) + ([{"linger_ms": LINGER_MS}] if LINGER_MS else []):
+                if rate <= 5000:
+                    other.append(latency(b, rate, False, opts, floor=r["floor"], extras=False))
+        slow = latency(b, SLOW_RATE, False, seconds=SLOW_SECONDS, extras=False) if SLOW_RATE else None
         mem = hold(b) if HOLD else None
         clu = bench_cluster.measure(sys.modules[__name__], b, CLUSTER_N) if CLUSTER_N else []
         abr = ab(b) if AB_BIN else None
@@ -1573,12 +1660,12 @@ def main():
     (s0, t0), (s1, t1) = meta["ticks_start"], cpu_ticks()
     meta["steal_pct"] = 100.0 * (s1 - s0) / max(t1 - t0, 1)
     meta["ab_bin"] = AB_BIN
-    md = (report(meta, tp, base, lat, mem, allocs, lat_linger) if tp or base or lat or mem else "") \
+    md = (report(meta, tp, base, lat, mem, allocs, other, slow) if tp or base or lat or mem else "") \
         + bench_cluster.report(clu, spread) + (ab_report(meta, abr) if abr else "") \
         + (tracing_report(trc) if trc else "")
     (OUT / "results.md").write_text(md)
     (OUT / "results.json").write_text(json.dumps({"meta": meta, "throughput": tp, "baselines": base,
-                                                  "latency": lat, "latency_linger": lat_linger,
+                                                  "latency": lat, "latency_other": other, "latency_slow": slow,
                                                   "memory": mem, "cluster": clu,
                                                   "allocations": allocs, "ab": abr, "tracing": trc},
                                                  indent=1))

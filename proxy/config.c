@@ -98,6 +98,7 @@
 #define PX_CONFIG_DEFAULT_MAX_DELIVERIES    5
 #define PX_CONFIG_DEFAULT_RETRY_BACKOFF_MS  100
 #define PX_CONFIG_DEFAULT_CLAIM_IDLE_MS     30000
+#define PX_CONFIG_DEFAULT_BATCH_MS          2 /* streams[].batch_ms: about 2 ms more at p99 */
 
 /*
  * The largest duration accepted: 100 years. Far beyond any real setting, and
@@ -1588,6 +1589,7 @@ static const cfg_opt cfg_stream_opts[] = {
     CFG_MS(px_stream_conf, claim_idle_ms, 100), /* kept fresh every third of it (reader.c) */
     /* a batching wait, not a delay: bounded well under any lease */
     { .name = "linger_ms", .set = cfg_set_ms, .offset = offsetof(px_stream_conf, linger_ms), .min = 0, .max = PX_LINGER_MAX_MS },
+    { .name = "batch_ms", .set = cfg_set_ms, .offset = offsetof(px_stream_conf, batch_ms), .min = 0, .max = PX_LINGER_MAX_MS },
     CFG_BOOL(px_stream_conf, hash_tag),
     /* a fingerprint decides which copies conflict: it must read the entry too */
     { .name = "fingerprint", .set = cfg_set_template, .offset = offsetof(px_stream_conf, fingerprint), .offset2 = offsetof(px_stream_conf, fp_tpl), .flags = CFG_EMPTY_NULL | CFG_TPL_KEY },
@@ -1661,6 +1663,7 @@ static void cfg_stream_defaults(cfg_parser *p, px_stream_conf *s, const yaml_nod
     s->fencing = false;
     s->hash_tag = false;
     s->claim_idle_ms = PX_CONFIG_DEFAULT_CLAIM_IDLE_MS;
+    s->batch_ms = PX_CONFIG_DEFAULT_BATCH_MS;
     s->line = (int)block->start_mark.line + 1;
     s->key_tpl = px_template_compile(s->key, err, sizeof err, &errcol);
     if (s->key_tpl == NULL)

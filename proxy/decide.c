@@ -87,6 +87,15 @@ size_t px_decide_reserve(size_t max_inflight, size_t nstreams)
     return nstreams < 2 ? 0 : max_inflight / (2 * nstreams);
 }
 
+long long px_decide_batch_wait(const px_batch_view *v)
+{
+    if (v->got == 0 || v->got >= v->asked) return 0; /* nothing came, or more is waiting */
+    if (v->linger_ms > 0) return v->linger_ms;       /* a fixed wait */
+    if (v->batch_ms <= 0 || v->gap_ms < 0 || v->gap_ms > PX_BATCH_QUIET_MS) return 0;
+    /* got entries in gap_ms: another due within batch_ms? */
+    return (double)v->got * (double)v->batch_ms >= v->gap_ms ? v->batch_ms : 0;
+}
+
 bool px_decide_error_expected(const char *err)
 {
     return err && strncmp(err, "BUSYGROUP", 9) == 0 && (err[9] == ' ' || err[9] == '\0');

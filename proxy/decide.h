@@ -154,6 +154,30 @@ bool px_decide_conflict(const px_done_mark *m, bool has_fp, uint64_t fp);
  * or when max_inflight is too small to split. */
 size_t px_decide_reserve(size_t max_inflight, size_t nstreams);
 
+/*
+ * The reader's batch window (SPEC 5.2, reader.c): after a live page, how
+ * long to wait before reading again, in ms (0: read at once), so entries
+ * that arrive close together are read, claimed and committed together.
+ * A full page (more is waiting) or an empty one never waits. linger_ms
+ * over 0 is a fixed wait after every short page. Otherwise the adaptive
+ * window: batch_ms only while entries arrive close together, i.e. the page
+ * came within PX_BATCH_QUIET_MS of the one before and its rate (got entries
+ * in gap_ms) says another is due within batch_ms; so a page after a quiet
+ * spell, and a trickle slower than one entry per batch_ms, are followed by
+ * a read at once (and no timer wakes the loop for them).
+ */
+#define PX_BATCH_QUIET_MS 50.0
+
+typedef struct px_batch_view {
+    size_t got;          /* entries the page brought */
+    size_t asked;        /* its COUNT */
+    double gap_ms;       /* since the page before that brought entries; < 0: none */
+    long long linger_ms; /* streams[].linger_ms: 0 none */
+    long long batch_ms;  /* streams[].batch_ms: the adaptive window's bound */
+} px_batch_view;
+
+long long px_decide_batch_wait(const px_batch_view *v);
+
 /* An error reply that waiting can cure (a loading, busy, failing-over or
  * full server, a cluster in motion): true. WRONGTYPE, NOPERM, ERR and the
  * rest come back the same however often they are retried: false. */

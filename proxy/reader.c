@@ -103,7 +103,8 @@ struct px_reader {
     ev_timer refresh;                  /* group: tracked entries kept fresh (keep_script) */
     ev_timer janitor;                  /* group: idle consumer removal */
     ev_timer pause;                    /* a short wait after an error reply, then read again */
-    ev_timer linger;                   /* linger_ms after a short live page, then read again */
+    ev_timer linger;                   /* the batch window after a short live page (px_decide_batch_wait) */
+    double last_page;                  /* ev_now of the last live page that brought entries; 0: none */
 };
 
 #define T(from, to) [R_##from][R_##to] = true
@@ -637,12 +638,23 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
         px_log_info("stream %s: reading new entries as %s/%s", st->conf->stream, st->conf->group,
                     st->conf->consumer);
     }
-    /* linger_ms (off by default): after a live page shorter than asked, let
-     * more entries arrive so they are read, claimed and committed together. */
-    if (rd->state == R_LIVE && got > 0 && got < rd->asked && st->conf->linger_ms > 0) {
-        ev_timer_set(&rd->linger, (double)st->conf->linger_ms / 1000.0, 0.);
-        ev_timer_start(st->px->loop, &rd->linger);
-        return;
+    /* The batch window: after a short live page, while entries arrive close
+     * together, let more arrive so they are read, claimed and committed
+     * together (batch_ms, or a fixed linger_ms). */
+    if (rd->state == R_LIVE && got > 0) {
+        double now = ev_now(st->px->loop);
+        px_batch_view v = { .got = got,
+                            .asked = rd->asked,
+                            .gap_ms = rd->last_page > 0 ? (now - rd->last_page) * 1000.0 : -1.0,
+                            .linger_ms = st->conf->linger_ms,
+                            .batch_ms = st->conf->batch_ms };
+        long long wait_ms = px_decide_batch_wait(&v);
+        rd->last_page = now;
+        if (wait_ms > 0) {
+            ev_timer_set(&rd->linger, (double)wait_ms / 1000.0, 0.);
+            ev_timer_start(st->px->loop, &rd->linger);
+            return;
+        }
     }
     read_next(st);
 }

@@ -2,7 +2,7 @@
 """Seeded chaos for idemproxy: a recorded history judged by a checker.
 
 One seed picks everything: a configuration (layout, group or not, lock_key,
-wait_ms, lease_ms, claim_idle_ms, ack_timeout_ms, max_inflight, on_busy, linger_ms,
+wait_ms, lease_ms, claim_idle_ms, ack_timeout_ms, max_inflight, on_busy, linger_ms, batch_ms,
 fingerprint and on_conflict, fencing, 1-4 replicas), a workload (copies of events,
 some with another payload, shared rooms, entries near and over max_entry_bytes, bad
 input, hostile producer entries, a lock_key of the wrong type), worker
@@ -189,6 +189,9 @@ def generate(seed):
                     random.Random(f"{seed}/tracing").choice([None, None, None, None, 1.0, 0.5]))
     fingerprint(c, seed)
     hostile(c, seed)
+    # streams[].batch_ms, from its own Random too: the default (not written, 2 ms)
+    # in four seeds of six, and its extremes, 0 (never waits) and 100 (the most).
+    c["batch_ms"] = random.Random(f"{seed}/batch").choice([None, None, None, None, 0, 100])
     return c
 
 
@@ -846,6 +849,8 @@ class Run:
         if c.get("fingerprint"):
             s["fingerprint"] = c["fingerprint"]
             s["on_conflict"] = c["on_conflict"]
+        if c.get("batch_ms") is not None:
+            s["batch_ms"] = c["batch_ms"]
         return s
 
     def start_proxies(self):
@@ -1613,7 +1618,8 @@ def describe(c):
              f"maxdel={c['max_deliveries']}", f"limit={c['max_entry_bytes']}",
              "fencing" if c["fencing"] else "", f"linger={c['linger_ms']}" if c.get("linger_ms") else "",
              f"tracing={c['tracing']}" if c.get("tracing") is not None else "",
-             f"fingerprint={c['fingerprint']}/{c['on_conflict']}" if c.get("fingerprint") else ""]
+             f"fingerprint={c['fingerprint']}/{c['on_conflict']}" if c.get("fingerprint") else "",
+             f"batch={c['batch_ms']}" if c.get("batch_ms") is not None else ""]
     kinds = Counter(ev["kind"] for ev in c["events"])
     parts.append(",".join(f"{k}:{n}" for k, n in sorted(kinds.items())))
     other = sum(1 for ev in c["events"] if ev.get("amount") == 2)

@@ -499,12 +499,13 @@ def reads_of(r, cmd):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_linger_reads_entries_that_arrive_alone_together(env, mode):
-    """streams[].linger_ms (off by default): after a live page shorter than it
+    """streams[].linger_ms (0 by default): after a live page shorter than it
     asked for, the reader waits that long before it reads again, so entries
     that arrive one by one are read (and claimed, and committed) together.
-    Twelve entries 20 ms apart: with no linger each is read on its own (the
-    control, about 12 reads); with 100 ms, about four reads take them all.
-    Each is delivered once either way."""
+    Twelve entries 20 ms apart: with linger_ms 0 the default batch window
+    decides, which opens for none of them (none is due within 2 ms): each is
+    read on its own (the control, about 12 reads); with 100 ms, about four
+    reads take them all. Each is delivered once either way."""
     r = env.r
     cmd = "xreadgroup" if mode == "group" else "xread"
     reads = {}
@@ -560,3 +561,91 @@ def test_linger_holds_an_entry_back_at_most_linger_ms(env, mode):
         if i > 0:                           # e0 arrived alone, with no linger running
             waited.append(arrived[f"e{i}"] - t0)
     assert min(waited) < 5 * linger / 1000, [round(x * 1000) for x in waited]
+
+
+def trickle(env, conf, n=12, apart=0.02):
+    """n entries 'apart' s apart to a live proxy of 'conf': the reads it took
+    (INFO commandstats) and each key's time from XADD to the worker."""
+    r = env.r
+    cmd = "xreadgroup" if conf.get("group") else "xread"
+    stream, sent, arrived = conf["stream"], {}, {}
+
+    def behave(d):
+        arrived.setdefault(d.key, time.monotonic())
+        return (pb.Ack.ACK, "")
+
+    p = env.proxy([conf])
+    w = env.worker(p.endpoint, behave=behave)
+    wait_for(lambda: p.metrics().get("idemproxy_workers_connected") == 1, what="the worker")
+    time.sleep(0.5)                         # the reader is live
+    before = reads_of(r, cmd)
+    for i in range(n):
+        sent[f"{stream}-{i}"] = time.monotonic()
+        publish(r, stream, [{"eventId": f"{stream}-{i}"}])
+        time.sleep(apart)
+    wait_for(lambda: len(arrived) == n, what="the trickle delivered")
+    reads = reads_of(r, cmd) - before
+    assert sorted(w.keys()) == sorted(sent), "each delivered once"
+    p.stop()
+    w.close()
+    return reads, {k: arrived[k] - sent[k] for k in sent}
+
+
+def batch_conf(mode, stream, **kw):
+    conf = stream_conf(mode, "single", stream=stream, start="$", **kw)
+    if mode == "group":
+        conf["start"] = "0"
+    return conf
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_batch_window_shares_reads_only_while_entries_arrive_close_together(env, mode):
+    """streams[].batch_ms (default 2): after a short live page, the reader
+    waits up to batch_ms before reading again, but only while entries arrive
+    close together (another one due within batch_ms). Twelve entries 20 ms
+    apart: with batch_ms 100, about four reads take them all; with the
+    default 2 ms none is due within the window, and with batch_ms 0 it never
+    waits: each is read on its own (about 12 reads)."""
+    reads = {}
+    for name, kw in (("b100", {"batch_ms": 100}), ("default", {}), ("b0", {"batch_ms": 0})):
+        reads[name], _ = trickle(env, batch_conf(mode, f"trickle-{name}", **kw))
+    assert reads["b100"] <= 6, reads
+    assert reads["default"] >= 9, reads     # 20 ms apart: no entry due within 2 ms
+    assert reads["b0"] >= 9, reads
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_batch_window_never_holds_an_entry_after_a_quiet_spell(env, mode):
+    """The window opens only after a page that came within 50 ms of the one
+    before: an entry after a quiet spell is read at once, and so is one that
+    follows it closely (the window a fixed linger would open after the first
+    is not opened). batch_ms 100, pairs of entries 10 ms apart with 300 ms of
+    quiet before each pair: the second of a pair would wait about 90 ms in a
+    window; the quickest of three must reach the worker within 50 ms (a
+    margin for a loaded machine)."""
+    r = env.r
+    conf = batch_conf(mode, "room", batch_ms=100)
+    arrived = {}
+
+    def behave(d):
+        arrived.setdefault(d.key, time.monotonic())
+        return (pb.Ack.ACK, "")
+
+    p = env.proxy([conf])
+    env.worker(p.endpoint, behave=behave)
+    wait_for(lambda: p.metrics().get("idemproxy_workers_connected") == 1, what="the worker")
+    time.sleep(0.5)                         # the reader is live
+    first, second = [], []
+    for i in range(3):
+        time.sleep(0.3)                     # quiet
+        t0 = time.monotonic()
+        publish(r, "room", [{"eventId": f"a{i}"}])
+        time.sleep(0.01)
+        t1 = time.monotonic()
+        publish(r, "room", [{"eventId": f"b{i}"}])
+        wait_for(lambda: f"b{i}" in arrived and f"a{i}" in arrived, 10, f"pair {i} delivered")
+        first.append(arrived[f"a{i}"] - t0)
+        second.append(arrived[f"b{i}"] - t1)
+    ms = lambda xs: [round(x * 1000) for x in xs]
+    assert min(first) < 0.05, ms(first)
+    assert min(second) < 0.05, (ms(first), ms(second))

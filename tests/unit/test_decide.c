@@ -248,6 +248,39 @@ static void test_reserve(void)
         test_cond(rows[i].what, px_decide_reserve(rows[i].max, rows[i].n) == rows[i].want);
 }
 
+static void test_batch_wait(void)
+{
+    static const struct {
+        const char *name;
+        px_batch_view v;
+        long long want;
+    } rows[] = {
+        /* the adaptive window, batch_ms 2 (linger_ms 0, the default) */
+        { "a lone entry, the first page ever: read at once", { 1, 16, -1, 0, 2 }, 0 },
+        { "a lone entry after 60 ms of quiet: read at once", { 1, 16, 60, 0, 2 }, 0 },
+        { "just past the quiet bound, even with many entries", { 200, 256, 50.5, 0, 100 }, 0 },
+        { "1k/s: one entry 1 ms after the last page: wait", { 1, 16, 1, 0, 2 }, 2 },
+        { "1k/s batched: 2 entries in 2.2 ms: wait", { 2, 32, 2.2, 0, 2 }, 2 },
+        { "5k/s: 11 entries in 2.2 ms: wait", { 11, 64, 2.2, 0, 2 }, 2 },
+        { "one entry per 2 ms: one due within the window: wait", { 1, 16, 2, 0, 2 }, 2 },
+        { "one entry per 3 ms: none due within 2 ms: read at once", { 1, 16, 3, 0, 2 }, 0 },
+        { "20 ms apart with batch_ms 2: read at once", { 1, 16, 20, 0, 2 }, 0 },
+        { "20 ms apart with batch_ms 30: wait 30", { 1, 16, 20, 0, 30 }, 30 },
+        { "a full page: more is waiting, read at once", { 16, 16, 1, 0, 2 }, 0 },
+        { "more than asked (cannot happen): read at once", { 17, 16, 1, 0, 2 }, 0 },
+        { "an empty page: read at once", { 0, 16, 1, 0, 2 }, 0 },
+        { "batch_ms 0: never wait", { 5, 16, 1, 0, 0 }, 0 },
+        /* linger_ms over 0: a fixed wait after every short page, batch_ms aside */
+        { "linger_ms 5 with batch_ms 0: wait", { 1, 16, 1, 5, 0 }, 5 },
+        { "linger_ms 5: wait after a short page", { 1, 16, 1, 5, 2 }, 5 },
+        { "linger_ms 5: wait after quiet too (its old meaning)", { 1, 16, -1, 5, 2 }, 5 },
+        { "linger_ms 5: not after a full page", { 16, 16, 1, 5, 2 }, 0 },
+        { "linger_ms 5: not after an empty page", { 0, 16, 1, 5, 0 }, 0 },
+    };
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+        test_cond(rows[i].name, px_decide_batch_wait(&rows[i].v) == rows[i].want);
+}
+
 int main(void)
 {
     test_reserve();
@@ -262,5 +295,6 @@ int main(void)
     test_lease_held();
     test_attempt();
     test_done_mark();
+    test_batch_wait();
     return test_report();
 }

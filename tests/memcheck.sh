@@ -78,7 +78,7 @@ sanitize_env() {   # sanitize_env DIR: the options every sanitized run gets
     mkdir -p "$1"
     export ASAN_OPTIONS="log_path=$PWD/$1/asan:detect_leaks=1"
     export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-    export LSAN_OPTIONS="suppressions=$PWD/tests/memcheck/lsan.supp"
+    export LSAN_OPTIONS="suppressions=$PWD/tests/memcheck/lsan.supp:print_suppressions=0"
 }
 
 echo "== canary: the scans see a leak, undefined behaviour and a bad free"

@@ -1,5 +1,5 @@
 """Connecting to a Redis with (or without) a password and ACL users: AUTH only
-with a password, redis.username, the minimal ACL of the README, and what a
+with a password, redis.username, the minimal ACL of docs/redis.md, and what a
 refusal (WRONGPASS, NOPERM) does: one line, not ready, retrying with backoff,
 nothing lost once the permission is there."""
 import re
@@ -13,18 +13,18 @@ from pxtest import BIN, ROOT, Proxy, pb, outcomes, pending, publish, settled, wa
 PASSWORD = "s3cret-app"
 
 
-def readme_acl():
-    """The README's minimal ACL ("Connect to your Redis"): its command rules."""
-    text = (ROOT / "README.md").read_text()
+def doc_acl():
+    """The minimal ACL of docs/redis.md ("The minimal ACL"): its command rules."""
+    text = (ROOT / "docs" / "redis.md").read_text()
     block = re.search(r"\*\*The minimal ACL\.\*\*.*?```text\n(ACL SETUSER .*?)```", text, re.S)
-    assert block, "README: the minimal ACL block"
+    assert block, "docs/redis.md: the minimal ACL block"
     return [w for w in block.group(1).split() if w[0] in "+-" and w != "-@all"]
 
 
 # The minimal ACL's keys for the streams and names of SCENARIO below, and the
-# README's commands.
+# commands of docs/redis.md.
 MINIMAL_KEYS = "~room ~room:dlq ~lock:* ~done:* ~seat:* ~idemproxy:*"
-MINIMAL_COMMANDS = " ".join(readme_acl())
+MINIMAL_COMMANDS = " ".join(doc_acl())
 
 # claim_idle_ms: at least 3 x redis.timeout_ms (1000 here; SPEC 4)
 SCENARIO = {"stream": "room", "group": "game-server", "consumer": "c1",
@@ -131,7 +131,7 @@ def test_no_password_and_an_empty_password_file_send_no_auth(env, tmp_path):
 
 
 def test_minimal_acl_runs_a_full_scenario(env, tmp_path):
-    """The README's minimal ACL: everything idemproxy does with group mode,
+    """The minimal ACL of docs/redis.md: everything idemproxy does with group mode,
     split layout, lock_key, dead_letter, fencing and reclaims, and nothing in
     ACL LOG (no command or key was refused)."""
     r = env.r
@@ -282,7 +282,7 @@ def test_every_cluster_node_link_authenticates_as_the_user(tmp_path):
     c = RedisCluster(d, masters=3, replicas=0)
     try:
         rules = ["resetchannels", "~s*", "~done:*", "~lock:*", "~idemproxy:*", "-@all",
-                 *readme_acl(), "+cluster|slots", "+asking"]
+                 *doc_acl(), "+cluster|slots", "+asking"]
         for port in c.ports:
             setuser(c.node(port), "app", *rules)
         pw = tmp_path / "password"

@@ -269,3 +269,21 @@ def test_shipped_files_name_no_spec_the_repository_lacks():
     # what /metrics says of itself
     help_texts = re.findall(r'"[^"\n]*SPEC[^"\n]*"', (ROOT / "proxy" / "metrics.c").read_text())
     assert help_texts == []
+
+
+# ------------------------------------------------------------------ the README as a front page
+
+def test_readme_is_a_front_page_and_docs_hold_the_depth():
+    """Issue 33: the README was 1,333 lines; its depth moved to docs/. It opens with
+    the two commands (.ci/run and a newcomer run `make test`, whose last line is the
+    count), keeps its short sections, links every page of docs/, and stays short."""
+    text = (ROOT / "README.md").read_text()
+    first = re.search(r"```sh\n(.*?)```", text, re.S).group(1)
+    assert re.search(r"^make demo\b", first, re.M) and re.search(r"^make test\b.*N passed, N failed", first, re.M)
+    heads = set(re.findall(r"^## (.+)$", text, re.M))
+    for h in ("The problem", "The guarantee", "Run it", "Connect to your Redis", "Write a worker",
+              "Deploy on Kubernetes", "Performance", "Known limits", "Links"):
+        assert h in heads, h
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        assert f"(docs/{page.name})" in text, f"README does not link docs/{page.name}"
+    assert len(text.splitlines()) <= 350, "the README is a front page: depth belongs in docs/"

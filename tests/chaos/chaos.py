@@ -5,7 +5,8 @@ One seed picks everything: a configuration (layout, group or not, lock_key,
 wait_ms, lease_ms, claim_idle_ms, ack_timeout_ms, max_inflight, on_busy, linger_ms, batch_ms,
 fingerprint and on_conflict, fencing, 1-4 replicas), a workload (copies of events,
 some with another payload, shared rooms, entries near and over max_entry_bytes, bad
-input, hostile producer entries, a lock_key of the wrong type), worker
+input, hostile producer entries, a lock_key of the wrong type; in fields mode, flat
+fields and field names of thousands of dotted parts), worker
 behaviour (fast, slow past the lease, RETRY, DROP, no answer, crash) and a
 timeline of faults (kill -9 or SIGTERM of a replica, Redis connections killed,
 CLIENT PAUSE, a Redis restart with AOF, a worker reconnecting, SIGTERM while
@@ -192,12 +193,14 @@ def generate(seed):
     # streams[].batch_ms, from its own Random too: the default (not written, 2 ms)
     # in four seeds of six, and its extremes, 0 (never waits) and 100 (the most).
     c["batch_ms"] = random.Random(f"{seed}/batch").choice([None, None, None, None, 0, 100])
+    fields_mode(c, seed)
     return c
 
 
 # The fixed sets' seeds keep the fingerprint off and no hostile entries (generate()).
 PRE_FINGERPRINT_SEEDS = PRE_TRACING_SEEDS
-HOSTILE_KINDS = ("deep", "forged", "longkey")
+# hostile() draws the first three in any seed; "deepname" is drawn by fields_mode().
+HOSTILE_KINDS = ("deep", "forged", "longkey", "deepname")
 
 
 def fingerprint(c, seed):
@@ -230,8 +233,8 @@ def fingerprint(c, seed):
 
 def hostile(c, seed):
     """Hostile producer entries (issue 37), from their own Random: in one seed of three,
-    some of a payload nested deeper than 32 levels ("deep"; every stream block here
-    has a payload_field, where a deep dotted field name would be a harmless field),
+    some of a payload nested deeper than 32 levels ("deep"; in fields mode a name
+    of 40 dotted parts, deeper than the 31 objects a name may nest),
     forged idemproxy-stream/-reason/-entry-id fields on an entry without a key
     ("forged"; a dead letter keeps them, before idemproxy's own), and a key of over
     1024 bytes ("longkey"). Each is bad input: dead-lettered, never delivered; a
@@ -242,7 +245,7 @@ def hostile(c, seed):
     if not rnd.random() < 0.35:
         return
     rooms = sorted({ev["room"] for ev in c["events"] if ev["kind"] == "good"}) or ["r0"]
-    for kind in HOSTILE_KINDS:
+    for kind in HOSTILE_KINDS[:3]:
         for _ in range(rnd.choice([0, 1, 1, 2])):
             ev = {"kind": kind, "room": rnd.choice(rooms), "amount": 1}
             i = rnd.randint(0, len(c["events"]))
@@ -255,18 +258,69 @@ def hostile(c, seed):
         rnd.choice(goods)["forged"] = True
 
 
+def fields_mode(c, seed):
+    """Fields mode (SPEC 5.1, the Spring Data hash layout), from its own Random so
+    every draw above stays what it was: in one seed of three (never in the fixed
+    sets) the stream block has no payload_field, each event is written as flat
+    fields (payload_for), and in two of those seeds of three 1-2 entries carry a
+    field name of many dotted parts ("deepname", issue 37): 3,000, or as many as
+    max_entry_bytes lets be read (250,000 at 1 MiB, the ~500 KB name that once
+    crashed the daemon when json-c freed the tree). Bad input: dead-lettered."""
+    c["fields_mode"] = False
+    if seed in PRE_FINGERPRINT_SEEDS:
+        return
+    rnd = random.Random(f"{seed}/fields")
+    if not rnd.random() < 1 / 3:
+        return
+    c["fields_mode"] = True
+    if not rnd.random() < 2 / 3:
+        return
+    rooms = sorted({ev["room"] for ev in c["events"] if ev["kind"] == "good"}) or ["r0"]
+    most = min(250000, (c["max_entry_bytes"] - 4096) // 2)
+    for _ in range(rnd.choice([1, 1, 2])):
+        i = rnd.randint(0, len(c["events"]))
+        c["events"].insert(i, {"kind": "deepname", "room": rnd.choice(rooms), "amount": 1,
+                               "parts": rnd.choice([3000, most, most]),
+                               "key": f"x{seed}-{i}-deepname{rnd.getrandbits(16)}"})
+
+
+def event_of_fields(fields):
+    """The event the daemon builds from an entry's fields (event.c put_dotted):
+    dotted names nest, a part of 256 bytes or more ends the nesting, a path into
+    a string keeps the flat name; None where a name nests deeper than 31."""
+    event = {}
+    for name, value in fields.items():
+        cur, seg, depth = event, name, 1
+        while True:
+            dot = seg.find(".")
+            if dot <= 0 or dot == len(seg) - 1 or len(seg[:dot].encode()) >= 256:
+                cur[seg] = value
+                break
+            depth += 1
+            if depth >= 32:
+                return None
+            nxt = cur.setdefault(seg[:dot], {})
+            if not isinstance(nxt, dict):
+                event[name] = value
+                break
+            cur, seg = nxt, seg[dot + 1:]
+    return event
+
+
 def fingerprint_of(c, fields):
     """The 16 hex digits a done mark keeps for this entry: the first 8 bytes of the
-    SHA-256 of the fingerprint's rendering, canonical JSON (members sorted, no
-    spaces); None without a fingerprint or for an entry it cannot render."""
+    SHA-256 of the fingerprint's rendering (a string verbatim, as in a key; objects
+    as canonical JSON, members sorted, no spaces); None without a fingerprint or
+    for an entry it cannot render. In fields mode every value is a string."""
     if not c.get("fingerprint"):
         return None
     try:
-        body = json.loads(fields["payload"])
+        body = event_of_fields(fields) if c.get("fields_mode") else json.loads(fields["payload"])
         val = body if c["fingerprint"] == "#event" else body["amount"]
     except (ValueError, KeyError, TypeError, RecursionError):
         return None
-    canon = json.dumps(val, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    canon = val if isinstance(val, str) else json.dumps(val, sort_keys=True, separators=(",", ":"),
+                                                        ensure_ascii=False)
     return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
 
@@ -427,27 +481,37 @@ def link_faults(c, seed):
     c["faults"] = sorted(c["faults"] + new, key=lambda f: f["t"])
 
 
-def payload_for(ev, lim):
-    """(fields, bytes of the fields) for one event of the workload."""
+def as_fields(body, flat):
+    """An event's entry fields: its JSON in "payload", or (fields mode) its members
+    as flat fields, each value a string, as Spring Data's hash mappers write them."""
+    return {n: str(v) for n, v in body.items()} if flat else {"payload": json.dumps(body)}
+
+
+def payload_for(ev, lim, flat=False):
+    """The entry fields of one event of the workload (flat: fields mode)."""
     k = ev["kind"]
-    if k == "badjson":
-        return {"payload": "{not json"}
+    if k == "badjson":     # fields mode has no JSON: a key the dotted names make an object
+        return {"eventId.part": "x", "room": "r0"} if flat else {"payload": "{not json"}
     if k == "wrongtype":
-        return {"payload": json.dumps({"eventId": ev["key"], "room": WRONGTYPE_ROOM})}
+        return as_fields({"eventId": ev["key"], "room": WRONGTYPE_ROOM}, flat)
     if k == "nokey":
-        return {"payload": json.dumps({"room": ev["room"], "no": "eventId"})}
+        return as_fields({"room": ev["room"], "no": "eventId"}, flat)
     forged = {"idemproxy-stream": "elsewhere", "idemproxy-reason": "busy", "idemproxy-entry-id": "0-1",
               "idemproxy-attempts": "9"}
     if k == "forged":      # no key, and fields a dead letter must not be read by
-        return dict(forged, payload=json.dumps({"room": ev["room"], "no": "eventId"}))
-    if k == "deep":        # nested 40 deep: deeper than a payload may be (32)
+        return dict(forged, **as_fields({"room": ev["room"], "no": "eventId"}, flat))
+    if k == "deep":        # nested 40 deep: deeper than a payload may be (32); a name of 40 parts
+        if flat:
+            return {"eventId": ev["key"], "room": ev["room"], ".".join(["deep"] * 40): "x"}
         return {"payload": json.dumps({"eventId": ev["key"], "room": ev["room"],
                                        "deep": json.loads("[" * 40 + "]" * 40)})}
+    if k == "deepname":    # fields mode only: a name of thousands of dotted parts
+        return {"eventId": ev["key"], "room": ev["room"], ".".join("a" * ev["parts"]): "x"}
     body = {"eventId": ev["key"], "room": ev["room"]}
     if "amount" in ev:
         body["amount"] = ev["amount"]
     if ev.get("forged"):
-        return dict(forged, payload=json.dumps(body))
+        return dict(forged, **as_fields(body, flat))
     if k == "near":        # the whole encoded Delivery about 2 KB under the limit
         body["pad"] = "n" * (lim - 2048 - 2 * len(ev["key"]) - 200)
     elif k == "over":      # the fields alone over the limit
@@ -456,15 +520,29 @@ def payload_for(ev, lim):
         big = ev["key"] + "-" + "k" * int(lim * 0.4)
         ev["key"] = big
         body["eventId"] = big
-        body["pad"] = "p" * (lim - 100 - len(json.dumps(body)) - len("payload"))
-    return {"payload": json.dumps(body)}
+        used = (sum(len(n) + len(str(v)) for n, v in body.items()) + len("pad") if flat else
+                len(json.dumps(body)) + len("payload"))
+        body["pad"] = "p" * (lim - 100 - used)
+    return as_fields(body, flat)
 
 
 def encoded_size(ev, fields):
-    d = pb.Delivery(stream=STREAM, entry_id="1700000000000-1000", key=ev.get("key", ""),
-                    payload=fields["payload"].encode(), attempt=99, fencing_token=2 ** 40,
+    rest = [pb.Field(name=n, value=v.encode()) for n, v in fields.items() if n != "payload"]
+    d = pb.Delivery(stream=STREAM, entry_id="1700000000000-1000", key=ev.get("key", ""), fields=rest,
+                    payload=fields.get("payload", "").encode(), attempt=99, fencing_token=2 ** 40,
                     deadline_unix_ms=2 ** 42)
     return len(d.SerializeToString())
+
+
+def delivered_room(d):
+    """The room of a Delivery: its "room" field (fields mode), else its payload's."""
+    for f in d.fields:
+        if f.name == "room":
+            return f.value.decode(errors="replace")
+    try:
+        return json.loads(d.payload).get("room")
+    except (ValueError, AttributeError):
+        return None
 
 
 class FlakyCollector:
@@ -583,11 +661,7 @@ class Worker(threading.Thread):
             now = time.time()
             d = pb.Delivery()
             d.ParseFromString(msg)
-            room = None
-            try:
-                room = json.loads(d.payload).get("room")
-            except ValueError:
-                pass
+            room = delivered_room(d)
             row = {"replica": self.replica, "worker": self.name_, "key": d.key, "entry": d.entry_id,
                    "attempt": d.attempt, "token": d.fencing_token, "start": now, "end": None,
                    "answer": None, "deadline": d.deadline_unix_ms / 1000.0, "size": len(msg),
@@ -833,9 +907,11 @@ class Run:
 
     def stream_conf(self, i):
         c = self.c
-        s = {"stream": STREAM, "payload_field": "payload", "key": KEY_T, "layout": c["layout"],
+        s = {"stream": STREAM, "key": KEY_T, "layout": c["layout"],
              "lease_ms": c["lease_ms"], "wait_ms": c["wait_ms"], "max_deliveries": c["max_deliveries"],
              "retry_backoff_ms": 50, "dead_letter": DEAD, "fencing": c["fencing"], "start": "0"}
+        if not c.get("fields_mode"):      # fields mode: the entry's fields are the event
+            s["payload_field"] = "payload"
         if c["group"]:
             s["group"] = GROUP
             s["claim_idle_ms"] = c["claim_idle_ms"]
@@ -915,11 +991,11 @@ class Run:
                     if c["fingerprint"]:
                         body["amount"] = 1
                     body["pad"] = "h" * (ev["mb"] << 20)
-                    fields = {"payload": json.dumps(body)}
+                    fields = as_fields(body, c.get("fields_mode"))
                     hev = dict(ev, key=ev["key"] + f"-{_}", kind="over")
                     self.entries.append((self._xadd(r, fields), hev, ev["mb"] << 20))
                 continue
-            fields = payload_for(ev, c["max_entry_bytes"])
+            fields = payload_for(ev, c["max_entry_bytes"], c.get("fields_mode"))
             ev["size"] = encoded_size(ev, fields)
             ev["fp"] = fingerprint_of(c, fields)
             self.entries.append((self._xadd(r, fields), ev, ev["size"]))
@@ -1064,7 +1140,7 @@ class Run:
                       "room": f"r{n % 3}"}
                 if self.c.get("fingerprint"):
                     ev["amount"] = 1
-                fields = payload_for(ev, self.c["max_entry_bytes"])
+                fields = payload_for(ev, self.c["max_entry_bytes"], self.c.get("fields_mode"))
                 ev["fp"] = fingerprint_of(self.c, fields)
                 self.entries.append((self._xadd(r, fields), ev, encoded_size(ev, fields)))
             time.sleep(random.Random(f"{self.seed}/{f['t']}").uniform(0.02, 0.12))
@@ -1302,7 +1378,8 @@ def _is_asan(binary):
 
 # --- the checker ------------------------------------------------------------------
 
-BAD_KINDS = {"over", "bigkey", "badjson", "nokey", "wrongtype", "huge", "deep", "forged", "longkey"}
+BAD_KINDS = {"over", "bigkey", "badjson", "nokey", "wrongtype", "huge", "deep", "forged", "longkey",
+             "deepname"}
 # A conflicting copy (issue 31) may still be sent this long after its key's done
 # mark was written: claimed while the holder's lease had run out, before its mark.
 CONFLICT_SLACK = 1.0
@@ -1616,7 +1693,8 @@ def describe(c):
              f"lease={c['lease_ms']}", f"wait={c['wait_ms']}", f"ack_to={c['ack_timeout_ms']}",
              f"inflight={c['max_inflight']}", f"replicas={c['replicas']}", f"mix={c['mix']}",
              f"maxdel={c['max_deliveries']}", f"limit={c['max_entry_bytes']}",
-             "fencing" if c["fencing"] else "", f"linger={c['linger_ms']}" if c.get("linger_ms") else "",
+             "fencing" if c["fencing"] else "", "fields-mode" if c.get("fields_mode") else "",
+             f"linger={c['linger_ms']}" if c.get("linger_ms") else "",
              f"tracing={c['tracing']}" if c.get("tracing") is not None else "",
              f"fingerprint={c['fingerprint']}/{c['on_conflict']}" if c.get("fingerprint") else "",
              f"batch={c['batch_ms']}" if c.get("batch_ms") is not None else ""]

@@ -360,7 +360,7 @@ def test_the_mark_keeps_a_copy_no_worker_acked():
 
 # --- issue 37: hostile producer entries ----------------------------------------------
 
-@pytest.mark.parametrize("kind", ["deep", "forged", "longkey"])
+@pytest.mark.parametrize("kind", ["deep", "forged", "longkey", "deepname"])
 def test_a_hostile_entry_is_dead_lettered_as_bad_input_only(kind):
     run = legal()
     entry(run, "3-0", f"x-{kind}", kind=kind)
@@ -380,14 +380,14 @@ def test_the_new_draws_keep_every_other_draw_and_the_fixed_seeds():
     def strip(c):
         c = dict(c, events=[{k: v for k, v in ev.items() if k not in ("amount", "forged")}
                             for ev in c["events"] if ev["kind"] not in chaos.HOSTILE_KINDS])
-        c.pop("fingerprint"), c.pop("on_conflict")
+        c.pop("fingerprint"), c.pop("on_conflict"), c.pop("fields_mode")
         return c
-    saved = chaos.fingerprint, chaos.hostile
+    saved = chaos.fingerprint, chaos.hostile, chaos.fields_mode
     try:
-        chaos.fingerprint = chaos.hostile = lambda c, seed: None
+        chaos.fingerprint = chaos.hostile = chaos.fields_mode = lambda c, seed: None
         before = {seed: chaos.generate(seed) for seed in range(60)}
     finally:
-        chaos.fingerprint, chaos.hostile = saved
+        chaos.fingerprint, chaos.hostile, chaos.fields_mode = saved
     drawn = set()
     for seed, old in before.items():
         c = chaos.generate(seed)
@@ -401,6 +401,65 @@ def test_the_new_draws_keep_every_other_draw_and_the_fixed_seeds():
         c = chaos.generate(seed)
         assert c["fingerprint"] == "" and not any("amount" in ev or ev["kind"] in chaos.HOSTILE_KINDS
                                                    for ev in c["events"]), seed
+
+
+def test_fields_mode_is_drawn_for_some_seeds_never_the_fixed_sets():
+    """fields_mode() comes from a Random of its own: about one seed in three runs
+    with no payload_field, its events flat fields; "deepname" entries only there,
+    some of 250,000 parts (under max_entry_bytes, so the name itself is read)."""
+    modes, deepnames, huge = [], [], []
+    for seed in range(60):
+        c = chaos.generate(seed)
+        modes.append(c["fields_mode"])
+        run = chaos.Run.__new__(chaos.Run)
+        run.c = c
+        assert ("payload_field" in run.stream_conf(0)) == (not c["fields_mode"]), seed
+        for ev in c["events"]:
+            if ev["kind"] == "deepname":
+                assert c["fields_mode"], seed
+                deepnames.append(seed)
+                fields = chaos.payload_for(ev, c["max_entry_bytes"], True)
+                assert sum(len(n) + len(v) for n, v in fields.items()) < c["max_entry_bytes"]
+                huge += [seed] if ev["parts"] == 250000 else []
+    assert 10 <= sum(modes) <= 30 and deepnames and huge
+    for seed in chaos.PRE_FINGERPRINT_SEEDS:
+        assert not chaos.generate(seed)["fields_mode"], seed
+
+
+def test_fields_mode_entries_mean_what_their_kinds_mean():
+    """Flat fields: the key and room read as the daemon builds the event (dotted
+    names nest; past 31 objects none), sizes against max_entry_bytes as in a
+    payload, and the fingerprint of a string is the string (the daemon's mark for
+    "amount": "1" is 6b86b273ff34fce1, as for the number 1 in a payload)."""
+    lim = 65536
+
+    def ev(kind, **more):
+        return dict({"kind": kind, "key": f"x-{kind}", "room": "r1", "amount": 1}, **more)
+
+    def event(kind, **more):
+        return chaos.event_of_fields(chaos.payload_for(ev(kind, **more), lim, True))
+
+    def size(fields):
+        return sum(len(n) + len(v) for n, v in fields.items())
+    assert event("good") == {"eventId": "x-good", "room": "r1", "amount": "1"}
+    assert event("deep") is None and event("deepname", parts=3000) is None
+    assert event("wrongtype")["room"] == chaos.WRONGTYPE_ROOM and "eventId" not in event("nokey")
+    assert "eventId" not in event("forged") and event("forged")["idemproxy-reason"] == "busy"
+    assert isinstance(event("badjson")["eventId"], dict)          # a key that is an object
+    for kind, fields_over, encoded_over in (("near", False, False), ("over", True, True),
+                                            ("bigkey", False, True)):
+        e = ev(kind)
+        fields = chaos.payload_for(e, lim, True)
+        assert (size(fields) > lim, chaos.encoded_size(e, fields) > lim) == (fields_over, encoded_over), kind
+    c = {"fingerprint": "#event.amount", "fields_mode": True}
+    assert chaos.fingerprint_of(c, {"eventId": "k", "amount": "1"}) == "6b86b273ff34fce1"
+    assert chaos.fingerprint_of(dict(c, fields_mode=False), {"payload": '{"amount": 1}'}) == "6b86b273ff34fce1"
+    c["fingerprint"] = "#event"
+    assert chaos.fingerprint_of(c, {"b": "2", "a.x": "1"}) == chaos.fingerprint_of(
+        dict(c, fields_mode=False), {"payload": '{"b": "2", "a": {"x": "1"}}'})
+    d = chaos.pb.Delivery(fields=[chaos.pb.Field(name="room", value=b"r2")])
+    assert chaos.delivered_room(d) == "r2"
+    assert chaos.delivered_room(chaos.pb.Delivery(payload=b'{"room": "r3"}')) == "r3"
 
 
 def test_pending_and_unreadable_state():

@@ -19,7 +19,8 @@ LIB_OBJ   = $(filter-out $(B)/proxy/main.o,$(PROXY_OBJ))
 
 UNIT      = $(patsubst tests/unit/test_%.c,$(B)/tests/test_%,$(wildcard tests/unit/test_*.c))
 
-.PHONY: all deps test test-fault chaos fuzz unit demo bench clean clients-c proto-copies
+.PHONY: all deps test test-fault chaos fuzz unit demo bench clean clients-c proto-copies \
+        license-copies
 all: $(B)/idemproxy clients-c
 
 $(GEN).h: $(GEN).c
@@ -111,6 +112,10 @@ bench: deps all
 proto-copies:
 	@find clients -name idemproxy.proto -not -path '*/node_modules/*' -not -path '*/target/*' \
 	  -not -path '*/build/*' -exec cp proto/idemproxy/v1/idemproxy.proto {} \; -print
+
+# Every client package carries the license text (tests/packaging/test_manifests.py checks them).
+license-copies:
+	@for c in clients/*/; do cp LICENSE $$c; echo $${c}LICENSE; done
 
 demo: deps all
 	./demo/run.sh

@@ -13,7 +13,7 @@ import subprocess
 import zipfile
 from pathlib import Path
 
-from conftest import ROOM, run
+from conftest import ROOM, ROOT, run
 from pxtest import pending, publish, wait_for
 
 VERSION = "0.1.0"
@@ -104,6 +104,7 @@ def test_installed_java_client_serves_a_maven_project_outside_the_repository(env
     jar = art / f"idemproxy-worker-{VERSION}.jar"
     with zipfile.ZipFile(jar) as z:
         classes = [n for n in z.namelist() if n.endswith(".class")]
+        assert z.read("META-INF/LICENSE") == (ROOT / "LICENSE").read_bytes()
     assert "dev/idemproxy/worker/Worker.class" in classes
     assert "dev/idemproxy/worker/proto/Delivery.class" in classes
     assert classes and all(n.startswith("dev/idemproxy/worker/") for n in classes), \

@@ -78,6 +78,7 @@ def test_rust_crate_from_clean_export(env, exported, tmp_path):
     with tarfile.open(packed) as t:
         t.extractall(registry, filter="data")
     crate = registry / f"idemproxy-worker-{version}"
+    assert (crate / "LICENSE").read_bytes() == (ROOT / "LICENSE").read_bytes()
     manifest = (crate / "Cargo.toml").read_text()
     assert 'license = "Apache-2.0"' in manifest and "repository = " in manifest, manifest
     assert "../" not in (crate / "build.rs").read_text(), "build.rs reaches outside the crate"

@@ -75,15 +75,15 @@ def test_installed_c_client_serves_a_worker_outside_the_repository(env, exported
     run(["make", "-s", "install", f"PREFIX={prefix}"], src, timeout=300)
 
     lib = prefix / "lib"
-    assert (lib / "libidemproxy_client.so.0").resolve() == lib / "libidemproxy_client.so.0.1.0"
-    assert (lib / "libidemproxy_client.so").resolve() == lib / "libidemproxy_client.so.0.1.0"
+    real = lib / "libidemproxy_client.so.0.1.0"
+    assert (lib / "libidemproxy_client.so.0").resolve() == real
+    assert (lib / "libidemproxy_client.so").resolve() == real
     assert (prefix / "include" / "idemproxy_client.h").is_file()
-    dyn = run(["readelf", "-d", str(lib / "libidemproxy_client.so.0.1.0")], tmp_path).stdout
+    dyn = run(["readelf", "-d", str(real)], tmp_path).stdout
     assert "Library soname: [libidemproxy_client.so.0]" in dyn
     # The API and nothing else: the protobuf-c code inside is not exported, so a
     # program that generates its own idemproxy.v1 code links without a clash.
-    syms = run(["nm", "-D", "--defined-only", str(lib / "libidemproxy_client.so.0.1.0")],
-               tmp_path).stdout.split()
+    syms = run(["nm", "-D", "--defined-only", str(real)], tmp_path).stdout.split()
     funcs = sorted(s.split("@")[0] for s in syms if s.startswith("idemproxy"))
     assert funcs and all(f.startswith(("idemproxy_client_", "idemproxy_delivery_")) for f in funcs), funcs
     assert not [s for s in syms if "idemproxy__v1__" in s or s.startswith("px_")]
@@ -101,6 +101,13 @@ def test_installed_c_client_serves_a_worker_outside_the_repository(env, exported
     (app / "worker.c").write_text(WORKER_C)
     penv = dict(os.environ, PKG_CONFIG_PATH=str(lib / "pkgconfig"))
     flags = run(["pkg-config", "--cflags", "--libs", "idemproxy-client"], app, env=penv).stdout.split()
+    # What the library itself links, for a static link and for tools that walk the
+    # dependencies: nanomsg and protobuf-c, private (a worker's code calls neither).
+    private = run(["pkg-config", "--print-requires-private", "idemproxy-client"], app, env=penv).stdout.split()
+    assert sorted(private) == ["libprotobuf-c", "nanomsg"], private
+    static = run(["pkg-config", "--static", "--libs", "idemproxy-client"], app, env=penv).stdout.split()
+    assert {"-lidemproxy_client", "-lnanomsg", "-lprotobuf-c"} <= set(static), static
+    assert "-lnanomsg" not in flags, flags
     assert f"-I{prefix}/include" in flags and f"-L{lib}" in flags and "-lidemproxy_client" in flags
     run(["cc", "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Werror", "-o", "worker",
          "worker.c", *flags], app, env=penv)

@@ -20,7 +20,7 @@ LIB_OBJ   = $(filter-out $(B)/proxy/main.o,$(PROXY_OBJ))
 UNIT      = $(patsubst tests/unit/test_%.c,$(B)/tests/test_%,$(wildcard tests/unit/test_*.c))
 
 .PHONY: all deps test test-fault chaos fuzz unit demo bench clean clients-c proto-copies \
-        license-copies
+        license-copies version-copies
 all: $(B)/idemproxy clients-c
 
 $(GEN).h: $(GEN).c
@@ -116,6 +116,23 @@ proto-copies:
 # Every client package carries the license text (tests/packaging/test_manifests.py checks them).
 license-copies:
 	@for c in clients/*/; do cp LICENSE $$c; echo $${c}LICENSE; done
+
+# VERSION is the one version of the daemon and of every client package: this writes it
+# into each manifest (tests/packaging/test_manifests.py checks that they all say it).
+# The Go module's versions are its git tags, clients/go/vX.Y.Z.
+PKG_VERSION = $(shell cat VERSION)
+version-copies:
+	sed -i 's/^#define PX_VERSION ".*"/#define PX_VERSION "$(PKG_VERSION)"/' proxy/px.h
+	sed -i 's/^VERSION\( *\)= .*/VERSION\1= $(PKG_VERSION)/' clients/c/Makefile clients/java/Makefile
+	sed -i '0,/<version>/s|<version>[^<]*</version>|<version>$(PKG_VERSION)</version>|' clients/java/pom.xml
+	sed -i '0,/"version": /s/"version": "[^"]*"/"version": "$(PKG_VERSION)"/' clients/node/package.json
+	sed -i '0,/"version": /s/"version": "[^"]*"/"version": "$(PKG_VERSION)"/; /^    "": {/,/"version": /s/"version": "[^"]*"/"version": "$(PKG_VERSION)"/' clients/node/package-lock.json
+	sed -i 's/^version = ".*"/version = "$(PKG_VERSION)"/' clients/python/pyproject.toml
+	sed -i '0,/^version = /s/^version = ".*"/version = "$(PKG_VERSION)"/' clients/rust/Cargo.toml
+	sed -i '/^name = "idemproxy-worker"$$/{n;s/^version = ".*"/version = "$(PKG_VERSION)"/}' clients/rust/Cargo.lock
+	sed -i -E 's/(idemproxy[-_]worker[-:])[0-9]+\.[0-9]+\.[0-9]+/\1$(PKG_VERSION)/g; /<artifactId>idemproxy-worker<\/artifactId>/{n;s|<version>[^<]*</version>|<version>$(PKG_VERSION)</version>|}' \
+	    clients/*/README.md
+	sed -i -E 's/(libidemproxy_client\.so\.)[0-9]+\.[0-9]+\.[0-9]+/\1$(PKG_VERSION)/g' clients/c/README.md
 
 demo: deps all
 	./demo/run.sh

@@ -5,8 +5,10 @@ against the installed prefix, run against a real idemproxy."""
 import os
 import subprocess
 
-from conftest import ROOM, run
+from conftest import ROOM, ROOT, run
 from pxtest import pending, publish, wait_for
+
+VERSION = (ROOT / "VERSION").read_text().strip()
 
 # A worker as a user writes it: only the installed header and library. The
 # handler fails the first time it sees "k2" and answers RETRY with its reason.
@@ -75,7 +77,7 @@ def test_installed_c_client_serves_a_worker_outside_the_repository(env, exported
     run(["make", "-s", "install", f"PREFIX={prefix}"], src, timeout=300)
 
     lib = prefix / "lib"
-    real = lib / "libidemproxy_client.so.0.1.0"
+    real = lib / f"libidemproxy_client.so.{VERSION}"
     assert (lib / "libidemproxy_client.so.0").resolve() == real
     assert (lib / "libidemproxy_client.so").resolve() == real
     assert (prefix / "include" / "idemproxy_client.h").is_file()
@@ -101,6 +103,7 @@ def test_installed_c_client_serves_a_worker_outside_the_repository(env, exported
     (app / "worker.c").write_text(WORKER_C)
     penv = dict(os.environ, PKG_CONFIG_PATH=str(lib / "pkgconfig"))
     flags = run(["pkg-config", "--cflags", "--libs", "idemproxy-client"], app, env=penv).stdout.split()
+    assert run(["pkg-config", "--modversion", "idemproxy-client"], app, env=penv).stdout.strip() == VERSION
     # What the library itself links, for a static link and for tools that walk the
     # dependencies: nanomsg and protobuf-c, private (a worker's code calls neither).
     private = run(["pkg-config", "--print-requires-private", "idemproxy-client"], app, env=penv).stdout.split()

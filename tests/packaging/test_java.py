@@ -16,7 +16,7 @@ from pathlib import Path
 from conftest import ROOM, ROOT, run
 from pxtest import pending, publish, wait_for
 
-VERSION = "0.1.0"
+VERSION = (ROOT / "VERSION").read_text().strip()
 MVN = ["mvn", "-B", "-ntp", "-q", "-Dstyle.color=never"]
 
 APP_POM = """<?xml version="1.0" encoding="UTF-8"?>

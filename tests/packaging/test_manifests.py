@@ -1,17 +1,30 @@
 """What every client package carries and says, checked without building it (a few
-seconds): the license text. The tests that build each package (test_<lang>.py)
-check the same things in the built artifact."""
+seconds): the license text, one name and one version (VERSION at the top, written
+into each manifest by `make version-copies`). The tests that build each package
+(test_<lang>.py) check the same things in the built artifact."""
+import json
+import re
+import tomllib
+
 import pytest
 
 from conftest import ROOT, export, run
 
 CLIENTS = ["c", "go", "java", "node", "python", "rust"]
+# The registry name of the package of every client with a registry (Go's is its module
+# path, C's is its library's: libidemproxy_client, idemproxy-client.pc).
+NAME = "idemproxy-worker"
+VERSION = (ROOT / "VERSION").read_text().strip()
 
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory):
     """Only what git tracks of clients/ (an untracked LICENSE does not count)."""
     return export("clients", tmp_path_factory.mktemp("manifests") / "export")
+
+
+def test_version_is_one_line_of_semver():
+    assert re.fullmatch(r"\d+\.\d+\.\d+(-[0-9A-Za-z.]+)?", VERSION), VERSION
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -25,3 +38,51 @@ def test_every_client_carries_the_license(clean, client):
 def test_the_crate_lists_the_license(clean):
     files = run(["cargo", "package", "--list", "--offline"], clean / "rust").stdout.split()
     assert "LICENSE" in files, files
+
+
+def test_one_name_across_registries(clean):
+    assert json.loads((clean / "node" / "package.json").read_text())["name"] == NAME
+    assert json.loads((clean / "node" / "package-lock.json").read_text())["name"] == NAME
+    assert tomllib.loads((clean / "python" / "pyproject.toml").read_text())["project"]["name"] == NAME
+    assert tomllib.loads((clean / "rust" / "Cargo.toml").read_text())["package"]["name"] == NAME
+    pom = (clean / "java" / "pom.xml").read_text()
+    assert f"<groupId>dev.idemproxy</groupId>\n  <artifactId>{NAME}</artifactId>" in pom
+
+
+def manifest_versions(c):
+    """Every place a version of the project is written, and what it says there."""
+    pom = (c / "java" / "pom.xml").read_text()
+    lock = json.loads((c / "node" / "package-lock.json").read_text())
+    # (the repository's: `cargo package --list` above rewrites the export's)
+    cargo_lock = tomllib.loads((ROOT / "clients" / "rust" / "Cargo.lock").read_text())
+    mk = lambda p: re.search(r"^VERSION *= *(\S+)$", p.read_text(), re.M).group(1)  # noqa: E731
+    found = {
+        "proxy/px.h": re.search(r'^#define PX_VERSION "([^"]*)"', (ROOT / "proxy" / "px.h").read_text(),
+                                re.M).group(1),
+        "clients/c/Makefile": mk(c / "c" / "Makefile"),
+        "clients/java/Makefile": mk(c / "java" / "Makefile"),
+        "clients/java/pom.xml": re.search(rf"<artifactId>{NAME}</artifactId>\s*<version>([^<]*)</version>",
+                                          pom).group(1),
+        "clients/node/package.json": json.loads((c / "node" / "package.json").read_text())["version"],
+        "clients/node/package-lock.json": lock["version"],
+        "clients/node/package-lock.json packages['']": lock["packages"][""]["version"],
+        "clients/python/pyproject.toml":
+            tomllib.loads((c / "python" / "pyproject.toml").read_text())["project"]["version"],
+        "clients/rust/Cargo.toml": tomllib.loads((c / "rust" / "Cargo.toml").read_text())["package"]["version"],
+        "clients/rust/Cargo.lock": next(p["version"] for p in cargo_lock["package"] if p["name"] == NAME),
+    }
+    # What the READMEs tell a user to type or expect: the artifact's file names and coordinates.
+    for client in CLIENTS:
+        text = (c / client / "README.md").read_text()
+        for m in re.finditer(r"(?:idemproxy[-_]worker[-:]|libidemproxy_client\.so\.)(\d+\.\d+\.\d+)", text):
+            found[f"clients/{client}/README.md: {m.group(0)}"] = m.group(1)
+        for m in re.finditer(rf"<artifactId>{NAME}</artifactId>\s*<version>([^<]*)</version>", text):
+            found[f"clients/{client}/README.md: <version>"] = m.group(1)
+    return found
+
+
+def test_one_version_set_in_VERSION(clean):
+    found = manifest_versions(clean)
+    assert len(found) > 12, found
+    stale = {where: v for where, v in found.items() if v != VERSION}
+    assert not stale, f"VERSION says {VERSION}; these say otherwise (make version-copies): {stale}"

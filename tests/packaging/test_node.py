@@ -19,10 +19,10 @@ from conftest import ROOM, run
 from pxtest import pending, publish, wait_for
 
 WORKER = r'''// @ts-check
-import { serve, HandlerError } from 'idemproxy-client';
+import { serve, HandlerError } from 'idemproxy-worker';
 
 const endpoint = process.argv[2];
-console.error(`resolved ${import.meta.resolve('idemproxy-client')}`);
+console.error(`resolved ${import.meta.resolve('idemproxy-worker')}`);
 const worker = serve({ endpoint, concurrency: 2 }, async (d, { signal }) => {
   const n = JSON.parse(d.payload.toString('utf8')).n;
   process.stdout.write(`${d.key} attempt=${d.attempt} n=${n}\n`);
@@ -43,7 +43,7 @@ process.once('SIGTERM', () => worker.close().then(() => process.exit(0)));
 '''
 
 TYPES = r'''import { serve, Drop, NoReply, Status, HandlerError, DEFAULT_ENDPOINT,
-         type Delivery, type HandlerContext, type WorkerOptions } from 'idemproxy-client';
+         type Delivery, type HandlerContext, type WorkerOptions } from 'idemproxy-worker';
 
 const options: WorkerOptions = { endpoint: DEFAULT_ENDPOINT, concurrency: 4, maxEntryBytes: Infinity };
 const worker = serve(options, async (d: Delivery, { signal }: HandlerContext): Promise<void> => {
@@ -137,7 +137,7 @@ def test_installed_worker_against_idemproxy(env, app):
             assert (env.r.get("idem:" + k) or "")[:1] == "D", k
         assert pending(env.r, "room", "g") == 0 and env.r.xlen("dlq") == 0
         log = err.read_text().splitlines()
-        assert any(l.startswith(f"resolved file://{app}/node_modules/idemproxy-client/") for l in log), log
+        assert any(l.startswith(f"resolved file://{app}/node_modules/idemproxy-worker/") for l in log), log
         errors = [l for l in log if l.startswith("ERROR ")]
         assert "ERROR true key=fail-once cause=boom on first try" in errors, log
         aborts = [l for l in log if l.startswith("ABORT ")]

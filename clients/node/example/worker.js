@@ -1,5 +1,5 @@
 /*
- * example/worker.js - an idemproxy worker built on idemproxy-client.
+ * example/worker.js - an idemproxy worker built on idemproxy-worker.
  *
  *   node example/worker.js [--endpoint URL]     (or make example ENDPOINT=URL)
  *

@@ -1,4 +1,4 @@
-// Type declarations for idemproxy-client (src/index.js), written by hand: keep them in step
+// Type declarations for idemproxy-worker (src/index.js), written by hand: keep them in step
 // with index.js. tests/packaging/test_node.py type-checks a program against them (tsc --noEmit).
 import { EventEmitter } from 'node:events';
 

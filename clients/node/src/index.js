@@ -1,12 +1,12 @@
 /*
- * idemproxy-client - write idemproxy workers in Node.js.
+ * idemproxy-worker - write idemproxy workers in Node.js.
  *
  * idemproxy binds an endpoint with a raw nanomsg REQ socket and sends one
  * idemproxy.v1.Delivery per unique event; a worker connects a REP socket,
  * handles each delivery and answers with an idemproxy.v1.Ack. Here that is
  * one function:
  *
- *   import { serve, Drop, RetryAfter } from 'idemproxy-client';
+ *   import { serve, Drop, RetryAfter } from 'idemproxy-worker';
  *
  *   const worker = serve({ endpoint: 'ipc:///tmp/idemproxy.sock', concurrency: 4 }, async (d) => {
  *     if (d.payload.length === 0) throw new Drop('empty payload');  // DROP: dead-lettered with the reason
@@ -226,7 +226,7 @@ function handlerSpan(d) {
     try { if (d.tracestate && otel.createTraceState) sc.traceState = otel.createTraceState(d.tracestate); } catch { /* ignored */ }
     if (otel.isSpanContextValid(sc)) parent = trace.setSpanContext(ROOT_CONTEXT, sc);
   }
-  const span = trace.getTracer('idemproxy-client').startSpan(`process ${d.stream}`, {
+  const span = trace.getTracer('idemproxy-worker').startSpan(`process ${d.stream}`, {
     kind: SpanKind.CONSUMER,
     attributes: {
       'messaging.system': 'redis_streams', 'messaging.operation.type': 'process',

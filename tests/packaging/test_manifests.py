@@ -1,9 +1,13 @@
 """What every client package carries and says, checked without building it (a few
 seconds): the license text, one name and one version (VERSION at the top, written
-into each manifest by `make version-copies`). The tests that build each package
-(test_<lang>.py) check the same things in the built artifact."""
+into each manifest by `make version-copies`), and Python's committed protobuf
+code against the schema. The tests that build each package (test_<lang>.py)
+check the same things in the built artifact."""
+import ast
 import json
 import re
+import subprocess
+import sys
 import tomllib
 
 import pytest
@@ -15,6 +19,8 @@ CLIENTS = ["c", "go", "java", "node", "python", "rust"]
 # path, C's is its library's: libidemproxy_client, idemproxy-client.pc).
 NAME = "idemproxy-worker"
 VERSION = (ROOT / "VERSION").read_text().strip()
+PY_PKG = ROOT / "clients" / "python" / "src" / "idemproxy_worker"
+PROTO_DIR = ROOT / "clients" / "python" / "proto"
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +92,73 @@ def test_one_version_set_in_VERSION(clean):
     assert len(found) > 12, found
     stale = {where: v for where, v in found.items() if v != VERSION}
     assert not stale, f"VERSION says {VERSION}; these say otherwise (make version-copies): {stale}"
+
+
+def test_python_builds_without_a_protobuf_compiler():
+    """The sdist and wheel come from the committed protobuf code: the build pulls no
+    grpcio-tools (two minutes of downloads) and runs no code generator."""
+    py = ROOT / "clients" / "python"
+    requires = tomllib.loads((py / "pyproject.toml").read_text())["build-system"]["requires"]
+    assert not [r for r in requires if re.match(r"grpcio|protobuf|protoc", r)], requires
+    assert not (py / "setup.py").exists(), "setup.py generated the protobuf code at build time"
+    tracked = run(["git", "ls-files", "src/idemproxy_worker"], py).stdout.split()
+    assert {"src/idemproxy_worker/idemproxy_pb2.py", "src/idemproxy_worker/idemproxy_pb2.pyi"} <= set(tracked)
+
+
+def embedded_descriptor(source):
+    """The serialized FileDescriptorProto a protoc-generated _pb2.py registers."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "AddSerializedFile":
+            return node.args[0].value
+    raise AssertionError("no AddSerializedFile(...) in the module")
+
+
+def schema_descriptor(tmp_path):
+    """protoc's FileDescriptorProto of the package's proto (grpcio-tools, from
+    tests/requirements.txt: a version other than the one the committed code was
+    generated with still describes the same schema)."""
+    from google.protobuf import descriptor_pb2
+    out = tmp_path / "set.pb"
+    run([sys.executable, "-m", "grpc_tools.protoc", f"--proto_path={PROTO_DIR}", f"--descriptor_set_out={out}",
+         "idemproxy/v1/idemproxy.proto"], tmp_path)
+    fds = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
+    assert len(fds.file) == 1
+
+    def strip(msgs):   # the Python generator leaves out json_name (it derives it)
+        for m in msgs:
+            for f in m.field:
+                f.ClearField("json_name")
+            strip(m.nested_type)
+    strip(fds.file[0].message_type)
+    return fds.file[0]
+
+
+def test_python_generated_code_is_the_schema(tmp_path):
+    from google.protobuf import descriptor_pb2
+    want = schema_descriptor(tmp_path)
+    got = descriptor_pb2.FileDescriptorProto.FromString(
+        embedded_descriptor((PY_PKG / "idemproxy_pb2.py").read_text()))
+    assert got == want, ("clients/python/src/idemproxy_worker/idemproxy_pb2.py is not what "
+                         "proto/idemproxy/v1/idemproxy.proto describes: run make -C clients/python proto")
+
+    # The stubs name the same messages and fields (mypy --strict reads them).
+    def fields(msgs, prefix=""):
+        for m in msgs:
+            yield prefix + m.name, None
+            for f in m.field:
+                yield prefix + m.name, f.name.upper() + "_FIELD_NUMBER"
+            yield from fields(m.nested_type, prefix + m.name + ".")
+
+    def stub_fields(body, prefix=""):
+        for node in body:
+            if isinstance(node, ast.ClassDef) and node.bases and \
+                    any(getattr(b, "attr", getattr(b, "id", "")) == "Message" for b in node.bases):
+                yield prefix + node.name, None
+                for a in node.body:
+                    if isinstance(a, ast.AnnAssign) and a.target.id.endswith("_FIELD_NUMBER"):
+                        yield prefix + node.name, a.target.id
+                yield from stub_fields(node.body, prefix + node.name + ".")
+
+    stubs = set(stub_fields(ast.parse((PY_PKG / "idemproxy_pb2.pyi").read_text()).body))
+    assert stubs == set(fields(want.message_type)), \
+        "clients/python/src/idemproxy_worker/idemproxy_pb2.pyi is stale: run make -C clients/python proto"

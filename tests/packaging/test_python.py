@@ -14,7 +14,7 @@ from email.parser import Parser
 
 import pytest
 
-from conftest import ROOM, export, run
+from conftest import ROOM, ROOT, export, run
 from pxtest import pending, publish, wait_for
 
 PROGRAM = r'''
@@ -86,15 +86,19 @@ def test_sdist_and_wheel_carry_what_a_user_needs(venv):
     _, sdist, wheel = venv
     with tarfile.open(sdist) as t:
         names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
-    assert {"proto/idemproxy/v1/idemproxy.proto", "setup.py", "LICENSE",
-            "src/idemproxy_worker/worker.py"} <= names, sorted(names)
+    assert {"proto/idemproxy/v1/idemproxy.proto", "LICENSE", "src/idemproxy_worker/worker.py",
+            "src/idemproxy_worker/idemproxy_pb2.py"} <= names, sorted(names)
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         meta = Parser().parsestr(z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode())
+        # The committed protobuf code, as it is (the build generates nothing).
+        for gen in ("idemproxy_pb2.py", "idemproxy_pb2.pyi"):
+            assert z.read(f"idemproxy_worker/{gen}") == (ROOT / "clients/python/src/idemproxy_worker" / gen).read_bytes()
     assert {"idemproxy_worker/idemproxy_pb2.py", "idemproxy_worker/idemproxy_pb2.pyi",
             "idemproxy_worker/py.typed", "idemproxy_worker/worker.py"} <= names, sorted(names)
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), sorted(names)
     assert meta["License-Expression"] == "Apache-2.0"
+    assert meta["Name"] == "idemproxy-worker" and meta["Version"] == (ROOT / "VERSION").read_text().strip()
     assert "Repository, https://github.com/idemproxy/idemproxy" in meta.get_all("Project-URL")
     assert {r.split(";")[0].split(">")[0].split("<")[0].strip() for r in meta.get_all("Requires-Dist")} \
         >= {"pynng", "protobuf"}

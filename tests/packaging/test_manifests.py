@@ -1,8 +1,8 @@
 """What every client package carries and says, checked without building it (a few
 seconds): the license text, one name and one version (VERSION at the top, written
-into each manifest by `make version-copies`), and Python's committed protobuf
-code against the schema. The tests that build each package (test_<lang>.py)
-check the same things in the built artifact."""
+into each manifest by `make version-copies`), Python's committed protobuf code
+against the schema, and a README that covers what a user needs. The tests that
+build each package (test_<lang>.py) check the same things in the built artifact."""
 import ast
 import json
 import re
@@ -162,3 +162,20 @@ def test_python_generated_code_is_the_schema(tmp_path):
     stubs = set(stub_fields(ast.parse((PY_PKG / "idemproxy_pb2.pyi").read_text()).body))
     assert stubs == set(fields(want.message_type)), \
         "clients/python/src/idemproxy_worker/idemproxy_pb2.pyi is stale: run make -C clients/python proto"
+
+
+# Each client's README, in its own words, covers these (a heading each).
+README_SECTIONS = {
+    "install": r"install",
+    "a worker": r"worker",
+    "configuration": r"configur",
+    "errors": r"error",
+}
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_every_client_has_a_readme_for_its_users(clean, client):
+    text = (clean / client / "README.md").read_text()
+    headings = [h.lower() for h in re.findall(r"^#{1,3} (.+)$", text, re.M)]
+    missing = [what for what, word in README_SECTIONS.items() if not any(re.search(word, h) for h in headings)]
+    assert not missing, f"clients/{client}/README.md has no section on {missing}: {headings}"

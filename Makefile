@@ -38,11 +38,11 @@ $(B)/proxy/%.o: proxy/%.c $(GEN).h
 # The commit built, for `idemproxy version` ("" outside a git checkout). The
 # header is rewritten only when it changes, so main.o is rebuilt only then.
 COMMIT   ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
-$(B)/gen/commit.h: FORCE
+$(B)/gen/git_commit.h: FORCE
 	@mkdir -p $(B)/gen
 	@echo '#define PX_COMMIT "$(COMMIT)"' >$@.tmp
 	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
-$(B)/proxy/main.o $(B)/proxy/metrics.o: $(B)/gen/commit.h
+$(B)/proxy/main.o $(B)/proxy/metrics.o: $(B)/gen/git_commit.h
 FORCE:
 
 $(B)/idemproxy: $(PROXY_OBJ)

@@ -1,7 +1,8 @@
 /*
- * claim.c - the dedup decision and every write that finishes an entry
- * (SPEC 5.3 - 5.5). Read this file top to bottom to know what idemproxy does
- * in Redis.
+ * claim.c - the dedup decision, the leases and the releases (SPEC 5.3, 5.4).
+ * What finishes an entry, its done mark, dead letter and XACK, is commit.c
+ * (SPEC 5.5). Read the two top to bottom to know what idemproxy does in
+ * Redis.
  *
  * Claim. For each entry the outcome is claimed, duplicate or busy:
  *
@@ -29,12 +30,8 @@
  * serves every lock, so tokens increase per lock as they must, and no counter
  * key is left behind per event.
  *
- * Finish. ACK: the done mark (`SET done PX done_ttl`, in single layout with
- * GET, whose old value tells whether our lock was still there), the lock_key
- * released; XACK only after the done mark's reply is OK. DROP or exhausted:
- * XADD to the dead-letter stream and the done mark, then XACK. Releases are a
- * compare-and-delete script, so a holder whose lease ran out never deletes the
- * next holder's lock.
+ * Releases are a compare-and-delete script, so a holder whose lease ran out
+ * never deletes the next holder's lock.
  *
  * How a command's reply comes back to its entry, how the replies of one round
  * trip make a step, and why an entry outlives its commands: step.h.
@@ -47,6 +44,7 @@
 
 #include "claim.h"
 #include "cluster.h"
+#include "commit.h"
 #include "decide.h"
 #include "hooks.h"
 #include "log.h"
@@ -83,7 +81,7 @@ void px_claim_init(void)
  * different nodes, where pipelined commands run in any order. Then each
  * double check waits for the reply before it (lock before the second done
  * check; done mark before the release). */
-static bool split_ordered(px_entry *e)
+bool px_claim_split_ordered(px_entry *e)
 {
     if (!px_redis_clustered(e->st->px->redis)) return true; /* one server: one connection */
     bool same = px_redis_same_slot(e->st->px->redis, e->lock_name, e->done_name);
@@ -116,7 +114,7 @@ static bool entry_up(px_entry *e)
 /* Take every entry of 'q' whose servers are up (and, for claims, whose
  * delivery counts are in: reader.c's delivery.counts_wait) and run 'fn' on it; the
  * others stay queued, in order. */
-static size_t flush_up(px_proxy *px, px_queue *q, void (*fn)(px_entry *), bool counts)
+size_t px_claim_flush_up(px_proxy *px, px_queue *q, void (*fn)(px_entry *), bool counts)
 {
     bool all = px_redis_is_up(px->redis);
     if (q->n == 0 || (!all && !px_redis_clustered(px->redis))) return 0;
@@ -136,7 +134,7 @@ static size_t flush_up(px_proxy *px, px_queue *q, void (*fn)(px_entry *), bool c
 }
 
 /* The value our dedup lock holds. */
-static const char *lock_value(px_entry *e, char *buf, size_t size)
+const char *px_claim_lock_value(px_entry *e, char *buf, size_t size)
 {
     /* Copied, not printed: this runs for every claim and commit and its reply,
      * and snprintf was 7% of the daemon's instructions. */
@@ -216,14 +214,13 @@ static void incr_fence(px_entry *e);
 /* --- the refusal that is final ---------------------------------------------
  * On a stream that refuses (lock_key with on_busy: dead_letter) the claim also
  * asks whether the entry's dead letter was written (its mark, see "the dead
- * letter, written once" below): then the refusal was final, and the entry is
+ * letter, written once" in commit.c): then the refusal was final, and the entry is
  * never delivered, whoever holds it. Group-less, every replica reads every
  * entry, and reads it again after a restart. In a group, a replica that
  * stalled past claim_idle_ms (its link down, the process stopped) still holds
  * an entry another replica has since taken over and refused (a busy refusal
  * writes no done mark); it must not deliver it when it comes back. */
 
-static void dl_mark_name(px_entry *e, px_buf *b);
 /* The mark is asked for once the dedup lock is ours, in a round trip of its
  * own: the refusing replica writes it while it holds that lock and releases
  * the lock after, so a mark asked for after our lock was taken cannot be
@@ -255,7 +252,7 @@ static void on_mark_exists(px_entry *e, redisReply *r)
 static void exists_mark(px_entry *e)
 {
     px_buf b = { 0 };
-    dl_mark_name(e, &b);
+    px_dl_mark_name(e->st->conf, e->id, &b);
     const char *argv[2] = { "EXISTS", b.data };
     size_t lens[2] = { 6, b.len };
     px_step_cmd(e, b.data, on_mark_exists, 2, argv, lens);
@@ -268,7 +265,7 @@ static void exists_mark(px_entry *e)
 static void on_lock_set(px_entry *e, redisReply *r)
 {
     char mine[32];
-    lock_value(e, mine, sizeof(mine));
+    px_claim_lock_value(e, mine, sizeof(mine));
     px_lock_reply l = px_rp_lock_set(r, mine);
     if (l == PX_LOCK_NONE) {
         malformed(e);
@@ -313,6 +310,7 @@ static void exists_done(px_entry *e)
 
 static void on_dedup_extended(px_entry *e, redisReply *r);
 static void on_lock_extended(px_entry *e, redisReply *r);
+static void on_released(px_entry *e, redisReply *r);
 
 /* The lease of a lock just taken is extended from now on, every lease_every
  * (px_claim_extend), whatever state the entry is in while it holds it. The
@@ -329,7 +327,7 @@ static void extend_now(px_entry *e, const char *key, bool dedup)
 {
     char val[32];
     px_step_script(e, &extend_script, dedup ? on_dedup_extended : on_lock_extended, false, key,
-                   dedup ? lock_value(e, val, sizeof(val)) : e->claim.token, e->st->lease_s);
+                   dedup ? px_claim_lock_value(e, val, sizeof(val)) : e->claim.token, e->st->lease_s);
 }
 
 /* The last reply of a claim round trip is in: decide. */
@@ -440,9 +438,9 @@ static void claim_split_recheck(px_entry *e)
 static void claim_split_lock_now(px_entry *e)
 {
     char val[32];
-    bool ordered = split_ordered(e);
+    bool ordered = px_claim_split_ordered(e);
     px_step_begin(e, ordered ? claim_decided : claim_split_recheck);
-    set_nx_get(e, on_lock_set, e->lock_name, lock_value(e, val, sizeof(val)));
+    set_nx_get(e, on_lock_set, e->lock_name, px_claim_lock_value(e, val, sizeof(val)));
     if (e->st->conf->fencing && !e->lock_key) incr_fence(e);
     if (ordered) exists_done(e);
     px_step_end(e);
@@ -464,7 +462,7 @@ static void claim_one(px_entry *e)
     e->claim.in_io = true;
     if (e->st->conf->layout == PX_LAYOUT_SINGLE) {
         px_step_begin(e, claim_decided);
-        set_nx_get(e, on_lock_set, e->lock_name, lock_value(e, val, sizeof(val)));
+        set_nx_get(e, on_lock_set, e->lock_name, px_claim_lock_value(e, val, sizeof(val)));
         if (e->st->conf->fencing && !e->lock_key) incr_fence(e);
     } else {
         px_step_begin(e, claim_split_lock);
@@ -475,7 +473,7 @@ static void claim_one(px_entry *e)
 
 size_t px_claim_flush(px_proxy *px)
 {
-    return flush_up(px, &px->claim_q, claim_one, true);
+    return px_claim_flush_up(px, &px->claim_q, claim_one, true);
 }
 
 static void incr_fence(px_entry *e)
@@ -497,7 +495,7 @@ static void incr_fence(px_entry *e)
 static void on_lock_value(px_entry *e, redisReply *r)
 {
     char mine[32];
-    lock_value(e, mine, sizeof(mine));
+    px_claim_lock_value(e, mine, sizeof(mine));
     const char *v;
     size_t len;
     if (!px_rp_str_or_nil(r, &v, &len)) {
@@ -608,7 +606,7 @@ void px_claim_release(px_entry *e)
     px_redis *r = e->st->px->redis;
     if (e->claim.has_dedup) {
         char val[32];
-        const char *argv[] = { e->lock_name, lock_value(e, val, sizeof(val)) };
+        const char *argv[] = { e->lock_name, px_claim_lock_value(e, val, sizeof(val)) };
         size_t lens[] = { e->lock_name_len, strlen(val) };
         px_redis_script(r, &release_script, NULL, NULL, 1, 2, argv, lens);
         e->claim.has_dedup = false;
@@ -619,6 +617,17 @@ void px_claim_release(px_entry *e)
         px_redis_script(r, &release_script, NULL, NULL, 1, 2, argv, lens);
         e->claim.has_lock = false;
     }
+}
+
+/* The split layout's dedup lock released as a command of the entry's step
+ * (commit.c: only after the done mark); an acked entry's reply tells whether
+ * the lock was still ours. */
+void px_claim_release_step(px_entry *e)
+{
+    char val[32];
+    px_step_script(e, &release_script, on_released, true, e->lock_name,
+                   px_claim_lock_value(e, val, sizeof(val)), NULL);
+    e->claim.has_dedup = false;
 }
 
 /* An extension's (or a release's) answer about one of our locks, whose
@@ -657,6 +666,11 @@ static void on_lock_extended(px_entry *e, redisReply *r)
     extended(e, r, &e->claim.lock_held_ms);
 }
 
+static void on_released(px_entry *e, redisReply *r)
+{
+    if (e->outcome == PX_OUT_ACKED) on_dedup_extended(e, r); /* 0: not our lock any more */
+}
+
 /* Extend every lock an entry holds, in every state in which it holds it
  * (waiting for lock_key, queued for or with a worker, being committed), each
  * every lease_every, paced (see px_proxy_create). */
@@ -680,356 +694,5 @@ void px_claim_extend(px_stream *st)
         budget--;
         if (dedup) extend_now(e, e->lock_name, true);
         if (lock) extend_now(e, e->lock_key, false);
-    }
-}
-
-/* --- commit: done mark, dead letter ---------------------------------------- */
-
-/* Our done mark's value: the time of its first write (a retry writes the
- * same), and the fingerprint (decide.h: px_done_mark). */
-static size_t done_value(px_entry *e, char buf[PX_DONE_MARK_MAX])
-{
-    if (e->claim.done_ms == 0) e->claim.done_ms = px_now_ms();
-    char lead = e->st->conf->layout == PX_LAYOUT_SINGLE ? 'D' : '1';
-    return px_done_mark_write(buf, lead, e->claim.done_ms, e->has_fp, e->fp);
-}
-
-static void on_done_set(px_entry *e, redisReply *r)
-{
-    char mine[32], done[PX_DONE_MARK_MAX];
-    if (e->st->conf->layout != PX_LAYOUT_SINGLE || e->outcome != PX_OUT_ACKED) return;
-    lock_value(e, mine, sizeof(mine));
-    done_value(e, done);
-    /* A retry after a lost reply reads back the mark its first try may have
-     * written: that is ours, not a lost lease. (Were the lease lost and the
-     * key done by another holder in that same window, this cannot tell.) */
-    if (e->claim.done_sets > 1 && r->type == REDIS_REPLY_STRING && strcmp(r->str, done) == 0) return;
-    if (!(r->type == REDIS_REPLY_STRING && strcmp(r->str, mine) == 0) && !e->claim.lease_lost) {
-        e->claim.lease_lost = true;
-        e->st->c.lease_lost++;
-        px_log_entry(PX_LOG_WARN, e, "late ack after the lease was lost (done mark written)");
-    }
-}
-
-static void on_released(px_entry *e, redisReply *r)
-{
-    if (e->outcome == PX_OUT_ACKED) on_dedup_extended(e, r); /* 0: not our lock any more */
-}
-
-static void on_dl_added(px_entry *e, redisReply *r)
-{
-    /* nil: the mark was there, written by another replica or an earlier try
-     * of ours whose reply was lost; not counted again */
-    const char *id;
-    size_t len;
-    if (!px_rp_str_or_nil(r, &id, &len)) {
-        malformed(e);
-        return;
-    }
-    e->claim.dl_written = true;
-    e->claim.dl_other = id == NULL;
-}
-
-static void commit_decided(px_entry *e)
-{
-    px_proxy_committed(e, !e->step.failed);
-}
-
-/* --- the dead letter, written once ------------------------------------------
- * A dead letter whose reply is lost (the link dropped, or the write overran
- * timeout_ms) may or may not have been applied, and the commit is retried.
- * The XADD therefore runs in a script with a written-mark:
- *
- *   idemproxy:dlw:{<slot tag>}:<stream>:<group or ->:<entry id>
- *
- * checked and set in the same atomic step as the XADD (it holds the dead
- * letter's id, for done_ttl_ms), so a retry finds it and writes nothing.
- * Not an XADD with an id derived from the entry's: dead-letter ids must grow,
- * and entries of several streams (or replayed ones) arrive out of order. The
- * script's two keys must share a cluster slot: the mark's {tag} is the
- * dead-letter stream's own hash tag, or its whole name when it has none (and
- * no '}'), or failing both a number found to hash to the same slot. The mark
- * is checked first and set last, so a script that fails (a dead-letter key of
- * the wrong type) writes nothing and a retry tries again.
- *
- * Lua calls take fewer than 8,000 arguments: an entry with more fields than
- * PX_DL_MAX_FIELDS gets a dead letter by reference, as an oversized one. */
-#define PX_DL_MAX_FIELDS 3900
-
-static const char dead_letter_lua[] =
-    "if redis.call('exists', KEYS[2]) == 1 then return false end "
-    "local id = redis.call('xadd', KEYS[1], '*', unpack(ARGV, 2)) "
-    "redis.call('set', KEYS[2], id, 'px', ARGV[1]) return id";
-
-static void mark_tag(const char *dl, px_buf *b)
-{
-    const char *open = strchr(dl, '{'), *close = open ? strchr(open + 1, '}') : NULL;
-    if (close && close > open + 1) { /* its own hash tag */
-        px_buf_append(b, open + 1, (size_t)(close - open - 1));
-        return;
-    }
-    if (dl[0] && strchr(dl, '}') == NULL) { /* no tag: the whole name hashes */
-        px_buf_appends(b, dl);
-        return;
-    }
-    unsigned slot = px_cluster_slot(dl, strlen(dl));
-    char num[16];
-    for (unsigned i = 0;; i++) { /* every slot is reached within 2^17 */
-        int n = snprintf(num, sizeof(num), "%u", i);
-        if (px_cluster_slot(num, (size_t)n) == slot) break;
-    }
-    px_buf_appends(b, num);
-}
-
-/* The written-mark of a dead letter: one per entry and group (group-less:
- * one across every replica). */
-void px_dl_mark_name(const px_stream_conf *sc, const char *id, px_buf *b)
-{
-    px_buf_appends(b, "idemproxy:dlw:{");
-    mark_tag(sc->dead_letter, b);
-    px_buf_printf(b, "}:%s:%s:%s", sc->stream, sc->group ? sc->group : "-", id);
-}
-
-static void dl_mark_name(px_entry *e, px_buf *b)
-{
-    px_dl_mark_name(e->st->conf, e->id, b);
-}
-
-/* XADD the entry to the dead-letter stream with the idemproxy-* fields, once.
- * The entry's fields come first, exactly as they were (a producer's own
- * "idemproxy-stream" included), then idemproxy's four, last and in this
- * order: inspect and redrive (ops.c, dl_meta_of) read them by position, so a
- * producer cannot write them. */
-static void dead_letter_add(px_entry *e, const char *reason)
-{
-    px_stream_conf *sc = e->st->conf;
-    if (sc->dead_letter == NULL || e->claim.dl_written) return;
-    /* An oversized entry is not copied: its reason and id are the reference. */
-    size_t nf = e->oversized || e->nfields > PX_DL_MAX_FIELDS ? 0 : e->nfields;
-    size_t argc = 6 + 2 * nf + 8;
-    const char **argv = px_malloc(sizeof(char *) * argc);
-    size_t *lens = px_malloc(sizeof(size_t) * argc);
-    char attempts[16];
-    snprintf(attempts, sizeof(attempts), "%u", e->delivery.attempt);
-    px_buf mark = { 0 };
-    dl_mark_name(e, &mark);
-    size_t n = 0;
-#define ARG(p, l) \
-    do { \
-        argv[n] = (p); \
-        lens[n] = (l); \
-        n++; \
-    } while (0)
-    ARG("EVAL", 4);
-    ARG(dead_letter_lua, sizeof(dead_letter_lua) - 1);
-    ARG("2", 1);
-    ARG(sc->dead_letter, strlen(sc->dead_letter));
-    ARG(mark.data, mark.len);
-    ARG(e->st->ttl_s, strlen(e->st->ttl_s));
-    for (size_t i = 0; i < nf; i++) {
-        ARG(e->fields[i].name, e->fields[i].name_len);
-        ARG(e->fields[i].value, e->fields[i].value_len);
-    }
-    ARG("idemproxy-reason", 16);
-    ARG(reason, strlen(reason));
-    ARG("idemproxy-stream", 16);
-    ARG(sc->stream, strlen(sc->stream));
-    ARG("idemproxy-entry-id", 18);
-    ARG(e->id, strlen(e->id));
-    ARG("idemproxy-attempts", 18);
-    ARG(attempts, strlen(attempts));
-#undef ARG
-    px_step_cmd(e, sc->dead_letter, on_dl_added, (int)n, argv, lens);
-    px_buf_deinit(&mark);
-    free(argv);
-    free(lens);
-}
-
-/* The releases that end a commit: the split layout's dedup lock (only after
- * the done mark: a release first would let another holder in before done is
- * visible), lock_key, or a dedup lock not marked done. */
-static void commit_release(px_entry *e)
-{
-    if (e->claim.has_dedup && e->st->conf->layout == PX_LAYOUT_SPLIT) {
-        char val[32];
-        px_step_script(e, &release_script, on_released, true, e->lock_name,
-                       lock_value(e, val, sizeof(val)), NULL);
-        e->claim.has_dedup = false;
-    }
-    px_claim_release(e);
-}
-
-/* Unordered slots: the done mark's reply is in; now the releases. */
-static void commit_release_after(px_entry *e)
-{
-    if (e->step.failed) {
-        commit_decided(e);
-        return;
-    }
-    px_step_begin(e, commit_decided);
-    commit_release(e);
-    px_step_end(e);
-}
-
-static void commit_one(px_entry *e)
-{
-    px_stream_conf *sc = e->st->conf;
-    if (e->bad) {
-        px_step_begin(e, commit_decided);
-        dead_letter_add(e, e->reason);
-        px_step_end(e);
-        return;
-    }
-    const char *ttl = e->st->ttl_s;
-    bool ordered = !(e->key && e->mark_done && e->claim.has_dedup && sc->layout == PX_LAYOUT_SPLIT) ||
-                   split_ordered(e);
-    px_step_begin(e, ordered ? commit_decided : commit_release_after);
-    if (e->outcome == PX_OUT_DEAD_LETTERED) dead_letter_add(e, e->reason ? e->reason : "dropped");
-    if (e->key && e->mark_done) {
-        char val[PX_DONE_MARK_MAX];
-        size_t vn = done_value(e, val);
-        const char *argv[] = { "SET", e->done_name, val, "PX", ttl, "GET" };
-        size_t lens[] = { 3, e->done_name_len, vn, 2, strlen(ttl), 3 };
-        if (sc->layout == PX_LAYOUT_SINGLE && e->claim.done_sets < 255) e->claim.done_sets++;
-        px_step_cmd(e, e->done_name, on_done_set, sc->layout == PX_LAYOUT_SINGLE ? 6 : 5, argv,
-                    lens);
-        if (sc->layout == PX_LAYOUT_SINGLE) e->claim.has_dedup = false; /* the done mark replaced it */
-    }
-    if (ordered) commit_release(e);
-    px_step_end(e);
-}
-
-size_t px_claim_commit_flush(px_proxy *px)
-{
-    return flush_up(px, &px->commit_q, commit_one, false);
-}
-
-/* --- XACK ------------------------------------------------------------------
- * An XACK is not on anyone's path: the worker has the entry, the done mark is
- * written (or it was a copy). So it rides along with the next claim or commit
- * written to Redis, in the same write, and its reply comes back in the same
- * read as theirs: at 1,000 entries/s that is one wake-up and one write fewer
- * per entry (issue 18). It waits at most PX_XACK_RIDE_MS for a carrier (the
- * timer px->xack_wait, armed once, not per entry; a test can lengthen it:
- * IDEMPROXY_DEBUG_XACK_RIDE_MS), or until PX_XACK_RIDE_MAX
- * ids are queued, and never once the proxy stops. A wait changes nothing that
- * anyone can tell apart from a slower XACK: the entry stays pending those few
- * milliseconds, and a crash then leaves it pending, to be found done when it
- * is read again, as with a lost XACK (SPEC 5.7). */
-#define PX_XACK_RIDE_MS  10
-#define PX_XACK_RIDE_MAX 256
-
-void px_claim_xack_wait_cb(struct ev_loop *loop, ev_timer *w, int revents)
-{
-    (void)loop;
-    (void)revents;
-    px_proxy *px = w->data;
-    px->xack_due = true; /* flush_cb, which runs before the loop waits again, sends them */
-}
-
-typedef struct xack_batch {
-    px_entry **v;
-    size_t n;
-} xack_batch;
-
-/* A batch holds its entries (step.h: px_step_io_hold), like any command
- * about an entry: shutdown may finish them while the XACK is in flight, and
- * the reply (or the link's teardown) must find them still allocated. */
-static void xack_reply_cb(px_redis *r, redisReply *reply, void *priv)
-{
-    (void)r;
-    xack_batch *b = priv;
-    bool ok = reply && reply->type == REDIS_REPLY_INTEGER;
-    for (size_t i = 0; i < b->n; i++) {
-        px_entry *e = b->v[i];
-        e->claim.in_io = false;
-        if (!px_step_io_done(e)) continue;
-        if (ok) px_entry_finish(e, e->outcome);
-        else px_proxy_xack_failed(e); /* written again after a pause */
-    }
-    free(b->v);
-    free(b);
-}
-
-/* Some stream's XACK could be written now: the server is up, or on a
- * cluster, the master of some stream. */
-static bool xack_writable(px_proxy *px)
-{
-    if (px_redis_is_up(px->redis)) return true;
-    if (!px_redis_clustered(px->redis)) return false;
-    for (size_t s = 0; s < px->nstreams; s++)
-        if (key_up(px->redis, px->streams[s].conf->stream)) return true;
-    return false;
-}
-
-void px_claim_xack_flush(px_proxy *px, bool carried)
-{
-    /* Nothing queued, or nowhere to write it: no ride is waited for. While
-     * Redis is down, a ride armed anew after each one ran out added a wake-up
-     * 10 ms after every other one; the first loop turn with Redis back arms it. */
-    if (px->xack_q.n == 0 || !xack_writable(px)) {
-        ev_timer_stop(px->loop, &px->xack_wait);
-        px->xack_due = false;
-        return;
-    }
-    if (!carried && !px->xack_due && !px->stopping && px->xack_q.n < PX_XACK_RIDE_MAX) {
-        if (!ev_is_active(&px->xack_wait)) {
-            long long ms = px_hook.xack_ride_ms > 0 ? px_hook.xack_ride_ms : PX_XACK_RIDE_MS;
-            ev_timer_set(&px->xack_wait, (double)ms / 1000.0, 0.);
-            ev_timer_start(px->loop, &px->xack_wait);
-        }
-        return;
-    }
-    px->xack_due = false;
-    ev_timer_stop(px->loop, &px->xack_wait);
-    bool all = px_redis_is_up(px->redis);
-    if (!all && !px_redis_clustered(px->redis)) return;
-    /* One XACK per stream, naming every id that stream finished; on a
-     * cluster with a master down, for the streams whose master is up. */
-    for (size_t s = 0; s < px->nstreams; s++) {
-        px_stream *st = &px->streams[s];
-        if (!all && !key_up(px->redis, st->conf->stream)) continue;
-        xack_batch *b = px_calloc(1, sizeof(*b));
-        b->v = px_malloc(sizeof(px_entry *) * px->xack_q.n);
-        px_queue keep = { 0 };
-        px_entry *e;
-        while ((e = px_queue_pop(&px->xack_q)) != NULL) {
-            if (e->st == st) b->v[b->n++] = e;
-            else px_queue_push(&keep, e);
-        }
-        px->xack_q = keep;
-        if (b->n == 0) {
-            free(b->v);
-            free(b);
-            continue;
-        }
-        size_t argc = 3 + b->n;
-        const char **argv = px_malloc(sizeof(char *) * argc);
-        size_t *lens = px_malloc(sizeof(size_t) * argc);
-        argv[0] = "XACK";
-        lens[0] = 4;
-        argv[1] = st->conf->stream;
-        lens[1] = strlen(st->conf->stream);
-        argv[2] = st->conf->group;
-        lens[2] = strlen(st->conf->group);
-        for (size_t i = 0; i < b->n; i++) {
-            argv[3 + i] = b->v[i]->id;
-            lens[3 + i] = strlen(b->v[i]->id);
-            b->v[i]->claim.in_io = true;
-            px_step_io_hold(b->v[i]);
-        }
-        if (px_redis_argv(px->redis, st->conf->stream, 0, xack_reply_cb, b, (int)argc, argv, lens) != PX_OK) {
-            for (size_t i = 0; i < b->n; i++) {
-                b->v[i]->claim.in_io = false;
-                bool kept = px_step_io_done(b->v[i]); /* never sent: not finished meanwhile */
-                PX_ASSERT(kept);
-                (void)kept;
-                px_queue_push(&px->xack_q, b->v[i]);
-            }
-            free(b->v);
-            free(b);
-        }
-        free(argv);
-        free(lens);
     }
 }

@@ -47,7 +47,7 @@
  *   COMMIT    XACK      written (group mode)                            proxy.c
  *   COMMIT    GONE      written (group-less)                            proxy.c
  *   XACK      XACK      XACK sent again after an error                  proxy.c
- *   XACK      GONE      XACKed                                          claim.c -> proxy.c
+ *   XACK      GONE      XACKed                                          commit.c -> proxy.c
  */
 #define T(from, to) [PX_E_##from][PX_E_##to] = true
 static const bool legal[PX_E_GONE + 1][PX_E_GONE + 1] = {

@@ -43,8 +43,8 @@ typedef enum { /* what the entry leaves as (SPEC 6 outcomes) */
 /*
  * An entry, its fields grouped by the module that owns them: the entry itself
  * and its verdict (proxy.c; its event and keys: event.c), then claim (claim.c:
- * locks, leases, the writes that finish it), step (step.c: its commands in
- * flight), delivery (deliver.c, and reader.c for Redis' delivery counts) and
+ * locks, leases; commit.c: the writes that finish it), step (step.c: its
+ * commands in flight), delivery (deliver.c, and reader.c for Redis' delivery counts) and
  * park (proxy.c: waiting for a lock or a holder). A module reads another's
  * part where it must (deliver.c sends claim.fence); it writes only its own,
  * apart from the hub, proxy.c, which hands entries between them.
@@ -81,7 +81,7 @@ struct px_entry {
 
     struct px_trace_entry *trace; /* trace.c's; NULL while tracing is off */
 
-    struct {                     /* claim.c */
+    struct {                     /* claim.c, and commit.c as it finishes the entry */
         char token[24];          /* our random lock token for this claim */
         uint64_t fence;          /* fencing token of this claim, 0 when off */
         bool examined;           /* claimed at least once before: a later 'done' is after_lock */

@@ -20,7 +20,7 @@ typedef struct px_hooks {
     /* IDEMPROXY_DEBUG_IDLE_CONSUMER_MS (reader.c): consumers idle this long
      * are removed, instead of after an hour. 0: the hour. */
     long long idle_consumer_ms;
-    /* IDEMPROXY_DEBUG_XACK_RIDE_MS (claim.c): the longest an XACK waits for a
+    /* IDEMPROXY_DEBUG_XACK_RIDE_MS (commit.c): the longest an XACK waits for a
      * claim or commit to ride with, instead of PX_XACK_RIDE_MS, so a test can
      * see that it rides and that a stop sends it. 0: PX_XACK_RIDE_MS. */
     long long xack_ride_ms;

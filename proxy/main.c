@@ -23,7 +23,7 @@
 #include "proxy.h"
 
 #ifndef PX_COMMIT
-#include "commit.h" /* PX_COMMIT: the git commit built, "" when unknown (Makefile) */
+#include "git_commit.h" /* PX_COMMIT: the git commit built, "" when unknown (Makefile) */
 #endif
 
 static const char usage[] =

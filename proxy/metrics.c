@@ -46,7 +46,7 @@
 #include "trace.h"
 
 #ifndef PX_COMMIT
-#include "commit.h" /* PX_COMMIT: the git commit built, "" when unknown (Makefile) */
+#include "git_commit.h" /* PX_COMMIT: the git commit built, "" when unknown (Makefile) */
 #endif
 
 #define PX_GROUP_INFO_S 5.0 /* seconds between two XINFO GROUPS of a stream */

@@ -25,6 +25,7 @@
 #include <hiredis/hiredis.h>
 
 #include "claim.h"
+#include "commit.h"
 #include "event.h"
 #include "log.h"
 
@@ -290,7 +291,7 @@ static void next_id(const char *id, char *out, size_t size)
 /* --- an entry as the daemon sees it ---------------------------------------- */
 
 /* idemproxy's own fields of a dead letter are its last four, in this order,
- * after the entry's fields as they were (claim.c, dead_letter_add; every
+ * after the entry's fields as they were (commit.c, dead_letter_add; every
  * version wrote them so). They are read there and only there, never by name:
  * a producer may write fields of the same names, and those are the entry's
  * (they go back with it when it is redriven). */

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "claim.h"
+#include "commit.h"
 #include "decide.h"
 #include "deliver.h"
 #include "event.h"
@@ -549,7 +550,7 @@ void px_proxy_on_answer(px_entry *e, px_ack_status status, const char *reason)
     entry_timer(e, backoff_cb, (double)ms);
 }
 
-/* --- commits (from claim.c) ---------------------------------------------------------- */
+/* --- commits (from commit.c) ---------------------------------------------------------- */
 
 static void commit_again_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
@@ -646,8 +647,8 @@ static void flush_cb(struct ev_loop *loop, ev_prepare *w, int revents)
     (void)revents;
     px_proxy *px = w->data;
     size_t carriers = px_claim_flush(px);
-    carriers += px_claim_commit_flush(px);
-    px_claim_xack_flush(px, carriers > 0);
+    carriers += px_commit_flush(px);
+    px_commit_xack_flush(px, carriers > 0);
     px_deliver_flush(px);
     for (size_t s = 0; s < px->nstreams; s++) px_reader_kick(&px->streams[s]);
     if (px->stopping && drained(px)) ev_break(loop, EVBREAK_ALL);
@@ -830,7 +831,7 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
      * only keep a password a rotated Secret has replaced. */
     px_free_secret(px->password);
     px->password = NULL;
-    ev_init(&px->xack_wait, px_claim_xack_wait_cb);
+    ev_init(&px->xack_wait, px_commit_xack_wait_cb);
     px->xack_wait.data = px;
     ev_prepare_init(&px->flush, flush_cb);
     px->flush.data = px;

@@ -3,7 +3,7 @@
  *
  * An entry is read once from its stream (reader.c), parsed and given its key
  * (event.c), claimed in Redis (claim.c), delivered to a worker (deliver.c) and
- * finished when the worker's answer is written back (claim.c again: done mark,
+ * finished when the worker's answer is written back (commit.c: done mark,
  * dead letter, XACK). proxy.c moves entries between those steps:
  *
  *   READ -> CLAIM -+-> claimed --> SEND -> SENT --ACK/DROP--> COMMIT -> XACK -> gone

@@ -1,8 +1,8 @@
 /*
  * step.h - the Redis commands about one entry, and the steps they make up
- * (step.c). Every command about an entry goes through here; claim.c says what
- * the commands are, this module keeps the entry alive for their replies and
- * runs each step's completion. Its contract:
+ * (step.c). Every command about an entry goes through here; claim.c and
+ * commit.c say what the commands are, this module keeps the entry alive for
+ * their replies and runs each step's completion. Its contract:
  *
  *  - An entry is never freed while io > 0. Each command about it counts in
  *    e->step.io until its reply is in, or the link's teardown answers it with no

@@ -438,7 +438,7 @@ def test_build_info_and_process_metrics(env):
     assert len(info) == 1 and m[info[0]] == 1, info
     import re
     got = re.fullmatch(r'idemproxy_build_info\{version="([^"]*)",commit="([0-9a-f]{12})"\}', info[0])
-    # the same version and commit (build/gen/commit.h) as `idemproxy version`
+    # the same version and commit (build/gen/git_commit.h) as `idemproxy version`
     assert got and version.strip() == f"idemproxy {got.group(1)} (commit {got.group(2)})", (info, version)
     for fam, typ in (("process_cpu_seconds_total", "counter"), ("process_resident_memory_bytes", "gauge"),
                      ("process_open_fds", "gauge"), ("process_max_fds", "gauge"),

@@ -15,14 +15,15 @@
  *   already held it (a reply lost in a reconnect); any other "L:" means busy.
  *
  *   layout split: lock_prefix + key and done_prefix + key, exactly as the
- *   seeds' @RedisLock aspect uses them, so a consumer running the seeds' code
- *   and idemproxy can share the keys. First `GET done` (the fast path; any
- *   value is done, the seeds' "1" too, and idemproxy's own "1:<ms>[:<fp>]"
+ *   write-ups' @RedisLock aspect uses them, so a consumer running the
+ *   write-ups' code and idemproxy can share the keys. First `GET done` (the fast path; any
+ *   value is done, the write-ups' "1" too, and idemproxy's own "1:<ms>[:<fp>]"
  *   brings its time and fingerprint). If not done, `SET lock <token> NX PX
  *   lease GET` and, in the same pipeline, `GET done` again: the check after
- *   the lock is held, which closes the race of seed 000 (a holder that writes
- *   done and releases between our first check and our lock). The commands run in order, so this holds even when
- *   lock and done keys live on different cluster nodes.
+ *   the lock is held, which closes the race of write-up 000 (a holder that
+ *   writes done and releases between our first check and our lock). The
+ *   commands run in order, so this holds even when lock and done keys live
+ *   on different cluster nodes.
  *
  * Then, for a claimed entry with lock_key, the resource lock: `SET lock_key
  * <token> NX PX lease GET`. With fencing, `INCR idemproxy:fence` is pipelined
@@ -150,7 +151,7 @@ const char *px_claim_lock_value(px_entry *e, char *buf, size_t size)
  * kernel once. Tokens need to be unique per holder, not secret, but unique
  * they must be, across processes too: a claim that finds its own token takes
  * the lock as "ours, from a lost reply". An earlier srandom(ms ^ pid) seed let
- * two replicas started in the same millisecond draw the same tokens, and both
+ * two instances started in the same millisecond draw the same tokens, and both
  * delivered every key (test_two_replicas_never_deliver_a_key_twice caught it).
  * The state is token_state, seeded above. */
 static uint64_t next_random(void)
@@ -215,14 +216,14 @@ static void incr_fence(px_entry *e);
  * On a stream that refuses (lock_key with on_busy: dead_letter) the claim also
  * asks whether the entry's dead letter was written (its mark, see "the dead
  * letter, written once" in commit.c): then the refusal was final, and the entry is
- * never delivered, whoever holds it. Group-less, every replica reads every
- * entry, and reads it again after a restart. In a group, a replica that
+ * never delivered, whoever holds it. Group-less, every instance reads every
+ * entry, and reads it again after a restart. In a group, an instance that
  * stalled past claim_idle_ms (its link down, the process stopped) still holds
- * an entry another replica has since taken over and refused (a busy refusal
+ * an entry another instance has since taken over and refused (a busy refusal
  * writes no done mark); it must not deliver it when it comes back. */
 
 /* The mark is asked for once the dedup lock is ours, in a round trip of its
- * own: the refusing replica writes it while it holds that lock and releases
+ * own: the refusing instance writes it while it holds that lock and releases
  * the lock after, so a mark asked for after our lock was taken cannot be
  * missed. Asked in the same round trip as the lock, on a cluster (the mark
  * and the lock on two masters, a redirect delaying one of them) the EXISTS
@@ -278,7 +279,7 @@ static void on_lock_set(px_entry *e, redisReply *r)
     if (e->claim.set == PX_LOCK_TAKEN && !e->claim.own && sent) e->claim.dedup_held_ms = sent;
 }
 
-/* The done key's value: nil, not done; any string, done (the seeds' "1" too),
+/* The done key's value: nil, not done; any string, done (the write-ups' "1" too),
  * and what idemproxy's own marks keep (time, fingerprint) read from it. */
 static void on_done_get(px_entry *e, redisReply *r)
 {
@@ -349,7 +350,7 @@ static void claim_decided(px_entry *e)
         px_step_end(e);
         return;
     }
-    if (e->claim.marked) { /* refused already, by us or another replica */
+    if (e->claim.marked) { /* refused already, by us or another instance */
         if (e->claim.set == PX_LOCK_TAKEN) {
             e->claim.has_dedup = true;
             px_claim_release(e);

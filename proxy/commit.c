@@ -62,7 +62,7 @@ static void on_done_set(px_entry *e, redisReply *r)
 
 static void on_dl_added(px_entry *e, redisReply *r)
 {
-    /* nil: the mark was there, written by another replica or an earlier try
+    /* nil: the mark was there, written by another instance or an earlier try
      * of ours whose reply was lost; not counted again */
     const char *id;
     size_t len;
@@ -126,7 +126,7 @@ static void mark_tag(const char *dl, px_buf *b)
 }
 
 /* The written-mark of a dead letter: one per entry and group (group-less:
- * one across every replica). */
+ * one across every instance). */
 void px_dl_mark_name(const px_stream_conf *sc, const char *id, px_buf *b)
 {
     px_buf_appends(b, "idemproxy:dlw:{");

@@ -34,7 +34,7 @@
  * - No redis.url and no cluster means redis://127.0.0.1:6379. A url and a
  *   non-empty cluster together are an error. unix:// urls carry no user,
  *   password or db; ?query parameters are refused. rediss:// (or, with
- *   cluster seeds, a redis.tls mapping) means TLS; redis.tls with a redis://
+ *   cluster startup nodes, a redis.tls mapping) means TLS; redis.tls with a redis://
  *   or unix:// url is an error (one of them is a mistake).
  * - redis.sentinel (master_name, sentinels) stands for url and cluster and
  *   goes with neither; redis.tls then means TLS to the sentinels and master.
@@ -1146,14 +1146,14 @@ static void cfg_set_listen(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void
     cfg_scalar_free(&sc);
 }
 
-/* redis.cluster: a list of "host:port" seeds. */
+/* redis.cluster: a list of "host:port" startup nodes. */
 static void cfg_set_cluster(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
                             const char *name)
 {
     px_config *c = obj;
     (void)o;
     if (v->type != YAML_SEQUENCE_NODE) {
-        cfg_error(p, v, "%s: expected a list of host:port seeds, got %s", name, cfg_kind(v));
+        cfg_error(p, v, "%s: expected a list of host:port startup nodes, got %s", name, cfg_kind(v));
         return;
     }
     size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
@@ -1233,7 +1233,7 @@ static void cfg_set_template(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, vo
     }
     if (t != NULL && (o->flags & CFG_TPL_LOCK) && !px_template_reads_entry(t))
         cfg_note(p, v, "%s: reads nothing from the entry, so it is one lock for every event "
-                       "of the stream: one event at a time across all replicas",
+                       "of the stream: one event at a time across all instances",
                  name);
     if (t == NULL) {
         /* 'errcol' counts characters of the value: find its byte, then its source */
@@ -1413,7 +1413,7 @@ static void cfg_set_tls(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *o
     cfg_walk(p, v, cfg_tls_opts, &c->redis_tls, name, seen);
 }
 
-/* redis.sentinel.sentinels: a list of "host:port" (as redis.cluster's seeds). */
+/* redis.sentinel.sentinels: a list of "host:port" (as redis.cluster's startup nodes). */
 static void cfg_set_sentinels(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, void *obj,
                               const char *name)
 {
@@ -1737,7 +1737,7 @@ static void cfg_check_redis(cfg_parser *p)
                                                             "sentinel")
                                              : NULL;
     if (sentinel != NULL && (c->redis_url != NULL || c->ncluster > 0)) {
-        /* one way to find the data node: a url, cluster seeds or sentinels */
+        /* one way to find the data node: a url, cluster startup nodes or sentinels */
         cfg_error(p, sentinel, "redis.sentinel: cannot be used together with redis.%s; use "
                                "url for one server, cluster for Redis Cluster or sentinel for a master the "
                                "sentinels follow",
@@ -1746,7 +1746,7 @@ static void cfg_check_redis(cfg_parser *p)
         return;
     } else if (c->redis_url != NULL && c->ncluster > 0) {
         cfg_error(p, url, "redis.url: redis.url and a non-empty redis.cluster are both set; "
-                          "use url for one server or cluster for Redis Cluster seeds");
+                          "use url for one server or cluster for Redis Cluster startup nodes");
     } else if (c->redis_url != NULL) {
         if (!cfg_redis_url(c, c->redis_url, why, sizeof why))
             cfg_error(p, url, "redis.url: invalid Redis url (%s); " CFG_URL_FORMS, why);
@@ -1756,7 +1756,7 @@ static void cfg_check_redis(cfg_parser *p)
     }
 }
 
-/* TLS: rediss://, or cluster seeds with redis.tls; a client certificate
+/* TLS: rediss://, or cluster startup nodes with redis.tls; a client certificate
  * comes with its key. The files themselves are read by check and at every
  * connect, not here. Runs after the url may have been replaced (env). */
 static void cfg_check_tls(cfg_parser *p)
@@ -1800,7 +1800,7 @@ static void cfg_check_app(cfg_parser *p)
  *   lock read as a done mark acks an event nobody handled (split
  *   lock_prefix: "d" with the key "one:x" is done: + "x").
  * - Families of one kind in two blocks may overlap on purpose (done keys are
- *   global, as the seeds' are): a warning names the blocks, since then an
+ *   global, as the write-ups' are): a warning names the blocks, since then an
  *   event of one stream is a duplicate of an event of the other with its key.
  * - A lock_key renders to the Redis key as it stands, so it must never be able
  *   to name a dedup key (`lock:` + the eventId "game:room:42" would otherwise
@@ -2083,7 +2083,7 @@ static void cfg_apply_env(cfg_parser *p)
         c->redis_url = px_strdup(url);
         if (c->ncluster > 0)
             cfg_env_error(p, "IDEMPROXY_REDIS_URL", "cannot be used with redis.cluster "
-                                                    "(the file lists cluster seeds)");
+                                                    "(the file lists cluster startup nodes)");
         else if (c->sentinel.master_name)
             cfg_env_error(p, "IDEMPROXY_REDIS_URL", "cannot be used with redis.sentinel "
                                                     "(the file names sentinels)");

@@ -79,7 +79,7 @@ typedef struct px_config {
 
     /* redis */
     char *redis_url; /* as configured (may hold a password: never log it) */
-    char **cluster;  /* seed nodes "host:port"; ncluster == 0 when unused */
+    char **cluster;  /* startup nodes "host:port"; ncluster == 0 when unused */
     size_t ncluster;
     px_sentinel_conf sentinel; /* redis.sentinel; master_name NULL when unused */
     char *password_file;       /* NULL when not set; read by the daemon and check,

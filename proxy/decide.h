@@ -123,7 +123,7 @@ px_attempt px_decide_attempt(const px_count_view *v);
  * character is all an older idemproxy reads: done) and '1' in split (where
  * readers ask EXISTS), ms the wall-clock time it was written (ms since the
  * epoch), fp the fingerprint's 64-bit hash as 16 hex digits. Any other value
- * (the seeds' "1", an older idemproxy's "D") marks the key done too, with no
+ * (the write-ups' "1", an older idemproxy's "D") marks the key done too, with no
  * time and no fingerprint: a copy that meets it is a plain duplicate.
  */
 typedef struct px_done_mark {

@@ -310,8 +310,8 @@ size_t px_deliver_window(px_proxy *px)
  * queue, for the answer of the extension px_claim_extend sends as soon as it
  * can (a lock is extended whatever state its entry is in): found ours, it is
  * sent; found gone (lease_lost), it goes back to the claim, where the done
- * check decides. A replica cut off from Redis while its worker was absent
- * sent such an entry after another replica's worker had acked it (issue 30,
+ * check decides. An instance cut off from Redis while its worker was absent
+ * sent such an entry after another instance's worker had acked it (issue 30,
  * finding 1). */
 void px_deliver_flush(px_proxy *px)
 {

@@ -11,7 +11,7 @@
 typedef struct px_hooks {
     /* IDEMPROXY_DEBUG_CLAIM_PAUSE_MS (claim.c): a split claim waits this long
      * between its first done check and its lock, so a test can run another
-     * holder's whole cycle in that gap (seed 000's race). 0: no pause. */
+     * holder's whole cycle in that gap (write-up 000's race). 0: no pause. */
     long claim_pause_ms;
     /* IDEMPROXY_DEBUG_COUNTS_DELAY_MS (reader.c): a batch's XPENDING for its
      * delivery counts goes out this much later, as a stream master slower

@@ -62,7 +62,7 @@ void px_buf_escape(px_buf *b, const char *s, size_t n, int flags);
 
 /* A 64-bit hash of 'n' bytes: the first 8 bytes of their SHA-256 (OpenSSL),
  * big-endian. Stable across builds, machines and versions, so fingerprints
- * kept in Redis by one replica are compared by another. */
+ * kept in Redis by one instance are compared by another. */
 uint64_t px_hash64(const void *p, size_t n);
 /* 'h' as 16 lowercase hex digits and a NUL. */
 void px_hash64_hex(uint64_t h, char out[17]);

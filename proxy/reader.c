@@ -934,7 +934,7 @@ void px_reader_stop(px_stream *st)
     ev_timer_stop(st->px->loop, &rd->autoclaim);
     /* The refresh goes on (on the command link) while the drain waits for
      * the workers: what they still hold must not look idle and be taken over
-     * by another replica (SPEC 5.2). px_reader_free stops it. */
+     * by another instance (SPEC 5.2). px_reader_free stops it. */
     ev_timer_stop(st->px->loop, &rd->janitor);
     while (rd->counts_waiting) { /* answered as lost: 'stopping' frees them */
         counts_ask *a = rd->counts_waiting;

@@ -109,7 +109,7 @@ struct px_stream {
 
     struct {                 /* claim.c (set up by px_proxy_create): its lease */
         char lease_s[24];    /* lease_ms as text, for commands */
-        char ttl_s[24];      /* done_ttl_ms as text */
+        char ttl_s[24];      /* done_ttl_ms as text, for commit.c's done marks */
         ev_timer lease;      /* ticks PX_LEASE_TICKS times per lease_every */
         double lease_every;  /* seconds between two extensions of one lease: lease_ms / 3 */
         size_t lease_budget; /* entries extended at most per tick (bounds the bursts) */

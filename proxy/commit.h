@@ -10,6 +10,9 @@
 /* The name of the written-mark of entry 'id''s dead letter (see commit.c),
  * appended to 'b'. 'sc' must have a dead_letter stream. */
 void px_dl_mark_name(const px_stream_conf *sc, const char *id, px_buf *b);
+/* The name of the claim `redrive` takes on dead letter 'dlid' on a Redis
+ * Cluster (ops.c), in the dead-letter stream's slot, appended to 'b'. */
+void px_dl_redrive_claim_name(const px_stream_conf *sc, const char *dlid, px_buf *b);
 /* Returns how many entries it wrote commands for. */
 size_t px_commit_flush(px_proxy *px); /* commit_q -> done mark / dead letter */
 /* xack_q -> XACK, when 'carried' (claims or commits were written this loop

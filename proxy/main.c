@@ -35,8 +35,11 @@ static const char usage[] =
     "                                     render a key for the event JSON on stdin\n"
     "       idemproxy inspect -c FILE --stream S (--key K | --entry ID) [--group G] [--json]\n"
     "                                     what Redis holds about a key or an entry\n"
-    "       idemproxy redrive -c FILE --stream S [--reason TEXT] [--max N] [--dry-run] [--group G]\n"
-    "                                     move the stream's dead letters back into it\n"
+    "       idemproxy redrive -c FILE --stream S [--entry ID] [--reason TEXT] [--max N] [--dry-run]\n"
+    "                                     [--purge] [--group G]\n"
+    "                                     move the stream's dead letters back into it; --entry ID:\n"
+    "                                     only the dead letter ID or the one of entry ID; --purge:\n"
+    "                                     delete them instead (--dry-run lists what would go)\n"
     "       idemproxy keys -c FILE --stream S [--count N] [--json] [--group G]\n"
     "                                     dry-run the templates over the stream's last N entries\n"
     "       idemproxy health [-c FILE]    GET /healthz on the metrics address\n"
@@ -59,7 +62,7 @@ static const char help_more[] =
     "  3  keys: findings (render errors, conflicting copies, copies further apart than\n"
     "     done_ttl_ms)\n"
     "\n"
-    "inspect, redrive and keys need redis.url (one server); a redis.cluster config is refused (2).\n";
+    "inspect, redrive and keys work with redis.url, redis.sentinel and redis.cluster.\n";
 
 static void print_diags(const px_diags *d)
 {
@@ -370,6 +373,7 @@ int main(int argc, char **argv)
         { "reason", required_argument, NULL, 'r' },
         { "max", required_argument, NULL, 'm' },
         { "dry-run", no_argument, NULL, 'n' },
+        { "purge", no_argument, NULL, 'P' },
         { "count", required_argument, NULL, 'C' },
         { "files", no_argument, NULL, 'F' },
         { NULL, 0, NULL, 0 },
@@ -385,12 +389,13 @@ int main(int argc, char **argv)
         { 'i', "--id", SUB_KEY },
         { 'f', "--fields", SUB_KEY },
         { 'k', "--key", SUB_INSPECT },
-        { 'e', "--entry", SUB_INSPECT },
+        { 'e', "--entry", SUB_INSPECT | SUB_REDRIVE },
         { 'j', "--json", SUB_INSPECT | SUB_KEYS },
         { 'C', "--count", SUB_KEYS },
         { 'r', "--reason", SUB_REDRIVE },
         { 'm', "--max", SUB_REDRIVE },
         { 'n', "--dry-run", SUB_REDRIVE },
+        { 'P', "--purge", SUB_REDRIVE },
         { 'F', "--files", SUB_CHECK },
     };
     int subbit = 0;
@@ -449,6 +454,7 @@ int main(int argc, char **argv)
         case 'j': a.json = true; break;
         case 'r': a.reason = optarg; break;
         case 'n': a.dry_run = true; break;
+        case 'P': a.purge = true; break;
         case 'F': files = true; break;
         case 'm': {
             char *end;

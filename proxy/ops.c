@@ -9,7 +9,9 @@
  * so two runs at once, or one run twice, redrive each dead letter once. The
  * script's keys are the dead-letter stream, the source stream and the done
  * mark: on a Redis Cluster they may sit in different slots, which a script
- * cannot touch together, so both commands refuse a cluster config for now.
+ * cannot touch together; then a claim stands in for it (redrive_steps).
+ * Every command is routed by the key it is about, so on a cluster it goes to
+ * the master of that key's slot.
  * `keys` only reads: XREVRANGE pages of one stream (below, "keys").
  */
 #include "ops.h"
@@ -20,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <ev.h>
 #include <hiredis/hiredis.h>
@@ -175,13 +178,15 @@ static void ops_reply_cb(px_redis *r, redisReply *reply, void *priv)
     w->reply = reply ? reply_dup(reply) : NULL;
 }
 
-/* One command's reply (the caller frees it), or NULL with ctx->err set. */
-static redisReply *ops_argv(ops_conn *ctx, int argc, const char **argv, const size_t *lens)
+/* One command's reply (the caller frees it), or NULL with ctx->err set.
+ * 'key' routes it on a cluster: the key the command is about (a script's
+ * KEYS[1]). A page of 1,000 entries may take longer than a connect, hence
+ * the extra 5 s. */
+static redisReply *ops_argv(ops_conn *ctx, const char *key, int argc, const char **argv,
+                            const size_t *lens)
 {
     ops_wait w = { false, NULL };
-    /* One server (a cluster is refused above): no key routes it. A page of
-     * 1,000 entries may take longer than a connect, hence the extra 5 s. */
-    if (!ctx->up || px_redis_argv(ctx->r, NULL, 5000, ops_reply_cb, &w, argc, argv, lens) != PX_OK) {
+    if (!ctx->up || px_redis_argv(ctx->r, key, 5000, ops_reply_cb, &w, argc, argv, lens) != PX_OK) {
         ctx->err = "the connection to Redis is down";
         return NULL;
     }
@@ -202,13 +207,6 @@ static void ops_close(ops_conn *ctx)
  * unreachable or refusing, 2: the config cannot be used). */
 static int connect_redis(px_config *c, const char *cmd, ops_conn **out)
 {
-    if (c->ncluster) {
-        fprintf(stderr, "idemproxy %s: redis.cluster is not supported by %s yet: it works on one "
-                        "Redis server (redis.url). On a cluster a dead letter, its source stream and its "
-                        "done mark may sit in different slots.\n",
-                cmd, cmd);
-        return 2;
-    }
     char who[64], *password;
     snprintf(who, sizeof(who), "idemproxy %s", cmd);
     if (!px_config_password(c, who, &password)) return 2;
@@ -240,11 +238,11 @@ static int connect_redis(px_config *c, const char *cmd, ops_conn **out)
     return 0;
 }
 
-/* Run a command; NULL after printing the error (a lost link or an error reply). */
-static redisReply *call(ops_conn *ctx, const char *cmd, int argc, const char **argv,
-                        const size_t *lens)
+/* Run a command about 'key'; NULL after printing the error (a lost link or an error reply). */
+static redisReply *call(ops_conn *ctx, const char *cmd, const char *key, int argc,
+                        const char **argv, const size_t *lens)
 {
-    redisReply *r = ops_argv(ctx, argc, argv, lens);
+    redisReply *r = ops_argv(ctx, key, argc, argv, lens);
     if (r == NULL) {
         fprintf(stderr, "idemproxy %s: %s: %s\n", cmd, argv[0], ctx->err);
         return NULL;
@@ -261,7 +259,7 @@ static redisReply *call2(ops_conn *ctx, const char *cmd, const char *a0, const c
 {
     const char *argv[] = { a0, a1 };
     size_t lens[] = { strlen(a0), strlen(a1) };
-    return call(ctx, cmd, 2, argv, lens);
+    return call(ctx, cmd, a1, 2, argv, lens);
 }
 
 /* "1700000000000-3" or "1700000000000": digits, optionally '-' and digits. */
@@ -580,7 +578,7 @@ static bool find_dead(ops_conn *ctx, const px_stream_conf *sc, const char *id, d
         const char *argv[] = { "XRANGE", sc->dead_letter, start, "+", "COUNT", "1000" };
         size_t lens[6];
         for (int i = 0; i < 6; i++) lens[i] = strlen(argv[i]);
-        redisReply *r = call(ctx, "inspect", 6, argv, lens);
+        redisReply *r = call(ctx, "inspect", sc->dead_letter, 6, argv, lens);
         if (r == NULL) return false;
         if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) {
             freeReplyObject(r);
@@ -633,7 +631,7 @@ static int inspect_entry(ops_conn *ctx, const px_config *c, const px_stream_conf
     /* the entry itself */
     const char *xr[] = { "XRANGE", sc->stream, id, id };
     size_t xl[] = { 6, strlen(sc->stream), strlen(id), strlen(id) };
-    if ((entry = call(ctx, "inspect", 4, xr, xl)) == NULL) goto out;
+    if ((entry = call(ctx, "inspect", sc->stream, 4, xr, xl)) == NULL) goto out;
     redisReply *fields = entry->type == REDIS_REPLY_ARRAY && entry->elements == 1 &&
                                  entry->element[0]->elements >= 2
                              ? entry->element[0]->element[1]
@@ -645,7 +643,7 @@ static int inspect_entry(ops_conn *ctx, const px_config *c, const px_stream_conf
         const char *xp[] = { "XPENDING", sc->stream, sc->group, id, id, "1" };
         size_t pl[6];
         for (int i = 0; i < 6; i++) pl[i] = strlen(xp[i]);
-        pend = ops_argv(ctx, 6, xp, pl);
+        pend = ops_argv(ctx, sc->stream, 6, xp, pl);
         if (pend == NULL) {
             fprintf(stderr, "idemproxy inspect: XPENDING: %s\n", ctx->err);
             goto out;
@@ -676,7 +674,7 @@ static int inspect_entry(ops_conn *ctx, const px_config *c, const px_stream_conf
     if (fields == NULL && ndead > 0) {
         const char *dr[] = { "XRANGE", sc->dead_letter, dead[0].id, dead[0].id };
         size_t dll[] = { 6, strlen(sc->dead_letter), strlen(dead[0].id), strlen(dead[0].id) };
-        redisReply *d = call(ctx, "inspect", 4, dr, dll);
+        redisReply *d = call(ctx, "inspect", sc->dead_letter, 4, dr, dll);
         if (d == NULL) goto out;
         freeReplyObject(entry); /* keep one reply alive: reuse 'entry' */
         entry = d;
@@ -868,6 +866,110 @@ static bool wrote_done(const char *reason)
            strncmp(reason, "conflict: ", 10) != 0;
 }
 
+/* On a Redis Cluster whose dead-letter stream, source stream and done mark
+ * sit in different slots, no one script can touch them together: a dead
+ * letter is redriven in four steps, each a command on one slot.
+ *
+ *   1. the dead letter is still there and its claim (px_dl_redrive_claim_name,
+ *      in the dead-letter stream's slot) is free? take it (SET NX, expiring
+ *      after OPS_CLAIM_MS); else another run has it: skipped
+ *   2. delete the done mark, as redrive_lua does
+ *   3. XADD the entry's fields to the source stream
+ *   4. XDEL the dead letter and free the claim
+ *
+ * So two runs at once redrive it once. The done mark goes before the XADD:
+ * the other way round, the daemon could read the new entry, find the old
+ * mark and skip it as a copy. A run that dies between steps leaves the dead
+ * letter where it was, claimed until the claim expires; the line it prints
+ * says what was done. */
+#define OPS_CLAIM_MS 600000
+
+static const char claim_lua[] =
+    "if #redis.call('xrange', KEYS[1], ARGV[1], ARGV[1]) == 0 then return 0 end "
+    "if not redis.call('set', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then return 0 end "
+    "return 1";
+static const char clear_done_lua[] = /* KEYS: done mark. ARGV: as redrive_lua's ARGV[2] */
+    "local v = redis.call('get', KEYS[1]) "
+    "if v and (ARGV[1] == '' or string.sub(v, 1, #ARGV[1]) == ARGV[1]) then "
+    "  redis.call('del', KEYS[1]) end "
+    "return 1";
+static const char finish_lua[] =
+    "redis.call('xdel', KEYS[1], ARGV[1]) "
+    "if redis.call('get', KEYS[2]) == ARGV[2] then redis.call('del', KEYS[2]) end "
+    "return 1";
+
+/* EVAL 'body' with 'nkeys' of the 'n' NUL-terminated keys and args in 'kv'
+ * (at most 6), routed by the first key. */
+static redisReply *eval(ops_conn *ctx, const char *body, int nkeys, int n, const char *const *kv)
+{
+    char nk[8];
+    snprintf(nk, sizeof(nk), "%d", nkeys);
+    const char *argv[9] = { "EVAL", body, nk };
+    size_t lens[9];
+    for (int i = 0; i < n; i++) argv[3 + i] = kv[i];
+    for (int i = 0; i < 3 + n; i++) lens[i] = strlen(argv[i]);
+    return call(ctx, "redrive", kv[0], 3 + n, argv, lens);
+}
+
+/* The steps above for dead letter 'dlid' whose entry's fields are the first
+ * 'nelem' elements of 'f'; 'done' the done mark to clear, or NULL. 1
+ * redriven, 0 another run has it, -1 an error (said on stderr). */
+static int redrive_steps(ops_conn *ctx, const px_stream_conf *sc, const char *dlid,
+                         const redisReply *f, size_t nelem, const char *done, const char *token)
+{
+    px_buf claim = { 0 };
+    px_dl_redrive_claim_name(sc, dlid, &claim);
+    char ttl[24];
+    snprintf(ttl, sizeof(ttl), "%d", OPS_CLAIM_MS);
+    const char *done_at = NULL; /* the step that failed, once the claim is ours */
+    int rc = -1;
+    redisReply *r = eval(ctx, claim_lua, 2, 5,
+                         (const char *const[]){ sc->dead_letter, claim.data, dlid, token, ttl });
+    if (r == NULL) goto out;
+    bool ours = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    freeReplyObject(r);
+    if (!ours) {
+        rc = 0;
+        goto out;
+    }
+    done_at = "nothing else was done yet";
+    if (done) {
+        const char *prefix = sc->layout == PX_LAYOUT_SINGLE ? "D" : "";
+        if ((r = eval(ctx, clear_done_lua, 1, 2, (const char *const[]){ done, prefix })) == NULL)
+            goto out;
+        freeReplyObject(r);
+        done_at = "its done mark was cleared, the entry not added back yet";
+    }
+    const char **argv = px_calloc(nelem + 3, sizeof(*argv));
+    size_t *lens = px_calloc(nelem + 3, sizeof(*lens));
+    argv[0] = "XADD";
+    argv[1] = sc->stream;
+    argv[2] = "*";
+    for (int i = 0; i < 3; i++) lens[i] = strlen(argv[i]);
+    for (size_t i = 0; i < nelem; i++) {
+        argv[3 + i] = f->element[i]->str;
+        lens[3 + i] = f->element[i]->len;
+    }
+    r = call(ctx, "redrive", sc->stream, (int)nelem + 3, argv, lens);
+    free(argv);
+    free(lens);
+    if (r == NULL) goto out;
+    freeReplyObject(r);
+    done_at = "the entry was added back to the stream: delete the dead letter (XDEL), do not "
+              "redrive it again";
+    r = eval(ctx, finish_lua, 2, 4, (const char *const[]){ sc->dead_letter, claim.data, dlid, token });
+    if (r == NULL) goto out;
+    freeReplyObject(r);
+    rc = 1;
+out:
+    if (rc < 0 && done_at)
+        fprintf(stderr, "idemproxy redrive: dead letter %s is half redriven (%s); it stays in %s, "
+                        "claimed by %s for %d s\n",
+                show(dlid), done_at, sc->dead_letter, show(claim.data), OPS_CLAIM_MS / 1000);
+    px_buf_deinit(&claim);
+    return rc;
+}
+
 int px_cmd_redrive(px_config *c, const px_ops_args *a)
 {
     px_stream_conf *sc = find_stream(c, a, "redrive");
@@ -877,20 +979,31 @@ int px_cmd_redrive(px_config *c, const px_ops_args *a)
                 c->path);
         return 2;
     }
+    if (a->entry && !valid_id(a->entry)) {
+        fprintf(stderr, "idemproxy redrive: --entry %s is not a stream entry id (ms-seq)\n", a->entry);
+        return 2;
+    }
     ops_conn *ctx;
     int rc = connect_redis(c, "redrive", &ctx);
     if (rc != 0) return rc;
 
-    const char *verb = a->dry_run ? "would redrive" : "redriven";
+    const char *verb = a->purge ? (a->dry_run ? "would purge" : "purged")
+                                : (a->dry_run ? "would redrive" : "redriven");
+    char token[128], host[64] = "";
+    gethostname(host, sizeof(host) - 1);
+    snprintf(token, sizeof(token), "%s:%d:%llu", host, (int)getpid(),
+             (unsigned long long)px_now_ms());
     unsigned long long looked = 0, chosen = 0, skipped = 0, other = 0;
+    /* --entry: a dead letter is written after its entry, so none before the entry's time */
     char start[64] = "-";
+    if (a->entry) snprintf(start, sizeof(start), "%llu-0", strtoull(a->entry, NULL, 10));
     bool stop = false;
     rc = 0;
     while (!stop) {
         const char *argv[] = { "XRANGE", sc->dead_letter, start, "+", "COUNT", "1000" };
         size_t lens[6];
         for (int i = 0; i < 6; i++) lens[i] = strlen(argv[i]);
-        redisReply *page = call(ctx, "redrive", 6, argv, lens);
+        redisReply *page = call(ctx, "redrive", sc->dead_letter, 6, argv, lens);
         if (page == NULL) {
             rc = 1;
             break;
@@ -910,13 +1023,33 @@ int px_cmd_redrive(px_config *c, const px_ops_args *a)
                 continue;
             }
             const char *reason = m.reason, *eid = m.entry_id;
-            if (a->reason && strstr(reason, a->reason) == NULL) {
+            if ((a->reason && strstr(reason, a->reason) == NULL) ||
+                (a->entry && strcmp(dlid, a->entry) != 0 && strcmp(eid, a->entry) != 0)) {
                 other++;
                 continue;
             }
             if (a->max >= 0 && (long long)chosen >= a->max) {
                 stop = true;
                 break;
+            }
+            if (a->purge) {
+                printf("%s %s (entry %s, reason %s)\n", verb, show(dlid), show(eid), show(reason));
+                if (a->dry_run) {
+                    chosen++;
+                    continue;
+                }
+                const char *xd[] = { "XDEL", sc->dead_letter, dlid };
+                size_t xl[] = { 4, strlen(sc->dead_letter), strlen(dlid) };
+                redisReply *r = call(ctx, "redrive", sc->dead_letter, 3, xd, xl);
+                if (r == NULL) {
+                    rc = 1;
+                    stop = true;
+                    break;
+                }
+                if (r->type == REDIS_REPLY_INTEGER && r->integer == 1) chosen++;
+                else skipped++; /* another run took it */
+                freeReplyObject(r);
+                continue;
             }
             if (m.nelem == 0) {
                 printf("skip %s (entry %s): it holds no fields of the entry, only a reference "
@@ -938,35 +1071,46 @@ int px_cmd_redrive(px_config *c, const px_ops_args *a)
                 entry_deinit(&e);
                 continue;
             }
-            const char *ev[] = { "EVAL", redrive_lua, clear ? "3" : "2", sc->dead_letter,
-                                 sc->stream, clear ? e.done_name : "", dlid,
-                                 sc->layout == PX_LAYOUT_SINGLE ? "D" : "", sc->stream };
-            int evc = 0;
-            const char *args[10];
-            size_t al[10];
-            for (size_t j = 0; j < sizeof(ev) / sizeof(*ev); j++) {
-                if (!clear && j == 5) continue; /* no third key */
-                args[evc] = ev[j];
-                al[evc++] = strlen(ev[j]);
+            /* One script when its keys share a slot (always on one server). */
+            int done;
+            if (!px_redis_same_slot(ctx->r, sc->dead_letter, sc->stream) ||
+                (clear && !px_redis_same_slot(ctx->r, sc->dead_letter, e.done_name))) {
+                done = redrive_steps(ctx, sc, dlid, f, m.nelem, clear ? e.done_name : NULL, token);
+            } else {
+                const char *ev[] = { "EVAL", redrive_lua, clear ? "3" : "2", sc->dead_letter,
+                                     sc->stream, clear ? e.done_name : "", dlid,
+                                     sc->layout == PX_LAYOUT_SINGLE ? "D" : "", sc->stream };
+                int evc = 0;
+                const char *args[10];
+                size_t al[10];
+                for (size_t j = 0; j < sizeof(ev) / sizeof(*ev); j++) {
+                    if (!clear && j == 5) continue; /* no third key */
+                    args[evc] = ev[j];
+                    al[evc++] = strlen(ev[j]);
+                }
+                redisReply *r = call(ctx, "redrive", sc->dead_letter, evc, args, al);
+                done = r == NULL ? -1 : r->type == REDIS_REPLY_STRING;
+                if (r) freeReplyObject(r);
             }
-            redisReply *r = call(ctx, "redrive", evc, args, al);
             entry_deinit(&e);
-            if (r == NULL) {
+            if (done < 0) {
                 rc = 1;
                 stop = true;
                 break;
             }
-            if (r->type == REDIS_REPLY_STRING) chosen++;
+            if (done) chosen++;
             else skipped++; /* another run took it */
-            freeReplyObject(r);
         }
         freeReplyObject(page);
         if (got < OPS_PAGE) break;
     }
     if (a->dry_run)
-        printf("would redrive %llu, skip %llu (%llu dead letters not selected)\n", chosen, skipped, other);
+        printf("%s %llu, skip %llu (%llu dead letters not selected)\n", verb, chosen, skipped, other);
     else
-        printf("redriven %llu, skipped %llu (%llu dead letters not selected)\n", chosen, skipped, other);
+        printf("%s %llu, skipped %llu (%llu dead letters not selected)\n", verb, chosen, skipped, other);
+    if (rc == 0 && a->entry && chosen + skipped == 0)
+        fprintf(stderr, "idemproxy redrive: no dead letter of %s in %s has the id %s or holds entry %s\n",
+                sc->stream, sc->dead_letter, a->entry, a->entry);
     ops_close(ctx);
     return rc;
 }
@@ -1127,7 +1271,7 @@ static char *keys_text(ops_conn *ctx, const px_config *c, const px_stream_conf *
     snprintf(id, sizeof(id), "%llu-%llu", (unsigned long long)ms, (unsigned long long)seq);
     const char *argv[] = { "XRANGE", sc->stream, id, id };
     size_t lens[] = { 6, strlen(sc->stream), strlen(id), strlen(id) };
-    redisReply *r = call(ctx, "keys", 4, argv, lens);
+    redisReply *r = call(ctx, "keys", sc->stream, 4, argv, lens);
     char *key = NULL;
     if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
         r->element[0]->type == REDIS_REPLY_ARRAY && r->element[0]->elements == 2 &&
@@ -1298,7 +1442,7 @@ int px_cmd_keys(px_config *c, const px_ops_args *a)
         const char *argv[] = { "XREVRANGE", sc->stream, end, "-", "COUNT", count };
         size_t lens[6];
         for (int i = 0; i < 6; i++) lens[i] = strlen(argv[i]);
-        redisReply *page = call(ctx, "keys", 6, argv, lens);
+        redisReply *page = call(ctx, "keys", sc->stream, 6, argv, lens);
         if (page == NULL) {
             rc = 1;
             break;

@@ -1,7 +1,8 @@
 /*
  * ops.h - the operator commands (issue 17): `inspect` shows what Redis holds
  * about a key or an entry, `redrive` moves a stream's dead letters back into
- * it. Both talk to one Redis server synchronously (hiredis, no loop) and name
+ * it (or, --purge, deletes them). They talk to Redis (one server, a Sentinel
+ * master or a Redis Cluster) one command at a time through px_redis and name
  * every key with the daemon's own functions (px_event_set_key, px_dl_mark_name,
  * PX_FENCE_KEY), so they look where the daemon writes.
  *
@@ -16,11 +17,12 @@ typedef struct px_ops_args {
     const char *stream; /* --stream: required */
     const char *group;  /* --group: picks one of several blocks of the stream */
     const char *key;    /* inspect --key */
-    const char *entry;  /* inspect --entry */
+    const char *entry;  /* inspect --entry; redrive --entry: a dead letter's id or its entry's */
     const char *reason; /* redrive --reason: a substring of idemproxy-reason */
     long long max;      /* redrive --max; -1: no limit */
     bool json;          /* inspect --json */
     bool dry_run;       /* redrive --dry-run */
+    bool purge;         /* redrive --purge: delete the dead letters, redrive none */
 } px_ops_args;
 
 int px_cmd_inspect(px_config *c, const px_ops_args *a);

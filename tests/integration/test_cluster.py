@@ -433,3 +433,104 @@ def test_fingerprint_conflict_across_masters(cenv, layout, on_conflict):
         assert len(reasons) == 20 and all(x.startswith("conflict: fingerprint ") for x in reasons)
     else:
         assert not r.exists("dlq:{0}")
+
+
+def op(*args, timeout=120):
+    """An operator command (inspect, redrive) run with the binary under test."""
+    import subprocess
+    from pxtest import BIN
+    return subprocess.run([str(BIN), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_inspect_and_redrive_on_a_cluster(cenv):
+    """inspect and redrive with a redis.cluster config: each command goes to
+    the master of its key's slot. The stream, its dead-letter stream and the
+    done marks sit on different masters, so a redrive cannot be one script:
+    it is done in steps under a claim (ops.c, redrive_steps)."""
+    r, c = cenv.r, cenv.cluster
+    assert len({owner(c, "room"), owner(c, "room:dlq")}) == 2
+    mode = {"drop": True}
+
+    def behave(d):
+        return (pb.Ack.DROP, "downstream down") if mode["drop"] else (pb.Ack.ACK, "")
+    px = cenv.proxy([stream_conf("room", dead_letter="room:dlq")])
+    w = cenv.worker(px.endpoint, behave=behave)
+    keys = [f"k{i}" for i in range(6)]
+    assert len({owner(c, f"idem:{k}") for k in keys}) == 3       # done marks on every master
+    ids = [r.xadd("room", {"payload": json.dumps({"eventId": k})}) for k in keys]
+    wait_for(lambda: r.xlen("room:dlq") == 6, 20, "six dead letters")
+    wait_for(lambda: all((r.get(f"idem:{k}") or "")[:1] == "D" for k in keys), 20, "done marks")
+    cfg = ("-c", str(px.config), "--stream", "room")
+
+    res = op("inspect", *cfg, "--entry", ids[0], "--json")
+    assert res.returncode == 0, res.stderr
+    o = json.loads(res.stdout)
+    assert o["entry"]["fields"] == {"payload": json.dumps({"eventId": "k0"})}
+    assert o["key"]["key"] == "k0" and o["key"]["done"] is True
+    assert [d["reason"] for d in o["dead_letters"]] == ["downstream down"]
+    assert o["dead_letter_mark"] is not None
+    res = op("inspect", *cfg, "--key", "k3")
+    assert res.returncode == 0 and "state: done" in res.stdout, res.stdout + res.stderr
+
+    mode["drop"] = False
+    res = op("redrive", *cfg, "--entry", ids[0])
+    assert res.returncode == 0, res.stderr
+    assert "redriven 1, skipped 0 (5 dead letters not selected)" in res.stdout
+    assert r.xlen("room:dlq") == 5 and r.xlen("room") == 7
+    wait_for(lambda: [d.key for d in w.got].count("k0") == 2, 20, "k0 handled again")
+    res = op("redrive", *cfg)
+    assert res.returncode == 0 and "redriven 5, skipped 0" in res.stdout, res.stdout + res.stderr
+    wait_for(lambda: all([d.key for d in w.got].count(k) == 2 for k in keys), 20, "each handled again")
+    wait_for(lambda: pending_total(r, ["room"]) == 0, 20, "nothing pending")
+    assert r.xlen("room:dlq") == 0 and r.xlen("room") == 12
+    assert all((r.get(f"idem:{k}") or "")[:1] == "D" for k in keys)
+    assert [k for port in c.masters() for k in c.node(port).keys("idemproxy:redrive:*")] == []
+    res = op("keys", *cfg, "--json")                        # keys reads the cluster too
+    assert res.returncode == 0, res.stderr
+    o = json.loads(res.stdout)
+    assert o["entries"] == 12 and o["distinct_keys"] == 6
+
+    # --purge: two more dead letters, listed by a dry run, then deleted, not handled again
+    mode["drop"] = True
+    more = [r.xadd("room", {"payload": json.dumps({"eventId": f"p{i}"})}) for i in range(2)]
+    wait_for(lambda: r.xlen("room:dlq") == 2, 20, "two dead letters")
+    res = op("redrive", *cfg, "--purge", "--dry-run")
+    assert res.returncode == 0 and "would purge 2" in res.stdout and more[1] in res.stdout
+    assert r.xlen("room:dlq") == 2
+    res = op("redrive", *cfg, "--purge")
+    assert res.returncode == 0 and "purged 2, skipped 0" in res.stdout, res.stdout + res.stderr
+    assert r.xlen("room:dlq") == 0 and r.xlen("room") == 14
+    assert [d.key for d in w.got].count("p0") == 1
+
+
+def test_two_redrives_at_once_on_a_cluster_redrive_each_dead_letter_once(cluster, tmp_path):
+    r = cluster.client
+    n = 400
+    for i in range(n):
+        r.xadd("room:dlq", {"payload": json.dumps({"eventId": f"d{i}"}), "n": str(i),
+                            "idemproxy-reason": "dropped", "idemproxy-stream": "room",
+                            "idemproxy-entry-id": f"1-{i}", "idemproxy-attempts": "1"})
+        r.set(f"idem:d{i}", "D", px=600000)
+    cfg = tmp_path / "op.yaml"
+    cfg.write_text(f"redis:\n  cluster: [{', '.join(cluster.seeds[:2])}]\nmetrics:\n  listen: \"\"\n"
+                   "streams:\n  - stream: room\n    payload_field: payload\n    dead_letter: room:dlq\n")
+    go = threading.Barrier(2)
+    results = [None, None]
+
+    def one(i):
+        go.wait()
+        results[i] = op("redrive", "-c", str(cfg), "--stream", "room")
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for res in results:
+        assert res.returncode == 0, res.stderr
+    added = [f["n"] for _, f in r.xrange("room")]
+    assert sorted(added, key=int) == [str(i) for i in range(n)]     # each exactly once
+    assert set(r.xrange("room", count=1)[0][1]) == {"payload", "n"}
+    assert r.xlen("room:dlq") == 0
+    assert not any(r.exists(f"idem:d{i}") for i in range(n))         # every done mark cleared
+    assert sum(int(res.stdout.rsplit("redriven ", 1)[1].split(",")[0]) for res in results) == n
+    assert [k for port in cluster.masters() for k in cluster.node(port).keys("idemproxy:redrive:*")] == []

@@ -111,14 +111,17 @@ def test_inspect_and_redrive_exit_codes(env, tmp_path):
     res = run("inspect", "-c", str(down), "--stream", "room", "--key", "a")
     assert res.returncode == 1 and res.stdout == ""
     assert run("redrive", "-c", str(down), "--stream", "room").returncode == 1
-    # A cluster config is refused, with the reason
+    assert run("redrive", *base, "--entry", "x-1").returncode == 2         # not an entry id
+    assert run("inspect", *base, "--key", "a", "--purge").returncode == 2   # not an inspect option
+    # A cluster config is taken (test_cluster.py runs them on one): a cluster
+    # that cannot be reached is 1, as one server is
     cl = tmp_path / "cl.yaml"
-    cl.write_text("redis:\n  cluster: [127.0.0.1:7000]\nmetrics:\n  listen: \"\"\nstreams:\n"
-                  "  - stream: room\n    dead_letter: room:dead\n")
+    cl.write_text("redis:\n  cluster: [127.0.0.1:1]\n  timeout_ms: 200\nmetrics:\n  listen: \"\"\n"
+                  "streams:\n  - stream: room\n    dead_letter: room:dead\n")
     for cmd in ("inspect", "redrive"):
         extra = ("--key", "a") if cmd == "inspect" else ()
         res = run(cmd, "-c", str(cl), "--stream", "room", *extra)
-        assert res.returncode == 2 and "cluster" in res.stderr
+        assert res.returncode == 1 and "cannot connect" in res.stderr, res.stderr
 
 
 # --- inspect --entry -----------------------------------------------------------
@@ -318,6 +321,64 @@ def test_redrive_skips_dead_letters_by_reference(env, tmp_path):
     assert "5-0" in res.stdout and env.r.xlen("room:dead") == 1 and not env.r.exists("room")
 
 
+def dead_ids(r, dl="room:dead"):
+    return [f["idemproxy-entry-id"] for _, f in r.xrange(dl)]
+
+
+def test_redrive_entry_picks_one_dead_letter(env, tmp_path):
+    """--entry ID: the one dead letter whose id is ID, or that holds entry ID
+    (as inspect --entry shows both); the others stay where they are."""
+    cfg = write_cfg(tmp_path, env.redis.url, payload_field="payload", dead_letter="room:dead")
+    add_dead(env.r, 4)                                   # entries 1-0 .. 1-3, keys d0 .. d3
+    base = ("redrive", "-c", str(cfg), "--stream", "room")
+    res = run(*base, "--entry", "1-2")
+    assert res.returncode == 0, res.stderr
+    assert "redriven 1, skipped 0 (3 dead letters not selected)" in res.stdout
+    assert [json.loads(f["payload"])["eventId"] for _, f in env.r.xrange("room")] == ["d2"]
+    assert dead_ids(env.r) == ["1-0", "1-1", "1-3"]
+    assert not env.r.exists("idem:d2") and env.r.exists("idem:d1") and env.r.exists("idem:d3")
+    # by the dead letter's own id
+    dlid = env.r.xrange("room:dead")[0][0]
+    res = run(*base, "--entry", dlid, "--dry-run")
+    assert res.returncode == 0 and "would redrive 1, skip 0" in res.stdout and dlid in res.stdout
+    assert dead_ids(env.r) == ["1-0", "1-1", "1-3"]      # a dry run moves nothing
+    res = run(*base, "--entry", dlid)
+    assert "redriven 1, skipped 0" in res.stdout
+    assert [json.loads(f["payload"])["eventId"] for _, f in env.r.xrange("room")] == ["d2", "d0"]
+    assert dead_ids(env.r) == ["1-1", "1-3"]
+    # none such: nothing moves, and it says so
+    res = run(*base, "--entry", "1-0")
+    assert res.returncode == 0 and "redriven 0, skipped 0" in res.stdout
+    assert "no dead letter" in res.stderr and "1-0" in res.stderr
+    assert dead_ids(env.r) == ["1-1", "1-3"] and env.r.xlen("room") == 2
+
+
+def test_purge_deletes_dead_letters_without_redriving(env, tmp_path):
+    cfg = write_cfg(tmp_path, env.redis.url, payload_field="payload", dead_letter="room:dead")
+    add_dead(env.r, 3, reason="invalid order", tag="v")
+    add_dead(env.r, 2, reason="timeout", tag="t")
+    add_dead(env.r, 2, reason="timeout", stream="other", tag="o", done=False)   # another stream's
+    base = ("redrive", "-c", str(cfg), "--stream", "room", "--purge")
+    before = snapshot(env.r)
+    res = run(*base, "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("would purge ") == 6 and "would purge 5, skip 0 (2 dead letters" in res.stdout
+    assert snapshot(env.r) == before                     # listed, nothing deleted
+    res = run(*base, "--reason", "timeout")
+    assert res.returncode == 0, res.stderr
+    assert "purged 2, skipped 0" in res.stdout
+    left = [(f["idemproxy-stream"], f["idemproxy-reason"]) for _, f in env.r.xrange("room:dead")]
+    assert left == [("room", "invalid order")] * 3 + [("other", "timeout")] * 2
+    res = run(*base, "--entry", "1-1")                   # entry 1-1 of room: vd1
+    assert "purged 1, skipped 0" in res.stdout
+    res = run(*base)
+    assert "purged 2, skipped 0" in res.stdout
+    assert [f["idemproxy-stream"] for _, f in env.r.xrange("room:dead")] == ["other", "other"]
+    # nothing went back to the stream, and the done marks stay: purged is not handled again
+    assert not env.r.exists("room")
+    assert all(env.r.get(f"idem:{t}d{i}") == "D" for t in "vt" for i in range(2))
+
+
 # --- key, check -c -, version, --help ------------------------------------------
 
 def test_key_stream_id_fields():
@@ -355,6 +416,8 @@ def test_version_and_help_content():
     res = run("--help")
     assert res.returncode == 0
     for word in ("IDEMPROXY_REDIS_URL", "IDEMPROXY_ENDPOINT", "IDEMPROXY_LOG_LEVEL", "inspect",
-                 "redrive", "exit codes", "${VAR}"):
+                 "redrive", "exit codes", "${VAR}", "--purge", "redrive -c FILE --stream S [--entry ID]",
+                 "redis.cluster"):
         assert word in res.stdout, word
+    assert "refused" not in res.stdout                  # no command refuses a cluster config now
     assert run("version", "extra").returncode == 2

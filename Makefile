@@ -20,7 +20,7 @@ LIB_OBJ   = $(filter-out $(B)/proxy/main.o,$(PROXY_OBJ))
 UNIT      = $(patsubst tests/unit/test_%.c,$(B)/tests/test_%,$(wildcard tests/unit/test_*.c))
 
 .PHONY: all deps test test-fault chaos fuzz unit demo bench clean clients-c proto-copies \
-        license-copies version-copies
+        license-copies version-copies images
 all: $(B)/idemproxy clients-c
 
 $(GEN).h: $(GEN).c
@@ -136,6 +136,18 @@ version-copies:
 
 demo: deps all
 	./demo/run.sh
+
+# The two container images (deploy/docker; BuildKit). The image has no .git: the
+# commit and the version go in as build arguments, for `idemproxy version`,
+# build_info{commit} and the org.opencontainers.image.* labels. REGISTRY=host/path/
+# prefixes the names; DOCKER=podman works too.
+DOCKER   ?= docker
+REGISTRY ?=
+images:
+	$(DOCKER) build --build-arg COMMIT=$(COMMIT) --build-arg VERSION=$(PKG_VERSION) \
+	  -f deploy/docker/Dockerfile -t $(REGISTRY)idemproxy:$(PKG_VERSION) .
+	$(DOCKER) build --build-arg COMMIT=$(COMMIT) --build-arg VERSION=$(PKG_VERSION) \
+	  -f deploy/docker/Dockerfile.worker -t $(REGISTRY)idemproxy-example-worker:$(PKG_VERSION) .
 
 clean:
 	rm -rf $(B)

@@ -6,6 +6,10 @@
 #   deploy/docker/build.sh idemproxy STAGE   build build/idemproxy and stage it
 #   deploy/docker/build.sh worker STAGE      build the C example worker and stage it
 #   deploy/docker/build.sh --no-install ...  skip apt-get (the deps are there)
+#   COMMIT=abc123 deploy/docker/build.sh ...  the commit `idemproxy version` and
+#                                            build_info{commit} report (the Dockerfile's
+#                                            build argument: the image has no .git);
+#                                            unset or empty: make asks git
 #
 # It installs the Debian 12 build dependencies that are missing, runs make, and
 # writes what the runtime stage needs:
@@ -25,6 +29,12 @@ what=${1:?usage: build.sh [--no-install] idemproxy|worker STAGE}
 stage=${2:?usage: build.sh [--no-install] idemproxy|worker STAGE}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
+commit=${COMMIT:-}
+# It becomes a C string (build/gen/commit.h): a commit id or a describe-like name.
+if ! [[ "$commit" =~ ^[0-9A-Za-z._+-]*$ ]]; then
+    echo "build.sh: COMMIT '$commit' is not a commit id (letters, digits, . _ + -)" >&2
+    exit 2
+fi
 
 case "$what" in
 idemproxy)
@@ -33,7 +43,7 @@ idemproxy)
           libcurl4-openssl-dev
           ca-certificates"
     bin=build/idemproxy
-    build() { make -j"$(nproc)" build/idemproxy; } ;;
+    build() { make -j"$(nproc)" ${commit:+COMMIT="$commit"} build/idemproxy; } ;;
 worker)
     pkgs="make gcc libc6-dev pkg-config protobuf-c-compiler libnanomsg-dev libprotobuf-c-dev"
     bin=clients/c/build/example_worker

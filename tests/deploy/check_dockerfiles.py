@@ -14,7 +14,13 @@ final stage that bind-mounts DIR.packages from the build stage and apt-get
 installs that list (--no-install-recommends, apt's lists removed after), and no
 other package manager use; STAGED_TREE.packages, the list build.sh wrote, holds
 package names (for the idemproxy image, ca-certificates among them); a
-Dockerfile.dockerignore beside it that keeps the host's build/ out of the context.
+Dockerfile.dockerignore beside it that keeps the host's build/ out of the context;
+the image records what it was built from: the final stage takes ARG COMMIT and
+ARG VERSION (its default proxy/px.h's PX_VERSION) and sets the standard OCI
+labels org.opencontainers.image.* (title, description, version "$VERSION",
+revision "$COMMIT", source, licenses as LICENSE says), and for the idemproxy
+image the build stage takes ARG COMMIT too, for build.sh (the binary's
+`idemproxy version` and build_info{commit}: the context has no .git).
 Prints one line per problem; exit 0 when there is none.
 """
 
@@ -52,6 +58,60 @@ def exec_form(text):
     if text.startswith("["):
         return json.loads(text)
     return ["/bin/sh", "-c", text]
+
+
+OCI_LABELS = ("title", "description", "version", "revision", "source", "licenses")
+
+
+def arg_defaults(stage):
+    """{name: default or None} of the stage's ARG lines."""
+    out = {}
+    for ins, args in stage["ins"]:
+        if ins == "ARG":
+            name, eq, default = args.partition("=")
+            out[name.strip()] = shlex.split(default)[0] if eq and shlex.split(default) else ("" if eq else None)
+    return out
+
+
+def provenance(build, final, image):
+    problems = []
+    fargs = arg_defaults(final)
+    for a in ("COMMIT", "VERSION"):
+        if a not in fargs:
+            problems.append(f"the runtime stage has no ARG {a} (for the org.opencontainers.image labels)")
+    try:
+        with open("proxy/px.h", encoding="utf-8") as f:
+            m = re.search(r'^#define PX_VERSION "([^"]*)"', f.read(), re.M)
+        if m and fargs.get("VERSION") not in (None, m.group(1)):
+            problems.append(f"ARG VERSION={fargs['VERSION']}: proxy/px.h says PX_VERSION {m.group(1)}")
+    except OSError:
+        problems.append("proxy/px.h not found: run from the repository root")
+    labels = {}
+    for ins, args in final["ins"]:
+        if ins == "LABEL":
+            for word in shlex.split(args):
+                k, _, v = word.partition("=")
+                labels[k] = v
+    for name in OCI_LABELS:
+        if not labels.get(f"org.opencontainers.image.{name}"):
+            problems.append(f"no LABEL org.opencontainers.image.{name}")
+    for name, want in (("version", "VERSION"), ("revision", "COMMIT")):
+        got = labels.get(f"org.opencontainers.image.{name}")
+        if got is not None and got not in (f"${want}", f"${{{want}}}"):
+            problems.append(f"LABEL org.opencontainers.image.{name}={got}: want the build argument ${want}")
+    try:
+        with open("LICENSE", encoding="utf-8") as f:
+            text = f.read(2000)
+        if "Apache License" in text and "Version 2.0" in text:
+            got = labels.get("org.opencontainers.image.licenses")
+            if got is not None and got != "Apache-2.0":
+                problems.append(f"LABEL org.opencontainers.image.licenses={got}: LICENSE is Apache-2.0")
+    except OSError:
+        problems.append("LICENSE not found: run from the repository root")
+    if image == "idemproxy" and "COMMIT" not in arg_defaults(build):
+        problems.append("the build stage has no ARG COMMIT: the binary would report commit \"\" "
+                        "(the build context has no .git)")
+    return problems
 
 
 def check(dockerfile, image, staged):
@@ -154,6 +214,7 @@ def check(dockerfile, image, staged):
                     problems.append(f"HEALTHCHECK runs {shlex.join(argv)}: want idemproxy health")
                 elif argv[0].startswith("/") and not os.path.isfile(os.path.join(staged, argv[0].lstrip("/"))):
                     problems.append(f"HEALTHCHECK binary {argv[0]} is not in the staged tree")
+    problems += provenance(build, final, image)
     ignore = dockerfile + ".dockerignore"
     if not os.path.isfile(ignore):
         problems.append(f"no {os.path.basename(ignore)}: the host's build/ would enter the context")

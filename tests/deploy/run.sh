@@ -153,7 +153,13 @@ mkdir -p "$tmp/home"
 
 stage=build/docker
 multiarch=$(gcc -print-multiarch 2>/dev/null || dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
-check "docker build steps: idemproxy image staged" deploy/docker/build.sh idemproxy "$stage/idemproxy"
+# The image's build stage has no .git: the commit comes as a build argument
+# (COMMIT), which build.sh hands to make. Staged here with one git never made, so
+# the staged binary shows it got through; build/idemproxy is rebuilt with the
+# real commit after the image checks.
+image_commit=feedc0de1234
+check "docker build steps: idemproxy image staged (COMMIT=$image_commit, as the Dockerfile's build argument)" \
+    env COMMIT=$image_commit deploy/docker/build.sh idemproxy "$stage/idemproxy"
 check "docker build steps: worker image staged" deploy/docker/build.sh worker "$stage/worker"
 # The runtime stage without Docker: a root holding glibc (as the slim base has
 # it), the files of the packages the runtime stage installs (STAGE.packages, as
@@ -188,6 +194,29 @@ check "staged idemproxy --version runs on the packages' libraries" \
     env LD_LIBRARY_PATH="$(libpath "$tmp/root-px")" "$tmp/root-px/usr/local/bin/idemproxy" --version
 check "staged example_worker --help runs on the packages' libraries" \
     env LD_LIBRARY_PATH="$(libpath "$tmp/root-w")" "$tmp/root-w/usr/local/bin/example_worker" --help
+# version_is WANT CMD...: CMD prints exactly WANT.
+version_is() {
+    local want=$1 got; shift
+    got=$("$@") || return 1
+    echo "$got"
+    [ "$got" = "$want" ] || { echo "want: $want"; return 1; }
+}
+check "the staged idemproxy reports the commit of the build argument (idemproxy version)" \
+    version_is "idemproxy $(sed -n 's/^#define PX_VERSION "\(.*\)"/\1/p' proxy/px.h) (commit $image_commit)" \
+    env LD_LIBRARY_PATH="$(libpath "$tmp/root-px")" "$tmp/root-px/usr/local/bin/idemproxy" version
+expect_fail "negative: build.sh refuses a COMMIT that is no commit id (it becomes a C string)" \
+    "COMMIT 'a\"b' is not a commit id" env COMMIT='a"b' deploy/docker/build.sh --no-install idemproxy "$tmp/stage-bad"
+# make images: docker build with the commit and version as build arguments (no
+# Docker here: DOCKER=echo prints the commands it would run).
+images_pass_commit() {
+    local out want_commit; want_commit=$(git rev-parse --short=12 HEAD) || return 1
+    out=$(make -s --no-print-directory images DOCKER=echo) || return 1
+    echo "$out"
+    [ "$(grep -c -- "--build-arg COMMIT=$want_commit --build-arg VERSION=0.1.0 " <<<"$out")" = 2 ] &&
+        grep -q -- '-f deploy/docker/Dockerfile -t idemproxy:0.1.0 \.$' <<<"$out" &&
+        grep -q -- '-f deploy/docker/Dockerfile.worker -t idemproxy-example-worker:0.1.0 \.$' <<<"$out"
+}
+check "make images passes the git commit and PX_VERSION to both docker builds" images_pass_commit
 
 # Every library the loader resolves for the staged binary is in its root: the
 # listed packages' or glibc's.
@@ -359,9 +388,9 @@ else
     skip "chroot checks of the staged trees (need root)"
     chroot_ok=0
 fi
-check "Dockerfile: build stage runs build.sh, non-root runtime, health check, staged entrypoint" \
+check "Dockerfile: build stage runs build.sh with ARG COMMIT, non-root runtime, health check, staged entrypoint, OCI labels" \
     "$PY" tests/deploy/check_dockerfiles.py deploy/docker/Dockerfile idemproxy "$stage/idemproxy"
-check "Dockerfile.worker: build stage runs build.sh, non-root runtime, staged entrypoint" \
+check "Dockerfile.worker: build stage runs build.sh, non-root runtime, staged entrypoint, OCI labels" \
     "$PY" tests/deploy/check_dockerfiles.py deploy/docker/Dockerfile.worker worker "$stage/worker"
 sed 's/^USER .*/USER root/' deploy/docker/Dockerfile >"$tmp/Dockerfile"
 cp deploy/docker/Dockerfile.dockerignore "$tmp/Dockerfile.dockerignore"
@@ -372,6 +401,24 @@ sed 's#--mount=type=bind,from=build,source=/stage.packages,target=/tmp/runtime-p
 expect_fail "negative: a runtime stage that installs other than the staged package list is refused" \
     'uses a package manager other than to install /stage\.packages' \
     broken "^RUN *\\\\$" "$tmp/Dockerfile" "$PY" tests/deploy/check_dockerfiles.py "$tmp/Dockerfile" idemproxy "$stage/idemproxy"
+awk '/^FROM .* AS build/ { b = 1 } /^FROM debian:12-slim$/ { b = 0 } !(b && /^ARG COMMIT/)' \
+    deploy/docker/Dockerfile >"$tmp/Dockerfile"
+expect_fail "negative: an idemproxy build stage without ARG COMMIT is refused (the binary would report no commit)" \
+    'the build stage has no ARG COMMIT' \
+    broken 'COMMIT="\$COMMIT" deploy/docker/build.sh' "$tmp/Dockerfile" \
+    "$PY" tests/deploy/check_dockerfiles.py "$tmp/Dockerfile" idemproxy "$stage/idemproxy"
+sed '/org\.opencontainers\.image\.revision=/d' deploy/docker/Dockerfile.worker >"$tmp/Dockerfile"
+cp deploy/docker/Dockerfile.worker.dockerignore "$tmp/Dockerfile.dockerignore"
+expect_fail "negative: a Dockerfile without the OCI revision label is refused" \
+    'no LABEL org\.opencontainers\.image\.revision' \
+    broken 'image.version="\$VERSION"' "$tmp/Dockerfile" "$PY" tests/deploy/check_dockerfiles.py "$tmp/Dockerfile" worker "$stage/worker"
+sed 's/^ARG VERSION=.*/ARG VERSION=0.0.9/' deploy/docker/Dockerfile >"$tmp/Dockerfile"
+cp deploy/docker/Dockerfile.dockerignore "$tmp/Dockerfile.dockerignore"
+expect_fail "negative: an ARG VERSION other than proxy/px.h's PX_VERSION is refused" \
+    'ARG VERSION=0\.0\.9: proxy/px\.h says PX_VERSION' \
+    broken "^ARG VERSION=0.0.9" "$tmp/Dockerfile" "$PY" tests/deploy/check_dockerfiles.py "$tmp/Dockerfile" idemproxy "$stage/idemproxy"
+# build/idemproxy back to the commit of the work tree (make rewrites build/gen/commit.h).
+check "build/idemproxy rebuilt with the work tree's commit" make -s --no-print-directory build/idemproxy
 
 # --- Kubernetes manifests ---------------------------------------------------
 
@@ -620,6 +667,8 @@ if [ "$chroot_ok" = 1 ] && command -v redis-server >/dev/null && command -v redi
     check "the live /metrics of that pod passes the dashboard and alert check" \
         "$PY" tests/deploy/check_dashboard.py -q --metrics "$tmp/live-metrics.txt" \
         deploy/grafana/idemproxy.json deploy/prometheus/alerts.yaml
+    check "the live /metrics of that pod: build_info carries the commit of the build argument" \
+        grep -F "idemproxy_build_info{version=\"0.1.0\",commit=\"$image_commit\"} 1" "$tmp/live-metrics.txt"
     check "pod smoke test over mutual TLS: the config of deploy/k8s/tls, its Secret's files, a TLS-only Redis" pod_smoke tls
     check "pod smoke test over mutual TLS with no ca_file: the server's CA found in the image's CA bundle" \
         pod_smoke tls-system-ca

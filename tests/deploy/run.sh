@@ -450,11 +450,14 @@ check "the rendered chart (defaults) validates against the $K8S_MIN_VERSION and 
     validate "$tmp/default.yaml"
 check "the rendered chart (non-default values) validates against the $K8S_MIN_VERSION and $K8S_VERSION schemas" \
     validate "$tmp/custom.yaml"
-check "the chart's defaults render the same Deployment, ConfigMap, Secret and PDB as deploy/k8s" \
-    "$PY" tests/deploy/manifests.py compare deploy/k8s "$tmp/default.yaml"
+# deploy/k8s is the chart with a password from the Secret you create (idemproxy-redis).
+check "the chart renders with redis.existingSecret=idemproxy-redis" \
+    render_to "$tmp/k8s-values.yaml" --set redis.existingSecret=idemproxy-redis
+check "the chart with redis.existingSecret=idemproxy-redis renders the same Deployment, ConfigMap, PDB and NetworkPolicy as deploy/k8s" \
+    "$PY" tests/deploy/manifests.py compare deploy/k8s "$tmp/k8s-values.yaml"
 check "the rendered chart (non-default values) fits together" \
     "$PY" tests/deploy/manifests.py consistency "$tmp/custom.yaml"
-render --set replicaCount=3 >"$tmp/three.yaml" 2>&1
+render --set redis.existingSecret=idemproxy-redis --set replicaCount=3 >"$tmp/three.yaml" 2>&1
 expect_fail "negative: the comparison sees a changed value" '^ *\+  replicas: 3$' \
     broken "replicas: 3" "$tmp/three.yaml" "$PY" tests/deploy/manifests.py compare deploy/k8s "$tmp/three.yaml"
 render --set podSecurityContext.runAsNonRot=true >"$tmp/typo.yaml" 2>&1
@@ -491,8 +494,9 @@ check_config() {
 check "idemproxy check: the config of deploy/k8s/configmap.yaml" check_config "$tmp/k8s-config.yaml"
 "$PY" tests/deploy/manifests.py config "$tmp/default.yaml" "$tmp/chart-config.yaml"
 check "idemproxy check: the config the chart renders (defaults)" check_config "$tmp/chart-config.yaml"
-check "idemproxy check without --files: the chart's config, its Secret not mounted (hermetic)" \
-    "$IDEMPROXY_BIN" check -c "$tmp/chart-config.yaml"
+"$PY" tests/deploy/manifests.py config "$tmp/k8s-values.yaml" "$tmp/k8s-values-config.yaml"
+check "idemproxy check without --files: the chart's config with a password_file, its Secret not mounted (hermetic)" \
+    bash -c 'grep -q password_file "$1" && "$2" check -c "$1"' _ "$tmp/k8s-values-config.yaml" "$IDEMPROXY_BIN"
 "$PY" tests/deploy/manifests.py config "$tmp/custom.yaml" "$tmp/custom-config.yaml"
 check "idemproxy check: the config the chart renders (non-default values)" check_config "$tmp/custom-config.yaml"
 render --set 'redis.cluster={redis-0.redis:6379,redis-1.redis:6379}' >"$tmp/cluster.yaml" 2>&1
@@ -544,7 +548,7 @@ print(json.dumps({"created": sorted(o["metadata"]["name"] for o in objs if o["ki
 check "openssl makes a test CA and a client pair it signed" make_certs
 tlsset=(--set redis.tls.enabled=true --set redis.tls.existingSecret=idemproxy-redis-tls)
 mkdir -p "$tmp/k8s-tls"
-cp deploy/k8s/secret.yaml deploy/k8s/pdb.yaml deploy/k8s/networkpolicy.yaml deploy/k8s/tls/*.yaml "$tmp/k8s-tls/"
+cp deploy/k8s/pdb.yaml deploy/k8s/networkpolicy.yaml deploy/k8s/tls/*.yaml "$tmp/k8s-tls/"
 check "deploy/k8s/tls (the TLS variant) validates against the $K8S_MIN_VERSION and $K8S_VERSION schemas" \
     validate "$tmp/k8s-tls/"
 check "deploy/k8s/tls: the CA and client pair lie in a read-only Secret volume; the rest fits together" \
@@ -552,8 +556,8 @@ check "deploy/k8s/tls: the CA and client pair lie in a read-only Secret volume; 
 "$PY" tests/deploy/manifests.py config "$tmp/k8s-tls" "$tmp/k8s-tls-config.yaml"
 check "idemproxy check: the config of deploy/k8s/tls/configmap.yaml (its TLS files loaded)" \
     check_config "$tmp/k8s-tls-config.yaml"
-check "the chart renders with redis.tls (mutual TLS)" \
-    render_to "$tmp/tls.yaml" "${tlsset[@]}" --set redis.tls.clientCertificate=true
+check "the chart renders with redis.tls (mutual TLS) and redis.existingSecret" \
+    render_to "$tmp/tls.yaml" "${tlsset[@]}" --set redis.tls.clientCertificate=true --set redis.existingSecret=idemproxy-redis
 check "the chart with redis.tls (mutual TLS) renders the same objects as deploy/k8s/tls" \
     "$PY" tests/deploy/manifests.py compare "$tmp/k8s-tls" "$tmp/tls.yaml"
 check "the rendered chart (mutual TLS) validates against the $K8S_MIN_VERSION and $K8S_VERSION schemas" \
@@ -562,7 +566,7 @@ check "the rendered chart (mutual TLS) validates against the $K8S_MIN_VERSION an
 check "mutual TLS: url rediss://, ca_file, cert_file, key_file from the Secret, verify on" redis_is "$tmp/tls-config.yaml" \
     '{"password_file": "/var/run/secrets/redis/password", "tls": {"ca_file": "/var/run/secrets/redis-tls/ca.crt", "cert_file": "/var/run/secrets/redis-tls/tls.crt", "key_file": "/var/run/secrets/redis-tls/tls.key", "verify": true}, "url": "rediss://redis:6379"}'
 check "mutual TLS: the TLS Secret's ca.crt, tls.crt and tls.key mounted read-only beside the password" secrets_are "$tmp/tls.yaml" \
-    '{"created": ["idemproxy-redis"], "volumes": {"redis-password": ["idemproxy-redis", ["password"], "/var/run/secrets/redis", true], "redis-tls": ["idemproxy-redis-tls", ["ca.crt", "tls.crt", "tls.key"], "/var/run/secrets/redis-tls", true]}}'
+    '{"created": [], "volumes": {"redis-password": ["idemproxy-redis", ["password"], "/var/run/secrets/redis", true], "redis-tls": ["idemproxy-redis-tls", ["ca.crt", "tls.crt", "tls.key"], "/var/run/secrets/redis-tls", true]}}'
 check "idemproxy check: the config the chart renders with mutual TLS" check_config "$tmp/tls-config.yaml"
 check "the chart renders with tests/deploy/values/tls.yaml (TLS without a client pair, no password)" \
     render_to "$tmp/tls-only.yaml" -f tests/deploy/values/tls.yaml
@@ -581,7 +585,7 @@ check "idemproxy check: the config the chart renders with TLS without a client p
 render "${tlsset[@]}" --set 'redis.cluster={redis-0.redis:6379,redis-1.redis:6379}' >"$tmp/tls-cluster.yaml" 2>&1
 "$PY" tests/deploy/manifests.py config "$tmp/tls-cluster.yaml" "$tmp/tls-cluster-config.yaml"
 check "TLS with redis.cluster seeds: redis.tls beside the seeds, no url" redis_is "$tmp/tls-cluster-config.yaml" \
-    '{"cluster": ["redis-0.redis:6379", "redis-1.redis:6379"], "password_file": "/var/run/secrets/redis/password", "tls": {"ca_file": "/var/run/secrets/redis-tls/ca.crt", "verify": true}}'
+    '{"cluster": ["redis-0.redis:6379", "redis-1.redis:6379"], "tls": {"ca_file": "/var/run/secrets/redis-tls/ca.crt", "verify": true}}'
 check "idemproxy check: the config the chart renders with TLS and cluster seeds" check_config "$tmp/tls-cluster-config.yaml"
 # A managed Redis signed by a public CA: no Secret, the image's CA bundle verifies.
 check "the chart renders a rediss:// url with no TLS values (a public CA)" \
@@ -589,9 +593,9 @@ check "the chart renders a rediss:// url with no TLS values (a public CA)" \
 "$PY" tests/deploy/manifests.py config "$tmp/tls-public.yaml" "$tmp/tls-public-config.yaml"
 check "a rediss:// url alone: redis.tls with verify on and no ca_file (the image's CA bundle)" \
     redis_is "$tmp/tls-public-config.yaml" \
-    '{"password_file": "/var/run/secrets/redis/password", "tls": {"verify": true}, "url": "rediss://cache.example.net:6380"}'
+    '{"tls": {"verify": true}, "url": "rediss://cache.example.net:6380"}'
 check "a rediss:// url alone: no TLS Secret mounted" secrets_are "$tmp/tls-public.yaml" \
-    '{"created": ["idemproxy-redis"], "volumes": {"redis-password": ["idemproxy-redis", ["password"], "/var/run/secrets/redis", true]}}'
+    '{"created": [], "volumes": {}}'
 check "the rendered chart (a rediss:// url alone) fits together" \
     "$PY" tests/deploy/manifests.py consistency "$tmp/tls-public.yaml"
 check "idemproxy check: the config the chart renders for a rediss:// url alone" check_config "$tmp/tls-public-config.yaml"
@@ -599,16 +603,21 @@ render_to "$tmp/tls-enabled-only.yaml" --set redis.tls.enabled=true --set redis.
 "$PY" tests/deploy/manifests.py config "$tmp/tls-enabled-only.yaml" "$tmp/tls-enabled-only-config.yaml"
 check "redis.tls.enabled without a Secret: redis:// made rediss://, server_name, no ca_file" \
     redis_is "$tmp/tls-enabled-only-config.yaml" \
-    '{"password_file": "/var/run/secrets/redis/password", "tls": {"server_name": "cache.example.net", "verify": true}, "url": "rediss://redis:6379"}'
+    '{"tls": {"server_name": "cache.example.net", "verify": true}, "url": "rediss://redis:6379"}'
 check "redis.tls.enabled without a Secret: no TLS Secret mounted" secrets_are "$tmp/tls-enabled-only.yaml" \
+    '{"created": [], "volumes": {}}'
+# No password unless one is given (issue 33): the defaults make no Secret.
+check "defaults: no password_file in the config (no AUTH)" redis_is "$tmp/chart-config.yaml" '{"url": "redis://redis:6379"}'
+check "defaults: no Secret created, none mounted (no placeholder password)" secrets_are "$tmp/default.yaml" '{"created": [], "volumes": {}}'
+check "the chart renders with redis.password given" render_to "$tmp/pw.yaml" --set redis.password=s3cret
+"$PY" tests/deploy/manifests.py config "$tmp/pw.yaml" "$tmp/pw-config.yaml"
+check "redis.password given: the chart creates <fullname>-redis and mounts it as password_file" secrets_are "$tmp/pw.yaml" \
     '{"created": ["idemproxy-redis"], "volumes": {"redis-password": ["idemproxy-redis", ["password"], "/var/run/secrets/redis", true]}}'
-check "the chart renders with no password (redis.password empty)" render_to "$tmp/nopw.yaml" --set redis.password=
-check "the rendered chart (no password) validates against the $K8S_MIN_VERSION and $K8S_VERSION schemas" \
-    validate "$tmp/nopw.yaml"
-"$PY" tests/deploy/manifests.py config "$tmp/nopw.yaml" "$tmp/nopw-config.yaml"
-check "no password: no password_file in the config (no AUTH)" redis_is "$tmp/nopw-config.yaml" '{"url": "redis://redis:6379"}'
-check "no password: no Secret created, none mounted" secrets_are "$tmp/nopw.yaml" '{"created": [], "volumes": {}}'
-check "idemproxy check: the config the chart renders with no password" check_config "$tmp/nopw-config.yaml"
+check "redis.password given: password_file in the config" redis_is "$tmp/pw-config.yaml" \
+    '{"password_file": "/var/run/secrets/redis/password", "url": "redis://redis:6379"}'
+check "the rendered chart (redis.password given) validates against the $K8S_MIN_VERSION and $K8S_VERSION schemas" \
+    validate "$tmp/pw.yaml"
+check "the rendered chart (redis.password given) fits together" "$PY" tests/deploy/manifests.py consistency "$tmp/pw.yaml"
 check "the chart renders with tests/deploy/values/sentinel.yaml (Redis Sentinel)" \
     render_to "$tmp/sentinel.yaml" -f tests/deploy/values/sentinel.yaml
 check "helm lint --strict with tests/deploy/values/sentinel.yaml" \
@@ -622,13 +631,13 @@ check "Sentinel: redis.sentinel instead of url, the sentinels' own password_file
     redis_is "$tmp/sentinel-config.yaml" \
     '{"password_file": "/var/run/secrets/redis/password", "sentinel": {"master_name": "mymaster", "password_file": "/var/run/secrets/redis-sentinel/password", "sentinels": ["redis-node-0.redis-headless:26379", "redis-node-1.redis-headless:26379", "redis-node-2.redis-headless:26379"], "username": "sentinel-reader"}}'
 check "Sentinel: the existing Secret's key mounted read-only as the sentinels' password" secrets_are "$tmp/sentinel.yaml" \
-    '{"created": ["idemproxy-redis"], "volumes": {"redis-password": ["idemproxy-redis", ["password"], "/var/run/secrets/redis", true], "redis-sentinel-password": ["redis-sentinel", ["sentinel-password"], "/var/run/secrets/redis-sentinel", true]}}'
+    '{"created": [], "volumes": {"redis-password": ["redis", ["redis-password"], "/var/run/secrets/redis", true], "redis-sentinel-password": ["redis-sentinel", ["sentinel-password"], "/var/run/secrets/redis-sentinel", true]}}'
 check "idemproxy check: the config the chart renders with Redis Sentinel" check_config "$tmp/sentinel-config.yaml"
 render_to "$tmp/sentinel-pw.yaml" --set redis.sentinel.masterName=mymaster \
     --set 'redis.sentinel.sentinels={redis:26379}' --set redis.sentinel.password=s3cret >/dev/null 2>&1
 check "Sentinel with redis.sentinel.password: the chart creates and mounts <fullname>-redis-sentinel" \
     secrets_are "$tmp/sentinel-pw.yaml" \
-    '{"created": ["idemproxy-redis", "idemproxy-redis-sentinel"], "volumes": {"redis-password": ["idemproxy-redis", ["password"], "/var/run/secrets/redis", true], "redis-sentinel-password": ["idemproxy-redis-sentinel", ["password"], "/var/run/secrets/redis-sentinel", true]}}'
+    '{"created": ["idemproxy-redis-sentinel"], "volumes": {"redis-sentinel-password": ["idemproxy-redis-sentinel", ["password"], "/var/run/secrets/redis-sentinel", true]}}'
 expect_fail "negative: the values schema refuses redis.sentinel.masterName without sentinels" \
     "at '/redis/sentinel/sentinels': minItems: got 0, want 1" render --set redis.sentinel.masterName=mymaster
 expect_fail "negative: the values schema refuses a sentinel without a port" "'redis-0\.redis' does not match pattern" \

@@ -22,7 +22,15 @@
         mounted readOnly (and among its items, if it lists some); the ipc endpoint lies in an emptyDir mounted in
         idemproxy and in every app container, whose IDEMPROXY_ENDPOINT (if set)
         is that endpoint; the pod has an fsGroup (the socket is mode 0660); a
-        PodDisruptionBudget selects the pods.
+        PodDisruptionBudget selects the pods; every volumeMount of every
+        container names a volume of the pod (the API server rejects it otherwise).
+
+    manifests.py sidecar A B
+        The idemproxy sidecar of the one Deployment in A and in B is the same:
+        the idemproxy initContainer, the pod volumes it mounts (a ConfigMap's
+        name without kustomize's hash suffix), the app containers'
+        IDEMPROXY_ENDPOINT and socket mount, the pod's fsGroup and prometheus.io
+        annotations. Exit 0 when equal; else print a diff, exit 1.
 
     manifests.py config FILE OUT [NAME]
         Write the idemproxy.yaml of the ConfigMap NAME (default: the only
@@ -32,6 +40,7 @@
 import difflib
 import glob
 import os
+import re
 import sys
 
 import yaml
@@ -229,6 +238,10 @@ def consistency(path):
                         say(f"container {c['name']}: IDEMPROXY_ENDPOINT {app_ep} is not {endpoint}")
                     if _mount_volume(c, volumes, sock_dir) is not vol:
                         say(f"container {c['name']} does not mount the socket emptyDir at {sock_dir}")
+        for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+            for m in c.get("volumeMounts") or []:
+                if m.get("name") not in volumes:
+                    say(f"container {c.get('name')} mounts volume {m.get('name')!r}, which the pod does not have")
         if not (spec.get("securityContext") or {}).get("fsGroup"):
             say("no pod fsGroup: the app container may not reach the 0660 socket")
         # disruption budget
@@ -243,6 +256,50 @@ def consistency(path):
     if not problems:
         print(f"{path}: consistent ({len(deployments)} Deployment)")
     return 1 if problems else 0
+
+
+def _sidecar_view(path):
+    deployments = [o for o in load(path) if o.get("kind") == "Deployment"]
+    if len(deployments) != 1:
+        return None, f"{path}: {len(deployments)} Deployments (want 1)"
+    pod = deployments[0]["spec"]["template"]
+    spec = pod["spec"]
+    px = next((c for c in spec.get("initContainers") or [] if c.get("name") == "idemproxy"), None)
+    if px is None:
+        return None, f"{path}: no initContainer named idemproxy"
+    volumes = {v["name"]: v for v in spec.get("volumes") or []}
+    mounted = {}
+    for m in px.get("volumeMounts") or []:
+        v = dict(volumes.get(m["name"]) or {"missing": True})
+        if "configMap" in v:
+            cm = dict(v["configMap"])
+            cm["name"] = re.sub(r"-[a-z0-9]{10}$", "", cm["name"])  # kustomize's content hash
+            v["configMap"] = cm
+        mounted[m["name"]] = v
+    apps = {}
+    for c in spec.get("containers") or []:
+        env = {e.get("name"): e.get("value") for e in c.get("env") or []}
+        sock = [m for m in c.get("volumeMounts") or [] if m.get("name") == "socket"]
+        apps[c["name"]] = {"IDEMPROXY_ENDPOINT": env.get("IDEMPROXY_ENDPOINT"), "socket": sock}
+    ann = {k: v for k, v in ((pod.get("metadata") or {}).get("annotations") or {}).items()
+           if k.startswith("prometheus.io/")}
+    return {"initContainer": px, "volumes": mounted, "app containers": sorted(apps.values(), key=str),
+            "fsGroup": (spec.get("securityContext") or {}).get("fsGroup"), "annotations": ann}, None
+
+
+def sidecar(a, b):
+    va, err = _sidecar_view(a)
+    vb, err2 = _sidecar_view(b)
+    if err or err2:
+        print(err or err2)
+        return 1
+    if va == vb:
+        print(f"the same sidecar in {a} and {b}")
+        return 0
+    print(f"the sidecar differs between {a} and {b}:")
+    for line in difflib.unified_diff(dump(va), dump(vb), a, b, lineterm="", n=2):
+        print("    " + line)
+    return 1
 
 
 def config(path, out, name=None):
@@ -262,6 +319,8 @@ def config(path, out, name=None):
 def main(argv):
     if len(argv) == 3 and argv[0] == "compare":
         return compare(argv[1], argv[2])
+    if len(argv) == 3 and argv[0] == "sidecar":
+        return sidecar(argv[1], argv[2])
     if len(argv) == 2 and argv[0] == "consistency":
         return consistency(argv[1])
     if len(argv) in (3, 4) and argv[0] == "config":

@@ -29,6 +29,7 @@ root=$PWD
 HELM_VERSION=v3.22.0
 HELM_K8S_MINOR=37                 # as helm's own release build sets it (its client-go is v0.37)
 KUBECTL_VALIDATE_VERSION=v0.0.4
+KUSTOMIZE_VERSION=v5.5.0          # built only where kubectl (which embeds kustomize) is missing
 K8S_VERSION=1.30                  # newest schemas kubectl-validate v0.0.4 embeds
 K8S_MIN_VERSION=1.29              # native sidecars on by default; the chart's kubeVersion
 TOOLS=${IDEMPROXY_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/idemproxy/tools}
@@ -668,6 +669,195 @@ sed -i 's/^\( *\)- key: ca\.crt$/\1- key: ca.pem/; s/^\( *\)path: ca\.crt$/\1pat
 expect_fail "negative: a ca_file outside the TLS Secret's items is caught" \
     'the Secret volume redis-tls has no item with path ca\.crt \(tls\.ca_file\)' \
     broken "path: ca.pem" "$tmp/bad-tls/deployment.yaml" "$PY" tests/deploy/manifests.py consistency "$tmp/bad-tls"
+
+# --- the chart as platform teams deploy it (issue 33) ------------------------
+
+kinds_are() {  # kinds_are RENDERED "KIND ...": the kinds of the objects, sorted
+    local got; got=$(grep '^kind:' "$1" | sed 's/^kind: //' | sort | tr '\n' ' ' | sed 's/ $//')
+    echo "kinds: $got"
+    [ "$got" = "$2" ] || { echo "want:  $2"; return 1; }
+}
+# The values schema: an unknown key is refused wherever the chart knows the shape.
+expect_fail "negative: the values schema refuses a misspelt top-level key (replicaCont)" \
+    "at '': additional properties 'replicaCont' not allowed" render --set replicaCont=3
+expect_fail "negative: the values schema refuses an unknown key in worker" \
+    "at '/worker': additional properties 'volumeMount' not allowed" render --set 'worker.volumeMount[0].name=data'
+expect_fail "negative: the values schema refuses a key of the config the chart sets itself (config.redis.url)" \
+    "at '/config/redis': additional properties 'url' not allowed" render --set config.redis.url=redis://other:6379
+expect_fail "negative: the values schema refuses a misspelt stream option" \
+    "at '/streams/0': additional properties 'lease_msec' not allowed" render --set 'streams[0].lease_msec=5000'
+expect_fail "negative: the values schema refuses an unknown key in podMonitor" \
+    "at '/podMonitor': additional properties 'enable' not allowed" render --set podMonitor.enable=true
+# The schema's config and stream keys are those docs/configuration.md documents,
+# less what the chart sets: neither gains a key the other lacks.
+schema_keys_match_docs() {  # schema_keys_match_docs SCHEMA
+    "$PY" - "$1" docs/configuration.md <<'EOF'
+import json, re, sys
+schema = json.load(open(sys.argv[1]))["properties"]
+docs = set(re.findall(r"^### `([a-z_]+(?:\[\])?\.[a-z_]+)`", open(sys.argv[2]).read(), re.M))
+chart_sets = {"redis.url", "redis.cluster", "redis.sentinel", "redis.password_file", "redis.username",
+              "redis.tls", "app.endpoint", "metrics.listen"}
+got = {f"{sec}.{k}" for sec, v in schema["config"]["properties"].items() if "properties" in v
+       for k in v["properties"]}
+got |= {f"streams[].{k}" for k in schema["streams"]["items"]["properties"]}
+want = docs - chart_sets
+for k in sorted(want - got): print(f"docs/configuration.md documents {k}; the values schema lacks it")
+for k in sorted(got - want): print(f"the values schema allows {k}; docs/configuration.md does not document it")
+print(f"{len(got)} keys of config and streams in the schema, {len(want)} documented")
+sys.exit(1 if got != want else 0)
+EOF
+}
+check "the values schema's config and stream keys are those of docs/configuration.md" \
+    schema_keys_match_docs "$chart/values.schema.json"
+sed '/^ *"lease_ms": {},$/d' "$chart/values.schema.json" >"$tmp/schema-drift.json"
+expect_fail "negative: a values schema that lacks a documented stream option is caught" \
+    'docs/configuration\.md documents streams\[\]\.lease_ms; the values schema lacks it' \
+    schema_keys_match_docs "$tmp/schema-drift.json"
+
+# Volumes: worker.volumeMounts and extraVolumeMounts name volumes of the pod.
+check "the chart renders with tests/deploy/values/volumes.yaml (extraVolumes, worker.volumeMounts, extraVolumeMounts)" \
+    render_to "$tmp/volumes.yaml" -f tests/deploy/values/volumes.yaml
+check "helm lint --strict with tests/deploy/values/volumes.yaml" \
+    helm_ lint --strict --kube-version "$K8S_VERSION.0" "$chart" -f tests/deploy/values/volumes.yaml
+check "the rendered chart (extra volumes) validates against the $K8S_MIN_VERSION and $K8S_VERSION schemas" \
+    validate "$tmp/volumes.yaml"
+check "the rendered chart (extra volumes) fits together: every mount names a volume of the pod" \
+    "$PY" tests/deploy/manifests.py consistency "$tmp/volumes.yaml"
+expect_fail "negative: the chart refuses worker.volumeMounts naming no volume of the pod" \
+    'worker\.volumeMounts\[0\] mounts volume "data", which the pod does not have \(its volumes: config, socket\): add it to extraVolumes' \
+    render --set 'worker.volumeMounts[0].name=data' --set 'worker.volumeMounts[0].mountPath=/data'
+expect_fail "negative: the chart refuses extraVolumeMounts naming no volume of the pod" \
+    'extraVolumeMounts\[0\] mounts volume "ca", which the pod does not have' \
+    render --set 'extraVolumeMounts[0].name=ca' --set 'extraVolumeMounts[0].mountPath=/etc/ca'
+sed '/^      volumes:$/,$ s/^\( *\)\(- \)\{0,1\}name: data$/\1\2name: date/' "$tmp/volumes.yaml" >"$tmp/volumes-bad.yaml"
+expect_fail "negative: a mount whose volume is missing is caught in rendered manifests" \
+    "container orders-worker mounts volume 'data', which the pod does not have" \
+    broken "name: date" "$tmp/volumes-bad.yaml" "$PY" tests/deploy/manifests.py consistency "$tmp/volumes-bad.yaml"
+
+# Monitoring for the Prometheus Operator: kubectl-validate checks the PodMonitor and
+# the PrometheusRule against tests/deploy/crds (the operator's CRDs, trimmed).
+crds=(--local-crds tests/deploy/crds)
+check "the chart renders with tests/deploy/values/monitoring.yaml (PodMonitor, PrometheusRule)" \
+    render_to "$tmp/monitoring.yaml" -f tests/deploy/values/monitoring.yaml
+check "helm lint --strict with tests/deploy/values/monitoring.yaml" \
+    helm_ lint --strict --kube-version "$K8S_VERSION.0" "$chart" -f tests/deploy/values/monitoring.yaml
+check "the rendered chart (monitoring) validates, the PodMonitor and PrometheusRule against their CRDs" \
+    validate "${crds[@]}" "$tmp/monitoring.yaml"
+check "the rendered chart (monitoring) fits together" "$PY" tests/deploy/manifests.py consistency "$tmp/monitoring.yaml"
+# monitoring_fits RENDERED ALERTS: the PodMonitor scrapes the port named metrics of
+# the pods it selects, and the PrometheusRule's groups are ALERTS' groups.
+monitoring_fits() {
+    "$PY" - "$1" "$2" <<'EOF'
+import sys, yaml
+objs = [o for o in yaml.safe_load_all(open(sys.argv[1])) if o]
+kinds = {o["kind"]: o for o in objs}
+bad = []
+pm, rule = kinds.get("PodMonitor"), kinds.get("PrometheusRule")
+if not pm or not rule:
+    sys.exit(f"want a PodMonitor and a PrometheusRule, got {sorted(kinds)}")
+want = yaml.safe_load(open(sys.argv[2]))["groups"]
+if rule["spec"]["groups"] != want:
+    bad.append(f"the PrometheusRule's groups are not those of {sys.argv[2]}")
+sel = pm["spec"]["selector"].get("matchLabels") or {}
+for d in (o for o in objs if o["kind"] == "Deployment"):
+    pod = d["spec"]["template"]
+    labels = pod["metadata"].get("labels") or {}
+    if not sel or any(labels.get(k) != v for k, v in sel.items()):
+        bad.append(f"the PodMonitor's selector {sel} does not select the pods of {d['metadata']['name']}")
+    ports = [p.get("name") for c in pod["spec"].get("initContainers", []) + pod["spec"]["containers"]
+             for p in c.get("ports") or []]
+    for ep in pm["spec"]["podMetricsEndpoints"]:
+        if ep.get("port") not in ports:
+            bad.append(f"the PodMonitor scrapes port {ep.get('port')!r}; the pod's ports: {ports}")
+print("\n".join(bad) or f"PodMonitor selects {sel}, port metrics; PrometheusRule: {sum(len(g['rules']) for g in want)} rules of {sys.argv[2]}")
+sys.exit(1 if bad else 0)
+EOF
+}
+check "monitoring: the PodMonitor scrapes the sidecar's metrics port; the PrometheusRule holds deploy/prometheus/alerts.yaml" \
+    monitoring_fits "$tmp/monitoring.yaml" deploy/prometheus/alerts.yaml
+check "deploy/prometheus/alerts.yaml is the chart's files/alerts.yaml (one file: a symbolic link)" \
+    test "$(readlink -f deploy/prometheus/alerts.yaml)" = "$(readlink -f "$chart/files/alerts.yaml")"
+sed 's/^\( *\)podMetricsEndpoints:/\1podMetricEndpoints:/' "$tmp/monitoring.yaml" >"$tmp/monitoring-bad.yaml"
+expect_fail "negative: kubectl-validate rejects a misspelt PodMonitor field (the CRD's schema is used)" \
+    'spec\.podMetricEndpoints: Invalid value: value provided for unknown field' \
+    broken podMetricEndpoints "$tmp/monitoring-bad.yaml" validate_at "$K8S_VERSION" "${crds[@]}" "$tmp/monitoring-bad.yaml"
+sed 's/^\( *\)- alert: IdemproxyRedisDown$/\1- alert: IdemproxyRedisGone/' "$tmp/monitoring.yaml" >"$tmp/monitoring-drift.yaml"
+expect_fail "negative: a PrometheusRule that differs from deploy/prometheus/alerts.yaml is caught" \
+    "the PrometheusRule's groups are not those of deploy/prometheus/alerts\.yaml" \
+    broken IdemproxyRedisGone "$tmp/monitoring-drift.yaml" monitoring_fits "$tmp/monitoring-drift.yaml" deploy/prometheus/alerts.yaml
+check "defaults: no PodMonitor, no PrometheusRule, no Secret (monitoring is optional)" \
+    kinds_are "$tmp/default.yaml" "ConfigMap Deployment NetworkPolicy PodDisruptionBudget"
+
+# NOTES.txt (helm install prints it; helm template and lint do not render it): in a
+# copy of the chart, rendered through tpl into a ConfigMap.
+notes_say() {  # notes_say PATTERN VALUES...: the notes render and match PATTERN
+    local pattern=$1 c="$tmp/notes-chart"; shift
+    rm -rf "$c" && cp -r "$chart" "$c" && cp "$c/templates/NOTES.txt" "$c/files/notes.txt" &&
+        printf '%s\n' 'apiVersion: v1' 'kind: ConfigMap' 'metadata: {name: notes}' \
+            'data: {notes: {{ tpl (.Files.Get "files/notes.txt") . | quote }}}' >"$c/templates/notes.yaml" &&
+        helm_ template idemproxy "$c" --kube-version "$K8S_VERSION.0" --show-only templates/notes.yaml "$@" >"$tmp/notes.yaml" &&
+        "$PY" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["data"]["notes"])' "$tmp/notes.yaml" >"$tmp/notes.txt" || return 1
+    cat "$tmp/notes.txt"
+    grep -Eq -- "$pattern" "$tmp/notes.txt"
+}
+check "NOTES.txt (defaults): the Deployment's pods, and no password: no AUTH" \
+    notes_say 'No password configured .*: idemproxy sends no AUTH'
+check "NOTES.txt (deployment.enabled=false): the sidecar's ConfigMap and Secret, no Deployment" \
+    notes_say "the idemproxy sidecar's ConfigMap and Secret, no Deployment" --set deployment.enabled=false --set redis.password=s3cret
+
+# The sidecar in a team's own chart: tests/deploy/fixtures/app-chart depends on
+# this chart (file://), renders a Deployment of its own and adds the sidecar with
+# the idemproxy.sidecar.* templates; the chart itself renders no Deployment.
+cp -r tests/deploy/fixtures/app-chart "$tmp/app-chart"
+sed -i "s#^\( *repository: \)file://.*#\1file://$root/$chart#" "$tmp/app-chart/Chart.yaml"
+check "a chart that depends on this one: helm dependency build (file://)" helm_ dependency build "$tmp/app-chart"
+check "helm lint --strict: the chart that adds the sidecar to its own Deployment" \
+    helm_ lint --strict --kube-version "$K8S_VERSION.0" "$tmp/app-chart"
+render_app() { helm_ template shop "$tmp/app-chart" --kube-version "$K8S_VERSION.0" >"$tmp/app.yaml" && test -s "$tmp/app.yaml"; }
+check "the chart that adds the sidecar renders" render_app
+check "its manifests (its Deployment with the sidecar, the sidecar's ConfigMap, monitoring) validate" \
+    validate "${crds[@]}" "$tmp/app.yaml"
+check "its Deployment fits together: the sidecar's config, password, socket, probes and ports" \
+    "$PY" tests/deploy/manifests.py consistency "$tmp/app.yaml"
+"$PY" -c 'import sys, yaml; yaml.safe_dump(yaml.safe_load(open(sys.argv[1]))["idemproxy"] | {"deployment": {"enabled": True}}, open(sys.argv[2], "w"))' \
+    tests/deploy/fixtures/app-chart/values.yaml "$tmp/app-idemproxy-values.yaml"
+render_to "$tmp/app-standalone.yaml" -f "$tmp/app-idemproxy-values.yaml" --set fullnameOverride=shop-idemproxy >/dev/null 2>&1
+check "the sidecar its templates add is the one the chart's own Deployment runs with the same values" \
+    "$PY" tests/deploy/manifests.py sidecar "$tmp/app-standalone.yaml" "$tmp/app.yaml"
+check "the monitoring of the chart that adds the sidecar selects its pods" \
+    monitoring_fits "$tmp/app.yaml" deploy/prometheus/alerts.yaml
+render_to "$tmp/no-deployment.yaml" --set deployment.enabled=false >/dev/null 2>&1
+check "deployment.enabled=false: only the sidecar's ConfigMap (no Deployment, PDB, NetworkPolicy)" \
+    kinds_are "$tmp/no-deployment.yaml" "ConfigMap"
+expect_fail "negative: deployment.enabled=false with a PodMonitor needs podMonitor.selector" \
+    'podMonitor\.selector: with deployment\.enabled false, name your app.s pod labels' \
+    render --set deployment.enabled=false --set podMonitor.enabled=true
+
+# The sidecar for plain manifests: the kustomize Component deploy/kustomize/idemproxy,
+# in tests/deploy/fixtures/kustomize-app (a Deployment of a team's own, its overlay).
+if command -v kubectl >/dev/null; then
+    kustomize_() { kubectl kustomize "$@"; }
+else
+    KUSTOMIZE=$(go_tool kustomize "$KUSTOMIZE_VERSION" sigs.k8s.io/kustomize/kustomize/v5) || KUSTOMIZE=false
+    kustomize_() { "$KUSTOMIZE" build "$@"; }
+fi
+render_kustomize() { kustomize_ tests/deploy/fixtures/kustomize-app >"$tmp/kustomize.yaml" && test -s "$tmp/kustomize.yaml"; }
+check "kustomize: the overlay with the idemproxy Component renders" render_kustomize
+check "kustomize: the rendered overlay validates against the $K8S_MIN_VERSION and $K8S_VERSION schemas" \
+    validate "$tmp/kustomize.yaml"
+check "kustomize: the Deployment with the Component fits together" \
+    "$PY" tests/deploy/manifests.py consistency "$tmp/kustomize.yaml"
+check "kustomize: the Component's sidecar is the one the chart renders with its defaults" \
+    "$PY" tests/deploy/manifests.py sidecar "$tmp/default.yaml" "$tmp/kustomize.yaml"
+# (kustomize takes a component by a relative path only: a copy beside the overlay)
+mkdir -p "$tmp/kustomize-nopatch" && cp -r deploy/kustomize/idemproxy "$tmp/kustomize-component"
+cp tests/deploy/fixtures/kustomize-app/deployment.yaml tests/deploy/fixtures/kustomize-app/idemproxy.yaml "$tmp/kustomize-nopatch/"
+sed -e "s#\.\./\.\./\.\./\.\./deploy/kustomize/idemproxy#../kustomize-component#" -e '/^patches:/,$d' \
+    tests/deploy/fixtures/kustomize-app/kustomization.yaml >"$tmp/kustomize-nopatch/kustomization.yaml"
+kustomize_ "$tmp/kustomize-nopatch" >"$tmp/kustomize-nopatch.yaml" 2>&1
+expect_fail "negative: without the app container's patch, the missing socket mount is caught" \
+    'container shop does not mount the socket emptyDir at /run/idemproxy' \
+    broken "name: idemproxy" "$tmp/kustomize-nopatch.yaml" "$PY" tests/deploy/manifests.py consistency "$tmp/kustomize-nopatch.yaml"
 
 # --- the two images as the pod runs them ------------------------------------
 

@@ -10,8 +10,18 @@
 #     Dockerfiles agree with the staging;
 #   - deploy/k8s and the rendered chart validated against the Kubernetes
 #     $K8S_VERSION API schemas by kubectl-validate (embedded schemas, offline);
-#   - helm lint; the chart with default values renders the same objects as
+#   - the images record the commit: the Dockerfiles' ARG COMMIT and OCI labels,
+#     a binary staged with COMMIT reporting it, `make images` passing it;
+#   - helm lint; the chart with redis.existingSecret renders the same objects as
 #     deploy/k8s; the pieces of the pod fit together (ports, probes, mounts);
+#     every values file of tests/deploy/values rendered, linted and validated;
+#     the values schema refusing unknown keys; no Secret unless a password is
+#     given; a mount without a volume refused; the PodMonitor and PrometheusRule
+#     (against tests/deploy/crds) holding deploy/prometheus/alerts.yaml;
+#   - the sidecar in a team's own app: tests/deploy/fixtures/app-chart (a chart
+#     that depends on this one) and fixtures/kustomize-app (the kustomize
+#     Component; `kubectl kustomize`, or kustomize built once where kubectl is
+#     missing), each validated and holding the chart's own sidecar;
 #   - `idemproxy check` on the config of the ConfigMaps;
 #   - every query of the Grafana dashboard and the alert rules names a metric
 #     /metrics exports (a fixture scrape; IDEMPROXY_METRICS=FILE for another);

@@ -468,6 +468,21 @@ check "the chart with redis.existingSecret=idemproxy-redis renders the same Depl
     "$PY" tests/deploy/manifests.py compare deploy/k8s "$tmp/k8s-values.yaml"
 check "the rendered chart (non-default values) fits together" \
     "$PY" tests/deploy/manifests.py consistency "$tmp/custom.yaml"
+# app_container_is RENDERED JSON: the app container's ports, envFrom and probes are JSON.
+app_container_is() {
+    local got; got=$("$PY" -c 'import sys, json, yaml
+d = next(o for o in yaml.safe_load_all(open(sys.argv[1])) if o and o["kind"] == "Deployment")
+c = d["spec"]["template"]["spec"]["containers"][0]
+print(json.dumps({k: c[k] for k in ("ports", "envFrom", "startupProbe", "livenessProbe", "readinessProbe") if k in c},
+                 sort_keys=True))' "$1") || return 1
+    echo "app container: $got"
+    [ "$got" = "$2" ] || { echo "want:          $2"; return 1; }
+}
+check "non-default values: the app container has its ports, envFrom and probes (worker.*)" app_container_is "$tmp/custom.yaml" \
+    '{"envFrom": [{"configMapRef": {"name": "orders-settings"}}], "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 20}, "ports": [{"containerPort": 8080, "name": "http"}], "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}}}'
+check "defaults: the example worker has no ports, envFrom or probes" app_container_is "$tmp/default.yaml" '{}'
+expect_fail "negative: the values schema refuses a worker port without containerPort" \
+    "at '/worker/ports/0': missing property 'containerPort'" render --set 'worker.ports[0].name=http'
 render --set redis.existingSecret=idemproxy-redis --set replicaCount=3 >"$tmp/three.yaml" 2>&1
 expect_fail "negative: the comparison sees a changed value" '^ *\+  replicas: 3$' \
     broken "replicas: 3" "$tmp/three.yaml" "$PY" tests/deploy/manifests.py compare deploy/k8s "$tmp/three.yaml"

@@ -30,7 +30,7 @@ stage=${2:?usage: build.sh [--no-install] idemproxy|worker STAGE}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 commit=${COMMIT:-}
-# It becomes a C string (build/gen/commit.h): a commit id or a describe-like name.
+# It becomes a C string (build/gen/git_commit.h): a commit id or a describe-like name.
 if ! [[ "$commit" =~ ^[0-9A-Za-z._+-]*$ ]]; then
     echo "build.sh: COMMIT '$commit' is not a commit id (letters, digits, . _ + -)" >&2
     exit 2

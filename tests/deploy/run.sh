@@ -428,7 +428,7 @@ cp deploy/docker/Dockerfile.dockerignore "$tmp/Dockerfile.dockerignore"
 expect_fail "negative: an ARG VERSION other than proxy/px.h's PX_VERSION is refused" \
     'ARG VERSION=0\.0\.9: proxy/px\.h says PX_VERSION' \
     broken "^ARG VERSION=0.0.9" "$tmp/Dockerfile" "$PY" tests/deploy/check_dockerfiles.py "$tmp/Dockerfile" idemproxy "$stage/idemproxy"
-# build/idemproxy back to the commit of the work tree (make rewrites build/gen/commit.h).
+# build/idemproxy back to the commit of the work tree (make rewrites build/gen/git_commit.h).
 check "build/idemproxy rebuilt with the work tree's commit" make -s --no-print-directory build/idemproxy
 
 # --- Kubernetes manifests ---------------------------------------------------

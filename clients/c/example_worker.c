@@ -21,13 +21,18 @@
  *   WORKER_SLOW_KEYS     k6: work WORKER_SLOW_MS (1000) on these before answering
  *   WORKER_REPORT        a file: one JSON object per handled delivery is appended
  *                        (key, stream, entry_id, attempt, fencing_token,
- *                        deadline_unix_ms, payload, fields, status, start_ms, end_ms);
+ *                        deadline_unix_ms, payload, fields, status, start_ms, end_ms,
+ *                        traceparent, tracestate, span_trace_id, span_parent_id);
  *                        the shared client scenario reads it (tests/integration/
  *                        test_clients.py), so every language writes the same
  *   WORKER_RECEIVED      a file: "<key> attempt=<n>" is appended (one write(2))
  *                        as each delivery arrives, before any work, so one in
  *                        hand at a kill -9 is on record (tests/fault counts
  *                        every delivery per key from it)
+ * The C client hands over the trace context as strings only (no OpenTelemetry
+ * API in C to depend on): this worker starts its handler's span itself, a child
+ * of d->traceparent (handler_span below), as a tracer of the application's
+ * would; span_trace_id and span_parent_id in the report are that span's.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -123,9 +128,43 @@ static void json_str(FILE *f, const char *s, size_t len)
     fputc('"', f);
 }
 
+/* The handler's span, started as a child of the delivery's W3C traceparent
+ * ("00-<32 hex trace id>-<16 hex span id>-<2 hex flags>"): its trace id and its
+ * parent's span id, both "" when the traceparent is absent or malformed (a new
+ * root then). Its own span id would be a fresh random one; a real tracer would
+ * also export it. */
+struct handler_span {
+    char trace_id[33];
+    char parent_id[17];
+};
+
+static int lower_hex(const char *s, size_t n)
+{
+    size_t i;
+
+    for (i = 0; i < n; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return 0;
+    return 1;
+}
+
+static struct handler_span handler_span(const char *tp)
+{
+    struct handler_span sp = {"", ""};
+
+    if (strlen(tp) == 55 && strncmp(tp, "00-", 3) == 0 && tp[35] == '-' && tp[52] == '-' &&
+        lower_hex(tp + 3, 32) && lower_hex(tp + 36, 16) && lower_hex(tp + 53, 2) &&
+        strspn(tp + 3, "0") < 32 && strspn(tp + 36, "0") < 16) {
+        memcpy(sp.trace_id, tp + 3, 32);
+        memcpy(sp.parent_id, tp + 36, 16);
+    }
+    return sp;
+}
+
 /* Appends one JSON line about 'd' to the file named by WORKER_REPORT. */
 static void report(const idemproxy_delivery *d, const char *status, long long start, long long end)
 {
+    struct handler_span sp = handler_span(d->traceparent);
     const char *path = getenv("WORKER_REPORT");
     FILE *f;
     size_t i;
@@ -150,7 +189,12 @@ static void report(const idemproxy_delivery *d, const char *status, long long st
         fputc(':', f);
         json_str(f, (const char *) d->fields[i].value, d->fields[i].value_len);
     }
-    fprintf(f, "},\"status\":\"%s\",\"start_ms\":%lld,\"end_ms\":%lld}\n", status, start, end);
+    fputs("},\"traceparent\":", f);
+    json_str(f, d->traceparent, strlen(d->traceparent));
+    fputs(",\"tracestate\":", f);
+    json_str(f, d->tracestate, strlen(d->tracestate));
+    fprintf(f, ",\"span_trace_id\":\"%s\",\"span_parent_id\":\"%s\"", sp.trace_id, sp.parent_id);
+    fprintf(f, ",\"status\":\"%s\",\"start_ms\":%lld,\"end_ms\":%lld}\n", status, start, end);
     fclose(f);
 }
 

@@ -566,11 +566,13 @@ def test_client_retry_after_is_honoured(env, lang):
         w.stop()
 
 
-@pytest.mark.parametrize("lang", ["go", "node", "python"])
+@pytest.mark.parametrize("lang", ["go", "node", "python", "c", "java", "rust"])
 def test_client_span_continues_the_producers_trace(env, lang):
     """Protocol 1.1 with tracing on, a real OTLP receiver: producer span ->
     idemproxy's entry span -> its delivery span -> the worker's handler span
-    (the client's OpenTelemetry support; the example reports its span's ids)."""
+    (the client's OpenTelemetry support; the example reports its span's ids).
+    C hands over the strings only: its example starts the handler's span from
+    Delivery.traceparent itself, as an application's tracer would."""
     from test_tracing import PRODUCER_SPAN, PRODUCER_TRACE, TRACEPARENT, Collector
     build(lang)
     col = Collector()

@@ -19,6 +19,12 @@
  *   WORKER_VERBOSE=1     describe each delivery on stderr
  *   WORKER_SLOW_KEYS     k6: work WORKER_SLOW_MS (1000) on these before answering
  *   WORKER_REPORT        a file: one JSON object per answered delivery is appended
+ *                        (key, stream, entry_id, attempt, fencing_token, deadline_unix_ms,
+ *                        payload, fields, traceparent, tracestate, span_trace_id,
+ *                        span_parent_id, status, start_ms, end_ms)
+ * With WORKER_REPORT and OpenTelemetry's SDK on the classpath (`make example` puts the test
+ * scope there), it registers a tracer provider (no exporter), so each handler runs in the
+ * client's real span; the report gives that span's trace id and parent span id.
  * (WORKER_NOACK_KEYS, "never answer", has no equivalent: every handler outcome is an answer.)
  */
 import dev.idemproxy.worker.Delivery;
@@ -58,6 +64,8 @@ public final class ExampleWorker {
         Worker worker = new Worker(maxBytes == 0 ? Worker.DEFAULT_MAX_ENTRY_BYTES
                 : (int) Math.min(maxBytes < 0 ? Integer.MAX_VALUE : maxBytes, Integer.MAX_VALUE - 64));
         worker.closeOnSignals(); // SIGTERM: the deliveries in hand are answered, then exit 0
+        if (REPORT != null && !REPORT.isEmpty())
+            Otel.register();
         int concurrency = (int) Math.max(1, env("WORKER_CONCURRENCY", 1));
         System.err.println("ExampleWorker: waiting for deliveries on " + endpoint
                 + " (concurrency " + concurrency + ")");
@@ -99,12 +107,42 @@ public final class ExampleWorker {
                 + ",\"fencing_token\":" + Long.toUnsignedString(d.fencingToken())
                 + ",\"deadline_unix_ms\":" + Long.toUnsignedString(d.deadlineUnixMs())
                 + ",\"payload\":" + json(d.payloadText()) + ",\"fields\":" + fields
+                + ",\"traceparent\":" + json(d.traceparent()) + ",\"tracestate\":" + json(d.tracestate())
+                + Otel.spanIds()
                 + ",\"status\":\"" + status + "\",\"start_ms\":" + start + ",\"end_ms\":" + end + "}\n";
         try {
             Files.write(Path.of(REPORT), line.getBytes(StandardCharsets.UTF_8),
                     StandardOpenOption.CREATE, StandardOpenOption.APPEND);
         } catch (IOException e) {
             System.err.println("ExampleWorker: " + REPORT + ": " + e);
+        }
+    }
+
+    /** OpenTelemetry's SDK, when it is on the classpath: only this class names it. */
+    private static final class Otel {
+        private static boolean on;
+
+        static void register() {
+            try {
+                io.opentelemetry.sdk.OpenTelemetrySdk.builder()
+                        .setTracerProvider(io.opentelemetry.sdk.trace.SdkTracerProvider.builder().build())
+                        .buildAndRegisterGlobal();
+                on = true;
+            } catch (NoClassDefFoundError e) {
+                System.err.println("ExampleWorker: no OpenTelemetry SDK: handlers run without spans");
+            }
+        }
+
+        /** ",span_trace_id:..,span_parent_id:.." of the handler's span, "" without one. */
+        static String spanIds() {
+            String trace = "", parent = "";
+            if (on && io.opentelemetry.api.trace.Span.current()
+                    instanceof io.opentelemetry.sdk.trace.ReadableSpan span) {
+                trace = span.getSpanContext().getTraceId();
+                if (span.getParentSpanContext().isValid())
+                    parent = span.getParentSpanContext().getSpanId();
+            }
+            return ",\"span_trace_id\":" + json(trace) + ",\"span_parent_id\":" + json(parent);
         }
     }
 

@@ -18,6 +18,10 @@
 //!   WORKER_VERBOSE=1     describe each delivery on stderr
 //!   WORKER_REPORT        a file: one JSON object per answered delivery is appended
 //!                        (tests/integration/test_clients.py reads it)
+//! Built with the `opentelemetry` feature (`make example` does) and WORKER_REPORT set,
+//! it installs an SDK tracer provider (no exporter), so each handler runs in the
+//! crate's real span; the report gives that span's trace id and parent span id
+//! (span_trace_id, span_parent_id), "" without the feature.
 //! (WORKER_NOACK_KEYS is not offered: with contexts, a delivery left unanswered
 //! would hold a handler slot forever, and the library always answers.)
 use std::fs::OpenOptions;
@@ -133,11 +137,14 @@ impl Config {
         let Some(file) = &self.report else { return };
         let fields: serde_json::Map<_, _> =
             d.fields.iter().map(|(n, v)| (n.clone(), text(v).into())).collect();
+        let (span_trace_id, span_parent_id) = span_ids();
         let mut line = json!({
             "key": d.key, "stream": d.stream, "entry_id": d.entry_id, "attempt": d.attempt,
             "fencing_token": d.fencing_token, "deadline_unix_ms": d.deadline_unix_ms,
             "payload": text(&d.payload), "fields": fields, "status": status,
-            "start_ms": start, "end_ms": end,
+            "start_ms": start, "end_ms": end, "traceparent": d.traceparent,
+            "tracestate": d.tracestate, "span_trace_id": span_trace_id,
+            "span_parent_id": span_parent_id,
         })
         .to_string();
         line.push('\n');
@@ -146,6 +153,71 @@ impl Config {
         if let Err(e) = f.write_all(line.as_bytes()) {
             eprintln!("example_worker: report: {e}");
         }
+    }
+}
+
+/// The handler's span (the crate's, with the `opentelemetry` feature): its trace id
+/// and its parent's span id, "" when there is none.
+#[cfg(not(feature = "opentelemetry"))]
+fn span_ids() -> (String, String) {
+    (String::new(), String::new())
+}
+
+#[cfg(not(feature = "opentelemetry"))]
+fn use_otel_sdk() {}
+
+#[cfg(feature = "opentelemetry")]
+use otel::{span_ids, use_otel_sdk};
+
+#[cfg(feature = "opentelemetry")]
+mod otel {
+    use std::collections::HashMap;
+    use std::sync::{LazyLock, Mutex};
+    use std::time::Duration;
+
+    use opentelemetry::Context;
+    use opentelemetry::trace::{Span as _, SpanId, TraceContextExt as _};
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::trace::{SdkTracerProvider, Span, SpanData, SpanProcessor};
+
+    /// The parent the SDK started each live span with, by the span's own id (the
+    /// API hands a handler no parent id; the SDK's processor sees it).
+    static PARENTS: LazyLock<Mutex<HashMap<SpanId, SpanId>>> = LazyLock::new(Default::default);
+
+    #[derive(Debug)]
+    struct Parents;
+
+    impl SpanProcessor for Parents {
+        fn on_start(&self, span: &mut Span, cx: &Context) {
+            let parent = cx.span().span_context().span_id();
+            if parent != SpanId::INVALID {
+                PARENTS.lock().unwrap().insert(span.span_context().span_id(), parent);
+            }
+        }
+        fn on_end(&self, span: SpanData) {
+            PARENTS.lock().unwrap().remove(&span.span_context.span_id());
+        }
+        fn force_flush(&self) -> OTelSdkResult {
+            Ok(())
+        }
+        fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
+            Ok(())
+        }
+    }
+
+    pub fn use_otel_sdk() {
+        let provider = SdkTracerProvider::builder().with_span_processor(Parents).build();
+        opentelemetry::global::set_tracer_provider(provider);
+    }
+
+    pub fn span_ids() -> (String, String) {
+        let cx = Context::current();
+        let sc = cx.span().span_context().clone();
+        if !sc.is_valid() {
+            return (String::new(), String::new());
+        }
+        let parent = PARENTS.lock().unwrap().get(&sc.span_id()).map(|p| p.to_string());
+        (sc.trace_id().to_string(), parent.unwrap_or_default())
     }
 }
 
@@ -180,6 +252,9 @@ fn main() {
         }
     }
     let config = Config::from_env();
+    if config.report.is_some() {
+        use_otel_sdk();
+    }
     let concurrency = env_u64("WORKER_CONCURRENCY", 1) as usize;
 
     let worker = Worker::connect(&endpoint).unwrap_or_else(|e| {

@@ -123,6 +123,18 @@ Knobs (environment, default):
                              beside each other, in BENCH_REPEAT interleaved rounds;
                              empty: not run
   BENCH_TRACING_VARIANT group/single
+  BENCH_CLIENTS c,go,java,node,python,rust  the client rows (issue 32): each client's
+                             example worker (clients/<lang>, `make example`, built first;
+                             a client that does not build gets a row saying so) against
+                             idemproxy (group/single) with the same traffic: after
+                             BENCH_CLIENT_WARMUP deliveries (the runtime's start and JIT
+                             left out), BENCH_CLIENT_N unique entries; the worker's CPU
+                             (utime + stime of every process of its session) per 1k
+                             deliveries, beside each other, in BENCH_REPEAT interleaved
+                             rounds; empty: not run
+  BENCH_CLIENT_N 50000, BENCH_CLIENT_WARMUP 2000, BENCH_CLIENT_CONCURRENCY 16
+                             (WORKER_CONCURRENCY of each example; C's handles one at a time;
+                             CPU comes in 10 ms ticks: C's 50k deliveries are about 20 of them)
   BENCH_TIMEOUT 300          seconds any one wait may take
   IDEMPROXY_BIN build/idemproxy (copied first: a rebuild meanwhile is harmless)
 An empty BENCH_RATES, BENCH_LAYOUTS, BENCH_READS, BENCH_TLS or BENCH_FP, or 0 for BENCH_SAMPLE_A, BENCH_HOLD or
@@ -196,6 +208,10 @@ PERF_EVENTS = ("task-clock,context-switches,cpu-migrations,syscalls:sys_enter_wr
 TIMEOUT = env("BENCH_TIMEOUT", 300.0, float)
 TRACING = [x for x in env("BENCH_TRACING", "off,1.0,0.01").split(",") if x]
 TRACING_VARIANT = env("BENCH_TRACING_VARIANT", "group/single")
+CLIENTS = [x for x in env("BENCH_CLIENTS", "c,go,java,node,python,rust").split(",") if x]
+CLIENT_N = env("BENCH_CLIENT_N", 50000, int)
+CLIENT_WARMUP = env("BENCH_CLIENT_WARMUP", 2000, int)
+CLIENT_CONCURRENCY = env("BENCH_CLIENT_CONCURRENCY", 16, int)
 REPEAT = env("BENCH_REPEAT", 5, int)
 AB_BIN = env("BENCH_AB_BIN", "")
 AB_VARIANT = env("BENCH_AB_VARIANT", "group/single")
@@ -720,6 +736,118 @@ def tracing_report(rows):
         md += (f"| {'off' if r['ratio'] == 'off' else 'sample_ratio ' + r['ratio']} | "
                f"{r['cpu_per_1k']:.3f} ({lo:.3f}–{hi:.3f}) | {r['cpu_per_1k'] * 1000:.1f} | {rel} | "
                f"{r['keys_per_s']:,.0f} | {r['spans_exported']:,.0f} |\n")
+    return md
+
+
+def session_cpu(sid):
+    """utime + stime of every live process of session 'sid' (a worker started by
+    `make example`: make, the runtime, its threads), in seconds."""
+    total = 0.0
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if int(f[3]) == sid:
+                total += (int(f[11]) + int(f[12])) / CLK_TCK
+    return total
+
+
+def build_clients():
+    """`make -C clients/<lang>` for each of CLIENTS: {lang: None, or why it failed}."""
+    out = {}
+    for lang in CLIENTS:
+        log(f"building clients/{lang}")
+        try:
+            r = subprocess.run(["make", "-s", "-C", str(ROOT / "clients" / lang)], capture_output=True,
+                               text=True, timeout=1800)
+            out[lang] = None if r.returncode == 0 else (r.stdout + r.stderr).strip()[-300:]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            out[lang] = str(e)
+        if out[lang]:
+            log(f"  clients/{lang} did not build: {out[lang]}")
+    return out
+
+
+def client_run(b, lang):
+    """One CLIENTS run: clients/<lang>'s example worker gets CLIENT_WARMUP
+    deliveries, then CLIENT_N more, unique entries all (no copies: each one
+    a delivery), XADDed while idemproxy runs. Its CPU over the CLIENT_N."""
+    log(f"client {lang}: {CLIENT_WARMUP} warm-up, then {CLIENT_N} deliveries")
+    b.r.flushall()
+    b.load(n=CLIENT_WARMUP, copies=0, prefix="warm")
+    ep = f"ipc://{b.tmp}/app.sock"
+    env = dict(os.environ, WORKER_CONCURRENCY=str(CLIENT_CONCURRENCY))
+    for k in [k for k in env if k.startswith("WORKER_")]:
+        if k != "WORKER_CONCURRENCY":
+            del env[k]
+    errf = open(b.tmp / f"client-{lang}.err", "ab")
+    w = spawn(["make", "-s", "--no-print-directory", "-C", str(ROOT / "clients" / lang), "example",
+               f"ENDPOINT={ep}"], stdout=subprocess.DEVNULL, stderr=errf, env=env, start_new_session=True)
+    p = b.proxy("single", read="group")
+    p.start()
+    try:
+        b.wait(lambda: p.finished(CLIENT_WARMUP), TIMEOUT, f"{lang}: {CLIENT_WARMUP} warm-up deliveries")
+        c0, t0 = session_cpu(w.pid), time.monotonic()
+        pc0 = p.cpu()
+        b.load(n=CLIENT_N, copies=0, prefix="evt")
+        b.wait(lambda: p.finished(CLIENT_WARMUP + CLIENT_N), TIMEOUT, f"{lang}: {CLIENT_N} deliveries")
+        c1, t1 = session_cpu(w.pid), time.monotonic()
+        pc1 = p.cpu()
+    finally:
+        p.stop()
+        try:
+            os.killpg(w.pid, signal.SIGTERM)
+            w.wait(15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(w.pid, signal.SIGKILL)
+            w.wait()
+        errf.close()
+    res = {"lang": lang, "cpu_s": c1 - c0, "cpu_per_1k": (c1 - c0) / (CLIENT_N / 1000),
+           "per_s": CLIENT_N / (t1 - t0), "proxy_cpu_per_1k": (pc1 - pc0) / (CLIENT_N / 1000), "load": loadavg()}
+    log(f"  worker CPU {res['cpu_s']:.2f} s ({res['cpu_per_1k']:.3f} s / 1k deliveries), "
+        f"{res['per_s']:.0f} deliveries/s")
+    return res
+
+
+def client_rows(b):
+    """The CLIENTS runs in REPEAT interleaved rounds; per client, its median by CPU."""
+    built = build_clients()
+    ok = [lang for lang in CLIENTS if not built[lang]]
+    runs = {lang: [] for lang in ok}
+    for rnd in range(REPEAT):
+        for i in range(len(ok)):                 # the order shifts each round
+            lang = ok[(i + rnd) % len(ok)]
+            runs[lang].append(client_run(b, lang))
+    out = []
+    for lang in CLIENTS:
+        if built[lang]:
+            out.append({"lang": lang, "error": built[lang]})
+            continue
+        rs = sorted(runs[lang], key=lambda x: x["cpu_per_1k"])
+        med = dict(rs[(len(rs) - 1) // 2])
+        med["cpu_range"] = [rs[0]["cpu_per_1k"], rs[-1]["cpu_per_1k"]]
+        out.append(med)
+    return out
+
+
+def client_report(rows):
+    c = next((r for r in rows if r["lang"] == "c" and "error" not in r), None)
+    md = (f"\n### Clients: the worker's CPU per 1k deliveries (issue 32)\n\nEach client's example worker "
+          f"(`make example`, WORKER_CONCURRENCY={CLIENT_CONCURRENCY}; C's takes one at a time) answering ACK, "
+          f"{CLIENT_N} unique entries after {CLIENT_WARMUP} warm-up deliveries, idemproxy group/single; "
+          f"{REPEAT} rounds (median by CPU, min-max). CPU: utime + stime of the worker's processes.\n\n"
+          "| client | worker CPU s / 1k deliveries | µs / delivery | × C | deliveries/s | "
+          "idemproxy CPU s / 1k |\n|---|---|---|---|---|---|\n")
+    for r in rows:
+        if "error" in r:
+            md += f"| {r['lang']} | not built: {r['error'].splitlines()[-1] if r['error'] else ''} | | | | |\n"
+            continue
+        lo, hi = r["cpu_range"]
+        rel = f"{r['cpu_per_1k'] / c['cpu_per_1k']:.1f}" if c and c["cpu_per_1k"] > 0 else ""
+        md += (f"| {r['lang']} | {r['cpu_per_1k']:.3f} ({lo:.3f}–{hi:.3f}) | {r['cpu_per_1k'] * 1000:.1f} | "
+               f"{rel} | {r['per_s']:,.0f} | {r['proxy_cpu_per_1k']:.3f} |\n")
     return md
 
 
@@ -1649,6 +1777,7 @@ def main():
         clu = bench_cluster.measure(sys.modules[__name__], b, CLUSTER_N) if CLUSTER_N else []
         abr = ab(b) if AB_BIN else None
         trc = tracing_rows(b) if TRACING else []
+        cli = client_rows(b) if CLIENTS else []
         failed = False
     finally:
         b.close()
@@ -1662,12 +1791,13 @@ def main():
     meta["ab_bin"] = AB_BIN
     md = (report(meta, tp, base, lat, mem, allocs, other, slow) if tp or base or lat or mem else "") \
         + bench_cluster.report(clu, spread) + (ab_report(meta, abr) if abr else "") \
-        + (tracing_report(trc) if trc else "")
+        + (tracing_report(trc) if trc else "") + (client_report(cli) if cli else "")
     (OUT / "results.md").write_text(md)
     (OUT / "results.json").write_text(json.dumps({"meta": meta, "throughput": tp, "baselines": base,
                                                   "latency": lat, "latency_other": other, "latency_slow": slow,
                                                   "memory": mem, "cluster": clu,
-                                                  "allocations": allocs, "ab": abr, "tracing": trc},
+                                                  "allocations": allocs, "ab": abr, "tracing": trc,
+                                                  "clients": cli},
                                                  indent=1))
     print(md)
     log(f"written {OUT / 'results.md'} and results.json")

@@ -170,9 +170,12 @@ final class SpRep implements AutoCloseable {
         }
     }
 
-    /** Closes the connection, once the last reply has had {@link #LINGER_MS} to be taken. */
-    @Override
-    public void close() throws IOException {
+    /**
+     * Waits until the last reply has had {@link #LINGER_MS} to be taken: nanomsg 1.1.5 drops a
+     * reply it has read but not handed to idemproxy when the connection then fails, and a
+     * close, or our input shut down (idemproxy's next send fails), makes it fail.
+     */
+    void linger() {
         long sent = lastSend;
         long left = sent == Long.MIN_VALUE || lost() ? 0 : sent + LINGER_MS * 1_000_000 - System.nanoTime();
         if (left > 0) {
@@ -182,6 +185,12 @@ final class SpRep implements AutoCloseable {
                 Thread.currentThread().interrupt();
             }
         }
+    }
+
+    /** Closes the connection, once the last reply has had {@link #LINGER_MS} to be taken. */
+    @Override
+    public void close() throws IOException {
+        linger();
         ch.close();
     }
 

@@ -227,8 +227,10 @@ public final class Worker implements AutoCloseable {
             conn = current;
             wait = serving;
         }
-        if (conn != null)
+        if (conn != null) {
+            conn.linger(); // the last answer is taken before idemproxy's sends start failing
             conn.stopReading();
+        }
         if (wait && !interrupted) {
             try {
                 finished.await();

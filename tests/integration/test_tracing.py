@@ -286,8 +286,9 @@ def test_an_entry_released_at_shutdown_ends_its_span_without_a_delivery(env):
 
 
 def test_memory_stays_flat_while_the_collector_is_down(env):
-    """Every span dropped: the queue stays bounded, so 20,000 more entries after the
-    first 10,000 (the queue full long before) add no memory."""
+    """Every span dropped: the queue stays bounded, so 90,000 more entries after the
+    first 10,000 (the queue full long before) add no memory: 100,000 in all, as
+    issue 32 asks."""
     ep = env.endpoint()
     env.worker(ep)
     proc_env = {}
@@ -307,8 +308,8 @@ def test_memory_stays_flat_while_the_collector_is_down(env):
         return p.metrics()["process_resident_memory_bytes"]
 
     first = rss_after(10000, 10000)
-    last = rss_after(30000, 20000)
-    assert p.metrics()["idemproxy_spans_dropped_total"] >= 2 * 30000 - 4096
+    last = rss_after(100000, 90000)
+    assert p.metrics()["idemproxy_spans_dropped_total"] >= 2 * 100000 - 4096
     if asan:   # ASan's allocator caches what it frees: its RSS says nothing of the queue (memcheck)
         return
     assert last - first < 2 * 1024 * 1024, (first, last)

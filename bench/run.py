@@ -116,12 +116,14 @@ Knobs (environment, default):
   BENCH_AB_CONTROL 1         also run this idemproxy a second time in every round (an A/A
                              control: the spread of its ratio is the noise); 0: only A/B
   BENCH_AB_REPEAT (= BENCH_REPEAT)  A/B rounds
-  BENCH_TRACING off,1.0,0.01  the tracing rows (issue 32): the BENCH_TRACING_VARIANT
+  BENCH_TRACING off,1.0,0.01,down,500  the tracing rows (issue 32): the BENCH_TRACING_VARIANT
                              throughput run with tracing off and on at each sample_ratio
                              given, spans POSTed to a local OTLP sink (an HTTP server in
-                             this process that answers 200); proxy CPU per 1k entries
-                             beside each other, in BENCH_REPEAT interleaved rounds;
-                             empty: not run
+                             this process that answers 200); "down": ratio 1.0 to a port
+                             nobody listens on, "500": ratio 1.0 to a sink that answers
+                             500 (every span a counted drop: keys/s should not move);
+                             proxy CPU per 1k entries and keys/s beside each other, in
+                             BENCH_REPEAT interleaved rounds; empty: not run
   BENCH_TRACING_VARIANT group/single
   BENCH_CLIENTS c,go,java,node,python,rust  the client rows (issue 32): each client's
                              example worker (clients/<lang>, `make example`, built first;
@@ -206,7 +208,7 @@ PERF_EVENTS = ("task-clock,context-switches,cpu-migrations,syscalls:sys_enter_wr
                "syscalls:sys_enter_read,syscalls:sys_enter_sendmsg,syscalls:sys_enter_recvmsg,"
                "syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex")
 TIMEOUT = env("BENCH_TIMEOUT", 300.0, float)
-TRACING = [x for x in env("BENCH_TRACING", "off,1.0,0.01").split(",") if x]
+TRACING = [x for x in env("BENCH_TRACING", "off,1.0,0.01,down,500").split(",") if x]
 TRACING_VARIANT = env("BENCH_TRACING_VARIANT", "group/single")
 CLIENTS = [x for x in env("BENCH_CLIENTS", "c,go,java,node,python,rust").split(",") if x]
 CLIENT_N = env("BENCH_CLIENT_N", 50000, int)
@@ -648,10 +650,10 @@ def throughput(b, variant, data, perf=None, tls=False, fp=False):
 
 
 class OtlpSink:
-    """A local OTLP/HTTP collector for the tracing rows: answers 200 to every
-    POST (reading the body), counting requests and bytes; decodes nothing."""
+    """A local OTLP/HTTP collector for the tracing rows: answers 'status' (200)
+    to every POST (reading the body), counting requests and bytes; decodes nothing."""
 
-    def __init__(self):
+    def __init__(self, status=200):
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
         import threading
         sink = self
@@ -663,7 +665,7 @@ class OtlpSink:
                 self.rfile.read(n)
                 sink.posts += 1
                 sink.bytes += n
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
@@ -687,7 +689,9 @@ def tracing_run(b, ratio, data, sink):
     log(f"tracing {ratio}, {read} read, layout {layout}: {N} entries")
     w = b.worker(f"ipc://{b.tmp}/app.sock", expect=data["unique"])
     time.sleep(0.2)
-    p = b.proxy(layout, read=read, tracing=None if ratio == "off" else (sink.url, ratio))
+    tracing = (None if ratio == "off" else (f"http://127.0.0.1:{free_port()}", "1.0") if ratio == "down"
+               else (sink[500].url, "1.0") if ratio == "500" else (sink[200].url, ratio))
+    p = b.proxy(layout, read=read, tracing=tracing)
     p.start()
     m = b.wait(lambda: p.finished(N), TIMEOUT, f"{N} entries done (tracing {ratio})")
     t_all = time.monotonic() - p.t0
@@ -705,7 +709,7 @@ def tracing_run(b, ratio, data, sink):
 
 def tracing_rows(b):
     """The TRACING runs in REPEAT interleaved rounds; per setting, its median by CPU."""
-    sink = OtlpSink()
+    sink = {200: OtlpSink(), 500: OtlpSink(500)}
     runs = {r: [] for r in TRACING}
     try:
         for rnd in range(REPEAT):
@@ -713,7 +717,8 @@ def tracing_rows(b):
                 r = TRACING[(i + rnd) % len(TRACING)]
                 runs[r].append(tracing_run(b, r, b.fresh(), sink))
     finally:
-        sink.close()
+        for k in sink.values():
+            k.close()
     out = []
     for r in TRACING:
         rs = sorted(runs[r], key=lambda x: x["cpu_per_1k"])
@@ -727,15 +732,17 @@ def tracing_report(rows):
     off = next((r for r in rows if r["ratio"] == "off"), None)
     md = (f"\n### Tracing: proxy CPU per entry (issue 32)\n\n{TRACING_VARIANT}, {N} entries, "
           f"{REPEAT} rounds (median by CPU, min-max); spans POSTed as OTLP JSON to a local sink "
-          "that answers 200.\n\n"
-          "| tracing | proxy CPU s / 1k entries | µs / entry | vs off | keys/s | spans exported |\n"
-          "|---|---|---|---|---|---|\n")
+          "that answers 200 (or 500; \"down\": nothing listens); spans counted at the last look.\n\n"
+          "| tracing | proxy CPU s / 1k entries | µs / entry | vs off | keys/s | keys/s vs off | spans exported "
+          "| spans dropped |\n|---|---|---|---|---|---|---|---|\n")
     for r in rows:
         lo, hi = r["cpu_range"]
         rel = f"{(r['cpu_per_1k'] / off['cpu_per_1k'] - 1) * 100:+.1f} %" if off and r is not off else ""
-        md += (f"| {'off' if r['ratio'] == 'off' else 'sample_ratio ' + r['ratio']} | "
-               f"{r['cpu_per_1k']:.3f} ({lo:.3f}–{hi:.3f}) | {r['cpu_per_1k'] * 1000:.1f} | {rel} | "
-               f"{r['keys_per_s']:,.0f} | {r['spans_exported']:,.0f} |\n")
+        krel = f"{(r['keys_per_s'] / off['keys_per_s'] - 1) * 100:+.1f} %" if off and r is not off else ""
+        name = {"off": "off", "down": "1.0, collector down", "500": "1.0, collector answers 500"}.get(
+            r["ratio"], "sample_ratio " + r["ratio"])
+        md += (f"| {name} | {r['cpu_per_1k']:.3f} ({lo:.3f}–{hi:.3f}) | {r['cpu_per_1k'] * 1000:.1f} | {rel} | "
+               f"{r['keys_per_s']:,.0f} | {krel} | {r['spans_exported']:,.0f} | {r['spans_dropped']:,.0f} |\n")
     return md
 
 

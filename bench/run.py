@@ -136,6 +136,7 @@ Knobs (environment, default):
                              rounds; empty: not run
   BENCH_CLIENT_N 50000, BENCH_CLIENT_WARMUP 2000, BENCH_CLIENT_CONCURRENCY 16
                              (WORKER_CONCURRENCY of each example; C's handles one at a time;
+                             Rust's is built with PROFILE=release, as a user would ship it;
                              CPU comes in 10 ms ticks: C's 50k deliveries are about 20 of them)
   BENCH_TIMEOUT 300          seconds any one wait may take
   IDEMPROXY_BIN build/idemproxy (copied first: a rebuild meanwhile is harmless)
@@ -214,6 +215,7 @@ CLIENTS = [x for x in env("BENCH_CLIENTS", "c,go,java,node,python,rust").split("
 CLIENT_N = env("BENCH_CLIENT_N", 50000, int)
 CLIENT_WARMUP = env("BENCH_CLIENT_WARMUP", 2000, int)
 CLIENT_CONCURRENCY = env("BENCH_CLIENT_CONCURRENCY", 16, int)
+CLIENT_MAKE = {"rust": ["PROFILE=release"]}   # as a user ships it (its `make example` is the dev profile)
 REPEAT = env("BENCH_REPEAT", 5, int)
 AB_BIN = env("BENCH_AB_BIN", "")
 AB_VARIANT = env("BENCH_AB_VARIANT", "group/single")
@@ -767,8 +769,8 @@ def build_clients():
     for lang in CLIENTS:
         log(f"building clients/{lang}")
         try:
-            r = subprocess.run(["make", "-s", "-C", str(ROOT / "clients" / lang)], capture_output=True,
-                               text=True, timeout=1800)
+            r = subprocess.run(["make", "-s", "-C", str(ROOT / "clients" / lang), *CLIENT_MAKE.get(lang, [])],
+                               capture_output=True, text=True, timeout=1800)
             out[lang] = None if r.returncode == 0 else (r.stdout + r.stderr).strip()[-300:]
         except (OSError, subprocess.TimeoutExpired) as e:
             out[lang] = str(e)
@@ -791,7 +793,8 @@ def client_run(b, lang):
             del env[k]
     errf = open(b.tmp / f"client-{lang}.err", "ab")
     w = spawn(["make", "-s", "--no-print-directory", "-C", str(ROOT / "clients" / lang), "example",
-               f"ENDPOINT={ep}"], stdout=subprocess.DEVNULL, stderr=errf, env=env, start_new_session=True)
+               f"ENDPOINT={ep}", *CLIENT_MAKE.get(lang, [])], stdout=subprocess.DEVNULL, stderr=errf, env=env,
+              start_new_session=True)
     p = b.proxy("single", read="group")
     p.start()
     try:
@@ -842,7 +845,8 @@ def client_rows(b):
 def client_report(rows):
     c = next((r for r in rows if r["lang"] == "c" and "error" not in r), None)
     md = (f"\n### Clients: the worker's CPU per 1k deliveries (issue 32)\n\nEach client's example worker "
-          f"(`make example`, WORKER_CONCURRENCY={CLIENT_CONCURRENCY}; C's takes one at a time) answering ACK, "
+          f"(`make example`, WORKER_CONCURRENCY={CLIENT_CONCURRENCY}; C's takes one at a time; Rust's "
+          f"`PROFILE=release`) answering ACK, "
           f"{CLIENT_N} unique entries after {CLIENT_WARMUP} warm-up deliveries, idemproxy group/single; "
           f"{REPEAT} rounds (median by CPU, min-max). CPU: utime + stime of the worker's processes.\n\n"
           "| client | worker CPU s / 1k deliveries | µs / delivery | × C | deliveries/s | "

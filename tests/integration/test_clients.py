@@ -704,7 +704,7 @@ class RawSpPeer:
         self.srv.close()
 
 
-@pytest.mark.parametrize("lang", ["c", "java", "rust"])
+@pytest.mark.parametrize("lang", ["c", "java", "rust", "python"])
 def test_client_ignores_a_request_without_an_id_and_an_overlong_backtrace(tmp_path, lang):
     """A request with no word with the top bit set, or whose request id comes after
     more than 8 backtrace words (the SP limit), is ignored without a reply, and the

@@ -29,7 +29,9 @@ def test_delivery_carries_trace_context_and_remaining(url, serve):
 
 
 @pytest.mark.parametrize("after, ms", [(timedelta(seconds=30), 30000), (1.5, 1500),
-                                       (timedelta(microseconds=1), 1), (None, 0)])
+                                       (timedelta(microseconds=1), 1), (None, 0),
+                                       (timedelta(hours=1), 3600000),
+                                       (timedelta(days=1), 3600000)])   # capped, as the others do
 def test_retry_after_is_sent_as_retry_after_ms(url, serve, after, ms):
     def handler(d):
         raise Retry("rate limited", after=after)

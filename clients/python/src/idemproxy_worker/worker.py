@@ -88,7 +88,7 @@ DEFAULT_MAX_ENTRY_BYTES = 1 << 20   # idemproxy's default app.max_entry_bytes
 SP_HEADER_BYTES = 32  # room for the SP header in front of a Delivery (8 backtrace words)
 STALE = "deadline passed before the handler ran"
 LATE = "deadline passed while the handler ran"
-MAX_RETRY_AFTER_MS = (1 << 32) - 1  # uint32 on the wire; idemproxy caps it at 1 h
+MAX_RETRY_AFTER_MS = 3_600_000  # an hour: idemproxy caps it there, as the other clients do
 
 log = logging.getLogger("idemproxy_worker")
 
@@ -180,8 +180,8 @@ class Retry(Exception):
 
     ``Retry(reason, after=timedelta(seconds=30))`` (or seconds as a number) asks
     for the next attempt no earlier than that, instead of the backoff: sent as
-    Ack.retry_after_ms (protocol 1.1; idemproxy caps it at 1 h, and it still
-    counts toward max_deliveries)."""
+    Ack.retry_after_ms, at most an hour (protocol 1.1; idemproxy caps it there
+    too, and it still counts toward max_deliveries)."""
 
     def __init__(self, *args: Any, after: Union[timedelta, float, None] = None) -> None:
         super().__init__(*args)

@@ -19,10 +19,16 @@
  *   WORKER_MAX_BYTES     app.max_entry_bytes, if it was raised (-1: no limit)
  *   WORKER_VERBOSE=1     describe each delivery on stderr
  *   WORKER_SLOW_KEYS     k6: work WORKER_SLOW_MS (1000) on these before answering
+ *   WORKER_DEADLINE_KEYS k7: work WORKER_SLOW_MS on these, but no longer than
+ *                        idemproxy_delivery_remaining_ms(d) (C cannot stop the
+ *                        handler: the work stops itself at the deadline) and
+ *                        answer RETRY
  *   WORKER_REPORT        a file: one JSON object per handled delivery is appended
  *                        (key, stream, entry_id, attempt, fencing_token,
  *                        deadline_unix_ms, payload, fields, status, start_ms, end_ms,
- *                        traceparent, tracestate, span_trace_id, span_parent_id);
+ *                        traceparent, tracestate, span_trace_id, span_parent_id,
+ *                        remaining_ms: the time left at the start, -1 without a
+ *                        deadline; stopped: "deadline" when the work stopped there);
  *                        the shared client scenario reads it (tests/integration/
  *                        test_clients.py), so every language writes the same
  *   WORKER_RECEIVED      a file: "<key> attempt=<n>" is appended (one write(2))
@@ -162,7 +168,8 @@ static struct handler_span handler_span(const char *tp)
 }
 
 /* Appends one JSON line about 'd' to the file named by WORKER_REPORT. */
-static void report(const idemproxy_delivery *d, const char *status, long long start, long long end)
+static void report(const idemproxy_delivery *d, const char *status, long long start, long long end,
+                   long long remaining, const char *stopped)
 {
     struct handler_span sp = handler_span(d->traceparent);
     const char *path = getenv("WORKER_REPORT");
@@ -194,7 +201,8 @@ static void report(const idemproxy_delivery *d, const char *status, long long st
     fputs(",\"tracestate\":", f);
     json_str(f, d->tracestate, strlen(d->tracestate));
     fprintf(f, ",\"span_trace_id\":\"%s\",\"span_parent_id\":\"%s\"", sp.trace_id, sp.parent_id);
-    fprintf(f, ",\"status\":\"%s\",\"start_ms\":%lld,\"end_ms\":%lld}\n", status, start, end);
+    fprintf(f, ",\"status\":\"%s\",\"start_ms\":%lld,\"end_ms\":%lld", status, start, end);
+    fprintf(f, ",\"remaining_ms\":%lld,\"stopped\":\"%s\"}\n", remaining, stopped);
     fclose(f);
 }
 
@@ -305,15 +313,29 @@ int main(int argc, char **argv)
         }
         if (!in_list(getenv("WORKER_NOACK_KEYS"), d->key)) {
             long long start = now_ms();
-            const char *status = decide(d);
+            long long remaining = idemproxy_delivery_remaining_ms(d);
+            const char *status = decide(d), *stopped = "";
 
             work(delay_ms);
             if (in_list(getenv("WORKER_SLOW_KEYS"), d->key))
                 work(env_long("WORKER_SLOW_MS", 1000));
+            if (in_list(getenv("WORKER_DEADLINE_KEYS"), d->key)) {
+                long slow = env_long("WORKER_SLOW_MS", 1000);
+                long long left = idemproxy_delivery_remaining_ms(d);
+
+                if (left >= 0 && left <= slow) {
+                    work((long) left);
+                    status = "retry";
+                    stopped = "deadline";
+                } else {
+                    work(slow);
+                }
+            }
             /* Recorded before it is sent: a kill between the two may leave an
              * answer recorded and never sent, never the other way round. */
-            report(d, status, start, now_ms());
-            if (answer(c, d, status) != IDEMPROXY_CLIENT_OK)
+            report(d, status, start, now_ms(), remaining, stopped);
+            if ((*stopped ? idemproxy_client_retry(c, d, "stopped at the deadline")
+                          : answer(c, d, status)) != IDEMPROXY_CLIENT_OK)
                 fprintf(stderr, "example_worker: %s\n", c->errstr);
         }
         printf("%s attempt=%u\n", d->key, d->attempt);

@@ -2,8 +2,9 @@
 cannot drift apart. A language joins by having clients/<lang>/Makefile with an
 `example` target that honours the worker contract (see clients/c/example_worker.c):
 stdout gets one '<key> attempt=<n>' line per delivery; WORKER_RETRY_KEYS,
-WORKER_DROP_KEYS, WORKER_SLOW_KEYS/WORKER_SLOW_MS and WORKER_CONCURRENCY shape
-the answers; WORKER_REPORT names a file that gets one JSON line per delivery."""
+WORKER_DROP_KEYS, WORKER_SLOW_KEYS/WORKER_SLOW_MS, WORKER_DEADLINE_KEYS (work
+WORKER_SLOW_MS, stopping at the deadline) and WORKER_CONCURRENCY shape the
+answers; WORKER_REPORT names a file that gets one JSON line per delivery."""
 import json
 import os
 import re
@@ -776,3 +777,91 @@ def test_client_refuses_a_header_with_reserved_bytes_set(tmp_path, lang):
     finally:
         w.stop()
         peer.close()
+
+
+# Issue 32's probe: a handler ran 0.7 s past its deadline while attempt 2 of the
+# key ran elsewhere, because four clients handed over only the epoch number. Each
+# language's deadline form, as its README promises it: Go's context, Node's
+# AbortSignal, Java's interrupt and an AsyncWorker's cancellation stop or signal
+# the handler at the deadline ("signal"); a thread cannot be stopped in Python,
+# Rust or C, so the handler bounds its own work with what the client hands it
+# (d.remaining(), d.deadline, idemproxy_delivery_remaining_ms: "deadline").
+DEADLINE_FORMS = [("c", {}, "deadline"), ("go", {}, "signal"), ("java", {}, "signal"),
+                  ("node", {}, "signal"), ("python", {}, "deadline"),
+                  ("python", {"WORKER_ASYNC": 1}, "signal"), ("rust", {}, "deadline")]
+
+
+@pytest.mark.parametrize("lang, knobs, stopped", DEADLINE_FORMS,
+                         ids=[l + ("-async" if k else "") for l, k, _ in DEADLINE_FORMS])
+def test_client_handler_stops_at_its_deadline(tmp_path, lang, knobs, stopped):
+    """A delivery due in 2.5 s whose handler would work 8 s: the handler sees the
+    time left at its start (its language's form, reported as remaining_ms), is
+    stopped or stops itself at the deadline, and RETRY comes then, not 8 s on."""
+    fake, w, report, _ = raw_worker(lang, tmp_path, WORKER_DEADLINE_KEYS="late", WORKER_SLOW_MS=8000,
+                                    **knobs)
+    try:
+        assert fake.ask(delivery("warm")).status == pb.Ack.ACK   # a runtime's first call is slow
+        deadline = int(time.time() * 1000) + 2500
+        t0 = time.monotonic()
+        ack = fake.ask(delivery("late", deadline_ms=deadline), timeout=12)
+        took = time.monotonic() - t0
+        assert ack is not None and ack.status == pb.Ack.RETRY, f"{lang}: {ack}"
+        assert took < 5, f"{lang}: answered {took:.1f} s after a delivery due in 2.5 s"
+        [row] = [r for r in reported(report) if r["key"] == "late"]
+        assert 0 < row["remaining_ms"] <= 2500, f"{lang}: the handler saw {row['remaining_ms']} ms left"
+        assert row["stopped"] == stopped, f"{lang}: {row}"
+        assert deadline - 50 <= row["end_ms"] < deadline + 2000, \
+            f"{lang}: the handler stopped {row['end_ms'] - deadline} ms after its deadline"
+        [warm] = [r for r in reported(report) if r["key"] == "warm"]
+        assert warm["stopped"] == "" and 25000 < warm["remaining_ms"] <= 30000, warm
+    finally:
+        w.stop()
+        fake.close()
+
+
+@pytest.mark.parametrize("lang, knobs", [("python", {"WORKER_ASYNC": 1})], ids=["python-async"])
+def test_client_cancelled_handler_is_retried_and_the_worker_goes_on(tmp_path, lang, knobs):
+    """Issue 32's probe: one AsyncWorker handler raising asyncio.CancelledError
+    killed the worker (exit 1, every other handler in flight cancelled and never
+    answered). It is a RETRY; the handler beside it is answered; the worker goes on."""
+    fake, w, report, _ = raw_worker(lang, tmp_path, WORKER_CANCEL_KEYS="cancel", WORKER_SLOW_KEYS="slow",
+                                    WORKER_SLOW_MS=800, WORKER_CONCURRENCY=2, **knobs)
+    try:
+        slow = fake.send(delivery("slow", entry_id="1700000000000-1"))
+        time.sleep(0.2)
+        cancel = fake.ask(delivery("cancel", entry_id="1700000000000-2"))
+        assert cancel is not None and cancel.status == pb.Ack.RETRY and cancel.reason, f"{lang}: {cancel}"
+        ack = fake.reply(slow, 10)
+        assert ack is not None and ack.status == pb.Ack.ACK, f"{lang}: the handler beside it: {ack}"
+        nxt = fake.ask(delivery("next", entry_id="1700000000000-3"))
+        assert nxt is not None and nxt.status == pb.Ack.ACK, \
+            f"{lang}: the worker did not go on: {w.err.read_text(errors='replace')[-800:]}"
+        assert w.proc.poll() is None
+    finally:
+        w.stop()
+        fake.close()
+
+
+@pytest.mark.parametrize("lang", ["python"])
+def test_client_handler_exit_is_answered_and_said(tmp_path, lang):
+    """Issue 32's probe: a Worker handler raising SystemExit stopped the worker
+    silently (exit 0, no log, that delivery and every later one left to the ack
+    timeout). sys.exit(3) in a handler: its delivery is answered RETRY, the one
+    beside it is finished and answered, an ERROR names the key, the worker exits 3."""
+    fake, w, report, _ = raw_worker(lang, tmp_path, WORKER_EXIT_KEYS="exit", WORKER_SLOW_KEYS="slow",
+                                    WORKER_SLOW_MS=800, WORKER_CONCURRENCY=2)
+    try:
+        slow = fake.send(delivery("slow", entry_id="1700000000000-1"))
+        time.sleep(0.2)
+        ex = fake.ask(delivery("exit", entry_id="1700000000000-2"))
+        assert ex is not None and ex.status == pb.Ack.RETRY and "SystemExit" in ex.reason, f"{lang}: {ex}"
+        ack = fake.reply(slow, 10)
+        assert ack is not None and ack.status == pb.Ack.ACK, f"{lang}: the handler beside it: {ack}"
+        rc = w.proc.wait(20)
+        err = w.err.read_text(errors="replace")
+        assert rc != 0 and "Error 3" in err, f"{lang}: exit {rc}: {err[-800:]}"   # make says the worker's 3
+        assert "key=exit" in err and "SystemExit" in err, f"{lang}: nothing said: {err[-800:]}"
+    finally:
+        if w.proc.poll() is None:
+            w.stop()
+        fake.close()

@@ -18,10 +18,14 @@
  *   WORKER_MAX_BYTES     app.max_entry_bytes, if it was raised
  *   WORKER_VERBOSE=1     describe each delivery on stderr
  *   WORKER_SLOW_KEYS     k6: work WORKER_SLOW_MS (1000) on these before answering
+ *   WORKER_DEADLINE_KEYS k7: work WORKER_SLOW_MS on these, but stop when the worker
+ *                        interrupts the handler's thread at the deadline (answered RETRY)
  *   WORKER_REPORT        a file: one JSON object per answered delivery is appended
  *                        (key, stream, entry_id, attempt, fencing_token, deadline_unix_ms,
  *                        payload, fields, traceparent, tracestate, span_trace_id,
- *                        span_parent_id, status, start_ms, end_ms)
+ *                        span_parent_id, status, start_ms, end_ms, remaining_ms: d.remaining()
+ *                        at the start, -1 without a deadline; stopped: "signal" when the
+ *                        interrupt at the deadline ended the work)
  * With WORKER_REPORT and OpenTelemetry's SDK on the classpath (`make example` puts the test
  * scope there), it registers a tracer provider (no exporter), so each handler runs in the
  * client's real span; the report gives that span's trace id and parent span id.
@@ -45,6 +49,7 @@ public final class ExampleWorker {
     private static final Set<String> DROP_KEYS = keys("WORKER_DROP_KEYS");
     private static final Set<String> SLOW_KEYS = keys("WORKER_SLOW_KEYS");
     private static final Set<String> CRASH_KEYS = keys("WORKER_CRASH_KEYS");
+    private static final Set<String> DEADLINE_KEYS = keys("WORKER_DEADLINE_KEYS");
     private static final long RETRY_TIMES = env("WORKER_RETRY_TIMES", 1);
     private static final long RETRY_AFTER_MS = env("WORKER_RETRY_AFTER_MS", 0);
     private static final long DELAY_MS = env("WORKER_DELAY_MS", 0);
@@ -81,11 +86,19 @@ public final class ExampleWorker {
             Runtime.getRuntime().halt(3);
         }
         long start = System.currentTimeMillis();
-        Thread.sleep(DELAY_MS + (SLOW_KEYS.contains(d.key()) ? SLOW_MS : 0));
+        long remaining = d.deadlineUnixMs() == 0 ? -1 : d.remaining().toMillis();
+        try {
+            Thread.sleep(DELAY_MS + (SLOW_KEYS.contains(d.key()) || DEADLINE_KEYS.contains(d.key()) ? SLOW_MS : 0));
+        } catch (InterruptedException e) { // the delivery's deadline: answered RETRY
+            report(d, "retry", start, System.currentTimeMillis(), remaining, "signal");
+            System.out.println(d.key() + " attempt=" + Integer.toUnsignedString(d.attempt()));
+            System.out.flush();
+            throw e;
+        }
         String status = DROP_KEYS.contains(d.key()) ? "drop"
                 : RETRY_KEYS.contains(d.key()) && Integer.toUnsignedLong(d.attempt()) <= RETRY_TIMES ? "retry"
                 : "ack";
-        report(d, status, start, System.currentTimeMillis());
+        report(d, status, start, System.currentTimeMillis(), remaining, "");
         System.out.println(d.key() + " attempt=" + Integer.toUnsignedString(d.attempt()));
         System.out.flush();
         if (status.equals("drop"))
@@ -97,7 +110,8 @@ public final class ExampleWorker {
     }
 
     /** Appends one JSON line about 'd' to WORKER_REPORT, one whole line per write. */
-    private static synchronized void report(Delivery d, String status, long start, long end) {
+    private static synchronized void report(Delivery d, String status, long start, long end,
+                                            long remaining, String stopped) {
         if (REPORT == null || REPORT.isEmpty())
             return;
         String fields = d.fields().stream().map(f -> json(f.name()) + ":" + json(f.text()))
@@ -109,7 +123,8 @@ public final class ExampleWorker {
                 + ",\"payload\":" + json(d.payloadText()) + ",\"fields\":" + fields
                 + ",\"traceparent\":" + json(d.traceparent()) + ",\"tracestate\":" + json(d.tracestate())
                 + Otel.spanIds()
-                + ",\"status\":\"" + status + "\",\"start_ms\":" + start + ",\"end_ms\":" + end + "}\n";
+                + ",\"status\":\"" + status + "\",\"start_ms\":" + start + ",\"end_ms\":" + end
+                + ",\"remaining_ms\":" + remaining + ",\"stopped\":" + json(stopped) + "}\n";
         try {
             Files.write(Path.of(REPORT), line.getBytes(StandardCharsets.UTF_8),
                     StandardOpenOption.CREATE, StandardOpenOption.APPEND);

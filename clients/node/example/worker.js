@@ -21,8 +21,12 @@
  *   WORKER_MAX_BYTES     app.max_entry_bytes, if it was raised (-1: no limit)
  *   WORKER_VERBOSE=1     describe each delivery and connection on stderr
  *   WORKER_SLOW_KEYS     k6: work WORKER_SLOW_MS (1000) on these before answering
+ *   WORKER_DEADLINE_KEYS k7: work WORKER_SLOW_MS on these, but stop when the handler's
+ *                        AbortSignal aborts (the delivery's deadline) and answer RETRY
  *   WORKER_REPORT        a file: one JSON object per answered delivery is appended
- *                        (tests/integration/test_clients.py reads it)
+ *                        (tests/integration/test_clients.py reads it; remaining_ms is the
+ *                        time left at the start, -1 without a deadline; stopped is "signal"
+ *                        when the AbortSignal ended the work)
  *
  * With WORKER_REPORT and OpenTelemetry's SDK at hand (the devDependencies), it registers a
  * tracer provider (no exporter) and a context manager, so each handler runs in a real span;
@@ -65,27 +69,28 @@ for (let i = 0; i < args.length; i++) {
 
 const retryKeys = keys('WORKER_RETRY_KEYS'), dropKeys = keys('WORKER_DROP_KEYS');
 const noackKeys = keys('WORKER_NOACK_KEYS'), crashKeys = keys('WORKER_CRASH_KEYS');
-const slowKeys = keys('WORKER_SLOW_KEYS');
+const slowKeys = keys('WORKER_SLOW_KEYS'), deadlineKeys = keys('WORKER_DEADLINE_KEYS');
 const retryTimes = int('WORKER_RETRY_TIMES', 1), delayMs = int('WORKER_DELAY_MS', 0);
 const slowMs = int('WORKER_SLOW_MS', 1000), maxBytes = int('WORKER_MAX_BYTES', 0);
 const retryAfterMs = int('WORKER_RETRY_AFTER_MS', 0);
 const verbose = int('WORKER_VERBOSE', 0) !== 0;
 
 /** Appends one JSON line about 'd' to WORKER_REPORT (one write: lines never interleave). */
-function report(d, status, start, end) {
+function report(d, status, start, end, remaining = -1, stopped = '') {
   if (!env.WORKER_REPORT) return;
   const text = (buf) => buf.toString('utf8');
   const fields = Object.fromEntries(d.fields.map((f) => [f.name, text(f.value)]));
   const head = JSON.stringify({ key: d.key, stream: d.stream, entry_id: d.entryId, attempt: d.attempt });
   const tail = JSON.stringify({ deadline_unix_ms: d.deadlineUnixMs, payload: text(d.payload), fields,
                                 status, start_ms: start, end_ms: end,
-                                traceparent: d.traceparent, tracestate: d.tracestate, ...spanIds() });
+                                traceparent: d.traceparent, tracestate: d.tracestate, ...spanIds(),
+                                remaining_ms: remaining, stopped });
   // The fencing token is a uint64 bigint, which JSON.stringify refuses: written as a plain number.
   appendFileSync(env.WORKER_REPORT, `${head.slice(0, -1)},"fencing_token":${d.fencingToken},${tail.slice(1)}\n`);
 }
 
 const worker = serve({ endpoint, concurrency: Math.max(1, int('WORKER_CONCURRENCY', 1)),
-                       ...(maxBytes !== 0 && { maxEntryBytes: maxBytes < 0 ? Infinity : maxBytes }) }, async (d) => {
+                       ...(maxBytes !== 0 && { maxEntryBytes: maxBytes < 0 ? Infinity : maxBytes }) }, async (d, { signal }) => {
   if (verbose) {
     console.error(`delivery ${d.stream} ${d.entryId} key=${d.key} attempt=${d.attempt} ` +
                   `fencing=${d.fencingToken} deadline=${d.deadlineUnixMs}`);
@@ -101,11 +106,22 @@ const worker = serve({ endpoint, concurrency: Math.max(1, int('WORKER_CONCURRENC
     throw new NoReply();
   }
   const start = Date.now();
-  let status = 'ack';
+  const remaining = d.deadlineUnixMs === 0 ? -1 : d.deadlineUnixMs - start;
+  let status = 'ack', stopped = '';
   try {
     // No await when there is nothing to wait for: even sleep(0) is a timer, about 1 ms a delivery.
     if (delayMs > 0) await sleep(delayMs);
     if (slowKeys.has(d.key) && slowMs > 0) await sleep(slowMs);
+    if (deadlineKeys.has(d.key)) {
+      try {
+        await sleep(slowMs, undefined, { signal });
+      } catch (err) {
+        if (!signal.aborted) throw err;
+        status = 'retry';
+        stopped = 'signal';    // the delivery's deadline
+        throw signal.reason;
+      }
+    }
     if (dropKeys.has(d.key)) {
       status = 'drop';
       throw new Drop('dropped by worker');
@@ -116,7 +132,7 @@ const worker = serve({ endpoint, concurrency: Math.max(1, int('WORKER_CONCURRENC
       throw new Error('retry requested by worker');
     }
   } finally {
-    report(d, status, start, Date.now());
+    report(d, status, start, Date.now(), remaining, stopped);
     process.stdout.write(`${d.key} attempt=${d.attempt}\n`);
   }
 });

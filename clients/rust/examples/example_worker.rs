@@ -14,10 +14,15 @@
 //!   WORKER_DROP_KEYS     k3: answer DROP, reason "dropped by worker"
 //!   WORKER_SLOW_KEYS     k4: work WORKER_SLOW_MS (1000) on these before answering
 //!   WORKER_CRASH_KEYS    k5: exit(3) on receipt, unanswered, as a crash would
+//!   WORKER_DEADLINE_KEYS k7: work WORKER_SLOW_MS on these, but no later than
+//!                        d.deadline (a thread cannot be stopped: the work stops
+//!                        itself there) and answer RETRY
 //!   WORKER_MAX_BYTES     app.max_entry_bytes, if it was raised (-1: no limit)
 //!   WORKER_VERBOSE=1     describe each delivery on stderr
 //!   WORKER_REPORT        a file: one JSON object per answered delivery is appended
-//!                        (tests/integration/test_clients.py reads it)
+//!                        (tests/integration/test_clients.py reads it; remaining_ms is
+//!                        d.remaining() at the start, -1 without a deadline; stopped is
+//!                        "deadline" when the work stopped there)
 //! Built with the `opentelemetry` feature (`make example` does) and WORKER_REPORT set,
 //! it installs an SDK tracer provider (no exporter), so each handler runs in the
 //! crate's real span; the report gives that span's trace id and parent span id
@@ -30,7 +35,7 @@ use std::process::exit;
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::thread::sleep;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idemproxy_worker::{DEFAULT_ENDPOINT, Delivery, Error, Worker};
 use serde_json::json;
@@ -59,6 +64,7 @@ struct Config {
     slow_keys: Vec<String>,
     slow_ms: u64,
     crash_keys: Vec<String>,
+    deadline_keys: Vec<String>,
     delay_ms: u64,
     verbose: bool,
     report: Option<Mutex<std::fs::File>>,
@@ -81,17 +87,30 @@ impl Config {
             slow_keys: env_list("WORKER_SLOW_KEYS"),
             slow_ms: env_u64("WORKER_SLOW_MS", 1000),
             crash_keys: env_list("WORKER_CRASH_KEYS"),
+            deadline_keys: env_list("WORKER_DEADLINE_KEYS"),
             delay_ms: env_u64("WORKER_DELAY_MS", 0),
             verbose: env_u64("WORKER_VERBOSE", 0) != 0,
             report,
         }
     }
 
-    /// The application's work; its result is the answer.
-    fn work(&self, d: &Delivery) -> Result<(), Error> {
+    /// The application's work; its result is the answer. `stopped` is set
+    /// when the work ended at the delivery's deadline.
+    fn work(&self, d: &Delivery, stopped: &mut &'static str) -> Result<(), Error> {
         sleep(Duration::from_millis(self.delay_ms));
         if self.slow_keys.contains(&d.key) {
             sleep(Duration::from_millis(self.slow_ms));
+        }
+        if self.deadline_keys.contains(&d.key) {
+            let done = Instant::now() + Duration::from_millis(self.slow_ms);
+            match d.deadline {
+                Some(deadline) if deadline <= done => {
+                    sleep(deadline.saturating_duration_since(Instant::now()));
+                    *stopped = "deadline";
+                    return Err(Error::retry("stopped at the deadline"));
+                }
+                _ => sleep(done.saturating_duration_since(Instant::now())),
+            }
         }
         if self.drop_keys.contains(&d.key) {
             return Err(Error::Drop("dropped by worker".into()));
@@ -122,18 +141,20 @@ impl Config {
             exit(3);
         }
         let start = now_ms();
-        let result = self.work(d);
+        let remaining = d.remaining().map_or(-1, |r| r.as_millis() as i64);
+        let mut stopped = "";
+        let result = self.work(d, &mut stopped);
         let status = match &result {
             Ok(()) => "ack",
             Err(Error::Retry(_) | Error::RetryAfter(_)) => "retry",
             Err(Error::Drop(_)) => "drop",
         };
-        self.report(d, status, start, now_ms());
+        self.report(d, status, start, now_ms(), remaining, stopped);
         println!("{} attempt={}", d.key, d.attempt); // stdout is line-buffered: flushed here
         result
     }
 
-    fn report(&self, d: &Delivery, status: &str, start: u64, end: u64) {
+    fn report(&self, d: &Delivery, status: &str, start: u64, end: u64, remaining: i64, stopped: &str) {
         let Some(file) = &self.report else { return };
         let fields: serde_json::Map<_, _> =
             d.fields.iter().map(|(n, v)| (n.clone(), text(v).into())).collect();
@@ -144,7 +165,7 @@ impl Config {
             "payload": text(&d.payload), "fields": fields, "status": status,
             "start_ms": start, "end_ms": end, "traceparent": d.traceparent,
             "tracestate": d.tracestate, "span_trace_id": span_trace_id,
-            "span_parent_id": span_parent_id,
+            "span_parent_id": span_parent_id, "remaining_ms": remaining, "stopped": stopped,
         })
         .to_string();
         line.push('\n');

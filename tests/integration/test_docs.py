@@ -289,6 +289,60 @@ def test_readme_is_a_front_page_and_docs_hold_the_depth():
     assert len(text.splitlines()) <= 350, "the README is a front page: depth belongs in docs/"
 
 
+def readme_section(title, text=None):
+    text = (ROOT / "README.md").read_text() if text is None else text
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else len(text)]
+
+
+def copied_lines(section, other):
+    """The lines of section (40 characters or more, stripped) that other holds too."""
+    theirs = {ln.strip() for ln in other.splitlines()}
+    return [ln.strip() for ln in section.splitlines() if len(ln.strip()) >= 40 and ln.strip() in theirs]
+
+
+def test_readme_deploy_section_is_short_and_links_the_depth():
+    """Issue 33: the README's Deploy section copied deploy/README.md's opening (its
+    commands and sentences). The README says what the sidecar is, gives one command,
+    and links deploy/README.md and the chart's README, which hold the depth."""
+    sec = readme_section("Deploy on Kubernetes")
+    blocks = re.findall(r"```sh\n(.*?)```", sec, re.S)
+    commands = [ln for b in blocks for ln in b.replace("\\\n", " ").splitlines()
+                if ln.strip() and not ln.lstrip().startswith("#")]
+    assert len(commands) == 1, commands
+    assert "(deploy/README.md)" in sec and "(deploy/helm/idemproxy/README.md)" in sec, sec
+    assert copied_lines(sec, (ROOT / "deploy" / "README.md").read_text()) == []
+    assert len(sec.strip().splitlines()) <= 20, sec
+
+
+def shared_table_rows(files):
+    """{(file, file): rows both hold} for Markdown table rows of 30 characters or more."""
+    rows = {}
+    for f in files:
+        for ln in (ROOT / f).read_text(errors="replace").splitlines():
+            ln = ln.strip()
+            if ln.startswith("|") and len(ln) >= 30 and not re.fullmatch(r"[|:\- ]+", ln):
+                rows.setdefault(ln, set()).add(f)
+    pairs = {}
+    for row, fs in rows.items():
+        fs = sorted(fs)
+        for i, a in enumerate(fs):
+            for b in fs[i + 1:]:
+                pairs.setdefault((a, b), []).append(row)
+    return pairs
+
+
+def test_no_table_is_kept_in_two_docs():
+    """Issue 33: deploy/README.md held a copy of docs/operations.md's table of the alerts;
+    a copy drifts. One file keeps a table and the others link it (a row or two in
+    common, such as a setting each client's README names, is not a copy)."""
+    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "*.md"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    copies = {f"{a} and {b}": len(rows) for (a, b), rows in shared_table_rows(files).items() if len(rows) >= 3}
+    assert copies == {}
+
+
 def test_the_repository_names_no_spec_md():
     """Issue 33: the repository stands alone; nothing in it names the spec file it
     lacks (SPEC, dot, md: written so, this line does not name it either)."""

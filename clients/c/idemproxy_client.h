@@ -108,7 +108,7 @@ typedef enum idemproxy_status {
  * these structs are part of the ABI: a change to one bumps the soname. */
 typedef struct idemproxy_client {
     int      err;          /* 0, or the errno of the last failure (reset by each receive) */
-    char     errstr[128];  /* what the last failure was, for people */
+    char     errstr[512];  /* what the last failure was, for people (512 in soname 1: the endpoint and more) */
     int      sock;         /* the nanomsg NN_REP socket, -1 when none */
     int      pending;      /* 1 while a received delivery awaits its answer */
     uint64_t seq;          /* number of the last delivery received */

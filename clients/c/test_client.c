@@ -231,6 +231,36 @@ int main(void)
                   strncmp(c->errstr, want, strlen(want)) == 0 && now_unix_ms() - t1 >= 1000);
         idemproxy_client_free(c);
     }
+    /* The whole line, with the longest ipc path nanomsg takes (107 bytes): errstr
+     * held 127 characters, so even ipc:///run/idemproxy/app.sock lost the hint. */
+    {
+        const char *tail = " s (is idemproxy running, and is this its app.endpoint?)";
+        char nobody[128], want[256];
+        size_t len;
+        uint64_t t0;
+        int rc, n, whole;
+
+        n = snprintf(nobody, sizeof(nobody), "ipc:///tmp/px-client-nobody-%d-", (int) getpid());
+        while (n < 6 + 107)
+            nobody[n++] = 'x';
+        nobody[n] = '\0';
+        snprintf(want, sizeof(want), "still dialing %s: no connection to idemproxy for ", nobody);
+        setenv("IDEMPROXY_DIAL_LOG_MS", "1", 1);
+        c = idemproxy_client_connect(nobody);
+        unsetenv("IDEMPROXY_DIAL_LOG_MS");
+        t0 = now_unix_ms();
+        do
+            rc = idemproxy_client_recv(c, 100, &d);
+        while (rc == IDEMPROXY_CLIENT_EAGAIN && c->err == 0 && now_unix_ms() - t0 < 5000);
+        len = strlen(c->errstr);
+        whole = rc == IDEMPROXY_CLIENT_EAGAIN && c->err == ENOTCONN &&
+                strncmp(c->errstr, want, strlen(want)) == 0 && len > strlen(tail) &&
+                strcmp(c->errstr + len - strlen(tail), tail) == 0;
+        test_cond("still dialing: the whole line, for an ipc path of 107 bytes", whole);
+        if (!whole)
+            fprintf(stderr, "got: %s\n", c->errstr);
+        idemproxy_client_free(c);
+    }
 
     snprintf(url, sizeof(url), "ipc:///tmp/px-client-test-%d.sock", (int) getpid());
     req = nn_socket(AF_SP_RAW, NN_REQ);

@@ -3,12 +3,14 @@ tracks of clients/c (PREFIX, and DESTDIR for a staged install), then a program
 outside the repository built with `pkg-config --cflags --libs idemproxy-client`
 against the installed prefix, run against a real idemproxy."""
 import os
+import re
 import subprocess
 
 from conftest import ROOM, ROOT, run
 from pxtest import pending, publish, wait_for
 
 VERSION = (ROOT / "VERSION").read_text().strip()
+SOVERSION = re.search(r"^SOVERSION = (\d+)$", (ROOT / "clients" / "c" / "Makefile").read_text(), re.M).group(1)
 
 # A worker as a user writes it: only the installed header and library. The
 # handler fails the first time it sees "k2" and answers RETRY with its reason.
@@ -78,11 +80,11 @@ def test_installed_c_client_serves_a_worker_outside_the_repository(env, exported
 
     lib = prefix / "lib"
     real = lib / f"libidemproxy_client.so.{VERSION}"
-    assert (lib / "libidemproxy_client.so.0").resolve() == real
+    assert (lib / f"libidemproxy_client.so.{SOVERSION}").resolve() == real
     assert (lib / "libidemproxy_client.so").resolve() == real
     assert (prefix / "include" / "idemproxy_client.h").is_file()
     dyn = run(["readelf", "-d", str(real)], tmp_path).stdout
-    assert "Library soname: [libidemproxy_client.so.0]" in dyn
+    assert f"Library soname: [libidemproxy_client.so.{SOVERSION}]" in dyn
     # The API and nothing else: the protobuf-c code inside is not exported, so a
     # program that generates its own idemproxy.v1 code links without a clash.
     syms = run(["nm", "-D", "--defined-only", str(real)], tmp_path).stdout.split()
@@ -95,7 +97,7 @@ def test_installed_c_client_serves_a_worker_outside_the_repository(env, exported
     run(["make", "-s", "install", f"DESTDIR={stage}", "PREFIX=/opt/idem"], src, timeout=300)
     pc = (stage / "opt/idem/lib/pkgconfig/idemproxy-client.pc").read_text()
     assert "prefix=/opt/idem\n" in pc and str(stage) not in pc
-    assert (stage / "opt/idem/lib/libidemproxy_client.so.0").is_symlink()
+    assert (stage / f"opt/idem/lib/libidemproxy_client.so.{SOVERSION}").is_symlink()
 
     # The user's project: one C file, built the pkg-config way.
     app = tmp_path / "app"
@@ -116,7 +118,7 @@ def test_installed_c_client_serves_a_worker_outside_the_repository(env, exported
          "worker.c", *flags], app, env=penv)
     renv = dict(os.environ, LD_LIBRARY_PATH=str(lib))
     ldd = run(["ldd", "./worker"], app, env=renv).stdout
-    assert f"libidemproxy_client.so.0 => {lib}/libidemproxy_client.so.0" in ldd, ldd
+    assert f"libidemproxy_client.so.{SOVERSION} => {lib}/libidemproxy_client.so.{SOVERSION}" in ldd, ldd
 
     ep = env.endpoint()
     p = env.proxy([ROOM], endpoint=ep)

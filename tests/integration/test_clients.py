@@ -865,3 +865,25 @@ def test_client_handler_exit_is_answered_and_said(tmp_path, lang):
         if w.proc.poll() is None:
             w.stop()
         fake.close()
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_client_says_it_is_still_dialing_and_where(tmp_path, lang):
+    """Issue 33: a worker pointed at a wrong endpoint (a typo in the socket path) said
+    nothing for ever, and in a pod looked healthy. Each example worker, run as a user
+    runs it, says in its log that it is still dialing and where, and says it again
+    (IDEMPROXY_DIAL_LOG_MS=300: the first after 0.3 s, the next 1.8 s later)."""
+    build(lang)
+    endpoint = f"ipc://{tmp_path}/typo/app.sock"
+    w = ExampleWorker(lang, endpoint, tmp_path, IDEMPROXY_DIAL_LOG_MS=300)
+    want = f"still dialing {endpoint}: no connection to idemproxy for "
+    said = lambda: [l for l in w.err.read_text(errors="replace").splitlines() if want in l]  # noqa: E731
+    try:
+        deadline = time.time() + 60
+        while len(said()) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        assert len(said()) >= 2, f"{lang} said: {w.err.read_text(errors='replace')[-1500:]}"
+        assert w.proc.poll() is None, f"{lang} exited: {w.err.read_text(errors='replace')[-800:]}"
+        assert w.lines() == []
+    finally:
+        w.stop()

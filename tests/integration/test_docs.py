@@ -149,9 +149,12 @@ BARE_URL = re.compile(r"\b(?:https?|ftp|file)://[^\s)>`\"]+")
 
 
 def doc_files():
-    files = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
-    files += [p for p in (ROOT / "SECURITY.md", ROOT / "CHANGELOG.md") if p.exists()]
-    return files
+    """Every Markdown file git tracks, but the clients' READMEs: their registries (PyPI,
+    crates.io, npm, pkg.go.dev) show them on a page of their own, where a link into the
+    repository breaks, so they link the registries' pages of what they depend on."""
+    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "*.md"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    return [ROOT / f for f in files if not re.fullmatch(r"clients/[a-z]+/README\.md", f)]
 
 
 def slug(heading):

@@ -898,6 +898,11 @@ static const char finish_lua[] =
     "if redis.call('get', KEYS[2]) == ARGV[2] then redis.call('del', KEYS[2]) end "
     "return 1";
 
+/* --purge: KEYS dead-letter stream, its claim; ARGV the dead letter's id. A
+ * dead letter a redrive has claimed is left to it (0). */
+static const char purge_lua[] = "if redis.call('exists', KEYS[2]) == 1 then return 0 end "
+                                "return redis.call('xdel', KEYS[1], ARGV[1])";
+
 /* EVAL 'body' with 'nkeys' of the 'n' NUL-terminated keys and args in 'kv'
  * (at most 6), routed by the first key. */
 static redisReply *eval(ops_conn *ctx, const char *body, int nkeys, int n, const char *const *kv)
@@ -1033,22 +1038,31 @@ int px_cmd_redrive(px_config *c, const px_ops_args *a)
                 break;
             }
             if (a->purge) {
-                printf("%s %s (entry %s, reason %s)\n", verb, show(dlid), show(eid), show(reason));
                 if (a->dry_run) {
+                    printf("%s %s (entry %s, reason %s)\n", verb, show(dlid), show(eid), show(reason));
                     chosen++;
                     continue;
                 }
-                const char *xd[] = { "XDEL", sc->dead_letter, dlid };
-                size_t xl[] = { 4, strlen(sc->dead_letter), strlen(dlid) };
-                redisReply *r = call(ctx, "redrive", sc->dead_letter, 3, xd, xl);
+                px_buf claim = { 0 };
+                px_dl_redrive_claim_name(sc, dlid, &claim);
+                redisReply *r = eval(ctx, purge_lua, 2, 3,
+                                     (const char *const[]){ sc->dead_letter, claim.data, dlid });
+                px_buf_deinit(&claim);
                 if (r == NULL) {
                     rc = 1;
                     stop = true;
                     break;
                 }
-                if (r->type == REDIS_REPLY_INTEGER && r->integer == 1) chosen++;
-                else skipped++; /* another run took it */
+                bool gone = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
                 freeReplyObject(r);
+                if (!gone) { /* another run took it, or a redrive has claimed it */
+                    printf("skip %s (entry %s): purged or claimed by another run\n", show(dlid),
+                           show(eid));
+                    skipped++;
+                    continue;
+                }
+                printf("%s %s (entry %s, reason %s)\n", verb, show(dlid), show(eid), show(reason));
+                chosen++;
                 continue;
             }
             if (m.nelem == 0) {

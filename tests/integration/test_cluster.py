@@ -540,3 +540,51 @@ def test_two_redrives_at_once_on_a_cluster_redrive_each_dead_letter_once(cluster
     assert sum(r.exists(f"idem:d{i}") for i in range(n)) == (n if reason == "busy" else 0)
     assert sum(int(res.stdout.rsplit("redriven ", 1)[1].split(",")[0]) for res in results) == n
     assert [k for port in cluster.masters() for k in cluster.node(port).keys("idemproxy:redrive:*")] == []
+
+
+@pytest.fixture
+def small_cluster(tmp_path):
+    """Three masters, no replicas: enough for the operator commands."""
+    d = tmp_path / "small"
+    d.mkdir()
+    c = RedisCluster(d, replicas=0)
+    yield c
+    c.stop()
+
+
+def hand_dead_letter(r, stream, dl, key, n=0, reason="dropped"):
+    """A dead letter as the daemon writes it, and the done mark it wrote."""
+    i = r.xadd(dl, {"payload": json.dumps({"eventId": key}), "n": str(n), "idemproxy-reason": reason,
+                    "idemproxy-stream": stream, "idemproxy-entry-id": f"1-{n}",
+                    "idemproxy-attempts": "1"})
+    r.set(f"idem:{key}", "D1", px=600000)
+    return i
+
+
+def op_config(cluster, tmp_path, stream, dl):
+    cfg = tmp_path / "op.yaml"
+    cfg.write_text(f"redis:\n  cluster: [{', '.join(cluster.seeds[:2])}]\nmetrics:\n  listen: \"\"\n"
+                   f"streams:\n  - stream: '{stream}'\n    payload_field: payload\n    dead_letter: '{dl}'\n")
+    return ("-c", str(cfg), "--stream", stream)
+
+
+def claims(cluster):
+    return [(port, k) for port in cluster.masters() for k in cluster.node(port).keys("idemproxy:redrive:*")]
+
+
+def test_purge_leaves_a_dead_letter_a_cluster_redrive_has_claimed(small_cluster, tmp_path):
+    """A redrive in steps holds a claim on the dead letter while it clears
+    the done mark and adds the entry back: a purge then must not delete the
+    dead letter as well (purged and redriven at once, the done mark the purge
+    says it keeps cleared). It skips it, as the one script would."""
+    c, r = small_cluster, small_cluster.client
+    cfg = op_config(c, tmp_path, "room", "room:dlq")
+    dlid = hand_dead_letter(r, "room", "room:dlq", "k0")
+    keep = hand_dead_letter(r, "room", "room:dlq", "k1", n=1)
+    # another run between its claim and its last step (the name: commit.c)
+    r.set(f"idemproxy:redrive:{{room:dlq}}:room:dlq:{dlid}", "host:1:1", px=600000)
+    res = op("redrive", *cfg, "--purge")
+    assert res.returncode == 0, res.stderr
+    assert "purged 1, skipped 1" in res.stdout, res.stdout
+    assert [i for i, _ in r.xrange("room:dlq")] == [dlid] and f"purged {keep}" in res.stdout
+    assert f"purged {dlid}" not in res.stdout and f"skip {dlid}" in res.stdout

@@ -874,20 +874,29 @@ static bool wrote_done(const char *reason)
  *      in the dead-letter stream's slot) is free? take it (SET NX, expiring
  *      after OPS_CLAIM_MS); else another run has it: skipped
  *   2. delete the done mark, as redrive_lua does
- *   3. XADD the entry's fields to the source stream
- *   4. XDEL the dead letter and free the claim
+ *   3. the claim still ours? make it last (PERSIST); else skipped
+ *   4. XADD the entry's fields to the source stream
+ *   5. XDEL the dead letter and free the claim
  *
  * So two runs at once redrive it once. The done mark goes before the XADD:
  * the other way round, the daemon could read the new entry, find the old
- * mark and skip it as a copy. A run that dies between steps leaves the dead
- * letter where it was, claimed until the claim expires; the line it prints
- * says what was done. */
+ * mark and skip it as a copy. A run that dies before step 3 leaves the dead
+ * letter where it was, claimed until the claim expires. From step 3 on the
+ * entry may be back in the stream (an XADD whose reply is lost may have been
+ * applied), so the claim does not expire: a later run, or a purge, would add
+ * it twice or delete a dead letter whose entry is back. Such a dead letter is
+ * skipped with a line that says so, until an operator removes the claim (or
+ * the dead letter). The line a failed run prints says what was done. */
 #define OPS_CLAIM_MS 600000
 
-static const char claim_lua[] =
+static const char claim_lua[] = /* 1 ours, 0 another run's, 2 a half-redriven one's */
     "if #redis.call('xrange', KEYS[1], ARGV[1], ARGV[1]) == 0 then return 0 end "
-    "if not redis.call('set', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then return 0 end "
-    "return 1";
+    "if redis.call('set', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then return 1 end "
+    "if redis.call('pttl', KEYS[2]) == -1 then return 2 end "
+    "return 0";
+static const char hold_lua[] = /* KEYS: the claim. ARGV: our token */
+    "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end "
+    "redis.call('persist', KEYS[1]) return 1";
 static const char clear_done_lua[] = /* KEYS: done mark. ARGV: as redrive_lua's ARGV[2] */
     "local v = redis.call('get', KEYS[1]) "
     "if v and (ARGV[1] == '' or string.sub(v, 1, #ARGV[1]) == ARGV[1]) then "
@@ -927,24 +936,41 @@ static int redrive_steps(ops_conn *ctx, const px_stream_conf *sc, const char *dl
     char ttl[24];
     snprintf(ttl, sizeof(ttl), "%d", OPS_CLAIM_MS);
     const char *done_at = NULL; /* the step that failed, once the claim is ours */
+    bool held = false;          /* the claim may no longer expire (step 3) */
     int rc = -1;
     redisReply *r = eval(ctx, claim_lua, 2, 5,
                          (const char *const[]){ sc->dead_letter, claim.data, dlid, token, ttl });
     if (r == NULL) goto out;
-    bool ours = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    long long got = r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
     freeReplyObject(r);
-    if (!ours) {
+    if (got == 2)
+        fprintf(stderr, "idemproxy redrive: dead letter %s is half redriven by an earlier run "
+                        "(claim %s): its entry may be back in %s; look there, then XDEL the dead "
+                        "letter and DEL the claim (or DEL only the claim to redrive it again)\n",
+                show(dlid), show(claim.data), sc->stream);
+    if (got != 1) {
         rc = 0;
         goto out;
     }
     done_at = "nothing else was done yet";
     if (done) {
         const char *prefix = sc->layout == PX_LAYOUT_SINGLE ? "D" : "";
+        done_at = "its done mark may have been cleared, the entry was not added back";
         if ((r = eval(ctx, clear_done_lua, 1, 2, (const char *const[]){ done, prefix })) == NULL)
             goto out;
         freeReplyObject(r);
         done_at = "its done mark was cleared, the entry not added back yet";
     }
+    held = true; /* a lost reply may have made it last */
+    if ((r = eval(ctx, hold_lua, 1, 2, (const char *const[]){ claim.data, token })) == NULL) goto out;
+    bool ours = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    freeReplyObject(r);
+    if (!ours) { /* it ran out and another run has it */
+        held = false;
+        rc = 0;
+        goto out;
+    }
+    done_at = "its done mark was cleared; the entry may have been added back: look in the stream";
     const char **argv = px_calloc(nelem + 3, sizeof(*argv));
     size_t *lens = px_calloc(nelem + 3, sizeof(*lens));
     argv[0] = "XADD";
@@ -960,14 +986,18 @@ static int redrive_steps(ops_conn *ctx, const px_stream_conf *sc, const char *dl
     free(lens);
     if (r == NULL) goto out;
     freeReplyObject(r);
-    done_at = "the entry was added back to the stream: delete the dead letter (XDEL), do not "
-              "redrive it again";
+    done_at = "the entry was added back to the stream: delete the dead letter (XDEL) and the claim, "
+              "do not redrive it again";
     r = eval(ctx, finish_lua, 2, 4, (const char *const[]){ sc->dead_letter, claim.data, dlid, token });
     if (r == NULL) goto out;
     freeReplyObject(r);
     rc = 1;
 out:
-    if (rc < 0 && done_at)
+    if (rc < 0 && done_at && held)
+        fprintf(stderr, "idemproxy redrive: dead letter %s is half redriven (%s); it stays in %s, "
+                        "claimed by %s until the claim %s is deleted\n",
+                show(dlid), done_at, sc->dead_letter, show(token), show(claim.data));
+    else if (rc < 0 && done_at)
         fprintf(stderr, "idemproxy redrive: dead letter %s is half redriven (%s); it stays in %s, "
                         "claimed by %s for %d s\n",
                 show(dlid), done_at, sc->dead_letter, show(claim.data), OPS_CLAIM_MS / 1000);

@@ -588,3 +588,34 @@ def test_purge_leaves_a_dead_letter_a_cluster_redrive_has_claimed(small_cluster,
     assert "purged 1, skipped 1" in res.stdout, res.stdout
     assert [i for i, _ in r.xrange("room:dlq")] == [dlid] and f"purged {keep}" in res.stdout
     assert f"purged {dlid}" not in res.stdout and f"skip {dlid}" in res.stdout
+
+
+def test_a_half_redriven_dead_letter_is_not_redriven_again(small_cluster, tmp_path):
+    """A cluster redrive that stops after adding the entry back (killed, or
+    its last step's reply lost) leaves the dead letter and its claim. A
+    claim that then runs out lets a later run add the entry a second time:
+    once the entry may be back, the claim stays until an operator looks."""
+    c, r = small_cluster, small_cluster.client
+    k = next(f"k{i}" for i in range(20)                 # three slots on three masters
+             if len({owner(c, "room"), owner(c, "room:dlq"), owner(c, f"idem:k{i}")}) == 3)
+    cfg = op_config(c, tmp_path, "room", "room:dlq")
+    hand_dead_letter(r, "room", "room:dlq", k)
+    for port in c.masters():                    # the last step (XDEL) refused: the run stops there
+        c.node(port).execute_command("ACL", "SETUSER", "default", "-xdel")
+    try:
+        res = op("redrive", *cfg)
+    finally:
+        for port in c.masters():
+            c.node(port).execute_command("ACL", "SETUSER", "default", "+xdel")
+    assert res.returncode == 1 and "half redriven" in res.stderr, res.stdout + res.stderr
+    assert r.xlen("room") == 1 and r.xlen("room:dlq") == 1 and not r.exists(f"idem:{k}")
+    # ten minutes later: a claim that expires has expired
+    for port, k in claims(c):
+        if c.node(port).pttl(k) > 0:
+            c.node(port).pexpire(k, 1)
+    time.sleep(0.05)
+    res = op("redrive", *cfg)
+    assert res.returncode == 0, res.stderr
+    assert r.xlen("room") == 1, "the entry was added back twice"
+    assert "redriven 0, skipped 1" in res.stdout and "half redriven" in res.stderr, res.stdout + res.stderr
+    assert r.xlen("room:dlq") == 1

@@ -1032,7 +1032,7 @@ int px_cmd_redrive(px_config *c, const px_ops_args *a)
     /* --entry: a dead letter is written after its entry, so none before the entry's time */
     char start[64] = "-";
     if (a->entry) snprintf(start, sizeof(start), "%llu-0", strtoull(a->entry, NULL, 10));
-    bool stop = false;
+    bool stop = false, took_one = false; /* took_one: --entry's one dead letter was found */
     rc = 0;
     while (!stop) {
         const char *argv[] = { "XRANGE", sc->dead_letter, start, "+", "COUNT", "1000" };
@@ -1063,6 +1063,14 @@ int px_cmd_redrive(px_config *c, const px_ops_args *a)
                 other++;
                 continue;
             }
+            if (a->entry && took_one) { /* two groups' dead letters, or a second after its mark expired */
+                fprintf(stderr, "idemproxy redrive: dead letter %s holds entry %s too; --entry takes one: "
+                                "name it by its own id\n",
+                        show(dlid), show(eid));
+                other++;
+                continue;
+            }
+            took_one = true;
             if (a->max >= 0 && (long long)chosen >= a->max) {
                 stop = true;
                 break;

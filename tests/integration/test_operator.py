@@ -421,3 +421,25 @@ def test_version_and_help_content():
         assert word in res.stdout, word
     assert "refused" not in res.stdout                  # no command refuses a cluster config now
     assert run("version", "extra").returncode == 2
+
+
+def test_redrive_entry_takes_one_of_two_dead_letters_of_an_entry(env, tmp_path):
+    """Two dead letters can hold one entry (two groups sharing a dead-letter
+    stream, or a written-mark that expired before the entry came round
+    again). --entry ID takes one, as it says; redriving both added the entry
+    twice. The other is named, to be taken by its own id."""
+    cfg = write_cfg(tmp_path, env.redis.url, payload_field="payload", dead_letter="room:dead")
+    add_dead(env.r, 1)
+    add_dead(env.r, 1, reason="timeout")                 # entry 1-0 again
+    first, second = [i for i, _ in env.r.xrange("room:dead")]
+    for purge in ((), ("--purge",)):
+        res = run("redrive", "-c", str(cfg), "--stream", "room", "--entry", "1-0", *purge)
+        assert res.returncode == 0, res.stderr
+        assert ("purged 1, skipped 0" if purge else "redriven 1, skipped 0") in res.stdout, res.stdout
+        assert second in res.stderr and "own id" in res.stderr, res.stderr
+        assert [i for i, _ in env.r.xrange("room:dead")] == [second]
+        assert env.r.xlen("room") == 1
+        env.r.xadd("room:dead", {"payload": json.dumps({"eventId": "d0"}), "n": "0",
+                                 "idemproxy-reason": "x", "idemproxy-stream": "room",
+                                 "idemproxy-entry-id": "1-0", "idemproxy-attempts": "1"})
+        first, second = second, env.r.xrange("room:dead")[-1][0]

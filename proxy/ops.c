@@ -866,6 +866,29 @@ static bool wrote_done(const char *reason)
            strncmp(reason, "conflict: ", 10) != 0;
 }
 
+/* Whether entry 'eid' is still pending in the stream's group: 1 yes, 0 no
+ * (or group-less: nothing to ask), -1 an error (said on stderr). The daemon
+ * XACKs a dead-lettered entry only once its dead letter and its done mark
+ * are both confirmed, and after a lost reply writes the done mark again; a
+ * done mark redrive cleared before that comes back, and the redriven entry
+ * is skipped as a copy. Once acked, an entry is never committed again. */
+static int still_pending(ops_conn *ctx, const px_stream_conf *sc, const char *eid)
+{
+    if (sc->group == NULL) return 0;
+    const char *argv[] = { "XPENDING", sc->stream, sc->group, eid, eid, "1" };
+    size_t lens[6];
+    for (int i = 0; i < 6; i++) lens[i] = strlen(argv[i]);
+    redisReply *r = ops_argv(ctx, sc->stream, 6, argv, lens);
+    if (r == NULL) {
+        fprintf(stderr, "idemproxy redrive: XPENDING: %s\n", ctx->err);
+        return -1;
+    }
+    /* an error (no group or stream yet, an id that is none): nothing pending */
+    int pending = r->type == REDIS_REPLY_ARRAY && r->elements > 0;
+    freeReplyObject(r);
+    return pending;
+}
+
 /* On a Redis Cluster whose dead-letter stream, source stream and done mark
  * sit in different slots, no one script can touch them together: a dead
  * letter is redriven in four steps, each a command on one slot.
@@ -1121,6 +1144,20 @@ int px_cmd_redrive(px_config *c, const px_ops_args *a)
                 printf(", reason %s)\n", show(reason));
                 chosen++;
                 entry_deinit(&e);
+                continue;
+            }
+            int pending = still_pending(ctx, sc, eid);
+            if (pending != 0) {
+                entry_deinit(&e);
+                if (pending < 0) {
+                    rc = 1;
+                    stop = true;
+                    break;
+                }
+                printf("skip %s (entry %s): the entry is still pending in group %s, its dead "
+                       "letter not yet confirmed; run again later\n",
+                       show(dlid), show(eid), show(sc->group));
+                skipped++;
                 continue;
             }
             /* One script when its keys share a slot (always on one server). */

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from pxtest import BIN, pb, publish, wait_for
+from pxtest import BIN, Proxy, pb, publish, wait_for
+from slowlink import SlowLink
 
 
 def run(*args, stdin=None, timeout=30):
@@ -443,3 +444,49 @@ def test_redrive_entry_takes_one_of_two_dead_letters_of_an_entry(env, tmp_path):
                                  "idemproxy-reason": "x", "idemproxy-stream": "room",
                                  "idemproxy-entry-id": "1-0", "idemproxy-attempts": "1"})
         first, second = second, env.r.xrange("room:dead")[-1][0]
+
+
+def test_redrive_leaves_a_dead_letter_whose_commit_is_still_written(env, tmp_path):
+    """The daemon XACKs a dead-lettered entry once its dead letter and done
+    mark are both confirmed; a lost reply makes it write them again (the
+    dead letter once, by its written-mark; the done mark anew). A redrive in
+    between cleared the done mark and added the entry back, and the done mark
+    written again then made the redriven entry a copy: skipped and acked,
+    never handled, its dead letter gone, "redriven 1" reported. Redrive
+    leaves a dead letter whose entry is still pending in the group."""
+    link = SlowLink(env.redis.port, 0)
+    try:
+        ep = env.endpoint()
+        # max_inflight 1: the redriven entry is read only after the commit is written
+        p = Proxy(tmp_path, "px", link.url, ep, [group_stream()], timeout_ms=1000, max_inflight=1)
+        env.proxies.append(p)
+        p.start()
+        mode = {"drop": True}
+
+        def behave(d):
+            return (pb.Ack.DROP, "downstream down") if mode["drop"] else (pb.Ack.ACK, "")
+        w = env.worker(ep, behave=behave)
+        wait_for(lambda: p.get("/readyz")[0] == 200, 10, "ready")
+
+        def applied():   # both written, their replies lost; the retried done mark held off
+            if env.r.xlen("room:dead") == 1 and (env.r.get("idem:a") or "")[:1] == "D":
+                link.refuse([b"$6\r\nidem:a\r\n$15\r\nD:"], 6.0)
+                return True
+            return False
+        link.cut_reply_to(b"idemproxy-reason", applied)
+        publish(env.r, "room", [{"eventId": "a"}])
+        wait_for(lambda: link.cuts == 1, 10, "the commit's replies lost")
+        mode["drop"] = False
+        cfg = write_cfg(tmp_path, env.redis.url, **group_stream())
+        res = run("redrive", "-c", str(cfg), "--stream", "room")
+        assert res.returncode == 0, res.stderr
+        assert link.refusing >= 1 or env.r.xpending("room", "game-server")["pending"] == 1
+        wait_for(lambda: env.r.xpending("room", "game-server")["pending"] == 0, 20, "committed")
+        assert "redriven 0, skipped 1" in res.stdout and "pending" in res.stdout, res.stdout
+        res = run("redrive", "-c", str(cfg), "--stream", "room")   # now it may go
+        assert "redriven 1, skipped 0" in res.stdout, res.stdout + res.stderr
+        assert res.returncode == 0, res.stderr
+        wait_for(lambda: [d.key for d in w.got].count("a") == 2, 20, "the dead letter handled again")
+        assert env.r.xlen("room:dead") == 0
+    finally:
+        link.close()

@@ -896,20 +896,23 @@ static int still_pending(ops_conn *ctx, const px_stream_conf *sc, const char *ei
  *   1. the dead letter is still there and its claim (px_dl_redrive_claim_name,
  *      in the dead-letter stream's slot) is free? take it (SET NX, expiring
  *      after OPS_CLAIM_MS); else another run has it: skipped
- *   2. delete the done mark, as redrive_lua does
- *   3. the claim still ours? make it last (PERSIST); else skipped
+ *   2. the claim still ours? make it last (PERSIST); else skipped, untouched
+ *   3. delete the done mark, as redrive_lua does
  *   4. XADD the entry's fields to the source stream
  *   5. XDEL the dead letter and free the claim
  *
  * So two runs at once redrive it once. The done mark goes before the XADD:
  * the other way round, the daemon could read the new entry, find the old
- * mark and skip it as a copy. A run that dies before step 3 leaves the dead
- * letter where it was, claimed until the claim expires. From step 3 on the
- * entry may be back in the stream (an XADD whose reply is lost may have been
- * applied), so the claim does not expire: a later run, or a purge, would add
- * it twice or delete a dead letter whose entry is back. Such a dead letter is
- * skipped with a line that says so, until an operator removes the claim (or
- * the dead letter). The line a failed run prints says what was done. */
+ * mark and skip it as a copy. A run that dies before step 2 leaves the dead
+ * letter where it was, claimed until the claim expires; one that stalls past
+ * that finds at step 2 that another run has it, and touches nothing (the
+ * other run's entry may have been handled since: clearing its done mark
+ * would let a copy through). From step 2 on the entry may come back to the
+ * stream (an XADD whose reply is lost may have been applied), so the claim
+ * does not expire: a later run, or a purge, would add it twice or delete a
+ * dead letter whose entry is back. Such a dead letter is skipped with a line
+ * that says so, until an operator removes the claim (or the dead letter).
+ * The line a failed run prints says what was done. */
 #define OPS_CLAIM_MS 600000
 
 static const char claim_lua[] = /* 1 ours, 0 another run's, 2 a half-redriven one's */
@@ -959,7 +962,7 @@ static int redrive_steps(ops_conn *ctx, const px_stream_conf *sc, const char *dl
     char ttl[24];
     snprintf(ttl, sizeof(ttl), "%d", OPS_CLAIM_MS);
     const char *done_at = NULL; /* the step that failed, once the claim is ours */
-    bool held = false;          /* the claim may no longer expire (step 3) */
+    bool held = false;          /* the claim may no longer expire (step 2) */
     int rc = -1;
     redisReply *r = eval(ctx, claim_lua, 2, 5,
                          (const char *const[]){ sc->dead_letter, claim.data, dlid, token, ttl });
@@ -976,24 +979,23 @@ static int redrive_steps(ops_conn *ctx, const px_stream_conf *sc, const char *dl
         goto out;
     }
     done_at = "nothing else was done yet";
+    held = true; /* a lost reply may have made it last */
+    if ((r = eval(ctx, hold_lua, 1, 2, (const char *const[]){ claim.data, token })) == NULL) goto out;
+    bool ours = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    freeReplyObject(r);
+    if (!ours) { /* it ran out and another run has it: touch nothing */
+        held = false;
+        rc = 0;
+        goto out;
+    }
     if (done) {
         const char *prefix = sc->layout == PX_LAYOUT_SINGLE ? "D" : "";
         done_at = "its done mark may have been cleared, the entry was not added back";
         if ((r = eval(ctx, clear_done_lua, 1, 2, (const char *const[]){ done, prefix })) == NULL)
             goto out;
         freeReplyObject(r);
-        done_at = "its done mark was cleared, the entry not added back yet";
     }
-    held = true; /* a lost reply may have made it last */
-    if ((r = eval(ctx, hold_lua, 1, 2, (const char *const[]){ claim.data, token })) == NULL) goto out;
-    bool ours = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
-    freeReplyObject(r);
-    if (!ours) { /* it ran out and another run has it */
-        held = false;
-        rc = 0;
-        goto out;
-    }
-    done_at = "its done mark was cleared; the entry may have been added back: look in the stream";
+    done_at = "the entry may have been added back: look in the stream";
     const char **argv = px_calloc(nelem + 3, sizeof(*argv));
     size_t *lens = px_calloc(nelem + 3, sizeof(*lens));
     argv[0] = "XADD";

@@ -619,3 +619,45 @@ def test_a_half_redriven_dead_letter_is_not_redriven_again(small_cluster, tmp_pa
     assert r.xlen("room") == 1, "the entry was added back twice"
     assert "redriven 0, skipped 1" in res.stdout and "half redriven" in res.stderr, res.stdout + res.stderr
     assert r.xlen("room:dlq") == 1
+
+
+def test_a_run_that_stalls_past_its_claim_does_nothing_more(small_cluster, tmp_path):
+    """A run that stalls (stopped, swapped out) between taking its claim and
+    the next step, past the claim's 10 minutes: another run takes the dead
+    letter, adds the entry back, and the entry is handled again (a new done
+    mark). When the first run goes on, it must neither clear that done mark
+    (a copy would then be delivered once more) nor add the entry again."""
+    import os
+    import signal
+    import subprocess
+    from pxtest import BIN
+    c, r = small_cluster, small_cluster.client
+    k = next(f"k{i}" for i in range(20)
+             if len({owner(c, "room"), owner(c, "room:dlq"), owner(c, f"idem:k{i}")}) == 3)
+    cfg = op_config(c, tmp_path, "room", "room:dlq")
+    slow = tmp_path / "slow.yaml"                 # its replies may wait while it is stopped
+    slow.write_text(open(cfg[1]).read().replace("redis:\n", "redis:\n  timeout_ms: 20000\n", 1)
+                    + "    lease_ms: 50000\n")
+    hand_dead_letter(r, "room", "room:dlq", k)
+    dl_master = c.node(owner(c, "room:dlq"))
+    dl_master.execute_command("CLIENT", "PAUSE", "30000", "WRITE")   # its claim waits here
+    a = subprocess.Popen([str(BIN), "redrive", "-c", str(slow), "--stream", "room"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: any(cl.get("cmd") == "eval" and "b" in cl.get("flags", "")
+                             for cl in dl_master.client_list()), 20, "the claim sent, held")
+        os.kill(a.pid, signal.SIGSTOP)
+        dl_master.execute_command("CLIENT", "UNPAUSE")
+        wait_for(lambda: claims(c), 10, "the claim taken")
+        for port, name in claims(c):              # ten minutes later
+            c.node(port).pexpire(name, 1)
+        wait_for(lambda: not claims(c), 10, "the claim expired")
+        res = op("redrive", *cfg)
+        assert res.returncode == 0 and "redriven 1" in res.stdout, res.stdout + res.stderr
+        r.set(f"idem:{k}", "D:handled-again", px=600000)   # the daemon handled it again
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+        dl_master.execute_command("CLIENT", "UNPAUSE")
+    out, err = a.communicate(timeout=60)
+    assert r.xlen("room") == 1, "the entry was added back twice\n" + out + err
+    assert r.get(f"idem:{k}") == "D:handled-again", "the stalled run cleared a later done mark"

@@ -1054,9 +1054,10 @@ int px_cmd_redrive(px_config *c, const px_ops_args *a)
     snprintf(token, sizeof(token), "%s:%d:%llu", host, (int)getpid(),
              (unsigned long long)px_now_ms());
     unsigned long long looked = 0, chosen = 0, skipped = 0, other = 0;
-    /* --entry: a dead letter is written after its entry, so none before the entry's time */
+    /* From the start, --entry too: a dead letter's id is the dead-letter
+     * stream's clock (on a cluster another master's), and an entry's id may be
+     * ahead of it (a producer's own id), so its dead letter can sort first. */
     char start[64] = "-";
-    if (a->entry) snprintf(start, sizeof(start), "%llu-0", strtoull(a->entry, NULL, 10));
     bool stop = false, took_one = false; /* took_one: --entry's one dead letter was found */
     rc = 0;
     while (!stop) {

@@ -490,3 +490,19 @@ def test_redrive_leaves_a_dead_letter_whose_commit_is_still_written(env, tmp_pat
         assert env.r.xlen("room:dead") == 0
     finally:
         link.close()
+
+
+def test_redrive_entry_finds_a_dead_letter_older_than_its_entry_id(env, tmp_path):
+    """A dead letter's id comes from the dead-letter stream's clock: on a
+    cluster another master's, which may lag the stream's, and an entry a
+    producer added with an id of its own may be ahead of any clock. --entry
+    searched only from the entry id's time and said no dead letter held it."""
+    cfg = write_cfg(tmp_path, env.redis.url, payload_field="payload", dead_letter="room:dead")
+    ahead = f"{int(time.time() * 1000) + 3_600_000}-0"     # an hour ahead of the dead letter
+    env.r.xadd("room:dead", {"payload": json.dumps({"eventId": "d0"}), "idemproxy-reason": "dropped",
+                             "idemproxy-stream": "room", "idemproxy-entry-id": ahead,
+                             "idemproxy-attempts": "1"})
+    res = run("redrive", "-c", str(cfg), "--stream", "room", "--entry", ahead)
+    assert res.returncode == 0, res.stderr
+    assert "redriven 1, skipped 0" in res.stdout, res.stdout + res.stderr
+    assert env.r.xlen("room") == 1 and env.r.xlen("room:dead") == 0

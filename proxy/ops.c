@@ -969,11 +969,15 @@ static int redrive_steps(ops_conn *ctx, const px_stream_conf *sc, const char *dl
     if (r == NULL) goto out;
     long long got = r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
     freeReplyObject(r);
-    if (got == 2)
-        fprintf(stderr, "idemproxy redrive: dead letter %s is half redriven by an earlier run "
-                        "(claim %s): its entry may be back in %s; look there, then XDEL the dead "
-                        "letter and DEL the claim (or DEL only the claim to redrive it again)\n",
-                show(dlid), show(claim.data), sc->stream);
+    if (got == 2 && (r = call2(ctx, "redrive", "GET", claim.data)) != NULL) {
+        fprintf(stderr, "idemproxy redrive: dead letter %s is half redriven by run %s (claim %s), "
+                        "which is going on or has stopped: once it is gone, its entry may be back in "
+                        "%s; look there, then XDEL the dead letter and DEL the claim (or DEL only "
+                        "the claim to redrive it again)\n",
+                show(dlid), show(r->type == REDIS_REPLY_STRING ? r->str : "?"), show(claim.data),
+                sc->stream);
+        freeReplyObject(r);
+    }
     if (got != 1) {
         rc = 0;
         goto out;

@@ -1,8 +1,8 @@
 /*
- * claim.c - the dedup decision, the leases and the releases (SPEC 5.3, 5.4).
- * What finishes an entry, its done mark, dead letter and XACK, is commit.c
- * (SPEC 5.5). Read the two top to bottom to know what idemproxy does in
- * Redis.
+ * claim.c - the dedup decision, the leases and the releases
+ * (docs/guarantee.md). What finishes an entry, its done mark, dead letter and
+ * XACK, is commit.c (docs/protocol.md). Read the two top to bottom to know what
+ * idemproxy does in Redis.
  *
  * Claim. For each entry the outcome is claimed, duplicate or busy:
  *
@@ -175,14 +175,15 @@ static void new_token(px_entry *e)
 }
 
 /* --- what is known held ------------------------------------------------------
- * SPEC 5.4: an entry is sent only while its lease is known to be held. Each
- * lock records when the command whose reply last confirmed it ours was sent
- * (step.h: px_step_replying): the SET NX that took it (not one that found our
- * own token there: that left the TTL as it was), or an extension that found
+ * docs/guarantee.md: an entry is sent only while its lease is known to be held.
+ * Each lock records when the command whose reply last confirmed it ours was
+ * sent (step.h: px_step_replying): the SET NX that took it (not one that found
+ * our own token there: that left the TTL as it was), or an extension that found
  * our token. A reply about an older token of the entry confirms nothing. An
  * extension that finds the token gone is a lease lost only if a reply had
  * confirmed the lock held: a claim whose reply was lost may never have taken
- * it, and a lease never held is not lost (SPEC 6). */
+ * it, and a lease never held is not lost (docs/operations.md,
+ * idemproxy_lease_lost_total). */
 
 /* When the command whose reply is being read was sent, if it carried the
  * entry's current token; else 0. */

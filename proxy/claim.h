@@ -16,7 +16,7 @@ void px_claim_release(px_entry *e);  /* give back our locks, fire and forget */
 void px_claim_extend(px_stream *st); /* extend leases of delivered entries */
 /* Every lock 'e' needs is known to be ours at 'now_ms' (px_mono_ms): the
  * last reply confirming each answered a command sent less than lease_ms -
- * timeout_ms before (SPEC 5.4; decide.h: px_decide_lease_held). */
+ * timeout_ms before (docs/guarantee.md; decide.h: px_decide_lease_held). */
 bool px_claim_held(px_entry *e, uint64_t now_ms);
 
 /* What the commit (commit.c) shares with the claim. */

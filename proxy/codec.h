@@ -1,7 +1,7 @@
 /*
- * codec.h - the wire messages of SPEC 2, through protoc-c's generated code.
- * Encoding reuses one buffer; decoding an Ack copies what it needs and frees
- * the unpacked message before returning.
+ * codec.h - the wire messages of docs/protocol.md, through protoc-c's generated
+ * code. Encoding reuses one buffer; decoding an Ack copies what it needs and
+ * frees the unpacked message before returning.
  */
 #ifndef PX_CODEC_H
 #define PX_CODEC_H

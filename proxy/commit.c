@@ -1,7 +1,8 @@
 /*
- * commit.c - the writes that finish an entry (SPEC 5.5): its done mark, its
- * dead letter, the release of its locks, and the XACK batches. The claim
- * that came before, and the locks and leases these writes end, are claim.c.
+ * commit.c - the writes that finish an entry (docs/protocol.md, "What each
+ * answer does"): its done mark, its dead letter, the release of its locks, and
+ * the XACK batches. The claim that came before, and the locks and leases these
+ * writes end, are claim.c.
  *
  * Finish. ACK: the done mark (`SET done PX done_ttl`, in single layout with
  * GET, whose old value tells whether our lock was still there), the lock_key
@@ -264,7 +265,7 @@ size_t px_commit_flush(px_proxy *px)
  * ids are queued, and never once the proxy stops. A wait changes nothing that
  * anyone can tell apart from a slower XACK: the entry stays pending those few
  * milliseconds, and a crash then leaves it pending, to be found done when it
- * is read again, as with a lost XACK (SPEC 5.7). */
+ * is read again, as with a lost XACK (docs/guarantee.md). */
 #define PX_XACK_RIDE_MS  10
 #define PX_XACK_RIDE_MAX 256
 

@@ -1,5 +1,6 @@
 /*
- * config.c - load, expand and validate the YAML configuration (SPEC 3, 4).
+ * config.c - load, expand and validate the YAML configuration
+ * (docs/configuration.md).
  *
  * This is the only code that touches libyaml. The text is loaded as one libyaml
  * document (a node tree that keeps the line and column of every node) and
@@ -13,7 +14,7 @@
  * "FILE:LINE:COL: message" (warnings as "FILE:LINE:COL: warning: message"),
  * and the caller gets a config only when none of them is an error.
  *
- * How values are read, where SPEC 4 leaves it open:
+ * How values are read (docs/configuration.md, "General rules"):
  * - ${VAR} and ${VAR:-default} are expanded in every scalar value (never in
  *   keys) before it is interpreted. ${VAR:-default} takes the default when VAR
  *   is unset or empty, as the shell does; the default is literal text up to
@@ -38,12 +39,13 @@
  *   or unix:// url is an error (one of them is a mistake).
  * - redis.sentinel (master_name, sentinels) stands for url and cluster and
  *   goes with neither; redis.tls then means TLS to the sentinels and master.
- * - Beyond SPEC 4, also refused: timeout_ms, ack_timeout_ms, lease_ms and
- *   done_ttl_ms of 0 (a timeout or a Redis expiry of 0 cannot work), durations
- *   over 100 years, max_entry_bytes over INT_MAX, a dead_letter equal to the
- *   stream read, dedup names that can be idemproxy's own keys or names of
- *   another kind (a lock and a done mark: cfg_check_names), an ipc path longer
- *   than a unix socket's sun_path, and a second YAML document in the file.
+ * - Also refused (docs/configuration.md, at each option): timeout_ms,
+ *   ack_timeout_ms, lease_ms and done_ttl_ms of 0 (a timeout or a Redis expiry
+ *   of 0 cannot work), durations over 100 years, max_entry_bytes over INT_MAX,
+ *   a dead_letter equal to the stream read, dedup names that can be
+ *   idemproxy's own keys or names of another kind (a lock and a done mark:
+ *   cfg_check_names), an ipc path longer than a unix socket's sun_path, and a
+ *   second YAML document in the file.
  * - claim_idle_ms is held to 3 x timeout_ms in group mode only: without a
  *   group nothing is claimed after it.
  * - A constant lock_key is legal and gets a note ("FILE:LINE:COL: note: ...");
@@ -1469,7 +1471,7 @@ static void cfg_set_sentinel(cfg_parser *p, const cfg_opt *o, yaml_node_t *v, vo
     bool no_list = list == NULL || (list->type == YAML_SEQUENCE_NODE &&
                                     list->data.sequence.items.top == list->data.sequence.items.start);
     /* {} or every value empty is no sentinel, as cluster: [] is no cluster
-     * (SPEC 4 shows the block with its empty defaults). */
+     * (docs/configuration.md, redis.sentinel). */
     p->sentinel_used = c->sentinel.master_name || !no_list || c->sentinel.username ||
                        c->sentinel.password_file;
     if (!p->sentinel_used) return;

@@ -1,5 +1,5 @@
 /*
- * config.h - the validated configuration (SPEC 4).
+ * config.h - the validated configuration (docs/configuration.md).
  *
  * config.c is the only code that touches libyaml. It hands back a plain struct
  * whose every field is set (defaults filled in), every template compiled, and
@@ -64,8 +64,8 @@ typedef struct px_stream_conf {
 } px_stream_conf;
 
 /* redis.sentinel: the master named 'master_name' is asked of these Sentinels
- * (SPEC 4). Their own credentials; the data node's (password_file, username)
- * apply to the master. */
+ * (docs/configuration.md). Their own credentials; the data node's
+ * (password_file, username) apply to the master. */
 typedef struct px_sentinel_conf {
     char *master_name; /* NULL when redis.sentinel is not set */
     char **sentinels;  /* "host:port" */
@@ -105,7 +105,7 @@ typedef struct px_config {
     int socket_mode;           /* default 0660 (parsed from the octal string) */
     bool allow_remote;         /* default false */
 
-    /* tracing (SPEC 4); off unless otlp_endpoint is set */
+    /* tracing (docs/configuration.md); off unless otlp_endpoint is set */
     char *otlp_endpoint;      /* http[s]://host[:port][/path]; NULL: tracing off */
     double sample_ratio;      /* default 1.0, in [0, 1] */
     char *trace_field;        /* default "traceparent" */

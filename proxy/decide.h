@@ -52,9 +52,9 @@ px_answer_next px_decide_answer(px_ack_status status, uint32_t attempt, int max_
 long long px_decide_backoff_ms(long long base_ms, uint32_t attempt);
 
 /*
- * Whether a lock is known to be ours at 'now_ms' (SPEC 5.4): 'held_ms' is when
- * the command whose reply last confirmed it (the SET that took it, or an
- * extension) was sent, 0 when no reply has; both on one clock that never
+ * Whether a lock is known to be ours at 'now_ms' (docs/guarantee.md): 'held_ms'
+ * is when the command whose reply last confirmed it (the SET that took it, or
+ * an extension) was sent, 0 when no reply has; both on one clock that never
  * steps (px_mono_ms). Redis gave it lease_ms from no earlier than that send.
  * It is known held while less than lease_ms - timeout_ms has passed: an
  * entry sent then still has timeout_ms of lease, time for the extension due
@@ -91,9 +91,9 @@ px_busy_next px_decide_busy(uint64_t now_ms, uint64_t wait_until_ms, bool lock_k
 
 /*
  * Group mode: what the reader knows when XPENDING tells the delivery count of
- * an entry it replayed from its history or reclaimed (SPEC 5.2). Redis counts
- * one delivery per read that hands an entry out, so the count includes the
- * read that brought it (the delivery about to go out) and any read of ours
+ * an entry it replayed from its history or reclaimed (docs/guarantee.md). Redis
+ * counts one delivery per read that hands an entry out, so the count includes
+ * the read that brought it (the delivery about to go out) and any read of ours
  * whose reply was lost, or is still out, after Redis applied it: deliveries
  * no worker saw, which are not charged.
  */
@@ -118,13 +118,14 @@ typedef struct px_attempt {
 px_attempt px_decide_attempt(const px_count_view *v);
 
 /*
- * A done mark's value (SPEC 5.5). idemproxy writes "<lead>:<ms>" or, with a
- * fingerprint, "<lead>:<ms>:<fp>": lead 'D' in layout single (the first
- * character is all an older idemproxy reads: done) and '1' in split (where
- * readers ask EXISTS), ms the wall-clock time it was written (ms since the
- * epoch), fp the fingerprint's 64-bit hash as 16 hex digits. Any other value
- * (the write-ups' "1", an older idemproxy's "D") marks the key done too, with no
- * time and no fingerprint: a copy that meets it is a plain duplicate.
+ * A done mark's value (docs/operations.md, "Looking at a key by hand").
+ * idemproxy writes "<lead>:<ms>" or, with a fingerprint, "<lead>:<ms>:<fp>":
+ * lead 'D' in layout single (the first character is all an older idemproxy
+ * reads: done) and '1' in split (where readers ask EXISTS), ms the wall-clock
+ * time it was written (ms since the epoch), fp the fingerprint's 64-bit hash as
+ * 16 hex digits. Any other value (the write-ups' "1", an older idemproxy's "D")
+ * marks the key done too, with no time and no fingerprint: a copy that meets it
+ * is a plain duplicate.
  */
 typedef struct px_done_mark {
     bool has_ms; /* 'ms' was read */
@@ -155,16 +156,16 @@ bool px_decide_conflict(const px_done_mark *m, bool has_fp, uint64_t fp);
 size_t px_decide_reserve(size_t max_inflight, size_t nstreams);
 
 /*
- * The reader's batch window (SPEC 5.2, reader.c): after a live page, how
- * long to wait before reading again, in ms (0: read at once), so entries
- * that arrive close together are read, claimed and committed together.
- * A full page (more is waiting) or an empty one never waits. linger_ms
- * over 0 is a fixed wait after every short page. Otherwise the adaptive
- * window: batch_ms only while entries arrive close together, i.e. the page
- * came within PX_BATCH_QUIET_MS of the one before and its rate (got entries
- * in gap_ms) says another is due within batch_ms; so a page after a quiet
- * spell, and a trickle slower than one entry per batch_ms, are followed by
- * a read at once (and no timer wakes the loop for them).
+ * The reader's batch window (docs/configuration.md, batch_ms; reader.c): after
+ * a live page, how long to wait before reading again, in ms (0: read at once),
+ * so entries that arrive close together are read, claimed and committed
+ * together. A full page (more is waiting) or an empty one never waits.
+ * linger_ms over 0 is a fixed wait after every short page. Otherwise the
+ * adaptive window: batch_ms only while entries arrive close together, i.e. the
+ * page came within PX_BATCH_QUIET_MS of the one before and its rate (got
+ * entries in gap_ms) says another is due within batch_ms; so a page after a
+ * quiet spell, and a trickle slower than one entry per batch_ms, are followed
+ * by a read at once (and no timer wakes the loop for them).
  */
 #define PX_BATCH_QUIET_MS 50.0
 
@@ -190,7 +191,7 @@ bool px_decide_error_passes(const char *err);
 bool px_decide_error_expected(const char *err);
 
 /* The entry's Redis errors that do not pass: after this many it is
- * dead-lettered with the error as its reason (SPEC 5.6). */
+ * dead-lettered with the error as its reason (docs/guarantee.md). */
 #define PX_MAX_REDIS_ERRORS 5
 
 #endif

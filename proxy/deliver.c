@@ -1,5 +1,5 @@
 /*
- * deliver.c - the app socket (SPEC 1, 2, 5.4): one raw (AF_SP_RAW) NN_REQ
+ * deliver.c - the app socket (docs/protocol.md): one raw (AF_SP_RAW) NN_REQ
  * socket bound on app.endpoint, so any number of deliveries are in flight.
  * Workers connect cooked NN_REP sockets.
  *
@@ -28,8 +28,8 @@
  * level-triggered: both are watched for EV_READ and drained with NN_DONTWAIT
  * until EAGAIN. The send watcher runs only while deliveries wait for room.
  *
- * Flow control (SPEC 5.4): a worker is never sent more than it can start
- * before their ack timers fire, so the ack timeout measures the handler's
+ * Flow control (docs/protocol.md): a worker is never sent more than it can
+ * start before their ack timers fire, so the ack timeout measures the handler's
  * work and not a queue in front of it. Raw REQ spreads deliveries
  * round-robin over the workers, so a window of unanswered deliveries per
  * connected worker, 'w', paces them all. It adapts to what the answers say:
@@ -206,8 +206,8 @@ static px_delivery_view delivery_view(px_deliver *d, px_entry *e, uint32_t attem
     size_t nf = 0;
     for (size_t i = 0; i < e->nfields; i++)
         if ((int)i != e->payload_idx) d->fields[nf++] = e->fields[i];
-    /* The entry's own trace context, passed on when valid (SPEC 2); with
-     * tracing on, send_one puts idemproxy's delivery span there instead. */
+    /* The entry's own trace context, passed on when valid (docs/protocol.md);
+     * with tracing on, send_one puts idemproxy's delivery span there. */
     const char *tp, *ts;
     px_trace_ctx ctx;
     px_trace_fields(e, e->st->px->conf->trace_field, &tp, &ts);
@@ -229,8 +229,8 @@ static px_delivery_view delivery_view(px_deliver *d, px_entry *e, uint32_t attem
 }
 
 /* The largest the entry's Delivery can encode to (the numbers at their
- * widest): what max_entry_bytes bounds (SPEC 4), so no worker is ever sent a
- * message over its receive limit. */
+ * widest): what max_entry_bytes bounds (docs/configuration.md), so no worker is
+ * ever sent a message over its receive limit. */
 size_t px_deliver_size(px_proxy *px, px_entry *e)
 {
     px_delivery_view v = delivery_view(px->deliver, e, UINT32_MAX, UINT64_MAX, UINT64_MAX);
@@ -266,7 +266,7 @@ static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
     struct nn_msghdr hdr = { &iov, 1, ctrl, sizeof(ctrl) };
     int sent = nn_sendmsg(d->sock, &hdr, NN_DONTWAIT);
     /* nanomsg copied it: a large buffer (a Delivery near max_entry_bytes) is
-     * not kept for ever (SPEC 5.6). */
+     * not kept for ever (docs/guarantee.md, "Known limits": memory). */
     if (d->enc.cap > PX_ENC_KEEP) px_buf_deinit(&d->enc);
     if (sent < 0) {
         slot_put(d, id);
@@ -304,8 +304,8 @@ size_t px_deliver_window(px_proxy *px)
 }
 
 /* Send what the window has room for, in order. An entry whose lease is not
- * known to be held now (SPEC 5.4: claim.c, px_claim_held) is not sent: it
- * was claimed longer ago than the lease can be trusted, and no extension has
+ * known to be held now (docs/guarantee.md; claim.c, px_claim_held) is not sent:
+ * it was claimed longer ago than the lease can be trusted, and no extension has
  * answered since (Redis is out of reach, or slow). It waits, in front of the
  * queue, for the answer of the extension px_claim_extend sends as soon as it
  * can (a lock is extended whatever state its entry is in): found ours, it is

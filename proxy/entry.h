@@ -32,7 +32,7 @@ typedef enum {
     PX_E_GONE,     /* finished (px_entry_finish): never stored in 'state'; sets 'gone' */
 } px_entry_state;
 
-typedef enum { /* what the entry leaves as (SPEC 6 outcomes) */
+typedef enum { /* what the entry leaves as (docs/operations.md outcomes) */
                PX_OUT_NONE = 0,
                PX_OUT_ACKED,
                PX_OUT_DUPLICATE,

@@ -1,6 +1,6 @@
 /*
  * event.c - turn a stream entry into the event a template sees, and render
- * its dedup key and lock key (SPEC 5.1, 5.6).
+ * its dedup key and lock key (docs/configuration.md, docs/guarantee.md).
  *
  * The event is the payload field's JSON object when 'payload_field' is set,
  * else the entry's fields, where dotted names ("winner.name", as Spring Data's

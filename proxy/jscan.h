@@ -1,6 +1,6 @@
 /*
  * jscan.h - find one top-level string member of a JSON object without parsing
- * it into a tree (event.c's fast key path, SPEC 5.1).
+ * it into a tree (event.c's fast key path, docs/configuration.md).
  *
  * For a key that is one property of the payload object ("#event.eventId"),
  * json-c's parse (a tree of allocations and a locale switch per entry: over a

@@ -10,10 +10,10 @@
  * answered after the read anyway, and the head's deadline bounds both. The
  * handshake's commands are queued before the name is resolved,
  * so one deadline covers the lookup, the connect, TLS and the handshake.
- * A deadline bounds silence, not transfer (SPEC 5.6): while a reply's bytes
- * keep arriving, the link's deadlines are at least timeout_ms after the last
- * of them ('heard', due), so a huge reply on a slow link is read to its end
- * and one that stops arriving still times out.
+ * A deadline bounds silence, not transfer (docs/guarantee.md): while a reply's
+ * bytes keep arriving, the link's deadlines are at least timeout_ms after the
+ * last of them ('heard', due), so a huge reply on a slow link is read to its
+ * end and one that stops arriving still times out.
  */
 #include "link.h"
 
@@ -55,7 +55,7 @@
 #define PX_REFUSED_MAX         8    /* commands remembered as refused (NOPERM) */
 #define PX_READ_CHUNK          (16 * 1024)
 /* Buffers kept between commands and replies; larger ones (a huge entry read,
- * a large dead letter written) are given back once used (SPEC 5.6). */
+ * a large dead letter written) are given back once used (docs/guarantee.md). */
 #define PX_BUF_KEEP   (256 * 1024)
 #define PX_TRIM_AFTER (4 * 1024 * 1024) /* and then the heap's free pages */
 
@@ -1126,7 +1126,7 @@ static void complete(px_link *l, px_rcmd *c, redisReply *rep)
         strncmp(rep->str, "READONLY", 8) == 0) {
         /* A master the sentinels named has become a replica (a failover):
          * nothing is written to it; the sentinels are asked again, and the
-         * command runs as after a lost link (SPEC 5.7). */
+         * command runs as after a lost link (docs/guarantee.md). */
         static px_log_limit limit;
         px_redis_errors++;
         px_log_limited(&limit, PX_REFUSED_LOG_S, PX_LOG_WARN, "redis %s: %s:%d answered READONLY: "

@@ -1,6 +1,7 @@
 /*
- * log.h - one line per message on stderr, as text or JSON (SPEC 4 log.*).
- * Messages never contain secrets: callers pass redacted values.
+ * log.h - one line per message on stderr, as text or JSON
+ * (docs/configuration.md, log). Messages never contain secrets: callers pass
+ * redacted values.
  */
 #ifndef PX_LOG_H
 #define PX_LOG_H

@@ -1,6 +1,7 @@
 /*
- * main.c - the command line (SPEC 3): parses options, runs one subcommand,
- * and for the daemon sets up the loop and hands over to proxy.c.
+ * main.c - the command line (docs/operations.md, "Command line"): parses
+ * options, runs one subcommand, and for the daemon sets up the loop and hands
+ * over to proxy.c.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -118,8 +119,9 @@ static bool sentinel_password_ok(const px_config *c)
     return true;
 }
 
-/* Hermetic (SPEC 3): no file but the config is read unless 'files' (--files)
- * asks for the password files and the TLS files, as the daemon reads them. */
+/* Hermetic (docs/configuration.md): no file but the config is read unless
+ * 'files' (--files) asks for the password files and the TLS files, as the
+ * daemon reads them. */
 static int cmd_check(const char *path, bool files)
 {
     px_config *c = load(path);
@@ -165,7 +167,7 @@ static int cmd_key(const char *src, const char *stream, const char *id, char **f
     int col = 0;
     px_template *t = px_template_compile(src, err, sizeof(err), &col);
     if (t != NULL && px_template_check_key(t, err, sizeof(err), &col) != PX_OK) {
-        px_template_destroy(t); /* a key that reads nothing (SPEC 4), as check says */
+        px_template_destroy(t); /* a key that reads nothing (docs/configuration.md), as check says */
         t = NULL;
     }
     if (t == NULL) {

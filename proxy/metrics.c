@@ -1,9 +1,9 @@
 /*
- * metrics.c - /metrics (Prometheus text), /healthz and /readyz (SPEC 6),
- * served by libmicrohttpd on our libev loop: MHD runs without a thread of its
- * own (MHD_USE_EPOLL), we watch its epoll fd and call MHD_run when it is
- * readable or when MHD's own timeout comes. Everything is read on the loop's
- * thread, so counters need no locks.
+ * metrics.c - /metrics (Prometheus text), /healthz and /readyz
+ * (docs/operations.md), served by libmicrohttpd on our libev loop: MHD runs
+ * without a thread of its own (MHD_USE_EPOLL), we watch its epoll fd and call
+ * MHD_run when it is readable or when MHD's own timeout comes. Everything is
+ * read on the loop's thread, so counters need no locks.
  *
  * Every counter is declared once, in proxy.h's PX_STREAM_COUNTERS, and
  * exported from the start at 0 for every configured stream block.

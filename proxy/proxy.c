@@ -204,10 +204,10 @@ px_entry *px_proxy_find(px_stream *st, const char *id)
 }
 
 /* max_inflight bounds the entries being claimed, with a worker or being
- * written (SPEC 4: claimed entries not yet committed). Two kinds of tracked
- * entry are not in it: copies parked behind another holder's lock (for up to
- * a lease), or a few busy keys across instances would stall reading; and
- * entries already committed (or found to be copies) that only await their
+ * written (docs/configuration.md: claimed entries not yet committed). Two kinds
+ * of tracked entry are not in it: copies parked behind another holder's lock
+ * (for up to a lease), or a few busy keys across instances would stall reading;
+ * and entries already committed (or found to be copies) that only await their
  * XACK, or that last round trip would hold up the next read. Together they
  * are bounded apart, to PX_WAITING_OUT_MAX times max_inflight. */
 #define PX_WAITING_OUT_MAX 4
@@ -298,10 +298,11 @@ void px_proxy_claimed(px_entry *e)
     px_queue_push(&e->st->px->send_q, e);
 }
 
-/* A copy met its key's done mark with another fingerprint (SPEC 5.5): never
- * delivered, no done mark of its own; dead-lettered with both fingerprints
- * in the reason (idemproxy's own four fields stay last: ops.c reads them by
- * position), or with on_conflict: skip counted and logged, a duplicate. */
+/* A copy met its key's done mark with another fingerprint (docs/guarantee.md):
+ * never delivered, no done mark of its own; dead-lettered with both
+ * fingerprints in the reason (idemproxy's own four fields stay last: ops.c
+ * reads them by position), or with on_conflict: skip counted and logged, a
+ * duplicate. */
 static void conflict(px_entry *e)
 {
     static px_log_limit limit;
@@ -407,7 +408,7 @@ void px_proxy_claim_failed(px_entry *e)
         /* An error that retrying does not cure (WRONGTYPE on a rendered key,
          * NOPERM): a few tries with backoff, then the dead letter with the
          * error as its reason, not marked done, so it never holds a slot of
-         * max_inflight for ever (SPEC 5.6). */
+         * max_inflight for ever (docs/guarantee.md). */
         static px_log_limit limit;
         e->step.redis_errors++;
         px_log_entry_limited(&limit, 1.0, PX_LOG_WARN, e, "%s (try %u of %d)", e->step.redis_error,
@@ -469,9 +470,9 @@ static void queue_remove(px_queue *q, px_entry *e)
 
 /* Another consumer of the group took 'e' over (our refreshes were lost long
  * enough for its XAUTOCLAIM; reader.c saw it in that consumer's pending
- * list): it is never delivered from here again (SPEC 5.2). Waiting (parked,
- * for lock_key, in backoff, for a worker's window): dropped now, its locks
- * given back. Being claimed: dropped when the claim is decided (to_claim,
+ * list): it is never delivered from here again (docs/guarantee.md). Waiting
+ * (parked, for lock_key, in backoff, for a worker's window): dropped now, its
+ * locks given back. Being claimed: dropped when the claim is decided (to_claim,
  * px_proxy_claimed). With a worker: the answer still counts (an ACK's done
  * mark, a DROP's or the last attempt's dead letter, each then XACKed: an XACK
  * after the done mark or dead letter finishes the entry for the whole group,

@@ -37,10 +37,10 @@ typedef struct px_metrics px_metrics; /* metrics.c's state */
 typedef struct px_reader px_reader;   /* reader.c's state of one stream */
 
 /*
- * Per-stream counters of SPEC 6, declared once: the struct field, the metric
- * family, its label and the family's help text (on its first member; NULL on
- * the others). metrics.c exports every one of them, at 0 from the start, in
- * this order (a family's members are adjacent).
+ * Per-stream counters of docs/operations.md, declared once: the struct field,
+ * the metric family, its label and the family's help text (on its first member;
+ * NULL on the others). metrics.c exports every one of them, at 0 from the
+ * start, in this order (a family's members are adjacent).
  */
 #define PX_STREAM_COUNTERS(X) \
     X(entries_read, "idemproxy_entries_read_total", NULL, NULL, \

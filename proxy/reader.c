@@ -1,6 +1,6 @@
 /*
- * reader.c - reading one stream (SPEC 5.2), on the stream's own Redis link so a
- * blocking read never holds up claims and commits.
+ * reader.c - reading one stream (docs/guarantee.md), on the stream's own Redis
+ * link so a blocking read never holds up claims and commits.
  *
  * Group mode: create the group (MKSTREAM; BUSYGROUP is fine), replay this
  * consumer's own pending entries (XREADGROUP from "0": what a restart with the
@@ -32,8 +32,8 @@
 
 #define PX_READER_BLOCK_MS 2000
 #define PX_READER_BATCH    256
-/* A read page adapts to the bytes it returns (SPEC 5.6): COUNT starts at
- * PX_PAGE_FIRST, doubles after each full page of under half PX_PAGE_BYTES up
+/* A read page adapts to the bytes it returns (docs/guarantee.md): COUNT starts
+ * at PX_PAGE_FIRST, doubles after each full page of under half PX_PAGE_BYTES up
  * to PX_READER_BATCH, and after a page over PX_PAGE_BYTES drops to what would
  * have fit (at most half, at least 1). A page's entries are in the reply and
  * then copied once each, so a page of entries near max_entry_bytes (1 MiB)
@@ -222,9 +222,9 @@ static void page_lost(px_stream *st, bool reclaim)
 }
 
 /* XPENDING's answer for a replayed or reclaimed batch: each entry's delivery
- * count becomes its attempt number (SPEC 2), so max_deliveries holds across
- * restarts and consumers. It is asked on the command link before the batch's
- * claims: on one server it is in before any of them. On a cluster the
+ * count becomes its attempt number (docs/protocol.md), so max_deliveries holds
+ * across restarts and consumers. It is asked on the command link before the
+ * batch's claims: on one server it is in before any of them. On a cluster the
  * claims go to other masters and may be answered, and the entry delivered,
  * first (attempt 1 again, and Redis' count set back to 1): there the batch's
  * claims wait for this reply ('delivery.counts_wait', px_claim_flush).
@@ -283,7 +283,7 @@ static void counts_reply_cb(px_redis *r, redisReply *reply, void *priv)
         return;
     }
     /* A malformed reply (replies.c: any element of another type) is read as
-     * none: no count is known, so attempt errs low (SPEC 5.2). */
+     * none: no count is known, so attempt errs low (docs/guarantee.md). */
     px_rp_pending *pend = NULL;
     char why[128];
     long n = reply ? px_rp_xpending(reply, &pend, why, sizeof(why)) : 0;
@@ -387,9 +387,9 @@ static void counts_go(counts_ask *a)
  * Group mode: entries we track are kept fresh (their idle time reset) well
  * inside claim_idle_ms, so no XAUTOCLAIM, ours or another instance's, takes
  * over one we still work on; and Redis' delivery count of an entry is
- * idemproxy's deliveries of it (SPEC 5.2). Both are written by one script
- * that keeps only what this consumer still owns: for each id, XPENDING says
- * who holds it; ours are claimed again with min-idle 0 and JUSTID (no
+ * idemproxy's deliveries of it (docs/guarantee.md). Both are written by one
+ * script that keeps only what this consumer still owns: for each id, XPENDING
+ * says who holds it; ours are claimed again with min-idle 0 and JUSTID (no
  * delivery counted), with RETRYCOUNT when ARGV[3] is a count; an id another
  * consumer holds (it took it over while our refreshes were lost) is returned
  * and left alone: a plain XCLAIM would take it back, and both instances would
@@ -469,10 +469,10 @@ void px_reader_delivering(px_entry *e)
 }
 
 /* The read (or takeover) that brought 'e' counted the delivery it was read
- * for; it waits instead (busy, its claim failed): not charged (SPEC 5.2), so
- * another instance that takes it over while it waits (our refreshes lost)
- * counts its real deliveries. Sent when it first waits, or again when that
- * was lost, written with the loop turn's claims. */
+ * for; it waits instead (busy, its claim failed): not charged
+ * (docs/guarantee.md), so another instance that takes it over while it waits
+ * (our refreshes lost) counts its real deliveries. Sent when it first waits, or
+ * again when that was lost, written with the loop turn's claims. */
 void px_reader_waiting(px_entry *e)
 {
     if (e->st->conf->group && e->delivery.counts_wait == 0 &&
@@ -934,7 +934,7 @@ void px_reader_stop(px_stream *st)
     ev_timer_stop(st->px->loop, &rd->autoclaim);
     /* The refresh goes on (on the command link) while the drain waits for
      * the workers: what they still hold must not look idle and be taken over
-     * by another instance (SPEC 5.2). px_reader_free stops it. */
+     * by another instance (docs/guarantee.md). px_reader_free stops it. */
     ev_timer_stop(st->px->loop, &rd->janitor);
     while (rd->counts_waiting) { /* answered as lost: 'stopping' frees them */
         counts_ask *a = rd->counts_waiting;

@@ -134,10 +134,10 @@ int px_redis_script(px_redis *r, px_script *s, px_redis_cb *cb, void *priv, int 
                     int argc, const char **argv, const size_t *lens);
 
 /* What `HELLO 2`, sent at every connect of every link, says about the server
- * (SPEC 3): Redis 7.0 or newer, or any Valkey, is needed (SET NX GET). An
- * error "unknown command" is a server older than 6.0. Another error (an ACL
- * without HELLO) or a reply without a version cannot tell. 'ver' gets the
- * version text. Pure, for tests. */
+ * (docs/operations.md): Redis 7.0 or newer, or any Valkey, is needed (SET NX
+ * GET). An error "unknown command" is a server older than 6.0. Another error
+ * (an ACL without HELLO) or a reply without a version cannot tell. 'ver' gets
+ * the version text. Pure, for tests. */
 typedef enum { PX_SERVER_OK,
                PX_SERVER_OLD,
                PX_SERVER_UNKNOWN } px_server_check;
@@ -149,9 +149,10 @@ px_server_check px_redis_server_check(const redisReply *hello, char *ver, size_t
 int px_redis_read_password(const char *path, char **out);
 
 /* True while a command was refused for a missing ACL permission (NOPERM) and
- * has not succeeded since: the daemon is not ready (SPEC 6, /readyz). A
- * NOPERM drops the link it came on, as an outage would: the commands on it
- * are retried once it is back, with backoff; one line says what was refused. */
+ * has not succeeded since: the daemon is not ready (docs/operations.md,
+ * /readyz). A NOPERM drops the link it came on, as an outage would: the
+ * commands on it are retried once it is back, with backoff; one line says what
+ * was refused. */
 bool px_redis_refused(void);
 
 /* Count of commands that failed (error replies, timeouts, lost links). */

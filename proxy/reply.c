@@ -190,7 +190,8 @@ static void *create_array(const redisReadTask *task, int elements)
         /* Inside a reply (an entry's fields): kept as one PX_REPLY_ELIDED
          * object whose 'len' is the count announced, its elements read and
          * dropped, so an entry with more fields than any deliverable one is
-         * still read whole, and dead-lettered by reference (SPEC 5.6). */
+         * still read whole, and dead-lettered by reference
+         * (docs/guarantee.md). */
         redisReply *r = new_object(a, task, PX_REPLY_ELIDED, 0);
         r->str = (char *)"";
         r->len = n;

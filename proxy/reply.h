@@ -51,14 +51,14 @@ void px_reply_arena_limit(px_reply_arena *a, size_t limit);
  * array inside a reply (an entry with more fields than that: a producer can
  * write one) is not an error: it is kept as one object of type
  * PX_REPLY_ELIDED whose 'len' is the count announced, and its elements are
- * read and dropped (the entry is dead-lettered by reference, SPEC 5.6). Only
- * a whole reply that is such an array is refused.
+ * read and dropped (the entry is dead-lettered by reference,
+ * docs/guarantee.md). Only a whole reply that is such an array is refused.
  *
  * Strings: hiredis allocates nothing from a bulk header; it buffers the bytes
  * as they come, and the daemon must read an entry of any size a producer can
- * write to dead-letter it (SPEC 5.6), so the cap is the largest string Redis
- * takes by default (proto-max-bulk-len, 512 MiB): no default server can hold
- * a longer value. It also bounds a status or error line that never ends.
+ * write to dead-letter it (docs/guarantee.md), so the cap is the largest string
+ * Redis takes by default (proto-max-bulk-len, 512 MiB): no default server can
+ * hold a longer value. It also bounds a status or error line that never ends.
  */
 #define PX_REPLY_MIN_ELEMENTS ((size_t)1 << 20)
 #define PX_REPLY_MAX_BULK     ((size_t)512 << 20)

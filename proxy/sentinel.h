@@ -1,10 +1,11 @@
 /*
- * sentinel.h - a master followed through Redis Sentinel (SPEC 4, redis.sentinel).
- * The sentinels are asked in turn (SENTINEL get-master-addr-by-name) for the
- * master's address at every (re)connect of the data link; the data link checks
- * ROLE before anything is written and drops itself on READONLY (link.c); one
- * sentinel's +switch-master channel drops it at once when the master changes.
- * Uses only link.h; redis.c puts the data link behind redis.h.
+ * sentinel.h - a master followed through Redis Sentinel (docs/configuration.md,
+ * redis.sentinel). The sentinels are asked in turn (SENTINEL
+ * get-master-addr-by-name) for the master's address at every (re)connect of the
+ * data link; the data link checks ROLE before anything is written and drops
+ * itself on READONLY (link.c); one sentinel's +switch-master channel drops it
+ * at once when the master changes. Uses only link.h; redis.c puts the data link
+ * behind redis.h.
  */
 #ifndef PX_SENTINEL_H
 #define PX_SENTINEL_H

@@ -48,7 +48,8 @@ void px_step_script(px_entry *e, px_script *s, px_reply_fn *on, bool step, const
  * the time it was sent (px_mono_ms: queued in this loop turn, written at its
  * end, or never). px_step_next_seq is the number the next one gets; inside a
  * reply handler ('on'), px_step_replying says which command it answers, so
- * claim.c knows which token a reply confirms and from when (SPEC 5.4). */
+ * claim.c knows which token a reply confirms and from when
+ * (docs/guarantee.md). */
 typedef struct px_step_sent {
     uint64_t seq;     /* the command's number */
     uint64_t sent_ms; /* px_mono_ms when it was sent */

@@ -1,6 +1,6 @@
 /*
- * template.c - the key template language (SPEC 5.1): compile once, render
- * once per entry.
+ * template.c - the key template language (docs/configuration.md): compile once,
+ * render once per entry.
  *
  * The language is the part of Spring's SpEL that dedup keys are written in.
  * A source that starts with '#' (but not "#{") is one expression:

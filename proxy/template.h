@@ -1,5 +1,5 @@
 /*
- * template.h - the key template language (SPEC 5.1).
+ * template.h - the key template language (docs/configuration.md).
  *
  * A template is compiled once at start and rendered once per entry. Rendering
  * writes into a caller-owned px_buf and allocates nothing else: the buffer is
@@ -7,7 +7,7 @@
  *
  * Values come from json-c objects. json-c keeps the text of a JSON number as
  * it was written for doubles, which is how "numbers as written in the JSON"
- * (SPEC 5.1) is honoured.
+ * (docs/configuration.md, "Key templates") is honoured.
  */
 #ifndef PX_TEMPLATE_H
 #define PX_TEMPLATE_H
@@ -50,11 +50,11 @@ int px_template_render(const px_template *t, const px_tvars *vars, px_buf *out,
                        char *err, size_t errlen);
 
 /*
- * Render 't' as a fingerprint (SPEC 4 'fingerprint'): as px_template_render,
- * but a part that is an object or an array renders as its canonical JSON:
- * members sorted by name (bytes), no spaces, numbers as written in the
- * source, strings escaped one way ('"' and '\\' by a backslash, controls as
- * \u00xx, the rest as UTF-8). So "#event" renders one text per event
+ * Render 't' as a fingerprint (docs/configuration.md, 'fingerprint'): as
+ * px_template_render, but a part that is an object or an array renders as its
+ * canonical JSON: members sorted by name (bytes), no spaces, numbers as written
+ * in the source, strings escaped one way ('"' and '\\' by a backslash, controls
+ * as \u00xx, the rest as UTF-8). So "#event" renders one text per event
  * whatever the order its producer wrote its members in. null and missing
  * values are errors, as in a key. An object of over 32 members allocates its
  * sorted names while rendering.
@@ -103,7 +103,7 @@ bool px_template_reads_entry(const px_template *t);
 
 /*
  * What a template that decides which events are copies (a key, a fingerprint)
- * must pass beyond compiling (SPEC 4): it reads the entry
+ * must pass beyond compiling (docs/configuration.md): it reads the entry
  * (px_template_reads_entry), or every event would have the same key. Returns
  * PX_OK, or PX_ERR with a message in 'err' and the column in '*errcol' (1:
  * the whole template); a template that is a property path written as literal

@@ -1,8 +1,9 @@
 /*
- * trace.h - OpenTelemetry spans of the sidecar (SPEC 4 `tracing`, 5.4), exported
- * over OTLP/HTTP in the OTLP JSON encoding by libcurl's multi interface on the
- * loop. Off (px_proxy.trace == NULL, the default) every hook is skipped by one
- * branch in its caller, and nothing here is initialised.
+ * trace.h - OpenTelemetry spans of the sidecar (docs/configuration.md
+ * `tracing`, docs/operations.md), exported over OTLP/HTTP in the OTLP JSON
+ * encoding by libcurl's multi interface on the loop. Off (px_proxy.trace ==
+ * NULL, the default) every hook is skipped by one branch in its caller, and
+ * nothing here is initialised.
  *
  * Per entry a CONSUMER span "process <stream>" from read to outcome, a child of
  * the entry's trace_field when it holds a valid W3C traceparent, else a new root

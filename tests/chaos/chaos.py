@@ -12,7 +12,7 @@ timeline of faults (kill -9 or SIGTERM of a replica, Redis connections killed,
 CLIENT PAUSE, a Redis restart with AOF, a worker reconnecting, SIGTERM while
 Redis is paused). Workers record every delivery when it arrives and its answer
 when they answer; when the run has settled, check() reads Redis and judges the
-history against SPEC 5.3-5.7 (see README.md in this directory for the rules).
+history against docs/guarantee.md (see README.md in this directory for the rules).
 
     chaos.py --seed 17            # one seed, verbose
     chaos.py --seeds 100 --from 0 # seeds 0..99, one line each
@@ -259,7 +259,8 @@ def hostile(c, seed):
 
 
 def fields_mode(c, seed):
-    """Fields mode (SPEC 5.1, the Spring Data hash layout), from its own Random so
+    """Fields mode (docs/configuration.md, payload_field: the Spring Data hash
+    layout), from its own Random so
     every draw above stays what it was: in one seed of three (never in the fixed
     sets) the stream block has no payload_field, each event is written as flat
     fields (payload_for), and in two of those seeds of three 1-2 entries carry a

@@ -587,7 +587,7 @@ def test_recorded_failures_and_unrecorded_timeouts_add_up():
 
 def test_the_generator_draws_only_configs_check_accepts(tmp_path):
     """Every replica config of 100 seeds (plain, --net and cluster draws) passes
-    `idemproxy check` without an error: SPEC 4's rules (lease_ms >= 2 x
+    `idemproxy check` without an error: docs/configuration.md's rules (lease_ms >= 2 x
     timeout_ms, claim_idle_ms >= 3 x timeout_ms, done_ttl_ms >= lease_ms, key
     and dedup names) hold for what the search runs, so a finding is never a
     config the daemon would refuse."""

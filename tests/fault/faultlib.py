@@ -89,9 +89,10 @@ def done_keys(r, keys, prefix="idem:"):
 
 class Faults:
     """Every fault a scenario injects, with what was in flight at it: the keys
-    delivered (to the workers the fault touches) and not done in Redis. SPEC
-    5.7 allows a key to be delivered again only because of a fault it was in
-    flight at: at most one more delivery per such fault, and nothing else."""
+    delivered (to the workers the fault touches) and not done in Redis. The
+    guarantee (docs/guarantee.md) allows a key to be delivered again only
+    because of a fault it was in flight at: at most one more delivery per such
+    fault, and nothing else."""
 
     def __init__(self, r, prefix="idem:"):
         self.r = r
@@ -124,7 +125,8 @@ class Faults:
 
 def check(name, r, keys, ledger, workers, groups=(("room", "g"),), prefix="idem:",
           faults=None, acked=None):
-    """Assert SPEC 5.7 and print the scenario's line. Nothing lost: every key
+    """Assert the guarantee (docs/guarantee.md) and print the scenario's line.
+    Nothing lost: every key
     done, nothing pending. Nothing twice: a key delivered (or acked) more than
     once must have been in flight at a fault, once more per such fault at
     most. Nothing marked done that no worker acked. 'acked' (a Counter) is

@@ -1,4 +1,5 @@
-"""SPEC 5.7 under faults: nothing lost, nothing twice (apart from what was in
+"""The guarantee (docs/guarantee.md) under faults: nothing lost, nothing
+twice (apart from what was in
 flight at a fault). Each scenario asserts on what the workers received and
 what Redis holds, and prints: entries, keys, delivered, re-delivered, lost.
 `make test` runs the fast sizes; `make test-fault` (FAULT_FULL=1) the full ones."""
@@ -21,7 +22,7 @@ from pxtest import pb, pending, wait_for
 
 
 def group_conf(**kw):
-    # claim_idle_ms at least 3 x redis.timeout_ms (1000 by default; SPEC 4)
+    # claim_idle_ms at least 3 x redis.timeout_ms (1000 by default; docs/configuration.md)
     s = {"stream": "room", "group": "g", "consumer": "c1", "payload_field": "payload",
          "key": "#event.eventId", "claim_idle_ms": 3000, "retry_backoff_ms": 50}
     s.update(kw)

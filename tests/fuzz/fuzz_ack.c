@@ -1,5 +1,6 @@
 /*
- * fuzz_ack.c - libFuzzer target for the wire codec (proxy/codec.c, SPEC 2).
+ * fuzz_ack.c - libFuzzer target for the wire codec (proxy/codec.c,
+ * docs/protocol.md).
  *
  * 1. The input as a worker's reply: px_codec_ack_decode, checked against
  *    protobuf-c's own idemproxy__v1__ack__unpack of the same bytes (a reply

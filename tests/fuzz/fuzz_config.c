@@ -1,6 +1,6 @@
 /*
  * fuzz_config.c - libFuzzer target for the config parser (proxy/config.c,
- * SPEC 3 and 4): px_config_parse over the input as the YAML text of
+ * docs/configuration.md): px_config_parse over the input as the YAML text of
  * "fuzz.yaml". The text is not NUL-terminated: ASan sees any read past 'len'.
  *
  * Checks beyond "no crash, no leak, no undefined behaviour":
@@ -12,8 +12,8 @@
  * - a returned config is complete and valid as config.h promises: every
  *   stream block has a stream, a consumer and a compiled key whose source is
  *   the key, a compiled lock_key exactly when lock_key is set, and the limits
- *   of SPEC 4 (lease_ms >= 2 x timeout_ms, max_inflight >= 1, no negative
- *   duration, max_deliveries >= 1) hold;
+ *   of docs/configuration.md (lease_ms >= 2 x timeout_ms, max_inflight >= 1,
+ *   no negative duration, max_deliveries >= 1) hold;
  * - an accepted config keeps the name rules, checked again here from the
  *   config alone (check_names): no dedup name can be one of idemproxy's own
  *   keys, no lock name can be a done name, no lock_key name can be either.
@@ -115,10 +115,10 @@ static bool overlap(const char *a, size_t al, const char *b, size_t bl)
 }
 
 /*
- * The name rules (SPEC 4, issue 37), checked again from the outside on what
- * was accepted: each block's names start with its prefix(es), "{" with
- * hash_tag, and the key's literal beginning. No such start may be able to
- * begin idemproxy's own keys ("idemproxy:"); a lock name (or a single
+ * The name rules (docs/configuration.md, issue 37), checked again from the
+ * outside on what was accepted: each block's names start with its prefix(es),
+ * "{" with hash_tag, and the key's literal beginning. No such start may be able
+ * to begin idemproxy's own keys ("idemproxy:"); a lock name (or a single
  * layout's key, which is both) must not be able to equal a done name, in any
  * two blocks; a lock_key's literal beginning must overlap neither.
  */

@@ -1,6 +1,7 @@
 /*
  * fuzz_event.c - libFuzzer target for the JSON-to-key path (proxy/event.c,
- * SPEC 5.1 and 5.6): px_event_prepare on a stream entry built from the input.
+ * docs/configuration.md and docs/guarantee.md): px_event_prepare on a stream
+ * entry built from the input.
  *
  * Input: one header byte, then the entry's bytes split at 0x1f bytes.
  *   header bit 0     payload mode: payload_field is "payload", and the first
@@ -93,8 +94,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-/* The reference: parse 'v' ('n' bytes) as event.c promises to (SPEC 5.6: one
- * JSON object, strict, nothing but whitespace after it); NULL when it is not. */
+/* The reference: parse 'v' ('n' bytes) as event.c promises to
+ * (docs/guarantee.md: one JSON object, strict, nothing but whitespace after
+ * it); NULL when it is not. */
 static json_object *payload_reference(const char *v, size_t n)
 {
     json_tokener *tok = json_tokener_new();

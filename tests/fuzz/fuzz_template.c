@@ -1,6 +1,7 @@
 /*
  * fuzz_template.c - libFuzzer target for the key template language
- * (proxy/template.c, SPEC 5.1): px_template_compile and px_template_render.
+ * (proxy/template.c, docs/configuration.md): px_template_compile and
+ * px_template_render.
  *
  * Input: the template source, then optionally a NUL byte and a JSON text.
  * The source is compiled; if it compiles it is rendered over the fixed event

@@ -1,6 +1,7 @@
 /*
  * fuzz_traceparent.c - libFuzzer target for the W3C traceparent parser
- * (proxy/trace.c, SPEC 5.4: a producer's trace_field is untrusted input).
+ * (proxy/trace.c; docs/configuration.md: a producer's trace_field is untrusted
+ * input).
  *
  * Oracles: px_trace_parse never reads past the length it is given (the input
  * is copied into an exact-size buffer for ASan), leaves *out untouched when it

@@ -9,7 +9,7 @@ names them), so running it again is harmless. What it seeds:
   event     entries in fuzz_event.c's format: header byte, pieces split at 0x1f
   ack       Ack encodings (08 01 and friends, echoes, reasons, junk) and
             Delivery-shaped inputs for the round trip (fuzz_ack.c)
-  config    tests/unit/configs/*.yaml, SPEC 4's example, small valid and
+  config    tests/unit/configs/*.yaml, docs/configuration.md's example, small valid and
             invalid configs, and - when a C compiler and the project's
             libraries are there - every YAML text tests/unit/test_config.c
             parses (captured by linking it with --wrap=px_config_parse)

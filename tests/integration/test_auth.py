@@ -26,7 +26,7 @@ def doc_acl():
 MINIMAL_KEYS = "~room ~room:dlq ~lock:* ~done:* ~seat:* ~idemproxy:*"
 MINIMAL_COMMANDS = " ".join(doc_acl())
 
-# claim_idle_ms: at least 3 x redis.timeout_ms (1000 here; SPEC 4)
+# claim_idle_ms: at least 3 x redis.timeout_ms (1000 here; docs/configuration.md)
 SCENARIO = {"stream": "room", "group": "game-server", "consumer": "c1",
             "payload_field": "payload", "key": "#event.eventId", "layout": "split",
             "lock_key": "seat:#{event.seatId}", "wait_ms": 2000, "dead_letter": "room:dlq",
@@ -262,7 +262,8 @@ def test_check_refuses_a_user_without_password_and_a_missing_password_file(tmp_p
 
 
 def test_check_reads_no_password_file_without_files(tmp_path):
-    """SPEC 3: check is hermetic (issue 33: CI checks a rendered ConfigMap with no
+    """docs/configuration.md: check is hermetic (issue 33: CI checks a rendered
+    ConfigMap with no
     Secret mounted); --files reads the files as the daemon does."""
     missing = tmp_path / "nope" / "password"
     res = check(tmp_path, [f"password_file: {missing}", "username: app"], files=False)
@@ -337,7 +338,7 @@ def test_a_user_without_xinfo_is_ready_without_lag_metrics(env, tmp_path):
 def test_a_key_the_user_may_not_touch_dead_letters_that_entry_only(env, tmp_path):
     """An ACL refusal of a key (NOPERM ... access one of the keys) belongs to the
     entry whose rendered lock_key it is, not to the configuration: that entry
-    ends in one dead letter after its tries (SPEC 5.6), the others are
+    ends in one dead letter after its tries (docs/guarantee.md), the others are
     delivered and the pod stays ready. Handled like a refused command (drop the
     link, retry for ever, not ready), one such event stopped the stream."""
     r = env.r

@@ -1,4 +1,4 @@
-"""The command line of SPEC 3."""
+"""The command line (docs/operations.md, "Command line")."""
 import signal
 import subprocess
 import time
@@ -138,7 +138,7 @@ def test_check_notes_a_constant_lock_key(tmp_path):
 def test_check_timings_and_names(tmp_path):
     cfg = tmp_path / "c.yaml"
     cases = [
-        # issue 30: claim_idle_ms >= 3 x timeout_ms, done_ttl_ms >= lease_ms (SPEC 4)
+        # issue 30: claim_idle_ms >= 3 x timeout_ms, done_ttl_ms >= lease_ms (docs/configuration.md)
         ("streams:\n  - stream: room\n    group: g\n    claim_idle_ms: 300\n", "4:20",
          "claim_idle_ms: 300 is less than three times redis.timeout_ms (1000)"),
         ("streams:\n  - stream: room\n    lease_ms: 8000\n    done_ttl_ms: 5000\n", "4:18",

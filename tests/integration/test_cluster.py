@@ -46,7 +46,7 @@ def cenv(tmp_path, cluster):
 
 
 def stream_conf(name, **kw):
-    # claim_idle_ms: at least 3 x redis.timeout_ms (1000 unless a test sets it; SPEC 4)
+    # claim_idle_ms: at least 3 x redis.timeout_ms (1000 unless a test sets it; docs/configuration.md)
     return {"stream": name, "group": "g", "payload_field": "payload", "key": "#event.eventId",
             "claim_idle_ms": 3000, **kw}
 

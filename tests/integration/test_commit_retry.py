@@ -1,5 +1,5 @@
-"""The commit after an ACK is kept until Redis confirms it (SPEC 5.5, 5.7;
-issue 30). A done mark lost with its link is not a hard error, and an entry
+"""The commit after an ACK is kept until Redis confirms it
+(docs/protocol.md, docs/guarantee.md; issue 30). A done mark lost with its link is not a hard error, and an entry
 acked (XACK) without its done mark would be handled again by the next copy.
 Before this test only chaos-net seed 31 told a daemon that retried the commit
 on hard errors alone from a correct one: the test of a lost reply

@@ -337,7 +337,7 @@ def test_many_held_leases_all_extended(env):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_max_inflight_bounds_claimed_entries_only(env, mode):
-    """max_inflight counts claimed entries not yet committed (SPEC 4): with a
+    """max_inflight counts claimed entries not yet committed (docs/configuration.md): with a
     worker that never answers, exactly that many are claimed and held (the
     worker's window of them delivered, the rest waiting for it), and no more
     are read; copies of done keys are not claimed, so they still leave."""
@@ -438,7 +438,7 @@ def test_entry_delivered_max_deliveries_times_is_dead_lettered_without_delivery(
 
 def test_done_mark_expiry_allows_the_key_again(env):
     # Seed 003: a coupon re-opened after its done mark expired is handled again.
-    # done_ttl_ms short, but at least lease_ms (SPEC 4), itself at least 2 x timeout_ms,
+    # done_ttl_ms short, but at least lease_ms (docs/configuration.md), itself at least 2 x timeout_ms,
     # and long enough that the second copy is read before it runs out on a busy machine
     p = env.proxy([stream_conf("group", "single", done_ttl_ms=3000, lease_ms=1500)], timeout_ms=500)
     w = env.worker(p.endpoint)

@@ -1,5 +1,5 @@
 """Group mode: Redis' delivery count is idemproxy's real deliveries of an
-entry, across replicas (SPEC 5.2): an entry that waits undelivered is not
+entry, across replicas (docs/guarantee.md): an entry that waits undelivered is not
 charged a delivery, and a refresh keeps only entries this consumer still owns,
 so an entry another replica took over is never delivered from here again.
 Two replicas on one group; one's command link to Redis drops whenever it
@@ -76,7 +76,7 @@ def test_an_entry_taken_over_is_never_redelivered_from_here(env):
     on its own: 4 deliveries with max_deliveries 3, attempt 2 sent twice.
     A refresh now keeps only the entries this consumer still owns; E, taken
     over, is not redelivered from here once its worker answers RETRY, and B
-    delivers it from its own count (SPEC 5.2)."""
+    delivers it from its own count (docs/guarantee.md)."""
     r = env.r
     r.xgroup_create("room", "game-server", id="0", mkstream=True)
     link = SlowLink(env.redis.port, 0)
@@ -148,7 +148,8 @@ def test_a_draining_replica_keeps_what_its_worker_holds_fresh(env):
     the workers' answers. The refresh stopped with the reads, so an entry a
     worker still held looked idle after claim_idle_ms and another replica
     took it over: read there too, counted a duplicate where there was no
-    copy (SPEC 5.2: no live replica's work is taken over; SPEC 6). The
+    copy (docs/guarantee.md: no live replica's work is taken over;
+    docs/operations.md). The
     refresh now goes on until the drain ends."""
     import signal
     r = env.r
@@ -180,8 +181,8 @@ def test_an_entry_taken_over_while_the_link_was_down_is_not_sent_again(env):
     entry was taken over by consumer B (as B's XAUTOCLAIM does once A's
     refreshes stop reaching Redis) and A's links dropped. The refresh that
     finds a takeover ran only every claim_idle_ms / 3 (10 s here), so A's
-    backoff ended first and A claimed and delivered it again (SPEC 5.2:
-    never redelivered from here). A refreshes as soon as its command link is
+    backoff ended first and A claimed and delivered it again (docs/guarantee.md:
+    not redelivered from here). A refreshes as soon as its command link is
     back, before anything else it sends."""
     r = env.r
     r.xgroup_create("s", "g", id="0", mkstream=True)

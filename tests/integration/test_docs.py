@@ -251,7 +251,7 @@ def test_link_checker_sees_broken_and_outside_links():
 
 def test_shipped_files_name_no_spec_the_repository_lacks():
     """Issue 33: the chart, its schema, the manifests, the dashboard, the protos and
-    /metrics' help texts pointed to a spec file (or "SPEC 6", "see 5.5") that a clone does
+    /metrics' help texts pointed to a spec file (or a section number of it, "see 5.5") that a clone does
     not hold; they point to docs/ instead. Code comments and tests are not shipped."""
     files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "README.md", "CHANGELOG.md", "docs",
                             "deploy", "proto", "clients", "demo"],
@@ -352,6 +352,34 @@ def test_the_repository_names_no_spec_md():
     res = subprocess.run(["git", "-C", str(ROOT), "grep", "-n", "-I", "-i", "-e", "SPEC[.]md"],
                          capture_output=True, text=True)
     assert res.returncode == 1 and res.stdout == "", res.stdout
+
+
+SPEC_SECTION = re.compile(r"\bSPEC(?:\s|[*#/])*§?\s*[0-9]", re.I)   # also across a comment's line break
+
+
+def spec_sections(text):
+    """Each line of text on which a citation of a spec section starts."""
+    return [text.count("\n", 0, m.start()) + 1 for m in SPEC_SECTION.finditer(text)]
+
+
+def test_the_repository_cites_no_spec_sections():
+    """The repository stands alone: a comment, test or doc that cites a section of
+    the spec it lacks (the word in capitals, a space, a section number) cannot be
+    followed from a clone. Each rule is cited by the doc in docs/ that holds it."""
+    files = subprocess.run(["git", "-C", str(ROOT), "grep", "-l", "-I", "-i", "-e", "SPEC"],
+                           capture_output=True, text=True).stdout.split()
+    bad = [f"{rel}:{n}" for rel in files
+           for n in spec_sections((ROOT / rel).read_text(errors="replace"))]
+    assert bad == [], f"{len(bad)} found: {bad}"
+
+
+def test_spec_section_check_sees_each_form():
+    w = "SP" + "EC"   # so this file cites nothing itself
+    for text in (f"({w} 5.6)", f"see {w.lower()} 4", f"{w} §5.2", f"{w}5", f"x. {w}\n *  5.7 allows",
+                 f"a. {w}\n    # 6"):
+        assert spec_sections(text), text
+    for text in ("AF_UN" + w + " 0", "struct time" + w.lower() + " 1", f"{w}[.]md", f"the {w.lower()} it lacks 2"):
+        assert spec_sections(text) == [], text
 
 
 def test_readme_names_the_servers_and_versions_tested():

@@ -1,4 +1,5 @@
-"""Payload fingerprints and the done mark's time (issue 31, SPEC 4 and 5.5):
+"""Payload fingerprints and the done mark's time (issue 31,
+docs/configuration.md and docs/guarantee.md):
 what the done mark keeps in both layouts, a copy with another payload caught
 as a conflict, and done keys other writers left (the seeds' "1") still
 skipping copies. Real Redis, real sockets; assertions on what the worker got,

@@ -89,7 +89,7 @@ def test_exit_with_xack_in_flight_over_a_slow_link(env, tmp_path):
         wait_for(lambda: len(w.keys()) >= 20, 30, "deliveries under way")
         rc = p.stop(signal.SIGTERM, timeout=20)
         assert rc == 0, f"exit {rc}\n{p.log_text()[-4000:]}"
-        # Nothing acked in Redis that is not done (SPEC 5.7), whatever was cut off.
+        # Nothing acked in Redis that is not done (docs/guarantee.md), whatever was cut off.
         done = {k[len("idem:"):] for k in env.r.keys("idem:*") if (env.r.get(k) or "")[:1] == "D"}
         pend = {e["message_id"] for e in env.r.xpending_range("room", "g", "-", "+", 1000)}
         assert "did not confirm every write in time" in p.log_text(), "nothing was in flight at exit"
@@ -263,7 +263,7 @@ def test_groupless_busy_refusal_is_final_across_replicas_and_restarts(env):
     """Group-less, lock_key with on_busy: dead_letter, two replicas. The room
     is busy: the entry is refused with one dead letter (not one per replica),
     and once the room is free a restarted replica reading from the start does
-    not deliver it. The key itself stays not done (SPEC 5.3)."""
+    not deliver it. The key itself stays not done (docs/guarantee.md)."""
     r = env.r
     conf = {"stream": "room", "payload_field": "payload", "key": "#event.eventId",
             "lock_key": "room-lock:#{event.roomId}", "on_busy": "dead_letter",

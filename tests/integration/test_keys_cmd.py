@@ -1,4 +1,4 @@
-"""`idemproxy keys` (issue 31, SPEC 3): a read-only dry run of a stream's
+"""`idemproxy keys` (issue 31, docs/operations.md): a read-only dry run of a stream's
 templates over its last N entries. Entries are written with explicit ids, so
 their times (and so how far apart copies arrived) are known exactly, and every
 number the command reports is checked, in text and in --json, with its exit

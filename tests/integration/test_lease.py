@@ -1,4 +1,5 @@
-"""Leases that may have run out (issue 30, findings 1 and 5; SPEC 5.4, 6): an
+"""Leases that may have run out (issue 30, findings 1 and 5;
+docs/guarantee.md, docs/operations.md): an
 entry is sent only while its lease is known to be held, and
 idemproxy_lease_lost_total counts only leases that were held. Real
 redis-server, two real proxies, one of them behind slowlink.py's forwarder,

@@ -1,4 +1,4 @@
-"""timeout_ms bounds a command's silence, not its transfer (SPEC 5.6; issue 30,
+"""timeout_ms bounds a command's silence, not its transfer (docs/guarantee.md; issue 30,
 finding 4). A reply whose bytes are still arriving is not timed out, so one huge
 entry on a slow link is read (and dead-lettered: it is over max_entry_bytes)
 instead of stopping the stream; a reply that stops arriving mid-way still

@@ -1,5 +1,5 @@
 """An entry that holds its dedup lock and waits for its lock_key (the room)
-(SPEC 5.3, issue 30). Two behaviours no other test told apart from their
+(docs/guarantee.md, issue 30). Two behaviours no other test told apart from their
 absence: the dedup lease is extended while the entry waits, not only once it
 is with a worker; and a dedup lock that passed to another holder meanwhile
 (the seeds' own consumer, which does not queue for the room) sends the entry

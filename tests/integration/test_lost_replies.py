@@ -1,6 +1,6 @@
 """Replies lost, late or slow on the link to Redis (proxy/link.c, the reader's
-replays and reclaims) against the guarantee (SPEC 5.7) and the fault rules
-(SPEC 5.2, 5.6): a read or reclaim whose reply never came is not a delivery,
+replays and reclaims) against the guarantee and the fault rules
+(docs/guarantee.md): a read or reclaim whose reply never came is not a delivery,
 a replay brings back what it took and is not moved by a reclaim, a stop frees
 what waits, and an address that never answers does not hide the next. Each
 docstring says what breaks if the rule does. Real redis-server, real
@@ -89,7 +89,8 @@ class Throttle:
 
 def test_a_slow_history_read_never_counts_as_deliveries(env):
     """If broken: entries dead-lettered as exhausted that no worker ever
-    saw (SPEC 5.2 "attempt counts idemproxy's real deliveries", 5.5).
+    saw (docs/guarantee.md: Redis' delivery count is idemproxy's count of
+    deliveries).
 
     A read's reply that takes longer than its deadline to arrive (a large page
     over a slow link) drops the link (link.c deadline_cb) after Redis has
@@ -135,8 +136,8 @@ def test_a_slow_history_read_never_counts_as_deliveries(env):
 
 def test_a_read_whose_reply_was_lost_is_not_a_delivery(env):
     """The same, in its everyday form. If broken: the first delivery of an entry says
-    attempt 2, and each lost read eats one of max_deliveries (SPEC 5.2
-    "attempt counts idemproxy's real deliveries").
+    attempt 2, and each lost read eats one of max_deliveries (docs/guarantee.md:
+    Redis' delivery count is idemproxy's count of deliveries).
 
     The live XREADGROUP ... > is applied (the entries go to c1's pending list,
     delivery count 1) and the link drops before its reply is in: a deadline,
@@ -198,7 +199,7 @@ MARK = "# idemproxy test_lost_replies"
 @pytest.mark.skipif(os.geteuid() != 0 or not os.access(HOSTS, os.W_OK),
                     reason="rewrites /etc/hosts: needs root (CI runs as root)")
 def test_an_address_that_never_answers_does_not_hide_the_next(env, tmp_path):
-    """If broken: not ready for ever while Redis is reachable (SPEC 5.6).
+    """If broken: not ready for ever while Redis is reachable (docs/operations.md, /readyz).
 
     link.c tries the next address of a lookup only when a connect fails
     (connect_done, an error in SO_ERROR). A connect that is never answered
@@ -264,8 +265,8 @@ def test_a_stop_while_an_xpending_ask_waits_frees_it(env):
 
 def test_a_reclaim_whose_reply_was_lost_is_not_a_delivery(env):
     """On the reclaim path. If broken: entries dead-lettered as exhausted
-    that a worker saw once (SPEC 5.2 "attempt counts idemproxy's real
-    deliveries", 5.5).
+    that a worker saw once (docs/guarantee.md: Redis' delivery count is
+    idemproxy's count of deliveries).
 
     XAUTOCLAIM takes entries another consumer left pending, and Redis counts a
     delivery of each as it applies the command. When the reply is lost (a
@@ -347,7 +348,7 @@ def test_a_reclaim_answered_during_a_replay_does_not_move_the_replay(env):
     """If broken: entries of ours a lost read took are skipped by the replay
     meant to bring them back, then reclaimed claim_idle_ms later with a
     delivery counted that no worker saw: attempt 2 on their first delivery, a
-    dead letter with max_deliveries 1 (SPEC 5.2).
+    dead letter with max_deliveries 1 (docs/guarantee.md).
 
     The history replay reads our pending entries page by page from the last
     id it read. An XAUTOCLAIM reply that arrived while the replay waited for
@@ -366,7 +367,7 @@ def test_a_reclaim_answered_during_a_replay_does_not_move_the_replay(env):
     r.xreadgroup("game-server", "c0", {"room": ">"}, count=6)      # c0 took them all
     link = SlowLink(env.redis.port, 0)
     try:
-        # a reclaim's answer is held 2 s: timeout_ms 4000, so claim_idle_ms 12000 (SPEC 4)
+        # a reclaim's answer is held 2 s: timeout_ms 4000, so claim_idle_ms 12000 (docs/configuration.md)
         p = proxy_at(env, link.url, dict(STREAM, claim_idle_ms=12000, lease_ms=10000), max_inflight=2,
                      timeout_ms=4000)
         w = env.worker(p.endpoint, manual=True)
@@ -440,7 +441,7 @@ def assert_each_delivered(r, w):
 
 def test_an_entry_read_again_before_its_count_is_known_is_not_charged_for_it(env):
     """If broken: a reclaimed entry
-    dead-lettered as exhausted that no worker of ours saw (SPEC 5.2, 5.5).
+    dead-lettered as exhausted that no worker of ours saw (docs/guarantee.md).
 
     A replay that reads again an entry we hold (Redis counts one more) sets
     its count back with XCLAIM RETRYCOUNT. For an entry whose count was not
@@ -469,7 +470,7 @@ def test_an_entry_read_again_before_its_count_is_known_is_not_charged_for_it(env
 
 def test_a_replay_read_lost_before_a_reclaims_count_comes_is_not_charged(env):
     """If broken: a reclaimed entry
-    dead-lettered as exhausted that no worker of ours saw (SPEC 5.2, 5.5).
+    dead-lettered as exhausted that no worker of ours saw (docs/guarantee.md).
 
     We reclaim c0's entries (count 2); their XPENDING goes out late (a test
     hook). Meanwhile the reader's connection is reset and the replay's first

@@ -1,4 +1,4 @@
-"""max_deliveries at its boundary (SPEC 5.2, issue 30): an entry Redis has
+"""max_deliveries at its boundary (docs/guarantee.md, issue 30): an entry Redis has
 handed out exactly max_deliveries times, by a consumer that crashed or by this
 one before a restart, is dead-lettered without another delivery; one handed
 out once fewer gets its last delivery. Redis' delivery count is the evidence

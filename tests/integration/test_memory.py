@@ -1,4 +1,4 @@
-"""Memory stays bounded whatever producers write (SPEC 5.6; issue 15, 4), and a
+"""Memory stays bounded whatever producers write (docs/guarantee.md; issue 15, 4), and a
 dead letter whose reply was lost is not written twice.
 
 Three 40 MB entries took the daemon from 5 MB to a 169 MB peak and kept 87 MB

@@ -1,4 +1,4 @@
-"""SPEC 6: /metrics, /healthz, /readyz and `idemproxy health`."""
+"""docs/operations.md: /metrics, /healthz, /readyz and `idemproxy health`."""
 import json
 import os
 import subprocess
@@ -63,7 +63,7 @@ def test_numbers_add_up_after_copies_a_drop_and_a_bad_entry(env):
     read = g("idemproxy_entries_read_total{S}")
     outcomes = sum(g(f'idemproxy_outcomes_total{{S,outcome="{o}"}}') for o in ("acked", "duplicate", "dead_lettered", "skipped"))
     assert read == 12
-    assert read == outcomes + g("idemproxy_entries_pending{S}")      # SPEC 6's rule
+    assert read == outcomes + g("idemproxy_entries_pending{S}")      # docs/operations.md's rule
     assert g('idemproxy_outcomes_total{S,outcome="acked"}') == 5
     assert g('idemproxy_outcomes_total{S,outcome="dead_lettered"}') == 2
     assert g('idemproxy_duplicates_total{S,stage="before_lock"}') + g('idemproxy_duplicates_total{S,stage="after_lock"}') == 5

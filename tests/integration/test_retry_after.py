@@ -1,4 +1,4 @@
-"""Protocol 1.1 (SPEC 2, 5.5): a worker that knows when it can succeed answers
+"""Protocol 1.1 (docs/protocol.md): a worker that knows when it can succeed answers
 RETRY with Ack.retry_after_ms; idemproxy redelivers no earlier (at most an
 hour), counts the attempt, and dead-letters at max_deliveries as for any
 RETRY."""

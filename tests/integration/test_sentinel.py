@@ -1,4 +1,4 @@
-"""idemproxy behind Redis Sentinel (issue 16, SPEC 4 redis.sentinel): a real
+"""idemproxy behind Redis Sentinel (issue 16, docs/configuration.md redis.sentinel): a real
 master, a replica and three sentinels (redis-server --sentinel) started in a
 temp dir. The master is asked of the sentinels, ROLE is checked, +switch-master
 is followed through a SENTINEL FAILOVER and a kill -9 under load; sentinel AUTH,
@@ -136,7 +136,7 @@ def senv(tmp_path, sentinels):
     e.close()
 
 
-# claim_idle_ms: at least 3 x redis.timeout_ms (1000 here; SPEC 4)
+# claim_idle_ms: at least 3 x redis.timeout_ms (1000 here; docs/configuration.md)
 STREAM = {"stream": "room", "group": "g", "payload_field": "payload", "key": "#event.eventId",
           "claim_idle_ms": 3000}
 
@@ -248,7 +248,8 @@ def done_on(r, keys):
 
 
 def run_fault(senv, sentinels, fault, label):
-    """A steady producer and worker; 'fault' mid-run; then SPEC 5.7 against
+    """A steady producer and worker; 'fault' mid-run; then the guarantee
+    (docs/guarantee.md) against
     what the new master's stream holds: every key in it done, nothing pending,
     and a key delivered twice only if it was in flight at the fault."""
     old = sentinels.data_ports[0]
@@ -473,7 +474,7 @@ def test_check_sentinel_block(tmp_path):
         res = check(tmp_path, text)
         assert res.returncode == 2, (text, res.stderr)
         assert field in res.stderr, (text, res.stderr)
-    # without --files, check reads no password_file (SPEC 3, issue 33)
+    # without --files, check reads no password_file (docs/configuration.md, issue 33)
     res = check(tmp_path, sentinel_block(["a:1"], password_file=str(tmp_path / "missing")), files=False)
     assert res.returncode == 0, res.stderr
 

@@ -1,4 +1,4 @@
-"""SPEC 3: at each connect idemproxy checks the server: Redis 7.0 or newer (or
+"""docs/operations.md: at each connect idemproxy checks the server: Redis 7.0 or newer (or
 Valkey) is needed (SET NX GET). An older one is one clear log line and
 not-ready, retried with backoff, never a silent loop and never a claim. No
 Redis 6 can be installed here: a fake server on a real socket answers HELLO

@@ -1,5 +1,5 @@
 """A worker's answer to a delivery that timed out is ignored, even when it
-comes after the redelivery took the same request-id slot (SPEC 5.4; issue
+comes after the redelivery took the same request-id slot (docs/protocol.md; issue
 30): the request id's generation tells the two deliveries apart. Before this
 test only chaos cluster seed 12c told a daemon that matched answers by slot
 alone from a correct one."""

@@ -207,7 +207,7 @@ def test_check_validates_the_tls_files(tmp_path, pki):
     garbage.write_text("not a certificate\n")
     bad = check(ca_file=str(garbage))
     assert bad.returncode == 2 and "garbage.crt" in bad.stderr
-    # without --files, check opens none of them (SPEC 3: hermetic; issue 33)
+    # without --files, check opens none of them (docs/configuration.md: hermetic; issue 33)
     assert check(files=False, ca_file=str(pki / "nope.crt")).returncode == 0
 
 

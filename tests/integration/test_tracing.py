@@ -1,4 +1,5 @@
-"""SPEC 4 `tracing`, 5.4, 6: idemproxy's spans, exported over OTLP/HTTP (OTLP JSON)
+"""docs/configuration.md `tracing`, docs/operations.md: idemproxy's spans,
+exported over OTLP/HTTP (OTLP JSON)
 to a real receiver in the test, and the trace context it hands the worker in
 Delivery.traceparent. A collector that is down or failing costs counted drops,
 never an entry."""

@@ -227,7 +227,7 @@ static void test_defaults(void)
     test_cond("line", s->line == 1);
     px_config_destroy(c);
 
-    /* null values and "" mean "not set" where SPEC 4 says so */
+    /* null values and "" mean "not set" where docs/configuration.md says so */
     c = expect_ok("nulls and empty strings",
                   "redis:\n"
                   "app: ~\n"
@@ -992,9 +992,10 @@ static void test_names(void)
     px_config_destroy(c);
 }
 
-/* Keys that read nothing (issue 31, SPEC 4): a constant key makes every event
- * a copy of the first; literal text that looks like a variable is a typo for
- * #{...}. Both refused at the template, with the #{...} form meant. */
+/* Keys that read nothing (issue 31, docs/configuration.md): a constant key
+ * makes every event a copy of the first; literal text that looks like a
+ * variable is a typo for #{...}. Both refused at the template, with the #{...}
+ * form meant. */
 static void test_key_reads(void)
 {
     expect_error("key: a variable after literal text",
@@ -1079,8 +1080,9 @@ static void test_key_reads(void)
                    "for every event of the stream");
 }
 
-/* SPEC 4's timings: a refresh every third of claim_idle_ms must fit three
- * command timeouts (issue 30), and a done mark must outlive the lease. */
+/* docs/configuration.md's timings: a refresh every third of claim_idle_ms must
+ * fit three command timeouts (issue 30), and a done mark must outlive the
+ * lease. */
 static void test_timings(void)
 {
     expect_error("claim_idle_ms < 3 x timeout_ms",
@@ -1188,7 +1190,8 @@ static void test_dedup_names(void)
 /* A host the daemon cannot hold (PX_ADDR_HOST_MAX: a DNS name is at most 253
  * characters) is refused by check. It used to pass: then metrics.listen failed
  * at start and a cluster seed was silently left out (cluster.c's node_get). */
-/* redis.sentinel (SPEC 4): the block, and what check refuses with the field named. */
+/* redis.sentinel (docs/configuration.md): the block, and what check refuses
+ * with the field named. */
 static void test_sentinel(void)
 {
     px_config *c = expect_ok("sentinel block",
@@ -1259,7 +1262,8 @@ static void test_long_hosts(void)
                  "t.yaml:3:13: ", "needs a host and a port");
 }
 
-/* tracing: defaults (off), values, and what check refuses (SPEC 4). */
+/* tracing: defaults (off), values, and what check refuses
+ * (docs/configuration.md). */
 static void test_tracing(void)
 {
     px_config *c = expect_ok("tracing defaults", S);

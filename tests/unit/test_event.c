@@ -1,8 +1,9 @@
 /*
- * test_event.c - unit tests of event.c (SPEC 5.1, 5.6): an entry's fields
- * become the event, its key and lock key are rendered, and the Redis key
- * names are laid out. px_event_prepare takes the stream's config and
- * max_entry_bytes, so no proxy or stream is built here: only entries.
+ * test_event.c - unit tests of event.c (docs/configuration.md,
+ * docs/guarantee.md): an entry's fields become the event, its key and lock key
+ * are rendered, and the Redis key names are laid out. px_event_prepare takes
+ * the stream's config and max_entry_bytes, so no proxy or stream is built here:
+ * only entries.
  *
  * The fast key path (one property of the payload, jscan.c) and the json-c
  * path must give the same keys; both are driven here on the same payloads.

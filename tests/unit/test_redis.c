@@ -1,7 +1,7 @@
 /*
  * test_redis.c - the pure part of proxy/redis.c: what HELLO 2 says about the
- * server (SPEC 3: Redis 7.0 or newer, or Valkey), with replies built by
- * hiredis' own protocol reader from what the servers send; and how a
+ * server (docs/operations.md: Redis 7.0 or newer, or Valkey), with replies
+ * built by hiredis' own protocol reader from what the servers send; and how a
  * password file is read (an empty one: no password, no AUTH).
  */
 #include <errno.h>

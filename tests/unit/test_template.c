@@ -1,5 +1,6 @@
 /*
- * test_template.c - unit tests of the key template language (SPEC 5.1).
+ * test_template.c - unit tests of the key template language
+ * (docs/configuration.md).
  *
  * Most cases live in template_cases.json beside this file, a table that the
  * SpEL differential test (tests/spel/) runs through real SpEL too; each case
@@ -609,7 +610,7 @@ static void test_reads_entry(void)
 
 
 /* ------------------------------------------------------------------------ */
-/* Fingerprints: canonical JSON and its hash (SPEC 4, issue 31)              */
+/* Fingerprints: canonical JSON, its hash (docs/configuration.md, issue 31) */
 /* ------------------------------------------------------------------------ */
 
 /* Render 'src' as a fingerprint over the JSON text 'json'. */

@@ -18,7 +18,8 @@ import org.springframework.expression.spel.support.ReflectivePropertyAccessor;
 import org.springframework.expression.spel.support.StandardEvaluationContext;
 
 /**
- * Differential test of idemproxy's key templates (SPEC 5.1) against real SpEL.
+ * Differential test of idemproxy's key templates (docs/configuration.md)
+ * against real SpEL.
  *
  * <p>It reads the case table that tests/unit/test_template.c reads and evaluates
  * every case with spring-expression, the way a Spring application makes a key:
@@ -30,10 +31,10 @@ import org.springframework.expression.spel.support.StandardEvaluationContext;
  *
  * <p>Two adaptations make SpEL see what idemproxy sees, and are not counted as
  * differences: a map property that is not there reads as null (SpEL's
- * {@code map['key']} rule, which SPEC 5.1 applies to {@code map.key} too, so the
- * accessor below is used instead of spring-context's stricter MapAccessor), and
- * inside #{...} a bare variable name ({@code event.x}) is rewritten to its
- * SpEL spelling ({@code #event.x}).
+ * {@code map['key']} rule, which docs/configuration.md applies to {@code
+ * map.key} too, so the accessor below is used instead of spring-context's
+ * stricter MapAccessor), and inside #{...} a bare variable name ({@code
+ * event.x}) is rewritten to its SpEL spelling ({@code #event.x}).
  *
  * <p>A case without a "spel" entry must get from SpEL exactly what idemproxy
  * gives: the same text, or an error where idemproxy has one. A case with a

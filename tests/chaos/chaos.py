@@ -1537,6 +1537,26 @@ def check(run):
             "kill9", "sigterm", "pause_term", "worker_reconnect", "worker_absent", "worker_crash", "failover",
             "master_kill", "migrate")
             and f["t1"] >= born - 1.0 and f["t0"] <= before)
+    def mark_written(key, mark):
+        """By when the done mark 'mark' of 'key' was in Redis at the latest. The mark
+        keeps the time of its first try; a retry held up by a fault of Redis or of
+        the link of the replica that delivered the original writes the same mark
+        later, and a copy claimed meanwhile (the original's lease run out) is the
+        double the guarantee allows (seed 208 of --net): the mark's time, moved to
+        the end of each such fault under way by then."""
+        if mark[0] is None:
+            return None
+        written = mark[0] / 1000.0
+        replicas = {x["replica"] for x in by_key.get(key, []) if entry_ev.get(x["entry"], {}).get("fp") == mark[1]}
+        moved = True
+        while moved:
+            moved = False
+            for f in faults:
+                if (f["kind"] in REDIS_FAULTS or f["kind"] in LINK_FAULTS and f["replica"] in replicas) \
+                        and f["t0"] <= written and f["t1"] > written:
+                    written, moved = f["t1"], True
+        return written
+
     for eid, ev in entry_ev.items():
         dl = st["dls"].get(eid, [])
         xs = by_entry.get(eid, [])
@@ -1593,7 +1613,8 @@ def check(run):
         mark = st.get("marks", {}).get(key) or (None, None)
         other = bool(c.get("fingerprint")) and None not in (mark[1], ev.get("fp")) and ev["fp"] != mark[1]
         if other:
-            late = [x for x in xs if mark[0] is not None and x["sent"] > mark[0] / 1000.0 + CONFLICT_SLACK]
+            written = mark_written(key, mark)
+            late = [x for x in xs if written is not None and x["sent"] > written + CONFLICT_SLACK]
             if late:
                 v.append(f"conflict-delivered: entry {eid} (fingerprint {ev['fp']}) sent at "
                          f"{late[0]['sent'] - run.hist.t0:.2f}s, after its key {key[:40]} was done with "

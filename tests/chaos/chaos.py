@@ -1434,6 +1434,10 @@ def check(run):
     for i, p in enumerate(run.proxies):
         for m in re.finditer(r"stream \S+ entry (\S+) key .* attempt (\d+): ack timeout", p.log_text()):
             timed_out[m.group(1)].add((i, int(m.group(2))))
+    taken_from = defaultdict(set)         # entry -> {replica} that logged it taken over from it
+    for i, p in enumerate(run.proxies):
+        for m in re.finditer(r"stream \S+ entry (\S+) key .*: taken over by another consumer", p.log_text()):
+            taken_from[m.group(1)].add(i)
     by_entry = defaultdict(list)
     by_key = defaultdict(list)
     by_room = defaultdict(list)
@@ -1540,15 +1544,17 @@ def check(run):
     idle_s = c["claim_idle_ms"] / 1000.0 if c["group"] and c.get("claim_idle_ms") else None
 
     def slow_claims(eid, before):
-        """Counts of entry 'eid' no delivery made, by 'before': one per throttle
-        that held a link's replies back for claim_idle_ms or longer (group mode;
-        seed 67 of --net). A read or reclaim counts its entries as Redis applies
-        it; another instance takes them over while its reply is still arriving
-        (their idle time ran out: the reader cannot keep fresh what it does not
-        know it holds) and counts that claim, which it cannot tell from a
-        delivery; the reader, which knows, no longer owns them."""
+        """Counts of entry 'eid' no delivery made, by 'before' (group mode; seed
+        67 of --net): a read or reclaim counts its entries as Redis applies it;
+        when its reply takes claim_idle_ms or longer to arrive, another instance
+        takes them over meanwhile (the reader cannot keep fresh what it has not
+        seen) and counts that read, which it cannot tell from a delivery; the
+        reader, which knows, no longer owns them, and logs the entry taken over
+        when the reply comes. One per throttle that held back the replies of
+        such a replica's link for claim_idle_ms or longer."""
         born = int(eid.split("-")[0]) / 1000.0
         return sum(1 for f in faults if f["kind"] == "throttle" and idle_s is not None
+                   and f["replica"] in taken_from.get(eid, ())
                    and f["t1"] - f["t0"] >= idle_s and f["t1"] >= born - 1.0 and f["t0"] <= before)
     def mark_written(key, mark):
         """By when the done mark 'mark' of 'key' was in Redis at the latest. The mark

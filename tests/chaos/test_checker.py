@@ -160,16 +160,23 @@ def test_attempt_inflated_by_one_is_excused_only_by_a_fault_in_the_entrys_life()
     assert "attempt-inflated" in inflated_by_one("slow_reply", 1.5)
 
 
-def test_a_reply_slower_than_claim_idle_hides_one_count():
+TAKEN = "x info  stream room entry {} key k1 attempt 0: taken over by another consumer; not delivered from here\n"
+
+
+def test_a_reply_slower_than_claim_idle_may_add_one_count():
     """Seed 67 of --net: a read or reclaim answered through a throttled link
     counts a delivery of each entry it takes as Redis applies it, and its
     reply (an 8 MB entry at 2 MB/s) arrives after claim_idle_ms. Another
     instance has taken the entries over by then (their idle time ran out; the
-    reader cannot keep fresh what it does not know it holds) and counted the
-    read: the one that knows it delivered nothing no longer owns them, the
-    new owner cannot tell that claim from a delivery. One per such bite."""
-    def slow(span, group=True, claim_idle_ms=2000, n=1, attempt=2):
+    reader cannot keep fresh what it has not seen) and counted the read: the
+    new owner cannot tell that claim from a delivery, and the reader, which
+    knows, no longer owns them and logs them taken over when its reply comes.
+    One per such bite of a link whose replica logged the entry taken over."""
+    def slow(span, group=True, claim_idle_ms=2000, n=1, attempt=2, logged=(0, 1)):
         run = record(group=group, claim_idle_ms=claim_idle_ms)
+        run.proxies.append(Log("replica1"))
+        for i in logged:
+            run.proxies[i].text = TAKEN.format("1000-0")
         entry(run, "1000-0", "k1")
         deliver(run, "k1", "1000-0", 9.0, 9.1, attempt=attempt)
         done(run, "k1")
@@ -178,13 +185,16 @@ def test_a_reply_slower_than_claim_idle_hides_one_count():
         return tags(run)
     assert "attempt-inflated" not in slow(4.0)
     assert "attempt-inflated" not in slow(4.0, n=2, attempt=3)      # both links slow in turn
-    assert "attempt-inflated" in slow(4.0, attempt=3)               # one bite hides one
+    assert "attempt-inflated" in slow(4.0, attempt=3)               # one bite adds one
     assert "attempt-inflated" in slow(1.5)                          # answered inside claim_idle_ms
     assert "attempt-inflated" in slow(4.0, claim_idle_ms=5000)
     assert "attempt-inflated" in slow(4.0, group=False)             # no takeover without a group
+    assert "attempt-inflated" in slow(4.0, logged=())               # nothing was taken over ...
+    assert "attempt-inflated" in slow(4.0, n=2, attempt=3, logged=(1,))  # ... from the slow link's replica
     assert "attempt-inflated" in inflated_by_one("throttle", 1.5)   # nor after the delivery, nor short
     # such a count can dead-letter an entry one real failure early ...
     run = record(max_deliveries=2, lock_key=False, claim_idle_ms=2000)
+    run.proxies.append(Log("replica1", TAKEN.format("1-0")))
     entry(run, "1-0", "k1")
     deliver(run, "k1", "1-0", 6.0, 6.1, answer="retry", attempt=2)
     dead(run, "1-0", "max_deliveries (2) reached", t=6.2)

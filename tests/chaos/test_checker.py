@@ -674,3 +674,27 @@ def test_the_generator_draws_only_configs_check_accepts(tmp_path):
             res = subprocess.run([str(chaos.pxtest.BIN), "check", "-c", str(p.config)],
                                  capture_output=True, text=True, timeout=10)
             assert res.returncode == 0, (seed, chaos.describe(c), res.stderr)
+
+
+def test_a_copy_judged_by_a_mark_later_written_over():
+    """Seed 169 of --net: 1-0 (FP_B) is acked, its done mark's write held up by its
+    link refused past its lease; 3-0 (FP_A) is claimed meanwhile, acked, and its mark
+    written; 4-0, a true copy of 1-0, meets that mark and is dead-lettered as a
+    conflict; then 1-0's held-up commit writes FP_B over it, the mark kept at the end.
+    Legal: the double the guarantee allows when a lease is lost. Without the fault
+    that held the write up, the same history is a bad conflict."""
+    def history(held_up):
+        run = record(lock_key=False, fingerprint="#event", on_conflict="dead_letter")
+        entry(run, "1-0", "k1", fp=FP_B)
+        entry(run, "3-0", "k1", fp=FP_A)
+        entry(run, "4-0", "k1", fp=FP_B)
+        deliver(run, "k1", "1-0", 1.0, 1.4)
+        deliver(run, "k1", "3-0", 2.0, 2.1, replica=1, worker="w1.0")
+        dead(run, "4-0", f"conflict: fingerprint {FP_B} differs from the done mark's {FP_A}", t=3.0)
+        done(run, "k1")
+        run.state["marks"] = {"k1": (1500, FP_B)}
+        if held_up:
+            run.hist.fault("refuse", 0, 1.45, 4.0)
+        return run
+    assert chaos.check(history(True)) == []
+    assert "bad-conflict" in tags(history(False))

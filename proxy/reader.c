@@ -435,7 +435,7 @@ static void count_set_reply_cb(px_redis *r, redisReply *reply, void *priv)
     free(priv);
     if (!px_step_io_done(c.e)) return;
     /* Lost or refused: Redis' count is not known; the next wait or
-     * delivery sends it again. */
+     * delivery sends it again, and so does the next refresh (count_again). */
     if (reply == NULL || reply->type != REDIS_REPLY_ARRAY) c.e->delivery.count_unsure = true;
     else taken_over(c.e->st, reply);
 }
@@ -480,6 +480,17 @@ void px_reader_waiting(px_entry *e)
         set_count(e, e->delivery.attempt);
 }
 
+/* A count whose set was lost or refused (count_unsure), sent again as it was
+ * meant (redis_count), at each refresh and as the command link comes back: an
+ * entry a worker holds may wait long for its next delivery, and if we die or
+ * another instance takes it over meanwhile, the read the set took back (a
+ * history replay's, as the reader's link came back before the command link)
+ * would be charged as a delivery. Not while its count is still asked. */
+static void count_again(px_entry *e)
+{
+    if (e->delivery.count_unsure && e->delivery.counts_wait == 0) set_count(e, e->delivery.redis_count);
+}
+
 static void refresh_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
@@ -516,6 +527,7 @@ static void refresh_cb(struct ev_loop *loop, ev_timer *w, int revents)
          * not as it starts to wait, so flow control's short waits rarely
          * pay a command for it, and two. */
         if (e->state == PX_E_SEND) px_reader_waiting(e);
+        else count_again(e);
         argv[n] = e->id;
         lens[n++] = strlen(e->id);
         if (n == 7 + PX_REFRESH_BATCH || e->next == NULL) {

@@ -204,3 +204,44 @@ def test_an_entry_taken_over_while_the_link_was_down_is_not_sent_again(env):
     time.sleep(5)                                        # past A's 4 s backoff
     assert got == [1], f"A delivered k1 again after it was taken over: attempts {got}"
     assert [x["consumer"] for x in r.xpending_range("s", "g", "-", "+", 5)] == ["B"]
+
+
+def test_a_replayed_entry_a_worker_holds_is_not_charged_a_delivery(env):
+    """Chaos seed 226 of --net: A delivers E (Redis counts 1) and its worker
+    holds it. A's links drop (a Redis restart, here CLIENT KILL); on
+    reconnect the reader replays A's history, which counts E once more
+    (Redis: 2), and A sets the count back, as E is still its own, with no
+    delivery more. That set-back goes on the command link, which was not up
+    yet (the seed: the reader's link came back 7 ms first) or, here, drops
+    whenever it carries a script for 3 s: it never arrived, and nothing sent
+    it again until E's next delivery. A then died (kill -9) with Redis'
+    count at 2: restarted, it delivered E as attempt 3 after one delivery.
+    A count whose set was lost is sent again when the command link is back
+    (and at each refresh); E's next delivery is attempt 2."""
+    r = env.r
+    r.xgroup_create("room", "game-server", id="0", mkstream=True)
+    link = SlowLink(env.redis.port, 0)
+    stream = dict(STREAM, consumer="a", claim_idle_ms=30000, lease_ms=10000)
+    a = Proxy(env.tmp, "A", link.url, env.endpoint(), [stream], timeout_ms=200, ack_timeout_ms=30000)
+    env.proxies.append(a)
+    try:
+        a.start()
+        wa = env.worker(a.endpoint, manual=True)
+        (eid,) = publish(r, "room", [{"eventId": "k1"}])
+        wait_for(lambda: len(wa.inbox) == 1, what="E with A's worker")
+        assert owner(r, eid) == ("a", 1)
+        link.refuse([b"\r\nEVAL"], 3.0)
+        r.client_kill_filter(_type="normal", skipme=True)   # A's links drop; A replays its history
+        wait_for(lambda: owner(r, eid) == ("a", 2), timeout=5, what="the replay's read counted")
+        wait_for(lambda: link.refusing >= 1, timeout=5, what="a script refused")
+        wait_for(lambda: owner(r, eid) == ("a", 1), timeout=10,
+                 what="E's count set back once the command link is back")
+        a.kill9()
+        wa.close()
+        r.delete("idem:k1")                                # its lease, run out sooner
+        a.start()
+        wb = env.worker(a.endpoint)
+        wait_for(lambda: len(wb.got) == 1, timeout=10, what="E delivered again after the restart")
+        assert [(d.key, d.attempt) for d in wb.got] == [("k1", 2)]
+    finally:
+        link.close()

@@ -274,7 +274,9 @@ def test_idle_connections_are_bounded_and_do_not_stop_healthz(env):
         assert not line.startswith("HTTP/1.1 200"), "a 57th connection from another address was served"
         line, took = _healthz_from(p.metrics_port, "127.0.0.1")
         assert line == "HTTP/1.1 200 OK" and took < 2.0, ("the probe's slot", line, took)
-        assert conns() == 56, conns()
+        # The probe's own connection is closed by the server just after its
+        # reply (a loaded machine may count it a moment longer); the 56 stay.
+        wait_for(lambda: conns() == 56, timeout=3, what="the probe's slot given back, the 56 kept")
         close_all()
 
         # Idle ones are closed after 5 s; then the same address is served again.

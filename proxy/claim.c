@@ -26,10 +26,15 @@
  *   on different cluster nodes.
  *
  * Then, for a claimed entry with lock_key, the resource lock: `SET lock_key
- * <token> NX PX lease GET`. With fencing, `INCR idemproxy:fence` is pipelined
- * right after the SET that takes the lock the token belongs to; one counter
- * serves every lock, so tokens increase per lock as they must, and no counter
- * key is left behind per event.
+ * <token> NX PX lease GET`. With fencing, the fence script is pipelined right
+ * after the SET that takes the lock the token belongs to; one counter serves
+ * every lock, so tokens increase per lock as they must, and no counter key is
+ * left behind per event. The script sets the counter to the larger of itself
+ * plus one and the server's clock in microseconds (TIME): tokens go up one by
+ * one while the counter lives, and a failover or restart that loses its last
+ * increments still gives tokens above every token given before it, as long as
+ * the new master's clock is ahead of the old one's at those grants (clocks
+ * closer than the failover took; docs/database.md).
  *
  * Releases are a compare-and-delete script, so a holder whose lease ran out
  * never deletes the next holder's lock.
@@ -37,6 +42,7 @@
  * How a command's reply comes back to its entry, how the replies of one round
  * trip make a step, and why an entry outlives its commands: step.h.
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -63,6 +69,19 @@ static px_script extend_script = {
     ""
 };
 
+/* Numbers as text ("%.0f"): Lua 5.1 would print a 16-digit number in
+ * exponent form and lose its last digits. Exact below 2^53 (year 2255). */
+static px_script fence_script = {
+    "local t = redis.call('time') "
+    "local n = tonumber(t[1]) * 1000000 + tonumber(t[2]) "
+    "local c = tonumber(redis.call('get', KEYS[1]) or '0') or 0 "
+    "if c + 1 > n then n = c + 1 end "
+    "local s = string.format('%.0f', n) "
+    "redis.call('set', KEYS[1], s) "
+    "return s",
+    ""
+};
+
 static uint64_t token_state[2]; /* see new_token */
 
 void px_claim_init(void)
@@ -76,6 +95,7 @@ void px_claim_init(void)
     }
     px_script_init(&release_script);
     px_script_init(&extend_script);
+    px_script_init(&fence_script);
 }
 
 /* Split layout on a cluster: lock and done keys on different slots may sit on
@@ -296,8 +316,19 @@ static void on_done_get(px_entry *e, redisReply *r)
 
 static void on_fence(px_entry *e, redisReply *r)
 {
-    long long n;
-    if (!px_rp_int(r, &n) || n < 1) malformed(e); /* INCR: 1 or more */
+    /* The fence script's reply: the token as decimal text, 1 or more. */
+    char buf[24], *end;
+    unsigned long long n = 0;
+    bool ok = r->type == REDIS_REPLY_STRING && r->len > 0 && r->len < sizeof(buf) &&
+              r->str[0] >= '1' && r->str[0] <= '9';
+    if (ok) {
+        memcpy(buf, r->str, r->len);
+        buf[r->len] = '\0';
+        errno = 0;
+        n = strtoull(buf, &end, 10);
+        ok = errno == 0 && *end == '\0';
+    }
+    if (!ok) malformed(e);
     else e->claim.fence = (uint64_t)n;
 }
 
@@ -480,9 +511,7 @@ size_t px_claim_flush(px_proxy *px)
 
 static void incr_fence(px_entry *e)
 {
-    const char *argv[] = { "INCR", PX_FENCE_KEY };
-    size_t lens[] = { 4, sizeof(PX_FENCE_KEY) - 1 };
-    px_step_cmd(e, PX_FENCE_KEY, on_fence, 2, argv, lens);
+    px_step_script(e, &fence_script, on_fence, true, PX_FENCE_KEY, "", NULL);
 }
 
 /* --- lock_key -------------------------------------------------------------

@@ -36,6 +36,7 @@ static void delivery_fill(const px_delivery_view *d, Idemproxy__V1__Delivery *m,
     m->deadline_unix_ms = d->deadline_unix_ms;
     if (d->traceparent) m->traceparent = (char *)d->traceparent;
     if (d->tracestate) m->tracestate = (char *)d->tracestate;
+    if (d->lock) m->lock = (char *)d->lock;
 }
 
 /* Scratch reused across deliveries, so encoding allocates only when a

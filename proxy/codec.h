@@ -29,6 +29,7 @@ typedef struct px_delivery_view {
     uint64_t deadline_unix_ms;
     const char *traceparent; /* (ref) NUL-terminated, or NULL for "" */
     const char *tracestate;  /* (ref) NUL-terminated, or NULL for "" */
+    const char *lock;        /* (ref) NUL-terminated, or NULL for "": what fencing_token is for */
 } px_delivery_view;
 
 /* The size of the encoded Delivery, without encoding it. */

@@ -1,9 +1,9 @@
 """docs/protocol.md's worked example, replayed against a real idemproxy: the
 hex blocks are read out of the document and sent, or expected, byte for byte
 on a raw socket (tcp and ipc), so the document cannot drift from the product.
-Only the Delivery's deadline_unix_ms (the time it is sent, plus
-ack_timeout_ms) differs from the example; it is checked for its place and
-its range instead."""
+Only the Delivery's fencing_token (the server's clock in microseconds) and
+deadline_unix_ms (the time it is sent, plus ack_timeout_ms) differ from the
+example; they are checked for their place and range instead."""
 import re
 import socket
 import struct
@@ -110,26 +110,32 @@ def test_protocol_doc_example_against_idemproxy(env, transport):
         after = int(time.time() * 1000)
 
         want = peer.frame(blocks["delivery-frame"])
-        # Byte for byte up to deadline_unix_ms, the last field (tag 0x40, a
-        # 6-byte varint until the year 2039): the length, the request id, and
-        # every field before it.
+        # Byte for byte but for fencing_token (tag 0x38, an 8-byte varint of
+        # microseconds until the year 2112) and deadline_unix_ms (tag 0x40, a
+        # 6-byte varint until the year 2039), which are checked for their
+        # range: the length, the request id, every field before them and
+        # lock, the last field (5 bytes here).
         # The request id's generation is drawn at start (docs/protocol.md): only
         # its top bit and slot 0 (the low byte with max_inflight 256) are fixed.
         rid = (9 if peer.ipc else 8)
         assert len(got) == len(want), (got.hex(" "), want.hex(" "))
         assert got[rid] & 0x80 and got[rid + 3] == 0, got[rid:rid + 4].hex(" ")
         same = lambda b: b[:rid] + b[rid + 4:]  # noqa: E731
-        assert same(got)[:-6] == same(want)[:-6], (got.hex(" "), want.hex(" "))
-        assert got[-7] == 0x40
+        assert same(got)[:-20] == same(want)[:-20], (got.hex(" "), want.hex(" "))
+        assert got[-21] == 0x38 and got[-12] == 0x40, got.hex(" ")
+        assert got[-5:] == want[-5:], (got.hex(" "), want.hex(" "))
         delivery = pb.Delivery()
         delivery.ParseFromString(got[(13 if peer.ipc else 12):])
         assert before + ACK_TIMEOUT_MS <= delivery.deadline_unix_ms <= after + ACK_TIMEOUT_MS
+        assert before * 1000 - 5_000_000 <= delivery.fencing_token <= after * 1000 + 5_000_000, \
+            ("the token is the server's clock in microseconds", delivery.fencing_token, before)
+        assert delivery.lock == "e-1"
 
         ack = peer.frame(blocks["ack-frame"])
         peer.s.sendall(ack[:rid] + got[rid:rid + 4] + ack[rid + 4:])  # echo the id as sent
         wait_for(lambda: (r.get("idem:e-1") or "")[:1] == "D", what="the key marked done after the example's Ack")
         wait_for(lambda: pending(r, "orders", "billing") == 0, what="the entry XACKed")
-        assert r.get("idemproxy:fence") == "1"
+        assert r.get("idemproxy:fence") == str(delivery.fencing_token)
         m = env.proxies[0].metrics()
         assert m['idemproxy_acks_total{stream="orders",group="billing",status="ack"}'] == 1
         assert m["idemproxy_protocol_errors_total"] == 0

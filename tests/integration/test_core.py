@@ -378,6 +378,35 @@ def test_fencing_tokens_increase(env):
         assert toks == sorted(toks) and len(set(toks)) == 3
 
 
+def test_fencing_tokens_go_up_after_redis_forgets_its_last_raises(env):
+    """Redis restarted from a snapshot taken before the last two claims (what
+    a failover to a replica that had not got them does): the fencing counter
+    is back where it was, yet the next token is above every token handed out
+    before, or a database fence would refuse new work for ever. Each delivery
+    names its lock: the key (no lock_key)."""
+    import shutil
+    r = env.r
+    p = env.proxy([stream_conf("group", "single", fencing=True)], timeout_ms=300)
+    w = env.worker(p.endpoint)
+    publish(r, "room", [{"eventId": "f1"}])
+    wait_for(lambda: (r.get("idem:f1") or "")[:1] == "D", what="f1 done")
+    r.save()
+    shutil.copy(env.redis.dir / "dump.rdb", env.redis.dir / "old.rdb")
+    publish(r, "room", [{"eventId": "f2"}, {"eventId": "f3"}])
+    wait_for(lambda: len(w.got) == 3, what="f2 and f3 delivered")
+    before = max(d.fencing_token for d in w.got)
+    env.redis.stop()
+    shutil.copy(env.redis.dir / "old.rdb", env.redis.dir / "dump.rdb")
+    env.redis.start()
+    assert int(r.get("idemproxy:fence")) < before, "the snapshot has the older counter"
+    wait_for(lambda: p.get("/readyz")[0] == 200, timeout=15, what="reconnected")
+    publish(r, "room", [{"eventId": "f4"}])
+    wait_for(lambda: len(w.got) == 4, timeout=15, what="f4 delivered")
+    f4 = w.got[-1]
+    assert f4.key == "f4" and f4.fencing_token > before, (f4.fencing_token, before)
+    assert [d.lock for d in w.got] == [d.key for d in w.got]
+
+
 def test_pending_entry_of_dead_consumer_is_reclaimed(env):
     r = env.r
     r.xgroup_create("room", "game-server", id="0", mkstream=True)

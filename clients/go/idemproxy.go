@@ -100,6 +100,7 @@ type Delivery struct {
 	Payload        []byte  // the payload field's value, or empty
 	Attempt        uint32  // 1 on the first delivery
 	FencingToken   uint64  // strictly increasing per lock; 0 when fencing is off
+	Lock           string  // the lock FencingToken is for: lock_key's rendered text, else the key; empty when fencing is off
 	DeadlineUnixMs uint64  // an answer after this is too late
 	Traceparent    string  // W3C trace context of idemproxy's delivery span (protocol 1.1), or ""
 	Tracestate     string  // the W3C tracestate that goes with it, or ""
@@ -367,7 +368,7 @@ func answer(ctx context.Context, msg []byte, h Handler, o *options) *pb.Ack {
 	}
 	d := &Delivery{
 		Stream: m.Stream, EntryID: m.EntryId, Key: m.Key, Payload: m.Payload,
-		Attempt: m.Attempt, FencingToken: m.FencingToken, DeadlineUnixMs: m.DeadlineUnixMs,
+		Attempt: m.Attempt, FencingToken: m.FencingToken, Lock: m.Lock, DeadlineUnixMs: m.DeadlineUnixMs,
 		Traceparent: m.Traceparent, Tracestate: m.Tracestate,
 	}
 	for _, f := range m.Fields {

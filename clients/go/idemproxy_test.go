@@ -153,13 +153,13 @@ func TestAnswers(t *testing.T) {
 	p.deliver(&pb.Delivery{
 		Stream: "orders", EntryId: "1-1", Key: "typed", Payload: []byte(`{"n":1}`),
 		Fields:  []*pb.Field{{Name: "b", Value: []byte("2")}, {Name: "a", Value: []byte{0, 255}}},
-		Attempt: 3, FencingToken: 1 << 40, DeadlineUnixMs: deadline,
+		Attempt: 3, FencingToken: 1 << 40, Lock: "account:7", DeadlineUnixMs: deadline,
 	})
 	mu.Lock()
 	d := seen["typed"]
 	mu.Unlock()
 	if d.Stream != "orders" || d.EntryID != "1-1" || string(d.Payload) != `{"n":1}` ||
-		d.Attempt != 3 || d.FencingToken != 1<<40 || d.DeadlineUnixMs != deadline {
+		d.Attempt != 3 || d.FencingToken != 1<<40 || d.Lock != "account:7" || d.DeadlineUnixMs != deadline {
 		t.Errorf("decoded %+v", d)
 	}
 	if len(d.Fields) != 2 || d.Fields[0].Name != "b" || d.Fields[1].Name != "a" {

@@ -138,6 +138,7 @@ type Delivery struct {
 	Traceparent    string                 `protobuf:"bytes,9,opt,name=traceparent,proto3" json:"traceparent,omitempty"`                                // W3C trace context for the worker's span: idemproxy's delivery span
 	// when tracing is on, else the entry's own trace_field, else ""
 	Tracestate    string `protobuf:"bytes,10,opt,name=tracestate,proto3" json:"tracestate,omitempty"` // W3C tracestate that goes with it, else ""
+	Lock          string `protobuf:"bytes,11,opt,name=lock,proto3" json:"lock,omitempty"`             // the lock fencing_token is for: lock_key's rendered text when set,
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -242,6 +243,13 @@ func (x *Delivery) GetTracestate() string {
 	return ""
 }
 
+func (x *Delivery) GetLock() string {
+	if x != nil {
+		return x.Lock
+	}
+	return ""
+}
+
 type Ack struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Status        Ack_Status             `protobuf:"varint,1,opt,name=status,proto3,enum=idemproxy.v1.Ack_Status" json:"status,omitempty"`
@@ -325,7 +333,7 @@ const file_idemproxy_v1_idemproxy_proto_rawDesc = "" +
 	"\x1cidemproxy/v1/idemproxy.proto\x12\fidemproxy.v1\"1\n" +
 	"\x05Field\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\xc1\x02\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\xd5\x02\n" +
 	"\bDelivery\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x19\n" +
 	"\bentry_id\x18\x02 \x01(\tR\aentryId\x12\x10\n" +
@@ -339,7 +347,8 @@ const file_idemproxy_v1_idemproxy_proto_rawDesc = "" +
 	"\n" +
 	"tracestate\x18\n" +
 	" \x01(\tR\n" +
-	"tracestate\"\xe8\x01\n" +
+	"tracestate\x12\x12\n" +
+	"\x04lock\x18\v \x01(\tR\x04lock\"\xe8\x01\n" +
 	"\x03Ack\x120\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x18.idemproxy.v1.Ack.StatusR\x06status\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x16\n" +

@@ -60,6 +60,8 @@ export class Delivery {
   readonly attempt: number;
   /** uint64, strictly increasing per lock; 0n when fencing is off */
   readonly fencingToken: bigint;
+  /** the lock fencingToken is for: lock_key's rendered text, else the key; empty when fencing is off */
+  readonly lock: string;
   /** epoch ms after which an answer is too late (0: none) */
   readonly deadlineUnixMs: number;
   /** W3C trace context of idemproxy's delivery span (protocol 1.1), or '' */

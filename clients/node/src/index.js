@@ -159,6 +159,8 @@ export class Delivery {
     this.attempt = m.attempt;
     /** @type {bigint} uint64, strictly increasing per lock; 0n when fencing is off */
     this.fencingToken = toBigInt(m.fencingToken);
+    /** @type {string} the lock fencingToken is for: lock_key's rendered text, else the key; empty when fencing is off */
+    this.lock = m.lock;
     /** @type {number} epoch ms after which an answer is too late (exact: well below 2^53) */
     this.deadlineUnixMs = Number(toBigInt(m.deadlineUnixMs));
     /** @type {string} W3C trace context of idemproxy's delivery span (protocol 1.1), or '' */
@@ -184,7 +186,7 @@ export class Delivery {
 const utf8 = new TextDecoder('utf-8', { fatal: true });
 const SHAPES = {   // per field number: its wire type, and what a length-delimited one holds
   delivery: { 1: [2, 'string'], 2: [2, 'string'], 3: [2, 'string'], 4: [2, 'field'], 5: [2], 6: [0], 7: [0], 8: [0],
-              9: [2, 'string'], 10: [2, 'string'] },
+              9: [2, 'string'], 10: [2, 'string'], 11: [2, 'string'] },
   field: { 1: [2, 'string'], 2: [2] },
 };
 

@@ -56,7 +56,7 @@ test('a delivery decodes into typed fields: ordered fields, Buffers, bigint fenc
     peer.deliver(7, {
       stream: 'orders', entryId: '1700000000000-3', key: 'o-1', payload: Buffer.from([0xff, 0, 1]),
       fields: [{ name: 'z', value: Buffer.from('1') }, { name: 'a', value: Buffer.from('2') }, { name: 'z', value: Buffer.from('3') }],
-      attempt: 4, fencingToken: '18446744073709551615', deadlineUnixMs: 4102444800000,
+      attempt: 4, fencingToken: '18446744073709551615', deadlineUnixMs: 4102444800000, lock: 'room:7',
     });
     await peer.ack(7);
   });
@@ -71,6 +71,7 @@ test('a delivery decodes into typed fields: ordered fields, Buffers, bigint fenc
   assert.equal(got.field('missing'), undefined);
   assert.equal(got.attempt, 4);
   assert.equal(got.fencingToken, 18446744073709551615n);
+  assert.equal(got.lock, 'room:7');
   assert.equal(got.deadlineUnixMs, 4102444800000);
 });
 
@@ -153,6 +154,11 @@ test('an undecodable delivery is answered RETRY without calling the handler', as
     assert.equal(calls, 0);
     assert.equal(warnings.length, 1);
   });
+});
+
+test('a lock that is not UTF-8 does not decode, as in the other clients', () => {
+  assert.throws(() => Delivery.decode(Buffer.from([0x5a, 0x01, 0xff])), /field 11 is not UTF-8/);   // field 11, 1 byte
+  assert.equal(Delivery.decode(Buffer.from([0x5a, 0x01, 0x61])).lock, 'a');
 });
 
 test('up to "concurrency" handlers run at once on one connection, answers go back in any order', async () => {

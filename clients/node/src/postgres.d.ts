@@ -3,9 +3,12 @@
 // and its PoolClient fit them.
 import type { Delivery, Handler, HandlerContext } from './index.js';
 
-/** What the helper needs of a pg client (pg.Client, pg.PoolClient). */
+/**
+ * What the helper needs of a pg client (pg.Client, pg.PoolClient). A handler that wants the
+ * rest of pg's client types its parameter: withInbox(pool, async (client: pg.PoolClient, d) => ...).
+ */
 export interface Queryable {
-  query(text: string, values?: unknown[]): Promise<{ rowCount: number | null; command: string }>;
+  query(text: string, values?: unknown[]): Promise<{ rows: any[]; rowCount: number | null; command: string }>;
 }
 
 /** What the helper needs of a pg.Pool. */

@@ -242,7 +242,7 @@ static int strings_valid(const Idemproxy__V1__Delivery *msg)
     size_t i;
 
     if (!utf8_valid(msg->stream) || !utf8_valid(msg->entry_id) || !utf8_valid(msg->key) ||
-        !utf8_valid(msg->traceparent) || !utf8_valid(msg->tracestate))
+        !utf8_valid(msg->traceparent) || !utf8_valid(msg->tracestate) || !utf8_valid(msg->lock))
         return 0;
     for (i = 0; i < msg->n_fields; i++) {
         if (!utf8_valid(msg->fields[i]->name))
@@ -282,6 +282,7 @@ static idemproxy_delivery *delivery_create(Idemproxy__V1__Delivery *msg)
     d->msg = msg;
     d->traceparent = msg->traceparent;
     d->tracestate = msg->tracestate;
+    d->lock = msg->lock;
     return d;
 }
 

@@ -34,8 +34,9 @@
  * with attempt + 1 (that is also the way to "not answer" on purpose). A reply
  * is routed back by nanomsg and dropped silently if idemproxy went away in the
  * meantime: IDEMPROXY_CLIENT_OK means "handed to nanomsg", and idemproxy's ack
- * timeout covers the rest. d->fencing_token lets your database refuse stale
- * work.
+ * timeout covers the rest. d->fencing_token (for the lock d->lock) lets your
+ * database refuse stale work: idemproxy_inbox.h, a separate library, does that
+ * in your PostgreSQL transaction (docs/database.md).
  *
  * Deadline: d->deadline_unix_ms is the delivery's ack deadline. An answer after
  * it is ignored and the entry is delivered again (attempt + 1), so a handler
@@ -148,6 +149,9 @@ typedef struct idemproxy_delivery {
     void           *msg;               /* private: the unpacked protobuf message */
     const char     *traceparent;       /* W3C trace context of idemproxy's delivery span, or "" */
     const char     *tracestate;        /* W3C tracestate that goes with it, or "" */
+    /* Appended in 0.1 (protocol field 11). */
+    const char     *lock;              /* the lock fencing_token is for: lock_key's rendered text,
+                                          else the key; empty when fencing is off */
 } idemproxy_delivery;
 
 /* Creates an NN_REP socket and connects it to 'endpoint' (NULL means

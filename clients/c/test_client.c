@@ -131,6 +131,7 @@ static int send_delivery(int s, uint32_t id, const char *key, uint32_t attempt)
     d.payload.len = 8;
     d.attempt = attempt;
     d.fencing_token = 9000000000ULL;
+    d.lock = (char *) "order:42";
     d.deadline_unix_ms = deadline;
     d.traceparent = (char *) traceparent;
     d.tracestate = (char *) tracestate;
@@ -289,6 +290,7 @@ int main(void)
         test_cond("payload", d->payload_len == 8 && memcmp(d->payload, "{\"id\":1}", 8) == 0);
         test_cond("numbers", d->attempt == 3 && d->fencing_token == 9000000000ULL &&
                   d->deadline_unix_ms == deadline);
+        test_streq("lock", d->lock, "order:42");
         test_cond("ack", idemproxy_client_ack(c, d) == IDEMPROXY_CLIENT_OK && c->pending == 0);
         ack = req_recv(req, &id);
         test_cond("ack id", ack != NULL && id == 0x80000001u);
@@ -399,6 +401,13 @@ int main(void)
               c->err == EPROTO && d == NULL);
     ack = req_recv(req, &id);
     test_cond("non-UTF-8 key answered RETRY", ack != NULL && id == 0x8000000du &&
+              ack->status == IDEMPROXY__V1__ACK__STATUS__RETRY);
+    idemproxy__v1__ack__free_unpacked(ack, NULL);
+    test_cond("send non-UTF-8 lock", req_send(req, 16, "\x1a\x01k\x5a\x02\xff\xfe", 7) == 7);
+    test_cond("non-UTF-8 lock refused", idemproxy_client_recv(c, 2000, &d) == IDEMPROXY_CLIENT_ERR &&
+              c->err == EPROTO && d == NULL);
+    ack = req_recv(req, &id);
+    test_cond("non-UTF-8 lock answered RETRY", ack != NULL && id == 0x80000010u &&
               ack->status == IDEMPROXY__V1__ACK__STATUS__RETRY);
     idemproxy__v1__ack__free_unpacked(ack, NULL);
 

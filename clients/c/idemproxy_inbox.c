@@ -74,7 +74,8 @@ int idemproxy_inbox_enter(PGconn *conn, const idemproxy_delivery *d, char *err, 
         return n < 0 ? IDEMPROXY_INBOX_ERR : IDEMPROXY_INBOX_DONE;
     if (d->fencing_token == 0)
         return IDEMPROXY_INBOX_RUN;
-    /* An idemproxy older than Delivery.lock fenced per key. */
+    /* An idemproxy older than Delivery.lock sends none: fence the key (its
+     * tokens came from one counter, so they rise for each key too). */
     fence[0] = d->lock != NULL && d->lock[0] != '\0' ? d->lock : d->key;
     fence[1] = token;
     n = exec_count(conn, FENCE_SQL, 2, fence, "idemproxy_fence", err, errlen);

@@ -350,6 +350,12 @@ static void test_token_zero(void)
     test_cond("token 0: the fence untouched", query_num(db, "SELECT count(*) FROM idemproxy_fence", NULL) == 0);
     test_cond("token 0: again ACK, not run", idemproxy_inbox_run(db, &d, handler, &h, reason, sizeof(reason)) ==
               IDEMPROXY_STATUS_ACK && h.calls == 1 && EFFECT_ROWS(db, "k1") == 1);
+    /* A token without a lock (an idemproxy older than Delivery.lock): the key is the lock. */
+    d = delivery("k2", "1700000000000-2", 8, "");
+    test_cond("no lock: ACK", idemproxy_inbox_run(db, &d, handler, &h, reason, sizeof(reason)) ==
+              IDEMPROXY_STATUS_ACK);
+    test_cond("no lock: the key's fence row", FENCE_TOKEN(db, "k2") == 8 &&
+              query_num(db, "SELECT count(*) FROM idemproxy_fence", NULL) == 1);
     done(db);
 }
 

@@ -164,13 +164,16 @@ count build/valgrind-run.out
 valgrind_reports "valgrind over the daemon" build/valgrind-reports 8
 
 echo "== valgrind: the unit tests and the C client's test"
-for t in build/tests/test_* clients/c/build/test_client; do
+# test_inbox runs against the PostgreSQL of tests/with-postgres (tests/suites)
+# and reads the migration from clients/c, where it runs.
+for t in build/tests/test_* clients/c/build/test_client clients/c/build/test_inbox; do
     case "$t" in *.d|*.o) continue ;; esac
     d=build/memcheck/vg-$(basename "$t"); rm -rf "$d"; mkdir -p "$d"
     # test_entry forks a child for each broken invariant and expects it to
     # abort (PX_ENSURE): what an aborted child still holds is no leak.
     silent=""; [ "$(basename "$t")" = test_entry ] && silent=--child-silent-after-fork=yes
-    valgrind $VG_OPTS $silent --log-file="$d/vg.%p.log" "$t" > "$d/out" 2>&1; rc=$?
+    wd=.; [ "$(basename "$t")" = test_inbox ] && wd=clients/c
+    (cd "$wd" && valgrind $VG_OPTS $silent --log-file="$OLDPWD/$d/vg.%p.log" "$OLDPWD/$t") > "$d/out" 2>&1; rc=$?
     tail -1 "$d/out"
     out=$(valgrind_reports "valgrind $t" "$d" 1)
     echo "$out"

@@ -267,3 +267,10 @@ def test_an_endpoint_without_a_transport_says_what_one_looks_like(endpoint):
     w = Worker(endpoint, lambda d: None)
     with pytest.raises(ValueError, match=r"expected ipc:///path/to/socket or tcp://host:port"):
         w.run(handle_signals=False)
+
+
+def test_delivery_names_the_lock_its_fencing_token_is_for():
+    m = pb.Delivery(stream="room", entry_id="1-0", key="k1", fencing_token=7, lock="room-1")
+    d = Delivery.decode(m.SerializeToString())
+    assert (d.fencing_token, d.lock) == (7, "room-1")
+    assert Delivery.decode(pb.Delivery(key="k1").SerializeToString()).lock == ""   # fencing off

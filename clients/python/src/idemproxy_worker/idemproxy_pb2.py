@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cidemproxy/v1/idemproxy.proto\x12\x0cidemproxy.v1\"$\n\x05\x46ield\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\xda\x01\n\x08\x44\x65livery\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12#\n\x06\x66ields\x18\x04 \x03(\x0b\x32\x13.idemproxy.v1.Field\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\r\x12\x15\n\rfencing_token\x18\x07 \x01(\x04\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\x08 \x01(\x04\x12\x13\n\x0btraceparent\x18\t \x01(\t\x12\x12\n\ntracestate\x18\n \x01(\t\"\xb9\x01\n\x03\x41\x63k\x12(\n\x06status\x18\x01 \x01(\x0e\x32\x18.idemproxy.v1.Ack.Status\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06stream\x18\x03 \x01(\t\x12\x10\n\x08\x65ntry_id\x18\x04 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x05 \x01(\r\">\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\x07\n\x03\x41\x43K\x10\x01\x12\t\n\x05RETRY\x10\x02\x12\x08\n\x04\x44ROP\x10\x03\x42\x61\n\x1a\x64\x65v.idemproxy.worker.protoP\x01ZAgithub.com/idemproxy/idemproxy/clients/go/idemproxyv1;idemproxyv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cidemproxy/v1/idemproxy.proto\x12\x0cidemproxy.v1\"$\n\x05\x46ield\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\xe8\x01\n\x08\x44\x65livery\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12#\n\x06\x66ields\x18\x04 \x03(\x0b\x32\x13.idemproxy.v1.Field\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\r\x12\x15\n\rfencing_token\x18\x07 \x01(\x04\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\x08 \x01(\x04\x12\x13\n\x0btraceparent\x18\t \x01(\t\x12\x12\n\ntracestate\x18\n \x01(\t\x12\x0c\n\x04lock\x18\x0b \x01(\t\"\xb9\x01\n\x03\x41\x63k\x12(\n\x06status\x18\x01 \x01(\x0e\x32\x18.idemproxy.v1.Ack.Status\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06stream\x18\x03 \x01(\t\x12\x10\n\x08\x65ntry_id\x18\x04 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x05 \x01(\r\">\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\x07\n\x03\x41\x43K\x10\x01\x12\t\n\x05RETRY\x10\x02\x12\x08\n\x04\x44ROP\x10\x03\x42\x61\n\x1a\x64\x65v.idemproxy.worker.protoP\x01ZAgithub.com/idemproxy/idemproxy/clients/go/idemproxyv1;idemproxyv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,9 +35,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FIELD']._serialized_start=46
   _globals['_FIELD']._serialized_end=82
   _globals['_DELIVERY']._serialized_start=85
-  _globals['_DELIVERY']._serialized_end=303
-  _globals['_ACK']._serialized_start=306
-  _globals['_ACK']._serialized_end=491
-  _globals['_ACK_STATUS']._serialized_start=429
-  _globals['_ACK_STATUS']._serialized_end=491
+  _globals['_DELIVERY']._serialized_end=317
+  _globals['_ACK']._serialized_start=320
+  _globals['_ACK']._serialized_end=505
+  _globals['_ACK_STATUS']._serialized_start=443
+  _globals['_ACK_STATUS']._serialized_end=505
 # @@protoc_insertion_point(module_scope)

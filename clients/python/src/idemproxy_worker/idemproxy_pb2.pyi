@@ -16,7 +16,7 @@ class Field(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class Delivery(_message.Message):
-    __slots__ = ("stream", "entry_id", "key", "fields", "payload", "attempt", "fencing_token", "deadline_unix_ms", "traceparent", "tracestate")
+    __slots__ = ("stream", "entry_id", "key", "fields", "payload", "attempt", "fencing_token", "deadline_unix_ms", "traceparent", "tracestate", "lock")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class Delivery(_message.Message):
     DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     TRACESTATE_FIELD_NUMBER: _ClassVar[int]
+    LOCK_FIELD_NUMBER: _ClassVar[int]
     stream: str
     entry_id: str
     key: str
@@ -37,7 +38,8 @@ class Delivery(_message.Message):
     deadline_unix_ms: int
     traceparent: str
     tracestate: str
-    def __init__(self, stream: _Optional[str] = ..., entry_id: _Optional[str] = ..., key: _Optional[str] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., payload: _Optional[bytes] = ..., attempt: _Optional[int] = ..., fencing_token: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
+    lock: str
+    def __init__(self, stream: _Optional[str] = ..., entry_id: _Optional[str] = ..., key: _Optional[str] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., payload: _Optional[bytes] = ..., attempt: _Optional[int] = ..., fencing_token: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., lock: _Optional[str] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("status", "reason", "stream", "entry_id", "retry_after_ms")

@@ -204,6 +204,8 @@ class Delivery:
     deadline_unix_ms: int    # an answer after this (epoch ms) is too late; 0: none
     traceparent: str = ""    # W3C trace context of idemproxy's delivery span, or ""
     tracestate: str = ""     # the W3C tracestate that goes with it, or ""
+    lock: str = ""           # the lock fencing_token is for: lock_key's rendered text, else
+                             # the key; empty when fencing is off
 
     @classmethod
     def decode(cls, data: bytes) -> "Delivery":
@@ -214,7 +216,7 @@ class Delivery:
                    fields={f.name: f.value for f in m.fields}, payload=m.payload,
                    attempt=m.attempt, fencing_token=m.fencing_token,
                    deadline_unix_ms=m.deadline_unix_ms, traceparent=m.traceparent,
-                   tracestate=m.tracestate)
+                   tracestate=m.tracestate, lock=m.lock)
 
     def remaining(self) -> float:
         """Seconds left until the deadline (0.0 once it has passed; infinity

@@ -231,3 +231,57 @@ def test_async_handler_runs_once_and_refuses_stale_tokens(db):
     assert calls == ["k1", "k3"]
     assert rows(db, "SELECT key, token FROM effects ORDER BY key") == [("k1", 20), ("k3", 20)]
     assert rows(db, "SELECT lock, token FROM idemproxy_fence") == [("room-1", 20)]
+
+
+def test_connections_are_kept_and_a_broken_one_is_replaced(db):
+    """With a conninfo, one connection serves delivery after delivery; one whose server
+    end died answers that delivery RETRY and the next one gets a new connection."""
+    pids = []
+
+    def fn(conn, d):
+        pids.append(conn.info.backend_pid)
+        effect(conn, d)
+    inbox = Inbox(db)
+    handle = inbox.handler(fn)
+    assert ack(answer(handle, delivery("k1")))[0] == "ACK"
+    assert ack(answer(handle, delivery("k2")))[0] == "ACK"
+    assert pids[0] == pids[1]
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("SELECT pg_terminate_backend(%s, 30000)", (pids[0],))   # waits until it is gone
+    assert ack(answer(handle, delivery("k3")))[0] == "RETRY"
+    assert ack(answer(handle, delivery("k3")))[0] == "ACK"
+    assert pids[-1] != pids[0]
+    assert rows(db, "SELECT key FROM effects ORDER BY key") == [("k1",), ("k2",), ("k3",)]
+    inbox.close()
+    assert waiting_on_a_lock(db) == 0 and rows(db, "SELECT count(*) FROM pg_stat_activity "
+                                                   "WHERE application_name = current_setting('application_name') "
+                                                   "AND pid <> pg_backend_pid()") == [(0,)]
+
+
+def test_a_pool_lends_the_connection(db):
+    from psycopg_pool import AsyncConnectionPool, ConnectionPool
+    with ConnectionPool(db, min_size=1, max_size=2, open=True) as pool:
+        handle = Inbox(pool).handler(effect)
+        assert [ack(answer(handle, delivery(k, token=t, lock="r")))[1]
+                for k, t in [("k1", 5), ("k1", 6), ("k2", 4)]] == ["", "", "stale fencing token"]
+
+    async def main():
+        async with AsyncConnectionPool(db, min_size=1, max_size=2, open=False) as apool:
+            async def afn(conn, d):
+                await conn.execute("INSERT INTO effects (key, token) VALUES (%s, %s)", (d.key, d.fencing_token))
+            handle = Inbox(apool).async_handler(afn)
+            return [ack(await answer_async(handle, delivery(k, token=t, lock="r")))[1]
+                    for k, t in [("k3", 7), ("k3", 8), ("k4", 6)]]
+    assert asyncio.run(main()) == ["", "", "stale fencing token"]
+    assert rows(db, "SELECT key, token FROM effects ORDER BY key") == [("k1", 5), ("k3", 7)]
+
+
+def test_a_handler_that_rolls_the_transaction_back_is_retried(db):
+    """psycopg.Rollback from the handler would end the helper's transaction quietly:
+    nothing is committed, so the answer is RETRY, not ACK."""
+    def fn(conn, d):
+        effect(conn, d)
+        raise psycopg.Rollback()
+    status, reason = ack(answer(Inbox(db).handler(fn), delivery("k1")))
+    assert (status, reason) == ("RETRY", "the handler rolled the transaction back (Rollback)")
+    assert rows(db, "SELECT * FROM effects") == rows(db, "SELECT * FROM idemproxy_inbox") == []

@@ -34,7 +34,7 @@ except ImportError as exc:  # the base package works without it; this module doe
     raise ImportError("idemproxy_worker.postgres needs psycopg 3: "
                       "pip install 'idemproxy-worker[postgres]'") from exc
 
-from .worker import Retry
+from .worker import Delivery, Retry
 
 __all__ = ["Inbox", "enter", "enter_async", "schema_sql", "STALE_TOKEN"]
 
@@ -50,11 +50,16 @@ State = Literal["run", "done", "stale"]
 
 class DeliveryLike(Protocol):
     """What enter() reads: the client's Delivery, or an idemproxy.v1.Delivery message."""
-    key: str
-    stream: str
-    entry_id: str
-    lock: str
-    fencing_token: int
+    @property
+    def key(self) -> str: ...
+    @property
+    def stream(self) -> str: ...
+    @property
+    def entry_id(self) -> str: ...
+    @property
+    def lock(self) -> str: ...
+    @property
+    def fencing_token(self) -> int: ...
 
 
 def schema_sql() -> str:
@@ -102,6 +107,14 @@ async def enter_async(conn: "psycopg.AsyncConnection[Any]", d: DeliveryLike) -> 
     return "run"
 
 
+class _Undone(Exception):
+    """A handler's psycopg.Rollback that would end the helper's own transaction: not
+    an ACK, as nothing was committed, but a failure (RETRY)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(f"the handler rolled the transaction back ({type(exc).__name__})")
+
+
 def _answer(state: State) -> None:
     """After the transaction: "stale" is RETRY; "run" (committed) and "done" are ACK."""
     if state == "stale":
@@ -125,6 +138,11 @@ class _Idle:
         with self._lock:
             return self._conns.pop() if self._conns else None
 
+    def take_all(self) -> List[Any]:
+        with self._lock:
+            conns, self._conns = self._conns, []
+        return conns
+
     def put(self, conn: Any) -> None:
         with self._lock:
             self._conns.append(conn)
@@ -133,17 +151,27 @@ class _Idle:
 class Inbox:
     """Runs handlers in a transaction with the inbox and the fence. 'source' is a
     conninfo string (connections are opened as needed and kept, one per handler
-    running at once) or a psycopg_pool ConnectionPool / AsyncConnectionPool (its
-    connection() lends one per delivery)."""
+    running at once, until close()) or a psycopg_pool ConnectionPool or
+    AsyncConnectionPool (its connection() lends one per delivery)."""
 
     def __init__(self, source: Union[str, Any]) -> None:
         self.source = source
         self._idle = _Idle()        # psycopg.Connection
         self._idle_async = _Idle()  # psycopg.AsyncConnection
 
-    def handler(self, fn: Callable[[Any, Any], Any]) -> Callable[[Any], None]:
+    def close(self) -> None:
+        """Closes the connections kept for handler() (those of a pool are the pool's)."""
+        for conn in self._idle.take_all():
+            conn.close()
+
+    async def aclose(self) -> None:
+        """Closes the connections kept for async_handler()."""
+        for conn in self._idle_async.take_all():
+            await conn.close()
+
+    def handler(self, fn: Callable[["psycopg.Connection[Any]", Delivery], object]) -> Callable[[Delivery], None]:
         """The Worker handler that runs fn(conn, d) in the transaction of d's inbox row."""
-        def handle(d: Any) -> None:
+        def handle(d: Delivery) -> None:
             if isinstance(self.source, str):
                 conn = self._idle.take() or psycopg.connect(self.source)
                 try:
@@ -166,13 +194,17 @@ class Inbox:
             state = enter(conn, d)
             if state != "run":
                 raise psycopg.Rollback()  # ends the block, rolled back
-            fn(conn, d)                   # raises: rolled back, and on up
+            try:
+                fn(conn, d)               # raises: rolled back, and on up
+            except psycopg.Rollback as exc:
+                raise _Undone(exc) from exc
         return state                      # committed (a failed commit raises)
 
-    def async_handler(self, fn: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[None]]:
+    def async_handler(self, fn: Callable[["psycopg.AsyncConnection[Any]", Delivery], Awaitable[object]]
+                      ) -> Callable[[Delivery], Awaitable[None]]:
         """The AsyncWorker handler that awaits fn(conn, d) in the transaction of d's
         inbox row, on a psycopg AsyncConnection."""
-        async def handle(d: Any) -> None:
+        async def handle(d: Delivery) -> None:
             if isinstance(self.source, str):
                 conn = self._idle_async.take() or await psycopg.AsyncConnection.connect(self.source)
                 try:
@@ -195,5 +227,8 @@ class Inbox:
             state = await enter_async(conn, d)
             if state != "run":
                 raise psycopg.Rollback()
-            await fn(conn, d)
+            try:
+                await fn(conn, d)
+            except psycopg.Rollback as exc:
+                raise _Undone(exc) from exc
         return state

@@ -87,21 +87,38 @@ def test_sdist_and_wheel_carry_what_a_user_needs(venv):
     with tarfile.open(sdist) as t:
         names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
     assert {"proto/idemproxy/v1/idemproxy.proto", "LICENSE", "src/idemproxy_worker/worker.py",
-            "src/idemproxy_worker/idemproxy_pb2.py"} <= names, sorted(names)
+            "src/idemproxy_worker/idemproxy_pb2.py", "src/idemproxy_worker/postgres.py",
+            "src/idemproxy_worker/001_idemproxy_inbox.sql"} <= names, sorted(names)
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         meta = Parser().parsestr(z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode())
         # The committed protobuf code, as it is (the build generates nothing).
         for gen in ("idemproxy_pb2.py", "idemproxy_pb2.pyi"):
             assert z.read(f"idemproxy_worker/{gen}") == (ROOT / "clients/python/src/idemproxy_worker" / gen).read_bytes()
+        # The inbox/fence tables of docs/database.md, the repository's file as it is.
+        assert z.read("idemproxy_worker/001_idemproxy_inbox.sql") == \
+            (ROOT / "sql/postgresql/001_idemproxy_inbox.sql").read_bytes()
     assert {"idemproxy_worker/idemproxy_pb2.py", "idemproxy_worker/idemproxy_pb2.pyi",
             "idemproxy_worker/py.typed", "idemproxy_worker/worker.py"} <= names, sorted(names)
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), sorted(names)
     assert meta["License-Expression"] == "Apache-2.0"
     assert meta["Name"] == "idemproxy-worker" and meta["Version"] == (ROOT / "VERSION").read_text().strip()
     assert "Repository, https://github.com/idemproxy/idemproxy" in meta.get_all("Project-URL")
-    assert {r.split(";")[0].split(">")[0].split("<")[0].strip() for r in meta.get_all("Requires-Dist")} \
-        >= {"pynng", "protobuf"}
+    required = [r for r in meta.get_all("Requires-Dist") if "extra ==" not in r]
+    assert {r.split(";")[0].split(">")[0].split("<")[0].strip() for r in required} == {"pynng", "protobuf"}
+    assert "postgres" in meta.get_all("Provides-Extra")
+    assert any(r.startswith("psycopg") and "extra == \"postgres\"" in r for r in meta.get_all("Requires-Dist"))
+
+
+def test_the_postgres_helper_is_optional(venv, tmp_path):
+    """Without the postgres extra the package imports and works; its helper says
+    what to install."""
+    py = venv[0]
+    run([str(py), "-c", "import idemproxy_worker, importlib.util as u; assert not u.find_spec('psycopg')"], tmp_path)
+    res = subprocess.run([str(py), "-c", "import idemproxy_worker.postgres"],
+                         cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "ImportError: idemproxy_worker.postgres needs psycopg 3: " \
+        "pip install 'idemproxy-worker[postgres]'" in res.stderr, res.stderr
 
 
 def test_the_package_is_typed(venv, tmp_path):

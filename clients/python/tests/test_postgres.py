@@ -285,3 +285,31 @@ def test_a_handler_that_rolls_the_transaction_back_is_retried(db):
     status, reason = ack(answer(Inbox(db).handler(fn), delivery("k1")))
     assert (status, reason) == ("RETRY", "the handler rolled the transaction back (Rollback)")
     assert rows(db, "SELECT * FROM effects") == rows(db, "SELECT * FROM idemproxy_inbox") == []
+
+
+def test_an_async_handler_cancelled_at_its_deadline_leaves_nothing(db):
+    """AsyncWorker cancels a handler at the delivery's deadline: the transaction is
+    rolled back (RETRY) and the kept connection serves the next delivery."""
+    async def slow(conn, d):
+        await conn.execute("INSERT INTO effects (key, token) VALUES (%s, %s)", (d.key, d.fencing_token))
+        if d.key == "slow":
+            await conn.execute("SELECT pg_sleep(30)")
+
+    async def main():
+        handle = Inbox(db).async_handler(slow)
+        late = pb.Delivery(stream="room", entry_id="1-0", key="slow",
+                           deadline_unix_ms=int(time.time() * 1000) + 500).SerializeToString()
+        t0 = time.monotonic()
+        first = ack(await answer_async(handle, late))
+        assert time.monotonic() - t0 < 20
+        return first, ack(await answer_async(handle, delivery("k2")))
+    assert asyncio.run(main()) == (("RETRY", "deadline passed while the handler ran"), ("ACK", ""))
+    assert rows(db, "SELECT key FROM effects") == rows(db, "SELECT key FROM idemproxy_inbox") == [("k2",)]
+
+
+def test_a_token_without_a_lock_fences_the_key(db):
+    """An idemproxy older than Delivery.lock sends a token and no lock: the key is the
+    lock (as it is without lock_key), not one "" row every key would share."""
+    with psycopg.connect(db) as c:
+        assert enter(c, pb.Delivery(key="k1", stream="room", entry_id="1-0", fencing_token=5)) == "run"
+    assert rows(db, "SELECT lock, token FROM idemproxy_fence") == [("k1", 5)]

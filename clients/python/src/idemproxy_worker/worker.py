@@ -42,7 +42,9 @@ own work, not a queue in front of it. A delivery that arrives already past its
 deadline is answered RETRY without calling the handler. An AsyncWorker handler
 is cancelled at the deadline (RETRY); a Worker handler cannot be stopped (a
 thread), so one that ends past its deadline is logged at WARNING.
-``d.fencing_token`` lets the application's database refuse stale work.
+``d.fencing_token`` lets the application's database refuse stale work
+(``d.lock`` names the lock it is for); idemproxy_worker.postgres, the
+``postgres`` extra, does that and the inbox in the handler's transaction.
 ``raise Retry(reason, after=timedelta(seconds=30))`` asks for the next attempt
 no earlier than that (protocol 1.1's Ack.retry_after_ms). With opentelemetry-api
 installed (the ``otel`` extra) the handler runs in a span that is a child of

@@ -19,7 +19,7 @@ LIB_OBJ   = $(filter-out $(B)/proxy/main.o,$(PROXY_OBJ))
 
 UNIT      = $(patsubst tests/unit/test_%.c,$(B)/tests/test_%,$(wildcard tests/unit/test_*.c))
 
-.PHONY: all deps test test-fault chaos fuzz unit demo bench clean clients-c proto-copies \
+.PHONY: all deps test test-fault chaos fuzz unit demo demo-db bench clean clients-c proto-copies sql-copies \
         license-copies version-copies images
 all: $(B)/idemproxy clients-c
 
@@ -113,6 +113,12 @@ proto-copies:
 	@find clients -name idemproxy.proto -not -path '*/node_modules/*' -not -path '*/target/*' \
 	  -not -path '*/build/*' -exec cp proto/idemproxy/v1/idemproxy.proto {} \; -print
 
+# Every client's copy of the inbox and fence tables (docs/database.md).
+sql-copies:
+	@find clients -name 001_idemproxy_inbox.sql -not -path '*/node_modules/*' -not -path '*/target/*' \
+	  -not -path '*/build/*' -not -path '*/.venv/*' -not -path '*/dist/*' \
+	  -exec cp sql/postgresql/001_idemproxy_inbox.sql {} \; -print
+
 # Every client package carries the license text (tests/packaging/test_manifests.py checks them).
 license-copies:
 	@for c in clients/*/; do cp LICENSE $$c; echo $${c}LICENSE; done
@@ -136,6 +142,11 @@ version-copies:
 
 demo: deps all
 	./demo/run.sh
+
+# The inbox and fence in PostgreSQL, with a Python worker (docs/database.md).
+demo-db: deps all
+	$(MAKE) -s -C clients/python
+	./demo/db.sh
 
 # The two container images (deploy/docker; BuildKit). The image has no .git: the
 # commit and the version go in as build arguments, for `idemproxy version`,

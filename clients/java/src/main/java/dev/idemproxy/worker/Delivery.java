@@ -17,13 +17,16 @@ import java.util.Optional;
  * @param attempt        1 on the first delivery (an unsigned 32-bit number on the wire)
  * @param fencingToken   strictly increasing per lock, 0 when fencing is off; an unsigned
  *                       64-bit number: compare with {@link Long#compareUnsigned}
+ * @param lock           the lock fencing_token is for: lock_key's rendered text, else the
+ *                       key; empty when fencing is off (the fence row's name in
+ *                       docs/database.md)
  * @param deadlineUnixMs an answer after this (epoch milliseconds) is too late; 0: none
  * @param traceparent    the W3C trace context of idemproxy's delivery span (protocol 1.1),
  *                       or empty: the parent of the handler's span
  * @param tracestate     the W3C tracestate that goes with it, or empty
  */
 public record Delivery(String stream, String entryId, String key, List<Field> fields,
-                       byte[] payload, int attempt, long fencingToken, long deadlineUnixMs,
+                       byte[] payload, int attempt, long fencingToken, String lock, long deadlineUnixMs,
                        String traceparent, String tracestate) {
 
     /** One stream field: a name and its binary value. */
@@ -63,6 +66,6 @@ public record Delivery(String stream, String entryId, String key, List<Field> fi
         return "Delivery[stream=" + stream + ", entryId=" + entryId + ", key=" + key
                 + ", fields=" + fields.size() + ", payload=" + payload.length + " bytes, attempt="
                 + Integer.toUnsignedString(attempt) + ", fencingToken="
-                + Long.toUnsignedString(fencingToken) + ", deadlineUnixMs=" + deadlineUnixMs + ", traceparent=" + traceparent + "]";
+                + Long.toUnsignedString(fencingToken) + ", lock=" + lock + ", deadlineUnixMs=" + deadlineUnixMs + ", traceparent=" + traceparent + "]";
     }
 }

@@ -355,7 +355,7 @@ public final class Worker implements AutoCloseable {
         for (dev.idemproxy.worker.proto.Field f : m.getFieldsList())
             fields.add(new Delivery.Field(f.getName(), f.getValue().toByteArray()));
         Delivery d = new Delivery(m.getStream(), m.getEntryId(), m.getKey(), fields,
-                m.getPayload().toByteArray(), m.getAttempt(), m.getFencingToken(), m.getDeadlineUnixMs(),
+                m.getPayload().toByteArray(), m.getAttempt(), m.getFencingToken(), m.getLock(), m.getDeadlineUnixMs(),
                 m.getTraceparent(), m.getTracestate());
         Ack.Builder ack = Ack.newBuilder()
                 .setStream(m.getStream()).setEntryId(m.getEntryId());

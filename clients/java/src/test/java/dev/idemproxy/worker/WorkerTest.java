@@ -190,7 +190,7 @@ class WorkerTest {
                 .addFields(dev.idemproxy.worker.proto.Field.newBuilder().setName("a").setValue(ByteString.copyFromUtf8("1")))
                 .addFields(dev.idemproxy.worker.proto.Field.newBuilder().setName("bin").setValue(ByteString.copyFrom(new byte[] {0, -1})))
                 .addFields(dev.idemproxy.worker.proto.Field.newBuilder().setName("a").setValue(ByteString.copyFromUtf8("2")))
-                .setPayload(ByteString.copyFromUtf8("héllo")).setAttempt(-1).setFencingToken(-1L)
+                .setPayload(ByteString.copyFromUtf8("héllo")).setAttempt(-1).setFencingToken(-1L).setLock("room:7")
                 .setDeadlineUnixMs(4_102_444_800_123L).build().toByteArray();
         AtomicReference<Delivery> got = new AtomicReference<>();
         assertEquals(Status.ACK, Worker.answer(body, got::set).getStatus());
@@ -203,6 +203,7 @@ class WorkerTest {
         assertEquals("héllo", d.payloadText());
         assertEquals(4294967295L, Integer.toUnsignedLong(d.attempt()));         // uint32 max
         assertEquals("18446744073709551615", Long.toUnsignedString(d.fencingToken())); // uint64 max
+        assertEquals("room:7", d.lock());
         assertEquals(4_102_444_800_123L, d.deadlineUnixMs());
     }
 

@@ -48,7 +48,7 @@
 //!   worker, so the ack timer measures the handler's own work, not a queue in front
 //!   of it. A delivery that arrives already past its deadline is answered RETRY
 //!   without calling the handler. `fencing_token` lets your database refuse the
-//!   writes of a holder whose lease ran out.
+//!   writes of a holder whose lease ran out; `lock` names the lock it is for.
 //! - Deliveries of up to [`DEFAULT_MAX_ENTRY_BYTES`] (idemproxy's default
 //!   `app.max_entry_bytes`) are received; a bigger message drops the connection.
 //!   If you raise `app.max_entry_bytes`, call [`Worker::set_max_entry_bytes`] too.
@@ -120,6 +120,9 @@ pub struct Delivery {
     pub attempt: u32,
     /// Strictly increasing per lock; 0 when fencing is off.
     pub fencing_token: u64,
+    /// The lock fencing_token is for: lock_key's rendered text, else the key;
+    /// empty when fencing is off.
+    pub lock: String,
     /// An answer after this (epoch milliseconds) is too late; 0: none.
     pub deadline_unix_ms: u64,
     /// `deadline_unix_ms` on this process's monotonic clock, fixed when the
@@ -155,6 +158,7 @@ impl From<proto::Delivery> for Delivery {
             payload: d.payload,
             attempt: d.attempt,
             fencing_token: d.fencing_token,
+            lock: d.lock,
             deadline_unix_ms: d.deadline_unix_ms,
             deadline: (d.deadline_unix_ms != 0).then(|| {
                 let now = now_unix_ms();

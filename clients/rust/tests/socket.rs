@@ -78,6 +78,7 @@ fn delivery(key: &str) -> Vec<u8> {
         payload: br#"{"eventId":"x"}"#.to_vec(),
         attempt: 2,
         fencing_token: 1 << 40,
+        lock: "room-7".into(),
         deadline_unix_ms: 4_102_444_800_000,
         ..Default::default()
     }
@@ -157,6 +158,7 @@ fn handler_results_map_to_ack_retry_drop() {
     assert_eq!(d.field("trace"), Some(&[0u8, 255][..]));
     assert_eq!(d.payload, br#"{"eventId":"x"}"#);
     assert_eq!((d.attempt, d.fencing_token, d.deadline_unix_ms), (2, 1 << 40, 4_102_444_800_000));
+    assert_eq!(d.lock, "room-7");
 }
 
 #[test]

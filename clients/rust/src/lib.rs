@@ -49,6 +49,9 @@
 //!   of it. A delivery that arrives already past its deadline is answered RETRY
 //!   without calling the handler. `fencing_token` lets your database refuse the
 //!   writes of a holder whose lease ran out; `lock` names the lock it is for.
+//! - With the `postgres` feature, `postgres::handle` runs a handler's writes
+//!   in one PostgreSQL transaction with an inbox row for the key and the fence
+//!   check of the token (docs/database.md): each effect lands once.
 //! - Deliveries of up to [`DEFAULT_MAX_ENTRY_BYTES`] (idemproxy's default
 //!   `app.max_entry_bytes`) are received; a bigger message drops the connection.
 //!   If you raise `app.max_entry_bytes`, call [`Worker::set_max_entry_bytes`] too.
@@ -73,6 +76,9 @@ use nng::{Aio, AioResult, Context, Pipe, PipeEvent, Protocol, Socket};
 use prost::Message as _;
 
 pub use nng;
+
+#[cfg(feature = "postgres")]
+pub mod postgres;
 
 /// The protobuf messages of `proto/idemproxy/v1/idemproxy.proto`, as prost generates them.
 pub mod proto {

@@ -132,6 +132,22 @@ def test_dedup_across_masters(cenv, layout, hash_tag):
     assert m["idemproxy_redis_errors_total"] == 0
 
 
+def test_fencing_on_a_cluster(cenv):
+    """The fence script runs on the master of idemproxy:fence's slot: every
+    delivery of a key on any master gets a token, all distinct, near the
+    server's clock in microseconds, and names its lock (the key)."""
+    r = cenv.r
+    keys = produce(r, 60)
+    px = cenv.proxy([stream_conf(s, fencing=True) for s in STREAMS])
+    w = cenv.worker(px.endpoint)
+    wait_for(lambda: all_done(r, [px], 60), timeout=30, what="every entry done and acked")
+    assert set(w.keys()) == keys
+    toks = [d.fencing_token for d in w.got]
+    assert len(set(toks)) == len(toks) and all(t > 1_600_000_000_000_000 for t in toks), toks
+    assert int(r.get("idemproxy:fence")) >= max(toks)   # a copy's claim raises it too
+    assert all(d.lock == d.key for d in w.got)
+
+
 def test_ask_and_moved_during_a_slot_migration(cenv):
     """A dedup key whose slot is being migrated: the claim gets ASK and lands on
     the importing node (ASKING + SET); once the slot moves, MOVED repoints it."""

@@ -1167,7 +1167,9 @@ class Run:
             return self.net_fault(f)
         elif kind == "refuse":
             until = self.links[i].refuse([REFUSE[x] for x in f["command"].split("+")], f["for_s"])
-            return self.hist.fault(kind, i, t0, until)
+            rec = self.hist.fault(kind, i, t0, until)
+            rec["command"] = f["command"]           # the checker's refused_setbacks()
+            return rec
         elif kind == "throttle":
             for j in f["replicas"]:
                 self.links[j].rate = f["mbps"] << 20       # for the run; recorded while it bites
@@ -1214,7 +1216,8 @@ class Run:
             return
         t1 = time.time() + (link.cut_wait + 0.05 if f["kind"] == "lost_reply" else f["hold_s"])
         self.log(f"fault {f['kind']} {f['command']} replica{f['replica']} hold {f['hold_s']}")
-        self.hist.fault(f["kind"], None, t0, t1)
+        rec = self.hist.fault(f["kind"], None, t0, t1)       # a fault of Redis for the checker, but
+        rec["link"], rec["command"] = f["replica"], f["command"]   # which link lost what (refused_setbacks)
 
     def check_tls(self):
         """--tls: the run was over TLS. The replicas still run: every Redis node that
@@ -1556,6 +1559,48 @@ def check(run):
         return sum(1 for f in faults if f["kind"] == "throttle" and idle_s is not None
                    and f["replica"] in taken_from.get(eid, ())
                    and f["t1"] - f["t0"] >= idle_s and f["t1"] >= born - 1.0 and f["t0"] <= before)
+    def refused_setbacks(eid, before):
+        """Counts of entry 'eid' no delivery made, by 'before' (group mode; seed 230
+        of --net): a read of it by replica A (and each read again after A's reader
+        link dropped: a history replay counts too) counted a delivery that A then
+        did not make; A sets such a count back by a script (EVAL), and while A's
+        link refuses EVAL (or everything) that set-back cannot reach Redis, nor can
+        A's refreshes: another replica takes the entry over after claim_idle_ms and
+        counts once more. The replica that knows cannot write, the one that writes
+        cannot know. For each replica A with such a refusal from before the delivery
+        and not ended before the entry was added, when the first delivery sent
+        after the refusal began is another replica's, at least claim_idle_ms after
+        the entry was added (a takeover): one for A's read (none if A had
+        delivered it before), plus one per fault that drops A's reader link
+        during the refusal (a read's or reclaim's reply lost or held on A's link,
+        Redis' connections killed, paused or restarted)."""
+        if idle_s is None:
+            return 0
+        born = int(eid.split("-")[0]) / 1000.0
+        xs = by_entry.get(eid, [])
+        total = 0
+        for a in sorted({f["replica"] for f in faults if f["kind"] == "refuse"}):
+            spans = []
+            for f in faults:
+                if f["kind"] != "refuse" or f["replica"] != a or f["t0"] > before or f["t1"] < born \
+                        or not {"EVAL", "ALL"} & set(f.get("command", "").split("+")):
+                    continue
+                taker = next((y for y in xs if y["sent"] >= f["t0"] - SLACK), None)
+                if taker is None or taker["start"] > before + SLACK or taker["replica"] == a \
+                        or taker["sent"] < born + idle_s - SLACK:
+                    continue
+                spans.append((f, taker))
+            if not spans:
+                continue
+            taker = min((tk for _, tk in spans), key=lambda y: y["sent"])
+            total += 0 if any(y["replica"] == a and y["sent"] < taker["sent"] for y in xs) else 1
+            total += sum(1 for g in faults if g["t1"] >= born and
+                         any(g["t0"] <= f["t1"] and g["t1"] >= f["t0"] for f, _ in spans) and
+                         (g["kind"] in ("client_kill", "pause", "redis_restart", "pause_term") or
+                          g["kind"] in ("lost_reply", "slow_reply") and g.get("link") == a and
+                          any(r in g.get("command", "") for r in ("XREADGROUP", "XAUTOCLAIM"))))
+        return total
+
     def mark_written(key, mark):
         """By when the done mark 'mark' of 'key' was in Redis at the latest. The mark
         keeps the time of its first try; a retry held up by a fault of Redis or of
@@ -1599,7 +1644,8 @@ def check(run):
         unrecorded = len(timed_out.get(eid, set()) - {(x["replica"], x["attempt"]) for x in xs})
         failed += unrecorded
         for n, x in enumerate(xs):
-            hidden = lost_allowance(eid, x["start"]) + slow_claims(eid, x["start"])
+            hidden = lost_allowance(eid, x["start"]) + slow_claims(eid, x["start"]) + \
+                refused_setbacks(eid, x["start"])
             if x["attempt"] > n + 1 + hidden + unrecorded:
                 v.append(f"attempt-inflated: entry {eid} delivered with attempt {x['attempt']} "
                          f"after {n} recorded deliveries")
@@ -1672,7 +1718,8 @@ def check(run):
             if not any(x["answer"] == "drop" for x in xs):
                 v.append(f"bad-cause: entry {eid} dead-lettered as dropped, never dropped by a worker")
         elif reason.startswith("max_deliveries"):
-            if failed + lost_allowance(eid, d["t"]) + slow_claims(eid, d["t"]) < c["max_deliveries"]:
+            if failed + lost_allowance(eid, d["t"]) + slow_claims(eid, d["t"]) + \
+                    refused_setbacks(eid, d["t"]) < c["max_deliveries"]:
                 v.append(f"bad-cause: entry {eid} dead-lettered '{reason[:70]}' after {len(xs)} "
                          f"recorded deliveries, {failed} failed (max_deliveries {c['max_deliveries']})")
         elif reason.startswith("conflict"):

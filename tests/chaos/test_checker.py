@@ -208,6 +208,62 @@ def test_a_reply_slower_than_claim_idle_may_add_one_count():
     assert tags(run) == ["too-many-deliveries"]
 
 
+def test_a_count_set_back_refused_on_the_replica_that_lost_the_entry_may_stand():
+    """Seed 230 of --net: replica 1 reads 4230-0 as its link starts refusing
+    scripts (EVAL: the claim, the refresh and the count set-back) for 1.5 s, and
+    the read's reply is lost; its replay reads it again (Redis counts 2 with no
+    delivery). Its set-back to 0 is a script, refused; so are its refreshes, and
+    after claim_idle_ms replica 0 takes it over (count 3) and delivers attempt 3.
+    One count for the read and one for each fault that dropped that replica's
+    reader link meanwhile, only when another replica took the entry over."""
+    def lost(attempt=3, command="EVAL+XAUTOCLAIM", refused=1, deliverer=0, link=1, span=(4.21, 5.71),
+             group=True, claim_idle_ms=1000, earlier=None, start=5.6):
+        run = record(group=group, claim_idle_ms=claim_idle_ms, lock_key=False, max_deliveries=5)
+        run.proxies.append(Log("replica1"))
+        entry(run, "4230-0", "k1")
+        if earlier is not None:                  # the refused replica delivered it before
+            deliver(run, "k1", "4230-0", earlier, earlier + 0.1, answer="retry", worker="w1.0", replica=1)
+        deliver(run, "k1", "4230-0", start, start + 0.1, attempt=attempt, worker=f"w{deliverer}.0",
+                replica=deliverer)
+        done(run, "k1")
+        run.hist.faults.append({"kind": "refuse", "replica": refused, "t0": span[0], "t1": span[1],
+                                "command": command})
+        run.hist.faults.append({"kind": "lost_reply", "replica": None, "t0": 4.23, "t1": 4.59,
+                                "link": link, "command": "reply:XREADGROUP"})
+        return tags(run)
+    assert lost() == []
+    assert lost(command="ALL") == []                                  # everything refused
+    assert lost(attempt=2, link=0) == []                              # the read alone
+    # just outside: one count more than the read and its replay ...
+    assert lost(attempt=4) == ["attempt-inflated"]
+    assert lost(link=0) == ["attempt-inflated"]                       # ... another link's reply lost
+    assert lost(command="XCLAIM+SET") == ["attempt-inflated"]         # the set-back was not refused
+    assert lost(refused=0) == ["attempt-inflated"]                    # the deliverer's own link
+    assert lost(deliverer=1, refused=1) == ["attempt-inflated"]       # ... it never lost the entry
+    assert lost(claim_idle_ms=3000) == ["attempt-inflated"]           # too soon for a takeover
+    assert lost(span=(1.0, 4.0)) == ["attempt-inflated"]              # refused before it was added
+    assert lost(span=(5.7, 7.0)) == ["attempt-inflated"]              # ... or after the delivery
+    assert lost(group=False) == ["attempt-inflated"]                  # no takeover without a group
+    # the refused replica delivered it before: its read counted that delivery
+    assert lost(earlier=4.3, span=(4.5, 5.71), link=0) == ["attempt-inflated"]
+    assert lost(earlier=4.3, span=(4.5, 5.71)) == []                  # its replay's count stood
+    # such counts can dead-letter an entry early, never hide a delivery
+    run = record(max_deliveries=3, lock_key=False, claim_idle_ms=1000)
+    run.proxies.append(Log("replica1"))
+    entry(run, "4230-0", "k1")
+    deliver(run, "k1", "4230-0", 5.6, 5.7, answer="retry", attempt=3)
+    dead(run, "4230-0", "max_deliveries (3) reached", t=5.8)
+    done(run, "k1")
+    assert sorted(tags(run)) == ["attempt-inflated", "bad-cause"]
+    run.hist.faults.append({"kind": "refuse", "replica": 1, "t0": 4.21, "t1": 5.71, "command": "EVAL"})
+    run.hist.faults.append({"kind": "lost_reply", "replica": None, "t0": 4.23, "t1": 4.59, "link": 1,
+                            "command": "reply:XREADGROUP"})
+    assert tags(run) == []
+    for n in range(3):
+        deliver(run, "k1", "4230-0", 6.0 + n, 6.1 + n, answer="retry", attempt=3)
+    assert "too-many-deliveries" in tags(run)
+
+
 def test_no_delivery_past_max_deliveries():
     """Issue 30's mutant (the poison check `>=` turned `>`): attempts 1 and 2
     fail, a restart, then attempt 3 with max_deliveries 2. The restart may

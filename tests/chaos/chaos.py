@@ -79,6 +79,13 @@ NET = False
 # The --net seeds chosen before the link faults of issue 30 (refused commands, a
 # throttled link, absent workers, foreign locks) keep the run they were chosen for.
 PRE_LINK_SEEDS = {4, 31}
+# --db (issue 35): workers write each effect into PostgreSQL through the inbox and
+# fence of docs/database.md, and the checker judges the database too (set by main()).
+DB = False
+# --mutant skip-fence: the helper without its fence statement (the inbox kept).
+MUTANT = None
+# The fixed --db seeds (suite "chaos-db"), chosen in dbize()'s draws.
+FIXED_DB_SEEDS = []
 FIXED_BUDGET_S = 120
 # The fixed seeds chosen before the linger was built keep linger_ms 0 (generate()).
 PRE_LINGER_SEEDS = {0, 2, 4, 5, 8, 12, 14, 31, 1003}
@@ -482,6 +489,150 @@ def link_faults(c, seed):
     c["faults"] = sorted(c["faults"] + new, key=lambda f: f["t"])
 
 
+# --- the database sink (--db) -------------------------------------------------------
+
+INBOX_SQL = ROOT / "sql" / "postgresql" / "001_idemproxy_inbox.sql"
+# The user's effect, with no unique constraint: only the inbox and the fence keep it once.
+EFFECTS_SQL = ("CREATE TABLE effects (id bigserial PRIMARY KEY, key text, lock text, token bigint, "
+               "worker text, entry_id text)")
+SLOW_WEIGHTS = dict(ack=55, slow=35, retry=5, drop=2, none=2, crash=1)
+
+
+def dbize(c, seed):
+    """--db: the seed's draws, plus from their own Random(f"{seed}/db"): fencing on
+    (the fence needs tokens); lock_key in about four seeds of five (distinct keys
+    sharing a lock: where a stale holder can write after its successor); holders
+    that lose their lease while they work, drawn often: slow answers (a stall of
+    1.2-1.6 leases) in half the calm seeds, an ack timeout under the lease in half
+    the seeds (the stalled holder's entry or lock goes to another meanwhile), a
+    replica killed while its workers work; and, single server only, in three seeds
+    of five a Redis that forgets: a snapshot ("snapshot") and, 0.5-3 s later, Redis
+    killed and started again from it ("forget")."""
+    rnd = random.Random(f"{seed}/db")
+    c["db"] = True
+    c["fencing"] = True
+    if not c["lock_key"] and rnd.random() < 0.6:
+        c["lock_key"] = True
+        c["on_busy"] = rnd.choice(["retry", "retry", "dead_letter"])
+    if c["mix"] == "calm" and rnd.random() < 0.5:
+        c["mix"], c["weights"] = "slow", dict(SLOW_WEIGHTS)
+    if rnd.random() < 0.5:
+        c["ack_timeout_ms"] = int(c["lease_ms"] * 0.7)
+    if rnd.random() < 0.4:
+        c["faults"].append({"t": round(rnd.choice(c["batches"]) + rnd.uniform(0.1, 0.6), 2), "kind": "kill9",
+                            "replica": rnd.randrange(c["replicas"]), "down": round(rnd.uniform(0.2, 1.5), 2),
+                            "pause_ms": 150})
+    if not c["cluster"] and not c.get("tls") and rnd.random() < 0.6:
+        t = round(rnd.uniform(0.3, c["duration"] * 0.7), 2)
+        c["faults"] += [{"t": t, "kind": "snapshot", "replica": None, "down": 0, "pause_ms": 0},
+                        {"t": round(t + rnd.choice([0.5, 1.0, 2.0, 3.0]), 2), "kind": "forget",
+                         "replica": None, "down": round(rnd.uniform(0.1, 0.5), 2), "pause_ms": 0}]
+    c["faults"].sort(key=lambda f: f["t"])
+    return c
+
+
+def pg_url():
+    """The PostgreSQL of this process (and of the seeds it runs in processes of its
+    own): IDEMPROXY_TEST_PG if set, else one started here as tests/with-postgres does,
+    stopped and removed at exit."""
+    url = os.environ.get("IDEMPROXY_TEST_PG")
+    if url:
+        return url
+    import atexit
+    import glob
+    pg_ctl = shutil.which("pg_ctl") or (sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl")) or [None])[-1]
+    if not pg_ctl:
+        raise RuntimeError("--db needs PostgreSQL (apt-get install postgresql)")
+    bindir = Path(pg_ctl).parent
+    d = Path(tempfile.mkdtemp(prefix="chaos-pg-"))
+    port = pxtest.free_port()
+    as_ = []
+    if os.getuid() == 0:              # PostgreSQL refuses root
+        shutil.chown(d, "postgres")
+        as_ = ["runuser", "-u", "postgres", "--"]
+    subprocess.run(as_ + [str(bindir / "initdb"), "-D", f"{d}/data", "-U", "postgres", "--auth=trust",
+                          "-E", "UTF8", "--no-sync"], check=True, capture_output=True)
+    subprocess.run(as_ + [str(bindir / "pg_ctl"), "-D", f"{d}/data", "-l", f"{d}/log", "-w", "-t", "30", "-o",
+                          f"-p {port} -k {d} -c listen_addresses=127.0.0.1 -c fsync=off "
+                          f"-c max_connections=200", "start"], check=True, capture_output=True)
+
+    def stop():
+        subprocess.run(as_ + [str(bindir / "pg_ctl"), "-D", f"{d}/data", "-m", "immediate", "stop"],
+                       capture_output=True)
+        shutil.rmtree(d, ignore_errors=True)
+    atexit.register(stop)
+    url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    os.environ["IDEMPROXY_TEST_PG"] = url         # the seeds run in processes of their own use it too
+    return url
+
+
+def enter_standin(conn, d, fence=True):
+    """docs/database.md's steps 1 and 2 in the caller's transaction: "done" (the key
+    is in the inbox), "stale" (a higher token has written for d.lock) or "run". The
+    Python client's helper (idemproxy_worker.postgres.enter) runs the same SQL; this
+    stands in for it where it is not there, and (fence=False) is the skip-fence mutant."""
+    cur = conn.execute("INSERT INTO idemproxy_inbox (key, stream, entry_id, token) VALUES (%s, %s, %s, %s) "
+                       "ON CONFLICT (key) DO NOTHING", (d.key, d.stream, d.entry_id, d.fencing_token))
+    if cur.rowcount == 0:
+        return "done"
+    if fence and d.fencing_token:
+        cur = conn.execute("INSERT INTO idemproxy_fence (lock, token) VALUES (%s, %s) ON CONFLICT (lock) "
+                           "DO UPDATE SET token = EXCLUDED.token WHERE idemproxy_fence.token <= EXCLUDED.token",
+                           (d.lock, d.fencing_token))
+        if cur.rowcount == 0:
+            return "stale"
+    return "run"
+
+
+def db_enter():
+    """The helper the workers call: the client's when it is in the tree, else the
+    stand-in; the stand-in without its fence for --mutant skip-fence."""
+    if MUTANT == "skip-fence":
+        return lambda conn, d: enter_standin(conn, d, fence=False)
+    path = ROOT / "clients" / "python" / "src" / "idemproxy_worker" / "postgres.py"
+    if not path.exists():
+        return enter_standin
+    sys.path.insert(0, str(path.parents[1]))
+    from idemproxy_worker.postgres import enter
+    return enter
+
+
+class ChaosDB:
+    """A fresh database for one seed on the process's PostgreSQL: the inbox and fence
+    tables (sql/postgresql) and the effects table."""
+
+    def __init__(self, seed):
+        import psycopg
+        from psycopg.conninfo import make_conninfo
+        self.psycopg = psycopg
+        self.admin_url = pg_url()
+        self.name = f"chaos_{seed}_{os.getpid()}"
+        with psycopg.connect(self.admin_url, autocommit=True) as a:
+            a.execute(f"DROP DATABASE IF EXISTS {self.name}")
+            a.execute(f"CREATE DATABASE {self.name}")
+        self.url = make_conninfo(self.admin_url, dbname=self.name)
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(INBOX_SQL.read_text())
+            conn.execute(EFFECTS_SQL)
+        self.enter = db_enter()
+
+    def read(self):
+        with self.psycopg.connect(self.url, autocommit=True) as conn:
+            effects = [dict(zip(("id", "key", "lock", "token", "worker", "entry"), r)) for r in
+                       conn.execute("SELECT id, key, lock, token, worker, entry_id FROM effects ORDER BY id")]
+            inbox = {r[0]: {"entry": r[1], "token": r[2]} for r in
+                     conn.execute("SELECT key, entry_id, token FROM idemproxy_inbox")}
+            fence = dict(conn.execute("SELECT lock, token FROM idemproxy_fence").fetchall())
+        return {"effects": effects, "inbox": inbox, "fence": fence}
+
+    def drop(self):
+        try:
+            with self.psycopg.connect(self.admin_url, autocommit=True) as a:
+                a.execute(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
+        except self.psycopg.Error:
+            pass
+
+
 def as_fields(body, flat):
     """An event's entry fields: its JSON in "payload", or (fields mode) its members
     as flat fields, each value a string, as Spring Data's hash mappers write them."""
@@ -618,6 +769,7 @@ class Worker(threading.Thread):
         self.reconnect = threading.Event()
         self.absent_until = 0.0           # --net workers_absent: dial again only then
         self.sock = None
+        self.conn = None                  # --db: this worker's connection to the seed's database
 
     def behaviour(self, d):
         c = self.run_.c
@@ -681,15 +833,44 @@ class Worker(threading.Thread):
                 stop.wait(c["lease_ms"] / 1000.0 * c["slow_factor"])
             elif act == "ack" and random.random() < 0.3:
                 stop.wait(random.uniform(0.005, 0.05))
+            reason = {"drop": "chaos-drop", "retry": "chaos-retry"}.get(act, "")
+            if self.run_.db is not None and act in ("ack", "slow"):
+                row["db"] = self.write_effect(d)        # after the stall: a lease lost meanwhile
+                if row["db"] not in ("run", "done"):
+                    act, reason = "retry", ("stale fencing token" if row["db"] == "stale" else "database error")
             status = {"ack": pb.Ack.ACK, "slow": pb.Ack.ACK, "retry": pb.Ack.RETRY,
                       "drop": pb.Ack.DROP}[act]
-            reason = {"drop": "chaos-drop", "retry": "chaos-retry"}.get(act, "")
             row["answer"] = "drop" if act == "drop" else "retry" if act == "retry" else "ack"
             row["end"] = time.time()
             try:
                 sock.send(pb.Ack(status=status, reason=reason).SerializeToString())
             except self.pynng.NNGException:
                 row["send_failed"] = True
+
+    def write_effect(self, d):
+        """--db: the effect of delivery d, through the helper, in one transaction:
+        "run" (the effect row inserted and committed: ACK), "done" (the inbox has
+        the key: rolled back, ACK), "stale" (a higher token has written for the
+        lock: rolled back, RETRY), or "error: ..." (rolled back, RETRY)."""
+        db = self.run_.db
+        try:
+            if self.conn is None or self.conn.closed:
+                self.conn = db.psycopg.connect(db.url)
+            res = db.enter(self.conn, d)
+            if res == "run":
+                self.conn.execute("INSERT INTO effects (key, lock, token, worker, entry_id) "
+                                  "VALUES (%s, %s, %s, %s, %s)",
+                                  (d.key, d.lock, d.fencing_token, self.name_, d.entry_id))
+                self.conn.commit()
+            else:
+                self.conn.rollback()
+            return res
+        except db.psycopg.Error as e:
+            try:
+                self.conn.rollback()
+            except (db.psycopg.Error, AttributeError):
+                self.conn = None
+            return f"error: {str(e).strip()[:200]}"
 
 
 # --- a Redis Cluster for cluster seeds ----------------------------------------------
@@ -849,6 +1030,11 @@ class Run:
             clusterize(self.c, seed)
         if NET:
             netize(self.c, seed)
+        if DB:
+            dbize(self.c, seed)
+        self.db = None            # --db: the seed's database (ChaosDB)
+        self.db_state = None      # ... what it holds at the end (ChaosDB.read)
+        self.snap_t = None        # --db: when the snapshot a "forget" restores was taken
         self.links = []           # --net: each replica's forwarder to Redis
         self.binary = binary
         self.tmp = tmp
@@ -1158,6 +1344,13 @@ class Run:
             time.sleep(f["down"])
             self.redis.start(extra=AOF)
             i_ = None
+        elif kind == "snapshot":
+            self.snap_t = t0
+            self.control().save()
+            shutil.copy(self.redis.dir / "dump.rdb", self.tmp / "snapshot.rdb")
+            return
+        elif kind == "forget":
+            return self.forget(f)
         elif kind == "worker_reconnect":
             for w in self.workers:
                 if w.replica == i:
@@ -1187,6 +1380,25 @@ class Run:
             # delays, never excuses (the checker does not know this kind)
             return self.hist.fault(kind, None, t0, t0 + f["ttl_ms"] / 1000.0)
         self.hist.fault(kind, i_, t0, time.time())
+
+    def forget(self, f):
+        """--db: Redis killed (-9) and started again from the snapshot: what was
+        written since (done marks, locks, the group's state, entries, dead letters,
+        the fencing counter's raises) is lost. Then AOF on again, as before."""
+        self.redis.stop()
+        time.sleep(f["down"])
+        shutil.copy(self.tmp / "snapshot.rdb", self.redis.dir / "dump.rdb")
+        shutil.rmtree(self.redis.dir / "appendonlydir", ignore_errors=True)
+        self.redis.start()                  # no AOF to load: the snapshot
+        t1 = time.time()
+        r = self.control()
+        r.config_set("appendfsync", "always")
+        r.config_set("appendonly", "yes")   # a rewrite of what it holds now
+        wait_for(lambda: (lambda i: i["aof_enabled"] == 1 and not i["aof_rewrite_in_progress"]
+                          and not i["aof_rewrite_scheduled"])(r.info("persistence")),
+                 timeout=30, what="AOF on again after the restore")
+        self.log(f"Redis forgot: started again from the snapshot of {self.snap_t - self.hist.t0:.2f}s")
+        self.hist.fault("forget", None, self.snap_t, t1)
 
     def net_fault(self, f):
         """Lose or hold the next reply to f["command"] on replica f["replica"]'s
@@ -1249,6 +1461,8 @@ class Run:
 
     def execute(self, settle_timeout=30.0):
         c = self.c
+        if c.get("db"):
+            self.db = ChaosDB(self.seed)
         self.start_redis()
         r = self.r()
         if any(ev["kind"] == "wrongtype" for ev in c["events"]):
@@ -1323,6 +1537,12 @@ class Run:
             self.state, self.state_error = None, repr(e)
         for w in self.workers:
             w.join(3)
+        if self.db is not None:
+            for w in self.workers:
+                if w.conn is not None:
+                    w.conn.close()
+            self.db_state = self.db.read()
+            self.db.drop()
         self.redis.stop()
         for i, link in enumerate(self.links):
             link.close()
@@ -1359,8 +1579,12 @@ class Run:
 
     def unsettled(self, st):
         """How many entries have no outcome yet, plus what is still pending."""
+        xs = defaultdict(list)
+        for x in list(self.hist.rows):
+            xs[x["entry"]].append(x)
         n = sum(1 for eid, ev, _ in self.entries
-                if not st["dls"].get(eid) and not st["done"].get(ev["key"], False))
+                if not st["dls"].get(eid) and not st["done"].get(ev["key"], False)
+                and not forgotten(self.c, self.hist.faults, eid, xs[eid]))
         return n + (st["pending"] or 0)
 
 
@@ -1391,7 +1615,7 @@ CONFLICT_SLACK = 1.0
 # A lost or held reply (--net) is one too, but not one that may hide a delivery from
 # the attempt count: the reader corrects what a lost read or reclaim counted.
 REDIS_FAULTS = ("client_kill", "pause", "redis_restart", "pause_term", "failover", "master_kill",
-                "migrate", "lost_reply", "slow_reply")
+                "migrate", "lost_reply", "slow_reply", "forget")
 # Faults of one replica's link (--net, issue 30): a command refused, replies throttled.
 # They may cost that replica's leases and acks, no other replica's: the checker
 # judges another replica's holders as if nothing happened (finding 1 of issue 30: a
@@ -1401,6 +1625,82 @@ REDIS_FAULTS = ("client_kill", "pause", "redis_restart", "pause_term", "failover
 LINK_FAULTS = ("refuse", "throttle")
 LINK_KINDS = ("refuse", "throttle", "workers_absent")        # the generator's, for describe()
 SLACK = 0.05
+
+
+def forgotten(c, faults, eid, xs):
+    """An entry that a Redis which forgot ("forget", --db) may leave with no outcome:
+    added after the snapshot (gone with everything written since), or, group-less,
+    delivered while the snapshot was the past (its outcome written then and lost,
+    and the reader, past it, does not read it again; its effect is in the database,
+    which the database rules judge). 'xs': its recorded deliveries."""
+    born = int(eid.split("-")[0]) / 1000.0
+    for f in faults:
+        if f["kind"] != "forget":
+            continue
+        if f["t0"] - SLACK <= born <= f["t1"] + SLACK:
+            return True
+        if not c["group"] and any(x["start"] <= f["t1"] and (x["end"] or time.time()) >= f["t0"] - 1.0
+                                  for x in xs):
+            return True
+    return False
+
+
+def check_db(run, rows):
+    """--db: the database, judged on its own (docs/database.md), whatever Redis did:
+    every key a worker acked has exactly one effect row and no key has more than
+    one; for each lock, the effects' tokens never go down in commit order (id
+    order: the fence row's lock serializes the writers of one lock); the inbox holds
+    exactly the keys of the effects; and the database answered every worker."""
+    v, db = [], run.db_state
+    if db is None:
+        return ["db-state: could not read the database after the run"]
+    for x in rows:
+        if str(x.get("db", "")).startswith("error"):
+            v.append(f"db-error: {x['worker']} on key {x['key'][:40]} (entry {x['entry']}): {x['db'][:160]}")
+    effects = defaultdict(list)
+    for e in db["effects"]:
+        effects[e["key"]].append(e)
+    for k in sorted({x["key"] for x in rows if x["answer"] == "ack"}):
+        if not effects.get(k):
+            v.append(f"db-effect-missing: key {k[:60]} acked, no effect row in the database")
+    for k, es in sorted(effects.items()):
+        if len(es) > 1:
+            v.append(f"db-effect-twice: key {k[:60]} has {len(es)} effect rows (entries "
+                     f"{[e['entry'] for e in es]}, tokens {[e['token'] for e in es]}, "
+                     f"workers {[e['worker'] for e in es]})")
+    top = {}
+    for e in db["effects"]:                      # id order
+        t = top.get(e["lock"])
+        if t is not None and e["token"] < t[0]:
+            v.append(f"db-stale-write: lock {e['lock'][:60]}: key {e['key'][:40]} written by {e['worker']} "
+                     f"with token {e['token']} after key {t[1][:40]} with token {t[0]} (effect ids "
+                     f"{t[2]} then {e['id']})")
+        if t is None or e["token"] >= t[0]:
+            top[e["lock"]] = (e["token"], e["key"], e["id"])
+    inbox, have = set(db["inbox"]), set(effects)
+    if inbox != have:
+        v.append(f"db-inbox: inbox keys without an effect {sorted(inbox - have)[:5]}, effects without an "
+                 f"inbox row {sorted(have - inbox)[:5]}")
+    return v
+
+
+def db_summary(run):
+    """--db: what the database did (printed for each seed): effects, deliveries the
+    inbox stopped (and of them the doubles only it stopped, after Redis forgot: a
+    key whose effect was committed before the restore, delivered again after it),
+    holders the fence refused."""
+    rows, db = run.hist.rows, run.db_state or {"effects": []}
+    forgets = [f for f in run.hist.faults if f["kind"] == "forget"]
+    ran = defaultdict(list)
+    for x in rows:
+        if x.get("db") == "run":
+            ran[x["key"]].append(x["end"])
+    doubles = sum(1 for x in rows if x.get("db") == "done" and any(
+        x["sent"] >= f["t1"] - SLACK and any(e <= f["t1"] for e in ran[x["key"]]) for f in forgets))
+    stops = sum(1 for x in rows if x.get("db") == "done")
+    stale = sum(1 for x in rows if x.get("db") == "stale")
+    return (f"db: {len(db['effects'])} effects, {stops} stopped by the inbox ({doubles} doubles after "
+            f"{len(forgets)} forget), {stale} stale refused by the fence"), doubles
 
 
 def check(run):
@@ -1538,12 +1838,18 @@ def check(run):
     def lost_allowance(eid, before):
         """Deliveries of entry 'eid' that faults may hide from its attempt count
         by 'before': one per fault of those kinds from a second before the entry
-        was added (its id's time) on. A lost or held reply (--net) hides none."""
+        was added (its id's time) on. A lost or held reply (--net) hides none.
+        A Redis that forgot (--db) sets the count back to the snapshot's: what
+        was counted since, up to max_deliveries (then it was dead-lettered), is
+        forgotten, whenever those deliveries were sent (a replica may send what
+        it read before the restore after it)."""
         born = int(eid.split("-")[0]) / 1000.0
         return sum(1 for f in faults if f["kind"] in (
             "kill9", "sigterm", "pause_term", "worker_reconnect", "worker_absent", "worker_crash", "failover",
             "master_kill", "migrate")
-            and f["t1"] >= born - 1.0 and f["t0"] <= before)
+            and f["t1"] >= born - 1.0 and f["t0"] <= before) + \
+            c["max_deliveries"] * sum(1 for f in faults if f["kind"] == "forget" and f["t0"] <= before
+                                      and born <= f["t1"] + SLACK)
     idle_s = c["claim_idle_ms"] / 1000.0 if c["group"] and c.get("claim_idle_ms") else None
 
     def slow_claims(eid, before):
@@ -1679,7 +1985,7 @@ def check(run):
         if ev["kind"] in BAD_KINDS:
             if xs:
                 v.append(f"bad-delivered: {ev['kind']} entry {eid} was delivered {len(xs)}x")
-            if not dl:
+            if not dl and not forgotten(c, faults, eid, xs):
                 v.append(f"no-outcome: {ev['kind']} entry {eid} was never dead-lettered")
             elif ev["kind"] != "wrongtype" and any(d["reason"].startswith(("max_deliveries", "busy", "conflict"))
                                                    for d in dl):
@@ -1697,11 +2003,11 @@ def check(run):
                 v.append(f"conflict-delivered: entry {eid} (fingerprint {ev['fp']}) sent at "
                          f"{late[0]['sent'] - run.hist.t0:.2f}s, after its key {key[:40]} was done with "
                          f"{mark[1]} at {mark[0] / 1000.0 - run.hist.t0:.2f}s")
-            if c["on_conflict"] == "dead_letter" and not dl and not xs:
+            if c["on_conflict"] == "dead_letter" and not dl and not xs and not forgotten(c, faults, eid, xs):
                 v.append(f"conflict-no-outcome: entry {eid} (fingerprint {ev['fp']}) never delivered nor "
                          f"dead-lettered, its key {key[:40]} done with {mark[1]}")
         if not dl:
-            if not st["done"].get(key):
+            if not st["done"].get(key) and not forgotten(c, faults, eid, xs):
                 v.append(f"no-outcome: entry {eid} key {key[:60]} neither done nor dead-lettered "
                          f"({len(xs)} deliveries)")
             continue
@@ -1783,6 +2089,10 @@ def check(run):
             last = run.final_rss.get(i, 0)
             if last > FINAL_RSS_KB:
                 v.append(f"memory: replica{i} RSS {last // 1024} MiB at the end (limit 32 MiB)")
+
+    # 9. --db: the database.
+    if c.get("db"):
+        v += check_db(run, rows)
     return v
 
 
@@ -1790,7 +2100,7 @@ def check(run):
 
 def describe(c):
     parts = ["CLUSTER" if c["cluster"] else "", "TLS" if c.get("tls") else "",
-             "NET" if c.get("net") else "", c["layout"],
+             "NET" if c.get("net") else "", "DB" if c.get("db") else "", c["layout"],
              "group" if c["group"] else "group-less",
              f"lock_key/{c['on_busy']}" if c["lock_key"] else "no-lock_key",
              f"lease={c['lease_ms']}", f"wait={c['wait_ms']}", f"ack_to={c['ack_timeout_ms']}",
@@ -1839,7 +2149,7 @@ def replay_cmd(seed, binary, cluster=False):
     b = Path(binary).resolve()
     default = (ROOT / "build" / "idemproxy").resolve()
     cmd = f"make chaos SEED={seed}" + (" CLUSTER=1" if cluster else "") + (" TLS=1" if TLS else "") \
-        + (" NET=1" if NET else "")
+        + (" NET=1" if NET else "") + (" DB=1" if DB else "") + (f" MUTANT={MUTANT}" if MUTANT else "")
     if b == default:
         return cmd
     rel = os.path.relpath(b.parent, ROOT)
@@ -1850,11 +2160,14 @@ def run_seed(seed, binary, verbose=False, keep=False, cluster=False):
     tmp = Path(tempfile.mkdtemp(prefix=f"chaos-{'c' if cluster else ''}{seed}-"))
     t = time.time()
     run = Run(seed, binary, tmp, verbose, cluster)
+    dbline = ""
     try:
         run.execute()
         v = check(run)
         if verbose and run.state is not None:
             run.log(outcomes(run))
+        if run.c.get("db"):
+            dbline = "  " + db_summary(run)[0]
     except Exception:
         v = ["harness: " + traceback.format_exc().strip().replace("\n", "\n    ")]
         for p in run.proxies:
@@ -1865,17 +2178,19 @@ def run_seed(seed, binary, verbose=False, keep=False, cluster=False):
             run.redis.stop()
         except Exception:
             pass
+        if run.db is not None:
+            run.db.drop()
     dt = time.time() - t
     if v or keep:               # --keep: the history of a passing seed too
         try:
             (tmp / "history.json").write_text(json.dumps(
                 {"seed": seed, "t0": run.hist.t0, "rows": run.hist.rows, "faults": run.hist.faults,
                  "entries": [(e, ev.get("key", "")[:80], ev["kind"]) for e, ev, _ in run.entries],
-                 "violations": v}, indent=1, default=str))
+                 "violations": v, "db": run.db_state}, indent=1, default=str))
         except Exception:
             pass
     if v:
-        print(f"seed {seed}{'c' if cluster else ''}: FAIL in {dt:.1f}s  [{describe(run.c)}]")
+        print(f"seed {seed}{'c' if cluster else ''}: FAIL in {dt:.1f}s  [{describe(run.c)}]{dbline}")
         seen = Counter()
         for line in v:
             tag = line.split(":")[0]
@@ -1889,8 +2204,8 @@ def run_seed(seed, binary, verbose=False, keep=False, cluster=False):
         print(f"    replay: {replay_cmd(seed, binary, cluster)}")
     else:
         tag = f"{seed}{'c' if cluster else ''}"
-        print(f"seed {tag}: ok in {dt:.1f}s  [{describe(run.c)}]" if verbose else
-              f"seed {tag}: ok in {dt:.1f}s")
+        print(f"seed {tag}: ok in {dt:.1f}s  [{describe(run.c)}]{dbline}" if verbose else
+              f"seed {tag}: ok in {dt:.1f}s{dbline}")
         if not keep:
             shutil.rmtree(tmp, ignore_errors=True)
     sys.stdout.flush()
@@ -1909,7 +2224,8 @@ def run_parallel(a, seeds):
             return s, cluster, False, f"seed {s}{'c' if cluster else ''}: not run, the {a.budget:.0f} s budget is spent: counted failed\n"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--bin", str(pxtest.BIN), "--seeds", "1",
                "--from", str(s)] + (["--cluster"] if cluster else []) + (["--keep"] if a.keep else []) \
-            + (["--tls"] if TLS else []) + (["--net"] if NET else [])
+            + (["--tls"] if TLS else []) + (["--net"] if NET else []) + (["--db"] if DB else []) \
+            + (["--mutant", MUTANT] if MUTANT else [])
         res = subprocess.run(cmd, capture_output=True, text=True)
         out = "".join(l + "\n" for l in res.stdout.splitlines()
                       if l.strip() and not l.startswith(("chaos:", "failed seeds:", "replay one:"))
@@ -1955,20 +2271,30 @@ def main():
     ap.add_argument("--net", action="store_true",
                     help="each replica reaches Redis through a forwarder that loses or holds "
                          "chosen replies (single server, not with --tls or --cluster)")
+    ap.add_argument("--db", action="store_true",
+                    help="workers write each effect into PostgreSQL through the inbox and fence "
+                         "(docs/database.md); the checker judges the database too; Redis may forget")
+    ap.add_argument("--mutant", choices=["skip-fence"],
+                    help="--db: a helper that skips its fence statement (the search must find it)")
     a = ap.parse_args()
     pxtest.BIN = Path(a.bin).resolve()
-    global TLS, NET
-    TLS, NET = a.tls, a.net
+    global TLS, NET, DB, MUTANT
+    TLS, NET, DB, MUTANT = a.tls, a.net, a.db, a.mutant
     if NET and (a.tls or a.cluster):
         ap.error("--net runs single-server seeds in plain TCP")
+    if MUTANT and not DB:
+        ap.error("--mutant needs --db")
     if a.show:
         seed = a.seed if a.seed is not None else a.first
         c = generate(seed)
         c = clusterize(c, seed) if a.cluster else c
-        print(describe(netize(c, seed) if NET else c))
+        c = netize(c, seed) if NET else c
+        print(describe(dbize(c, seed) if DB else c))
         return 0
     if a.seed is not None:
         seeds, verbose = [(a.seed, a.cluster)], True
+    elif a.fixed and a.db:
+        seeds, verbose = [(s, False) for s in FIXED_DB_SEEDS], False
     elif a.fixed and a.net:
         seeds, verbose = [(s, False) for s in FIXED_NET_SEEDS], False
     elif a.fixed and a.tls:
@@ -1977,6 +2303,8 @@ def main():
         seeds, verbose = [(s, False) for s in FIXED_SEEDS] + [(s, True) for s in FIXED_CLUSTER_SEEDS], False
     else:
         seeds, verbose = [(s, a.cluster) for s in range(a.first, a.first + a.seeds)], False
+    if DB:
+        pg_url()            # one PostgreSQL for every seed this runs (IDEMPROXY_TEST_PG)
     if a.jobs > 1 and len(seeds) > 1:
         return run_parallel(a, seeds)
     passed = failed = 0

@@ -720,6 +720,8 @@ def test_the_generator_draws_only_configs_check_accepts(tmp_path):
             chaos.netize(c, seed)
         elif seed % 3 == 2:
             chaos.clusterize(c, seed)
+        if seed % 2:
+            chaos.dbize(c, seed)                            # --db's draws too
         run = chaos.Run.__new__(chaos.Run)
         run.c, run.tmp, run.pki, run.seed = c, tmp_path, None, seed
         run.collector = (types.SimpleNamespace(url="http://127.0.0.1:4318")   # tracing seeds
@@ -754,3 +756,156 @@ def test_a_copy_judged_by_a_mark_later_written_over():
         return run
     assert chaos.check(history(True)) == []
     assert "bad-conflict" in tags(history(False))
+
+
+# --- --db: the database sink (issue 35) ---------------------------------------------
+
+def effect(run, key, token, worker="w0.0", lock="r0", eid="1-0", inbox=True):
+    effects = run.db_state["effects"]
+    effects.append({"id": len(effects) + 1, "key": key, "lock": lock, "token": token, "worker": worker,
+                    "entry": eid})
+    if inbox:
+        run.db_state["inbox"].setdefault(key, {"entry": eid, "token": token})
+
+
+def db_legal():
+    """legal(), each ack written through the helper: k1 then k2 under room r0's
+    lock, tokens going up, one inbox row each."""
+    run = legal()
+    run.c["db"] = True
+    run.db_state = {"effects": [], "inbox": {}, "fence": {}}
+    for x in run.hist.rows:
+        x["db"] = "run"
+        effect(run, x["key"], x["token"], eid=x["entry"])
+    return run
+
+
+def test_db_a_legal_history_passes():
+    run = db_legal()
+    assert chaos.check(run) == []
+    assert chaos.db_summary(run)[0] == ("db: 2 effects, 0 stopped by the inbox (0 doubles after 0 forget), "
+                                        "0 stale refused by the fence")
+
+
+def test_db_an_acked_key_without_its_effect():
+    run = db_legal()
+    run.db_state["effects"].pop()
+    del run.db_state["inbox"]["k2"]
+    assert tags(run) == ["db-effect-missing"]
+
+
+def test_db_a_key_with_two_effects():
+    run = db_legal()
+    effect(run, "k1", 500, worker="w1.0")           # written again: the inbox did not stop it
+    assert tags(run) == ["db-effect-twice"]
+
+
+def test_db_a_lower_token_written_after_a_higher_one_for_the_lock():
+    """The skip-fence mutant's finding: k1's holder lost its lease while it worked,
+    k2 was written under a higher token for the same lock, then k1's stale write."""
+    run = db_legal()
+    run.db_state["effects"][0]["token"] = 999       # k1 (id 1) under 999, then k2 (id 2) under 131
+    assert tags(run) == ["db-stale-write"]
+    run = db_legal()
+    for e in run.db_state["effects"]:              # another lock each: no order between them
+        e["lock"] = e["key"]
+    run.db_state["effects"][0]["token"] = 999
+    assert tags(run) == []
+
+
+def test_db_the_inbox_holds_exactly_the_effects_keys():
+    run = db_legal()
+    run.db_state["inbox"]["k3"] = {"entry": "9-0", "token": 1}
+    assert tags(run) == ["db-inbox"]
+    run = db_legal()
+    del run.db_state["inbox"]["k1"]
+    assert tags(run) == ["db-inbox"]
+
+
+def test_db_a_database_error_is_reported():
+    run = db_legal()
+    run.hist.rows[1].update(db="error: connection refused", answer="retry")
+    entry(run, "3-0", "k2")                          # ... and k2 then acked
+    deliver(run, "k2", "3-0", 3.0, 3.1)
+    run.hist.rows[-1]["db"] = "done"
+    assert tags(run) == ["db-error"]
+
+
+def forgot(run, t0=1.1, t1=1.6):
+    run.hist.fault("forget", None, t0, t1)
+
+
+def test_db_after_a_forget_a_key_delivered_again_is_the_double_the_inbox_stops():
+    """k1 acked at 1.2, after the snapshot (1.1): Redis forgot its done mark at 1.6
+    and a copy is delivered at 2.0; the inbox answers "done". Legal, and counted
+    as a double; without the forget, the redelivery is a violation."""
+    def history(forget):
+        run = db_legal()
+        entry(run, "3-0", "k1")
+        deliver(run, "k1", "3-0", 2.0, 2.1)
+        run.hist.rows[-1]["db"] = "done"
+        if forget:
+            forgot(run)
+        return run
+    run = history(True)
+    assert chaos.check(run) == []
+    assert chaos.db_summary(run)[1] == 1
+    assert tags(history(False)) == ["twice-after-ack"]
+
+
+def test_db_after_a_forget_entries_added_since_the_snapshot_need_no_outcome():
+    """Entry 1300-0 added at 1.3, between the snapshot (1.1) and the restore (1.6):
+    gone with the restore, never delivered, never done. Legal only then."""
+    run = db_legal()
+    entry(run, "1300-0", "k9")
+    forgot(run)
+    assert chaos.check(run) == []
+    run = db_legal()
+    entry(run, "1300-0", "k9")
+    forgot(run, t0=1.4)                              # added before the snapshot: kept, owed an outcome
+    assert tags(run) == ["no-outcome"]
+
+
+def test_db_after_a_forget_the_count_set_back_allows_one_more_round():
+    """The delivery count set back to the snapshot's: up to max_deliveries more."""
+    def history(forget):
+        run = db_legal()
+        entry(run, "3-0", "k3")
+        for n, a in enumerate((1, 2, 1, 2, 3)):
+            deliver(run, "k3", "3-0", 2.0 + n, 2.1 + n, answer="retry", attempt=a)
+        dead(run, "3-0", "max_deliveries (3) reached: chaos-retry", t=8.0)
+        done(run, "k3")
+        if forget:
+            forgot(run, 2.5, 3.5)
+        return run
+    assert chaos.check(history(True)) == []
+    assert "too-many-deliveries" in tags(history(False))
+
+
+def test_db_rules_stay_strict_after_a_forget():
+    run = db_legal()
+    forgot(run)
+    effect(run, "k1", 500, worker="w1.0")
+    assert tags(run) == ["db-effect-twice"]
+
+
+def test_db_draws_fencing_shared_locks_stalls_and_forgets():
+    """dbize() over 200 seeds: fencing always; distinct keys sharing a lock, holders
+    that lose their lease while they work (slow answers past an ack timeout under
+    the lease, a replica killed), and a Redis that forgets, each in a good share;
+    a forget never against a cluster; the seed's other draws unchanged."""
+    n, lock, stall, forget = 200, 0, 0, 0
+    for seed in range(n):
+        c = chaos.dbize(chaos.generate(seed), seed)
+        assert c["db"] and c["fencing"]
+        lock += c["lock_key"]
+        stall += c["weights"]["slow"] >= 15 and c["ack_timeout_ms"] < c["lease_ms"] * c["slow_factor"] \
+            or any(f["kind"] == "kill9" for f in c["faults"])
+        kinds = [f["kind"] for f in c["faults"]]
+        forget += "forget" in kinds
+        if "forget" in kinds:
+            assert kinds.index("snapshot") < kinds.index("forget")
+        cl = chaos.dbize(chaos.clusterize(chaos.generate(seed), seed), seed)
+        assert not {"snapshot", "forget"} & {f["kind"] for f in cl["faults"]}
+        assert chaos.dbize(chaos.generate(seed), seed)["events"] == chaos.generate(seed)["events"]
+    assert lock > 0.7 * n and stall > 0.5 * n and forget > 0.5 * n, (lock, stall, forget)

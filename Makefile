@@ -90,12 +90,13 @@ test-fault: deps all
 # make chaos B=build-asan SANITIZE=address SEEDS=50. CLUSTER=1: against a Redis
 # Cluster, with failovers, a master killed and slots migrated. JOBS=N: N seeds at a
 # time, each in its own process. TLS=1: every proxy over mutual TLS. NET=1: each
-# proxy through a forwarder that loses or holds chosen replies. `make test` runs a
-# fixed set.
+# proxy through a forwarder that loses or holds chosen replies. DB=1: workers write
+# their effects into PostgreSQL through the inbox and fence, and Redis may forget
+# (MUTANT=skip-fence: a helper without its fence). `make test` runs a fixed set.
 SEEDS ?= 20
 FROM  ?= 0
 chaos: deps all
-	.venv/bin/python tests/chaos/chaos.py --bin $(B)/idemproxy $(if $(SEED),--seed $(SEED),--seeds $(SEEDS) --from $(FROM)) $(if $(CLUSTER),--cluster) $(if $(TLS),--tls) $(if $(NET),--net) $(if $(JOBS),--jobs $(JOBS))
+	.venv/bin/python tests/chaos/chaos.py --bin $(B)/idemproxy $(if $(SEED),--seed $(SEED),--seeds $(SEEDS) --from $(FROM)) $(if $(CLUSTER),--cluster) $(if $(TLS),--tls) $(if $(NET),--net) $(if $(DB),--db) $(if $(MUTANT),--mutant $(MUTANT)) $(if $(JOBS),--jobs $(JOBS))
 
 # libFuzzer targets (tests/fuzz/), 60 s each; `make test` runs them 10 s each.
 FUZZ_SECONDS ?= 60

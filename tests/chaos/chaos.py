@@ -84,8 +84,12 @@ PRE_LINK_SEEDS = {4, 31}
 DB = False
 # --mutant skip-fence: the helper without its fence statement (the inbox kept).
 MUTANT = None
-# The fixed --db seeds (suite "chaos-db"), chosen in dbize()'s draws.
-FIXED_DB_SEEDS = []
+# The fixed --db seeds (suite "chaos-db", --fixed --db):
+FIXED_DB_SEEDS = [1,    # a forget: about ten keys delivered again after it, each stopped by the inbox
+                  2,    # lock_key, a replica killed, a forget; holders refused by the fence (the
+                        # skip-fence mutant writes stale there: db-stale-write)
+                  4,    # lock_key, CLIENT PAUSE inside a forget's window
+                  9]    # lock_key, group-less, 4 replicas: stale holders refused (mutant: red)
 FIXED_BUDGET_S = 120
 # The fixed seeds chosen before the linger was built keep linger_ms 0 (generate()).
 PRE_LINGER_SEEDS = {0, 2, 4, 5, 8, 12, 14, 31, 1003}

@@ -1610,9 +1610,11 @@ class Run:
         xs = defaultdict(list)
         for x in list(self.hist.rows):
             xs[x["entry"]].append(x)
+        logged = dead_letters_logged(self.proxies) if self.snap_t is not None else {}
         n = sum(1 for eid, ev, _ in self.entries
                 if not st["dls"].get(eid) and not st["done"].get(ev["key"], False)
-                and not forgotten(self.c, self.hist.faults, eid, xs[eid]))
+                and not forgotten(self.c, self.hist.faults, eid, xs[eid], settling=True,
+                                  dead_logged=logged.get(eid, ())))
         return n + (st["pending"] or 0) + st.get("unread", 0)
 
 
@@ -1664,21 +1666,45 @@ def vanished(f, eid):
     return f["kind"] == "forget" and f["t0"] <= born <= f.get("killed", f["t1"])
 
 
-def forgotten(c, faults, eid, xs):
+# A replica's log line of an entry dead-lettered (bad input, busy, max_deliveries).
+DEAD_LETTER_LOG = re.compile(r"^(\d{4}-\d\d-\d\dT[\d:.]+)Z \S+\s+stream \S+ entry (\S+) key .*"
+                             r"(?:dead-lettered|max_deliveries \(\d+\) reached)", re.M)
+
+
+def dead_letters_logged(proxies):
+    """entry id -> when (time.time()) a replica logged it dead-lettered."""
+    import datetime
+    out = defaultdict(list)
+    for p in proxies:
+        for m in DEAD_LETTER_LOG.finditer(p.log_text()):
+            t = datetime.datetime.fromisoformat(m.group(1)).replace(tzinfo=datetime.timezone.utc)
+            out[m.group(2)].append(t.timestamp())
+    return out
+
+
+def forgotten(c, faults, eid, xs, settling=False, dead_logged=()):
     """An entry that a Redis which forgot ("forget", --db) may leave with no outcome:
-    added after the snapshot (gone with everything written since), or, group-less,
+    added after the snapshot (gone with everything written since); acked from a
+    second before the snapshot to the kill (its done mark lost; in group mode its
+    XACK, retried by the commit, may land after the restore: seed 97); or, group-less,
     added before the restore and either never delivered (a dead letter written then,
     busy or bad input, may be what was lost) or delivered while the snapshot was
     the past: its outcome written then and lost, and the readers, past it, do not
     read it again (its effect is in the database, which the database rules judge).
-    'xs': its recorded deliveries."""
+    Likewise dead-lettered in that time (the dead letter and its mark lost, the
+    XACK retried after the restore: seed 97 again): 'dead_logged', when a replica
+    logged it. 'xs': its recorded deliveries. 'settling': only what cannot come back
+    yet, so a run does not settle before a group-less reader reaches an entry (seed 101)."""
     born = int(eid.split("-")[0]) / 1000.0
     for f in faults:
         if f["kind"] != "forget":
             continue
         if vanished(f, eid):
             return True
-        if not c["group"] and born <= f["t1"] and (
+        if any(x["answer"] == "ack" and f["t0"] - 1.0 <= x["end"] <= f.get("killed", f["t1"]) for x in xs) \
+                or any(f["t0"] - 1.0 <= t <= f.get("killed", f["t1"]) for t in dead_logged):
+            return True
+        if not settling and not c["group"] and born <= f["t1"] and (
                 not xs or any(x["start"] <= f["t1"] and (x["end"] or time.time()) >= f["t0"] - 1.0
                               for x in xs)):
             return True
@@ -1773,6 +1799,7 @@ def check(run):
                 break
 
     entry_ev = {eid: ev for eid, ev, _ in run.entries}
+    dl_logged = dead_letters_logged(run.proxies) if any(f["kind"] == "forget" for f in faults) else {}
     timed_out = defaultdict(set)          # entry -> {(replica, attempt)} the replicas logged
     for i, p in enumerate(run.proxies):
         for m in re.finditer(r"stream \S+ entry (\S+) key .* attempt (\d+): ack timeout", p.log_text()):
@@ -2025,7 +2052,7 @@ def check(run):
         if ev["kind"] in BAD_KINDS:
             if xs:
                 v.append(f"bad-delivered: {ev['kind']} entry {eid} was delivered {len(xs)}x")
-            if not dl and not forgotten(c, faults, eid, xs):
+            if not dl and not forgotten(c, faults, eid, xs, dead_logged=dl_logged.get(eid, ())):
                 v.append(f"no-outcome: {ev['kind']} entry {eid} was never dead-lettered")
             elif ev["kind"] != "wrongtype" and any(d["reason"].startswith(("max_deliveries", "busy", "conflict"))
                                                    for d in dl):
@@ -2043,11 +2070,11 @@ def check(run):
                 v.append(f"conflict-delivered: entry {eid} (fingerprint {ev['fp']}) sent at "
                          f"{late[0]['sent'] - run.hist.t0:.2f}s, after its key {key[:40]} was done with "
                          f"{mark[1]} at {mark[0] / 1000.0 - run.hist.t0:.2f}s")
-            if c["on_conflict"] == "dead_letter" and not dl and not xs and not forgotten(c, faults, eid, xs):
+            if c["on_conflict"] == "dead_letter" and not dl and not xs and not forgotten(c, faults, eid, xs, dead_logged=dl_logged.get(eid, ())):
                 v.append(f"conflict-no-outcome: entry {eid} (fingerprint {ev['fp']}) never delivered nor "
                          f"dead-lettered, its key {key[:40]} done with {mark[1]}")
         if not dl:
-            if not st["done"].get(key) and not forgotten(c, faults, eid, xs):
+            if not st["done"].get(key) and not forgotten(c, faults, eid, xs, dead_logged=dl_logged.get(eid, ())):
                 v.append(f"no-outcome: entry {eid} key {key[:60]} neither done nor dead-lettered "
                          f"({len(xs)} deliveries)")
             continue

@@ -933,3 +933,34 @@ def test_db_after_a_forget_group_less_outcomes_written_then_may_be_lost():
     assert chaos.check(history(False)) == []
     assert tags(history(True)) == ["no-outcome"]
     assert tags(history(False, late=True)) == ["no-outcome"]
+
+
+def test_db_after_a_forget_an_entry_acked_in_its_window_may_lose_its_mark():
+    """Seed 97: k3 acked at 1.3, its done mark and XACK written (the XACK retried after
+    the restore at 1.6, so nothing is pending): Redis forgot the mark. Its effect is in
+    the database. Owed an outcome if acked before the snapshot (1.1) by over a second."""
+    def history(t):
+        run = db_legal()
+        entry(run, "50-0", "k3")
+        deliver(run, "k3", "50-0", t - 0.1, t)
+        run.hist.rows[-1]["db"] = "run"
+        effect(run, "k3", run.hist.rows[-1]["token"], lock="r9", eid="50-0")
+        forgot(run)
+        return run
+    assert chaos.check(history(1.3)) == []
+    assert tags(history(0.05)) == ["no-outcome"]
+
+
+def test_db_after_a_forget_an_entry_dead_lettered_in_its_window_may_lose_it():
+    """Seed 97 again: a 40 MB entry dead-lettered at 1.3 (its dead letter lost, its
+    XACK retried after the restore at 1.6): neither dead letter nor pending at the
+    end. Legal when a replica logged the dead letter in the window, not before it."""
+    def history(when):
+        run = db_legal()
+        entry(run, "50-0", "x9", kind="over")
+        run.proxies[0].text = (f"1970-01-01T00:00:{when:06.3f}Z warn  stream room entry 50-0 key - attempt 0: "
+                               f"bad entry: entry is 41943100 bytes, over max_entry_bytes 65536 (dead-lettered)\n")
+        forgot(run)
+        return run
+    assert chaos.check(history(1.3)) == []
+    assert tags(history(0.05)) == ["no-outcome"]

@@ -596,17 +596,9 @@ def db_enter():
     path = ROOT / "clients" / "python" / "src" / "idemproxy_worker" / "postgres.py"
     if not path.exists():
         return enter_standin
-    # The module alone, in a package of its own: the client's package would load its
-    # own idemproxy_pb2, the same .proto file as pxtest's, which protobuf refuses twice.
-    import importlib
-    import types
-    pkg = types.ModuleType("idemproxy_worker")
-    pkg.__path__ = [str(path.parent)]
-    stub = types.ModuleType("idemproxy_worker.worker")
-    stub.Retry = type("Retry", (Exception,), {})       # what postgres.py takes from .worker
-    sys.modules.setdefault("idemproxy_worker", pkg)
-    sys.modules.setdefault("idemproxy_worker.worker", stub)
-    return importlib.import_module("idemproxy_worker.postgres").enter
+    sys.path.insert(0, str(path.parents[1]))
+    from idemproxy_worker.postgres import enter
+    return enter
 
 
 class ChaosDB:

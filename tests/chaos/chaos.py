@@ -85,11 +85,11 @@ DB = False
 # --mutant skip-fence: the helper without its fence statement (the inbox kept).
 MUTANT = None
 # The fixed --db seeds (suite "chaos-db", --fixed --db):
-FIXED_DB_SEEDS = [1,    # a forget: about ten keys delivered again after it, each stopped by the inbox
-                  2,    # lock_key, a replica killed, a forget; holders refused by the fence (the
-                        # skip-fence mutant writes stale there: db-stale-write)
+FIXED_DB_SEEDS = [1,    # a forget: 5-17 keys delivered again after it, each stopped by the inbox
+                  2,    # lock_key, a replica killed, a forget; 5-10 holders refused by the fence
+                        # (--mutant skip-fence writes stale there: db-stale-write, 4 runs of 4)
                   4,    # lock_key, CLIENT PAUSE inside a forget's window
-                  9]    # lock_key, group-less, 4 replicas: stale holders refused (mutant: red)
+                  9]    # lock_key, group-less, 4 replicas (mutant: red in 2 runs of 3)
 FIXED_BUDGET_S = 120
 # The fixed seeds chosen before the linger was built keep linger_ms 0 (generate()).
 PRE_LINGER_SEEDS = {0, 2, 4, 5, 8, 12, 14, 31, 1003}

@@ -87,7 +87,7 @@ MUTANT = None
 # The fixed --db seeds (suite "chaos-db", --fixed --db):
 FIXED_DB_SEEDS = [1,    # a forget: 5-17 keys delivered again after it, each stopped by the inbox
                   2,    # lock_key, a replica killed, a forget; 5-10 holders refused by the fence
-                        # (--mutant skip-fence writes stale there: db-stale-write, 4 runs of 4)
+                        # (--mutant skip-fence writes stale there: db-stale-write, 3 runs of 3)
                   4,    # lock_key, CLIENT PAUSE inside a forget's window
                   9]    # lock_key, group-less, 4 replicas (mutant: red in 2 runs of 3)
 FIXED_BUDGET_S = 120

@@ -225,7 +225,8 @@ static px_delivery_view delivery_view(px_deliver *d, px_entry *e, uint32_t attem
         .deadline_unix_ms = deadline,
         .traceparent = tp,
         .tracestate = ts,
-        .lock = !e->st->conf->fencing ? NULL : e->lock_key ? e->lock_key : e->key,
+        .lock = !e->st->conf->fencing ? NULL : e->lock_key ? e->lock_key
+                                                           : e->key,
     };
 }
 

@@ -42,11 +42,12 @@ def entry(run, eid, key, kind="good", room="r0", fp=None):
 
 
 def deliver(run, key, eid, start, end, answer="ack", worker="w0.0", replica=0, attempt=1, token=None,
-            room="r0", size=100):
+            room="r0", size=100, sent=None):
     token = token if token is not None else int(start * 100) + 1
     run.hist.rows.append({"replica": replica, "worker": worker, "key": key, "entry": eid, "attempt": attempt,
                           "token": token, "start": start, "end": end, "answer": answer,
-                          "deadline": start + ACK_S, "size": size, "room": room})
+                          "deadline": (start if sent is None else sent) + ACK_S, "size": size,
+                          "room": room})
 
 
 def done(run, *keys):
@@ -316,6 +317,27 @@ def test_group_less_replicas_count_their_own_deliveries():
     # ... a restarted replica process starts its count again
     run.hist.faults.append({"kind": "sigterm", "replica": 0, "t0": 2.7, "t1": 2.8})
     assert tags(run) == []
+
+
+def test_group_less_count_by_when_the_replica_sent_not_when_a_slow_worker_started():
+    """Seed 107 (group-less, a slow worker, SIGTERM): attempts 1 and 2 were sent
+    before the replica was stopped and started by the worker after it; the
+    restarted process counted 1, 2, 3 again. Two lives, not five deliveries of
+    one; but five sent in one life are still too many."""
+    run = record(group=False, max_deliveries=3, lock_key=False)
+    entry(run, "1-0", "k1")
+    # each sent after the one before timed out (ACK_S), the first two started late
+    deliver(run, "k1", "1-0", 4 * ACK_S, 4 * ACK_S + 0.1, answer="retry", attempt=1, sent=0.1)
+    deliver(run, "k1", "1-0", 4 * ACK_S + 0.2, 4 * ACK_S + 0.3, answer="retry", attempt=2, sent=ACK_S + 0.2)
+    run.hist.faults.append({"kind": "sigterm", "replica": 0, "t0": 2 * ACK_S + 0.5, "t1": 5 * ACK_S})
+    for a in (1, 2, 3):
+        t = (5 + a) * ACK_S
+        deliver(run, "k1", "1-0", t + 0.05, t + 0.1, answer="retry", attempt=a, sent=t)
+    dead(run, "1-0", "max_deliveries (3) reached", t=10 * ACK_S)
+    done(run, "k1")
+    assert tags(run) == []
+    run.hist.faults.pop()                          # no restart: one life of five
+    assert tags(run) == ["too-many-deliveries"]
 
 
 def test_dead_lettered_twice():

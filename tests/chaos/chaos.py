@@ -1931,7 +1931,10 @@ def check(run):
         did not make; A sets such a count back by a script (EVAL), and while A's
         link refuses EVAL (or everything) that set-back cannot reach Redis, nor can
         A's refreshes: another replica takes the entry over after claim_idle_ms and
-        counts once more. The replica that knows cannot write, the one that writes
+        counts once more. A refusal of SET does the same (seed 314): the forwarder
+        drops each write that holds a SET and closes the link, and A, with entries
+        to claim, sends a SET in its first write after every reconnect, so its
+        command link is cut again and again for as long as the refusal lasts. The replica that knows cannot write, the one that writes
         cannot know. For each replica A with such a refusal from before the delivery
         and not ended before the entry was added, when the first delivery sent
         after the refusal began is another replica's, at least claim_idle_ms after
@@ -1948,7 +1951,7 @@ def check(run):
             spans = []
             for f in faults:
                 if f["kind"] != "refuse" or f["replica"] != a or f["t0"] > before or f["t1"] < born \
-                        or not {"EVAL", "ALL"} & set(f.get("command", "").split("+")):
+                        or not {"EVAL", "SET", "ALL"} & set(f.get("command", "").split("+")):
                     continue
                 taker = next((y for y in xs if y["sent"] >= f["t0"] - SLACK), None)
                 if taker is None or taker["start"] > before + SLACK or taker["replica"] == a \

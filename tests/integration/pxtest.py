@@ -263,10 +263,11 @@ class RedisCluster:
     def live_port(self):
         return next(p for p, proc in self.procs.items() if proc.poll() is None)
 
-    def replica_of(self, master_port, timeout=20.0):
+    def replica_of(self, master_port, timeout=45.0):
         """A live replica of the master. A node restarted a moment ago (a killed
         master coming back) takes a while to call itself its new master's
-        replica: wait for one (chaos seed 12 under ASan failed over at once)."""
+        replica: wait for one (chaos seed 12 under ASan failed over at once;
+        20 s was not enough once, under ASan on a loaded machine)."""
         mid = self.node_id(master_port)
 
         def find():

@@ -19,6 +19,11 @@ With hold_replies_after(), a reply comes late instead: from the next command
 holding a pattern on, that connection's replies wait a set time (a slow
 answer, in order, not lost).
 
+With after_command(), a test acts at an exact moment: once the n-th command
+holding a pattern went to the server, the commands after it on that
+connection wait until the test's function has returned (it may wait to see
+the command applied, then change what the next ones find).
+
 With 'rate' (bytes a second; may be changed while connections are open), the
 server-to-client direction is throttled: a slow link, not a delayed one, where
 a large reply takes seconds to arrive while its bytes keep coming. With
@@ -45,6 +50,7 @@ class SlowLink:
         self.cut_applied = None
         self.cut_lock = threading.Lock()
         self.hold_on, self.hold_s, self.held = None, 0, 0
+        self.after = None                 # [pattern, commands to skip, fn]
         self.reply_cut = None
         self.refused, self.refuse_until, self.refusing = [], 0.0, 0
         self.lsock = socket.socket()
@@ -128,6 +134,23 @@ class SlowLink:
             self.held += 1
             return self.hold_s
 
+    def after_command(self, pattern: bytes, fn, nth=1):
+        """The n-th command (counted from now) containing 'pattern': once it
+        was forwarded, its connection forwards nothing more until fn()
+        returned."""
+        with self.cut_lock:
+            self.after = [pattern, nth - 1, fn]
+
+    def _after_now(self, data):
+        with self.cut_lock:
+            if not self.after or self.after[0] not in data:
+                return None
+            if self.after[1] > 0:
+                self.after[1] -= 1
+                return None
+            fn, self.after = self.after[2], None
+            return fn
+
     def stall_replies_after(self, nbytes):
         """The first connection to carry 'nbytes' bytes to the client (counted
         from its start) stops there: the rest of its replies never arrive, and
@@ -175,7 +198,7 @@ class SlowLink:
                 with cv:
                     while not q:
                         cv.wait()
-                    t, data = q.pop(0)
+                    t, data, after = q.pop(0)
                 if data is None:
                     break
                 d = t + self.delay - time.monotonic()
@@ -199,6 +222,8 @@ class SlowLink:
                 try:
                     if up:
                         dst.sendall(data)
+                        if after:
+                            after()
                     else:
                         self._send_down(dst, data, state)
                 except OSError:
@@ -227,8 +252,9 @@ class SlowLink:
                 state["hold_until"] = time.monotonic() + hold   # before the server can answer
             if cut:
                 state["cut"] = True           # before the server can answer
+            after = up and data and self._after_now(data)
             with cv:
-                q.append((time.monotonic(), data or None))
+                q.append((time.monotonic(), data or None, after))
                 cv.notify()
             if cut:
                 if self.cut_applied:
@@ -244,7 +270,7 @@ class SlowLink:
                         pass
                     s.close()
                 with cv:
-                    q.append((time.monotonic(), None))
+                    q.append((time.monotonic(), None, None))
                     cv.notify()
                 self.cut += 1
                 return

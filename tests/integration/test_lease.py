@@ -166,9 +166,6 @@ def test_a_lock_never_confirmed_and_found_gone_goes_back_to_the_claim(env, tmp_p
     sets = []
 
     def watch():
-        # The second SET of idem:k is the claim after the reconnect: the lock
-        # goes as soon as Redis applied it, before the extension arrives
-        # (0.5 s later: the reply back and the EVAL forward are each delayed).
         with r.monitor() as m:
             for cmd in m.listen():
                 if stop.is_set():
@@ -176,10 +173,16 @@ def test_a_lock_never_confirmed_and_found_gone_goes_back_to_the_claim(env, tmp_p
                 c = cmd.get("command", "")
                 if c.startswith("SET idem:k "):
                     sets.append(c)
-                    if len(sets) == 2:
-                        r.delete("idem:k")
-                        return
 
+    def drop_the_lock():
+        # The second SET of idem:k is the claim after the reconnect: the lock
+        # goes once Redis applied it, before any command sent after it.
+        wait_for(lambda: len(sets) >= 2, 10, "the claim after the reconnect applied")
+        r.delete("idem:k")
+        dropped.set()
+
+    dropped = threading.Event()
+    link.after_command(b"$3\r\nSET\r\n$6\r\nidem:k\r\n", drop_the_lock, nth=2)
     t = threading.Thread(target=watch, daemon=True)
     t.start()
     try:
@@ -190,7 +193,7 @@ def test_a_lock_never_confirmed_and_found_gone_goes_back_to_the_claim(env, tmp_p
         p.start()
         wait_for(lambda: p.get("/readyz")[0] == 200, 10, "ready")
         publish(r, "room", [{"eventId": "k"}])
-        wait_for(lambda: len(sets) >= 2, 15, "the claim, cut, and the claim after the reconnect")
+        wait_for(dropped.is_set, 15, "the claim, cut, and the claim after the reconnect")
         time.sleep(1.5)               # the extension has answered 0 by now
         w = env.worker(ep)            # room to send: it must be claimed again and go out
         wait_for(lambda: (r.get("idem:k") or "")[:1] == "D", 15, "k claimed again, delivered, done")

@@ -24,6 +24,7 @@ the same configuration, workload, answers and fault timeline, not the same
 interleaving (rerun a seed a few times if it fails only sometimes).
 """
 import argparse
+import datetime
 import hashlib
 import json
 import os
@@ -1793,9 +1794,16 @@ def check(run):
     entry_ev = {eid: ev for eid, ev, _ in run.entries}
     dl_logged = dead_letters_logged(run.proxies) if any(f["kind"] == "forget" for f in faults) else {}
     timed_out = defaultdict(set)          # entry -> {(replica, attempt)} the replicas logged
+    timed_out_sent = {}                   # (entry, replica, attempt) -> when it was sent
     for i, p in enumerate(run.proxies):
-        for m in re.finditer(r"stream \S+ entry (\S+) key .* attempt (\d+): ack timeout", p.log_text()):
-            timed_out[m.group(1)].add((i, int(m.group(2))))
+        for m in re.finditer(r"^(\S*).*?stream \S+ entry (\S+) key .* attempt (\d+): ack timeout",
+                             p.log_text(), re.M):
+            timed_out[m.group(2)].add((i, int(m.group(3))))
+            try:
+                at = datetime.datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+            timed_out_sent[(m.group(2), i, int(m.group(3)))] = at - c["ack_timeout_ms"] / 1000.0
     taken_from = defaultdict(set)         # entry -> {replica} that logged it taken over from it
     for i, p in enumerate(run.proxies):
         for m in re.finditer(r"stream \S+ entry (\S+) key .*: taken over by another consumer", p.log_text()):
@@ -1946,6 +1954,13 @@ def check(run):
             return 0
         born = int(eid.split("-")[0]) / 1000.0
         xs = by_entry.get(eid, [])
+        # A delivery no worker recorded (it timed out before one read it) is
+        # a delivery all the same (seed 314: the taker's only one): when it
+        # was sent, from its replica's ack timeout.
+        seen = {(x["replica"], x["attempt"]) for x in xs}
+        xs = sorted(xs + [{"replica": i, "attempt": n, "sent": t, "start": t}
+                          for (e, i, n), t in timed_out_sent.items() if e == eid and (i, n) not in seen],
+                    key=lambda y: y["sent"])
         total = 0
         for a in sorted({f["replica"] for f in faults if f["kind"] == "refuse"}):
             spans = []

@@ -269,6 +269,31 @@ def test_a_count_set_back_refused_on_the_replica_that_lost_the_entry_may_stand()
     assert "too-many-deliveries" in tags(run)
 
 
+def test_a_refused_set_back_counts_for_a_taker_no_worker_recorded():
+    """Seed 314 of --net, second form: replica 1 reads 4230-0 (count 1) as its
+    link refuses SET, so it never claims nor sets the count back; replica 0
+    takes it over (count 2) and sends attempt 2, which times out before any
+    worker reads it (only replica 0's log has it), and max_deliveries 2
+    dead-letters it. The refused set-back excuses that count whether or not a
+    worker recorded the taker's delivery."""
+    def run_of(log_line, refused=True):
+        run = record(max_deliveries=2, lock_key=False, claim_idle_ms=1000)
+        run.proxies = [Log("replica0", log_line), Log("replica1")]
+        entry(run, "4230-0", "k1")
+        dead(run, "4230-0", "max_deliveries (2) reached: ack timeout", t=8.0)
+        done(run, "k1")
+        if refused:
+            run.hist.faults.append({"kind": "refuse", "replica": 1, "t0": 3.0, "t1": 9.0, "command": "SET"})
+        return tags(run)
+    timed_out = ("1970-01-01T00:00:07.600Z warn  stream room entry 4230-0 key k1 attempt 2: "
+                 "ack timeout\n")                    # sent at 5.6, 1.4 s after the entry was added
+    assert run_of(timed_out) == []
+    assert run_of(timed_out, refused=False) == ["bad-cause"]
+    assert run_of("") == ["bad-cause"]                # no delivery at all: nothing to excuse
+    early = timed_out.replace("00:00:07.600", "00:00:06.700")    # sent at 4.7: before claim_idle_ms
+    assert run_of(early) == ["bad-cause"]
+
+
 def test_no_delivery_past_max_deliveries():
     """Issue 30's mutant (the poison check `>=` turned `>`): attempts 1 and 2
     fail, a restart, then attempt 3 with max_deliveries 2. The restart may

@@ -1969,7 +1969,7 @@ def check(run):
                         or not {"EVAL", "SET", "ALL"} & set(f.get("command", "").split("+")):
                     continue
                 taker = next((y for y in xs if y["sent"] >= f["t0"] - SLACK), None)
-                if taker is None or taker["start"] > before + SLACK or taker["replica"] == a \
+                if taker is None or taker["sent"] > before + SLACK or taker["replica"] == a \
                         or taker["sent"] < born + idle_s - SLACK:
                     continue
                 spans.append((f, taker))

@@ -275,7 +275,8 @@ def test_a_refused_set_back_counts_for_a_taker_no_worker_recorded():
     takes it over (count 2) and sends attempt 2, which times out before any
     worker reads it (only replica 0's log has it), and max_deliveries 2
     dead-letters it. The refused set-back excuses that count whether or not a
-    worker recorded the taker's delivery."""
+    worker recorded the taker's delivery, or recorded it only after the dead
+    letter."""
     def run_of(log_line, refused=True):
         run = record(max_deliveries=2, lock_key=False, claim_idle_ms=1000)
         run.proxies = [Log("replica0", log_line), Log("replica1")]
@@ -292,6 +293,20 @@ def test_a_refused_set_back_counts_for_a_taker_no_worker_recorded():
     assert run_of("") == ["bad-cause"]                # no delivery at all: nothing to excuse
     early = timed_out.replace("00:00:07.600", "00:00:06.700")    # sent at 4.7: before claim_idle_ms
     assert run_of(early) == ["bad-cause"]
+    # the same delivery recorded by a worker that read it after its deadline,
+    # after the dead letter (seed 314, third form): sent in time all the same
+    def late(refused=True):
+        run = record(max_deliveries=2, lock_key=False, claim_idle_ms=1000)
+        run.proxies = [Log("replica0", timed_out), Log("replica1")]
+        entry(run, "4230-0", "k1")
+        deliver(run, "k1", "4230-0", 8.5, 8.6, attempt=2, sent=5.6)
+        dead(run, "4230-0", "max_deliveries (2) reached: ack timeout", t=8.0)
+        done(run, "k1")
+        if refused:
+            run.hist.faults.append({"kind": "refuse", "replica": 1, "t0": 3.0, "t1": 9.0, "command": "SET"})
+        return tags(run)
+    assert late() == []
+    assert late(refused=False) == ["attempt-inflated", "bad-cause"]
 
 
 def test_no_delivery_past_max_deliveries():

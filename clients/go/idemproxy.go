@@ -191,9 +191,6 @@ func Logger(l *slog.Logger) Option {
 	}
 }
 
-// pollInterval bounds how long a cancelled Serve waits for an idle receive.
-const pollInterval = 100 * time.Millisecond
-
 // flushGrace gives the last answers time to leave: mangos has no linger, and
 // closing a socket drops what its pipes have not written yet.
 const flushGrace = 100 * time.Millisecond
@@ -235,15 +232,15 @@ func Serve(ctx context.Context, endpoint string, h Handler, opts ...Option) erro
 	defer stop()
 	go watch.run(ctx)
 	errc := make(chan error, o.concurrency)
+	g := &idleGate{idle: map[mangos.Context]bool{}}
+	go g.run(ctx)
 	for i := 0; i < o.concurrency; i++ {
 		c, err := sock.OpenContext()
-		if err == nil {
-			err = c.SetOption(mangos.OptionRecvDeadline, pollInterval)
-		}
 		if err != nil {
+			stop()
 			return fmt.Errorf("idemproxy: context: %w", err)
 		}
-		go func() { errc <- serveContext(ctx, c, h, &o) }()
+		go func() { errc <- serveContext(ctx, c, h, &o, g) }()
 	}
 	for i := 0; i < o.concurrency; i++ {
 		if e := <-errc; e != nil && err == nil {
@@ -324,15 +321,54 @@ func (w *dialWatch) run(ctx context.Context) {
 	}
 }
 
+// idleGate stops the contexts waiting in Recv once ctx ends, by closing them:
+// a receive blocks without a deadline, so an idle worker does not wake up
+// (no polling of ctx), and a context busy with a delivery is not closed under
+// its handler: it answers, then sees the gate shut and returns.
+type idleGate struct {
+	mu      sync.Mutex
+	stopped bool
+	idle    map[mangos.Context]bool
+}
+
+func (g *idleGate) run(ctx context.Context) {
+	<-ctx.Done()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.stopped = true
+	for c := range g.idle {
+		_ = c.Close()
+	}
+}
+
+// enter marks c as receiving; false once the gate is shut.
+func (g *idleGate) enter(c mangos.Context) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stopped {
+		return false
+	}
+	g.idle[c] = true
+	return true
+}
+
+// leave marks c as no longer receiving; true if the gate was shut meanwhile.
+func (g *idleGate) leave(c mangos.Context) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.idle, c)
+	return g.stopped
+}
+
 // serveContext is one REP state machine: receive, handle, answer, until ctx ends.
-func serveContext(ctx context.Context, c mangos.Context, h Handler, o *options) error {
+func serveContext(ctx context.Context, c mangos.Context, h Handler, o *options, g *idleGate) error {
 	defer c.Close()
-	for ctx.Err() == nil {
+	for g.enter(c) {
 		msg, err := c.Recv()
-		if errors.Is(err, mangos.ErrRecvTimeout) {
-			continue
-		}
-		if err != nil {
+		if stopped := g.leave(c); err != nil {
+			if stopped {
+				return nil // closed by the gate: Serve was cancelled
+			}
 			return fmt.Errorf("idemproxy: receive: %w", err)
 		}
 		ack := answer(ctx, msg, h, o)

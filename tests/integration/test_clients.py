@@ -571,7 +571,7 @@ def test_client_idle_worker_costs_next_to_no_cpu(env, lang):
     200 ms timeout, 16-33 % of a core at concurrency 256 with no traffic (the
     others 0-3 %). Each example worker at concurrency 256, connected, one
     delivery answered, then 3 s without traffic: under 5 % of a core and
-    under 300 wake-ups a second."""
+    under 100 wake-ups a second."""
     build(lang)
     ep = env.endpoint()
     w = ExampleWorker(lang, ep, env.tmp, WORKER_CONCURRENCY=256)
@@ -589,8 +589,10 @@ def test_client_idle_worker_costs_next_to_no_cpu(env, lang):
         assert cpu < 0.05 * wall, f"{lang}: {cpu:.2f} s of CPU in {wall:.1f} s idle at concurrency 256"
         # Wake-ups count what CPU time hides on a fast machine: Rust's 256
         # handler threads each polled their stop flag 5 times a second
-        # (3,500/s); a runtime's own timers (Go's sysmon) are about 100/s.
-        assert wake < 300 * wall, f"{lang}: {wake / wall:.0f} wake-ups/s idle at concurrency 256"
+        # (3,500/s), Go's 256 receives a 100 ms deadline (126/s, and 7 % of a
+        # core on a loaded machine); now C 1, Node 0, Python 2, Rust 5, Go 9,
+        # Java 29.
+        assert wake < 100 * wall, f"{lang}: {wake / wall:.0f} wake-ups/s idle at concurrency 256"
     finally:
         w.stop()
 

@@ -309,6 +309,36 @@ def test_a_refused_set_back_counts_for_a_taker_no_worker_recorded():
     assert late(refused=False) == ["attempt-inflated", "bad-cause"]
 
 
+def test_a_count_raise_refused_after_a_set_back_may_let_one_delivery_more():
+    """Seed 314 of --net, first form (read from the run's AOF): replica 1 read
+    4230-0 (count 1), set the count back to 0 while it waited for a worker,
+    delivered attempt 1 during its link's refusal of SET, and the raise back
+    to 1 went in a refused write. Replica 0 took it over (count 1) and sent
+    attempt 1, then 2: three deliveries with max_deliveries 2, the low count
+    the contract allows. One more delivery per delivery sent during the
+    deliverer's own refusal, only when another replica delivered after it."""
+    def run_of(refused=1, span=(4.0, 10.0), first=4.5, third=None):
+        run = record(max_deliveries=2, lock_key=False, claim_idle_ms=1000)
+        run.proxies.append(Log("replica1"))
+        entry(run, "4230-0", "k1")
+        deliver(run, "k1", "4230-0", first, first + 0.01, answer="retry", worker="w1.0", replica=1)
+        deliver(run, "k1", "4230-0", 6.6, 6.7, answer="retry")
+        deliver(run, "k1", "4230-0", 7.0, 7.1, answer="retry", attempt=2)
+        if third is not None:
+            deliver(run, "k1", "4230-0", third, third + 0.1, answer="retry", attempt=2)
+        dead(run, "4230-0", "max_deliveries (2) reached: retry", t=8.0)
+        done(run, "k1")
+        if refused is not None:
+            run.hist.faults.append({"kind": "refuse", "replica": refused, "t0": span[0], "t1": span[1],
+                                    "command": "SET"})
+        return tags(run)
+    assert run_of() == []
+    assert run_of(refused=None) == ["too-many-deliveries"]
+    assert run_of(refused=0) == ["too-many-deliveries"]           # the taker's link, not the deliverer's
+    assert run_of(span=(4.6, 10.0)) == ["too-many-deliveries"]    # delivered before the refusal
+    assert run_of(third=7.5) == ["too-many-deliveries"]           # one more, not two
+
+
 def test_no_delivery_past_max_deliveries():
     """Issue 30's mutant (the poison check `>=` turned `>`): attempts 1 and 2
     fail, a restart, then attempt 3 with max_deliveries 2. The restart may

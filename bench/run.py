@@ -108,6 +108,10 @@ Knobs (environment, default):
                              parsed, canonicalised and hashed; the hash rides in the done
                              mark and is compared on every copy), in the same rounds as the
                              rows without it, and the ratio of the two
+  BENCH_FENCE group/single   read modes/layouts of the fencing rows: idemproxy with
+                             streams[].fencing true (each claim also raises the fencing
+                             counter by a script, on the claim's own round trip), in the
+                             same rounds as the rows without it, and the ratio of the two
   BENCH_AB_BIN ""             a second idemproxy binary for the A/B rows (unset or empty: no A/B)
   BENCH_AB_VARIANT group/single  read mode and layout of the A/B runs
   BENCH_AB_CONCURRENCY 16    handler threads of the one-connection worker
@@ -140,7 +144,7 @@ Knobs (environment, default):
                              CPU comes in 10 ms ticks: C's 50k deliveries are about 20 of them)
   BENCH_TIMEOUT 300          seconds any one wait may take
   IDEMPROXY_BIN build/idemproxy (copied first: a rebuild meanwhile is harmless)
-An empty BENCH_RATES, BENCH_LAYOUTS, BENCH_READS, BENCH_TLS or BENCH_FP, or 0 for BENCH_SAMPLE_A, BENCH_HOLD or
+An empty BENCH_RATES, BENCH_LAYOUTS, BENCH_READS, BENCH_TLS, BENCH_FP or BENCH_FENCE, or 0 for BENCH_SAMPLE_A, BENCH_HOLD or
 BENCH_CLUSTER_N, skips that part: e.g. only the A/B rows,
   BENCH_AB_BIN=/tmp/before/build/idemproxy BENCH_N=50000 BENCH_READS= BENCH_SAMPLE_A=0 \
   BENCH_RATES= BENCH_HOLD=0 BENCH_CLUSTER_N=0 make -C bench run Prints the table and writes build/bench/results.md and
@@ -201,6 +205,7 @@ VARIANTS = [f"{read}/{layout}" for read in READS for layout in LAYOUTS]   # "gro
 TLS_VARIANTS = [x for x in env("BENCH_TLS", "group/single").split(",") if x]
 FP_VARIANTS = [x for x in env("BENCH_FP", "group/single").split(",") if x]
 FP_LABEL = ', fingerprint "#event"'
+FENCE_VARIANTS = [x for x in env("BENCH_FENCE", "group/single").split(",") if x]
 LAT_LAYOUT = env("BENCH_LAT_LAYOUT", "single")
 BATCH = env("BENCH_BATCH", 256, int)
 PERF = env("BENCH_PERF", "")
@@ -575,7 +580,7 @@ def spread(r):
     return f"{r['keys_per_s']:,.0f}" + (f" ({lo:,.0f}–{hi:,.0f})" if hi > lo else "")
 
 
-def throughput(b, variant, data, perf=None, tls=False, fp=False):
+def throughput(b, variant, data, perf=None, tls=False, fp=False, fence=False):
     read, layout = variant.split("/")
     log(f"throughput, {read} read, layout {layout}{', TLS' if tls else ''}: {N} entries loaded, "
         f"{data['unique']} unique keys")
@@ -584,8 +589,8 @@ def throughput(b, variant, data, perf=None, tls=False, fp=False):
     w = b.worker(f"ipc://{b.tmp}/app.sock", expect=data["unique"])
     time.sleep(0.2)                                      # let the worker's sockets exist
     fpt = "#event" if fp else ""
-    p = b.proxy(layout, read=read, tls=tls, fingerprint=fpt)
-    perf = perf if variant == VARIANTS[0] and not tls and not fp else None
+    p = b.proxy(layout, read=read, tls=tls, fingerprint=fpt, stream_opts={"fencing": "true"} if fence else None)
+    perf = perf if variant == VARIANTS[0] and not tls and not fp and not fence else None
     p.start(perf, OUT / f"perf{'-stat' if perf == 'stat' else ''}-{layout}")
     m = b.wait(lambda: p.finished(N), TIMEOUT, f"{N} entries done ({variant})")
     t_all = time.monotonic() - p.t0
@@ -598,7 +603,7 @@ def throughput(b, variant, data, perf=None, tls=False, fp=False):
     wr = w.stop()
     t_keys = (wr["expect_mono"] / 1e6 - p.t0) if wr["expect_mono"] else float("nan")
     res = {
-        "variant": variant + (" tls" if tls else "") + (" fp" if fp else ""), "tls": tls, "fp": fp, "read": read, "layout": layout, "entries": N, "unique": data["unique"], "load": loadavg(),
+        "variant": variant + (" tls" if tls else "") + (" fp" if fp else "") + (" fence" if fence else ""), "tls": tls, "fp": fp, "fence": fence, "read": read, "layout": layout, "entries": N, "unique": data["unique"], "load": loadavg(),
         "t_keys": t_keys, "t_all": t_all,
         "keys_per_s": data["unique"] / t_keys, "entries_per_s": N / t_all,
         "cpu_s": cpu, "cpu_per_1k": cpu / (N / 1000), "vmhwm_kib": hwm,
@@ -1565,7 +1570,7 @@ def report(meta, tp, base, lat, mem, allocs=None, other=(), slow=None):
     L.append("|---|---:|---:|---:|---:|---:|---:|")
     for t in tp:
         L.append(f"| idemproxy, {t['read']} read, layout {t['layout']}{', TLS' if t.get('tls') else ''}"
-                 f"{FP_LABEL if t.get('fp') else ''} | "
+                 f"{FP_LABEL if t.get('fp') else ''}{', fencing' if t.get('fence') else ''} | "
                  f"{t['unique']} | {spread(t)} | "
                  f"{t['entries_per_s']:,.0f} | {t['copies_per_s']:,.0f} | {t['cpu_per_1k']:.3f} | "
                  f"{t['cmds_per_key']:.2f} |")
@@ -1618,6 +1623,9 @@ def report(meta, tp, base, lat, mem, allocs=None, other=(), slow=None):
                           for v in VARIANTS) + " |")
     L.append("| idemproxy with fingerprint \"#event\" / without, keys/s | "
              + " | ".join(f"{ratio(v + ' fp', by.get(v)):.2f}" if v in FP_VARIANTS else ""
+                          for v in VARIANTS) + " |")
+    L.append("| idemproxy with fencing: true / without, keys/s | "
+             + " | ".join(f"{ratio(v + ' fence', by.get(v)):.2f}" if v in FENCE_VARIANTS else ""
                           for v in VARIANTS) + " |")
     L.append("")
 
@@ -1745,7 +1753,7 @@ def main():
                 Path(os.environ.get("IDEMPROXY_BIN", ROOT / "build" / "idemproxy")).stat().st_mtime)),
             "redis": subprocess.run(["redis-server", "--version"], capture_output=True,
                                     text=True).stdout.split(" sha=")[0]}
-    log(f"N={N} copies={COPIES} rates={RATES} variants={VARIANTS} tls={TLS_VARIANTS} fp={FP_VARIANTS}; "
+    log(f"N={N} copies={COPIES} rates={RATES} variants={VARIANTS} tls={TLS_VARIANTS} fp={FP_VARIANTS} fence={FENCE_VARIANTS}; "
         f"load average {meta['load_start']}")
     tmp = tempfile.mkdtemp(prefix="idemproxy-bench-")
     b = Bench(tmp)
@@ -1755,7 +1763,7 @@ def main():
         # machine's load hits them alike; each row reports its median round.
         tp_runs = {v: [] for v in VARIANTS}
         base_runs = {}
-        for rnd in range(REPEAT if VARIANTS or TLS_VARIANTS or FP_VARIANTS or SAMPLE_A else 0):
+        for rnd in range(REPEAT if VARIANTS or TLS_VARIANTS or FP_VARIANTS or FENCE_VARIANTS or SAMPLE_A else 0):
             log(f"round {rnd + 1} of {REPEAT}")
             for v in VARIANTS:
                 tp_runs[v].append(throughput(b, v, b.fresh(), perf=PERF if rnd == 0 else None))
@@ -1763,6 +1771,8 @@ def main():
                 tp_runs.setdefault(v + " tls", []).append(throughput(b, v, b.fresh(), tls=True))
             for v in FP_VARIANTS:
                 tp_runs.setdefault(v + " fp", []).append(throughput(b, v, b.fresh(), fp=True))
+            for v in FENCE_VARIANTS:
+                tp_runs.setdefault(v + " fence", []).append(throughput(b, v, b.fresh(), fence=True))
             if SAMPLE_A:
                 base_runs.setdefault("a", []).append(baseline(b, "a", "split", limit=min(SAMPLE_A, N)))
             for v in VARIANTS:

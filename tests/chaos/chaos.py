@@ -1932,6 +1932,12 @@ def check(run):
         return sum(1 for f in faults if f["kind"] == "throttle" and idle_s is not None
                    and f["replica"] in taken_from.get(eid, ())
                    and f["t1"] - f["t0"] >= idle_s and f["t1"] >= born - 1.0 and f["t0"] <= before)
+    def blocks_scripts(f):
+        """A refusal that keeps a replica's scripts (count set-backs and raises,
+        refreshes) from Redis: of EVAL, of SET (the writes they ride in), or of
+        everything."""
+        return f["kind"] == "refuse" and bool({"EVAL", "SET", "ALL"} & set(f.get("command", "").split("+")))
+
     def sent_deliveries(eid):
         """Every delivery of entry 'eid' a replica sent, in the order sent: a
         delivery no worker recorded (it timed out before one read it) is one
@@ -1959,7 +1965,7 @@ def check(run):
         xs = [y for y in sent_deliveries(eid) if y["sent"] <= before + SLACK]
         total = 0
         for f in faults:
-            if f["kind"] != "refuse" or not {"EVAL", "SET", "ALL"} & set(f.get("command", "").split("+")):
+            if not blocks_scripts(f):
                 continue
             a = f["replica"]
             during = [y for y in xs if y["replica"] == a and f["t0"] - SLACK <= y["sent"] <= f["t1"]]
@@ -1977,8 +1983,8 @@ def check(run):
         counts once more. A refusal of SET does the same (seed 314): the forwarder
         drops each write that holds a SET and closes the link, and A, with entries
         to claim, sends a SET in its first write after every reconnect, so its
-        command link is cut again and again for as long as the refusal lasts. The replica that knows cannot write, the one that writes
-        cannot know. For each replica A with such a refusal from before the delivery
+        command link is cut again and again for as long as the refusal lasts. The
+        replica that knows cannot write, the one that writes cannot know. For each replica A with such a refusal from before the delivery
         and not ended before the entry was added, when the first delivery sent
         after the refusal began is another replica's, at least claim_idle_ms after
         the entry was added (a takeover): one for A's read (none if A had
@@ -1993,8 +1999,7 @@ def check(run):
         for a in sorted({f["replica"] for f in faults if f["kind"] == "refuse"}):
             spans = []
             for f in faults:
-                if f["kind"] != "refuse" or f["replica"] != a or f["t0"] > before or f["t1"] < born \
-                        or not {"EVAL", "SET", "ALL"} & set(f.get("command", "").split("+")):
+                if not blocks_scripts(f) or f["replica"] != a or f["t0"] > before or f["t1"] < born:
                     continue
                 taker = next((y for y in xs if y["sent"] >= f["t0"] - SLACK), None)
                 if taker is None or taker["sent"] > before + SLACK or taker["replica"] == a \

@@ -1060,3 +1060,28 @@ def test_db_after_a_forget_an_entry_dead_lettered_in_its_window_may_lose_it():
         return run
     assert chaos.check(history(1.3)) == []
     assert tags(history(0.05)) == ["no-outcome"]
+
+
+def exhausted_behind_a_busy_dead_letter():
+    """Group-less, two replicas (seed 145): replica 1 finds the room lock held and
+    dead-letters entry 1-0 as busy; replica 0 then exhausts it (max_deliveries) and
+    marks its key done with its fingerprint, its own dead letter not written: one dead
+    letter per entry across replicas, and that one says busy."""
+    run = record(group=False, on_busy="dead_letter", max_deliveries=2, fingerprint="#event",
+                 on_conflict="dead_letter")
+    run.proxies = [Log("replica0"), Log("replica1")]
+    entry(run, "1-0", "k1", fp=FP_A)
+    deliver(run, "k1", "1-0", 1.0, 1.1, answer="retry")
+    deliver(run, "k1", "1-0", 1.3, 1.4, answer="retry", attempt=2)
+    dead(run, "1-0", "busy", t=1.5)
+    done(run, "k1")
+    run.state["marks"] = {"k1": (1600, FP_A)}
+    return run
+
+
+def test_a_mark_of_an_entry_a_replica_logged_exhausted_passes():
+    run = exhausted_behind_a_busy_dead_letter()
+    assert tags(run) == ["done-unacked"]                      # no replica said it exhausted it
+    run.proxies[0].text = ("2026-11-26T17:01:49.676Z warn  stream room entry 1-0 key k1 attempt 2: "
+                           "max_deliveries (2) reached: chaos-retry\n")
+    assert chaos.check(run) == []

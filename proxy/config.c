@@ -101,6 +101,7 @@
 #define PX_CONFIG_DEFAULT_RETRY_BACKOFF_MS  100
 #define PX_CONFIG_DEFAULT_CLAIM_IDLE_MS     30000
 #define PX_CONFIG_DEFAULT_BATCH_MS          2 /* streams[].batch_ms: about 2 ms more at p99 */
+#define PX_CONFIG_DEFAULT_COMMIT_MS         5 /* streams[].commit_ms: after the ack, not before the delivery */
 
 /*
  * The largest duration accepted: 100 years. Far beyond any real setting, and
@@ -109,7 +110,7 @@
  */
 #define CFG_MAX_MS 3153600000000LL
 
-#define CFG_MAX_OPTS 26 /* keys in the largest table (a stream block) */
+#define CFG_MAX_OPTS 27 /* keys in the largest table (a stream block) */
 #define CFG_ECHO_MAX 48 /* at most this much of a bad value is quoted back */
 
 /* How much of 's' to quote back: at most CFG_ECHO_MAX bytes, cut at a
@@ -1592,6 +1593,7 @@ static const cfg_opt cfg_stream_opts[] = {
     /* a batching wait, not a delay: bounded well under any lease */
     { .name = "linger_ms", .set = cfg_set_ms, .offset = offsetof(px_stream_conf, linger_ms), .min = 0, .max = PX_LINGER_MAX_MS },
     { .name = "batch_ms", .set = cfg_set_ms, .offset = offsetof(px_stream_conf, batch_ms), .min = 0, .max = PX_LINGER_MAX_MS },
+    { .name = "commit_ms", .set = cfg_set_ms, .offset = offsetof(px_stream_conf, commit_ms), .min = 0, .max = PX_LINGER_MAX_MS },
     CFG_BOOL(px_stream_conf, hash_tag),
     /* a fingerprint decides which copies conflict: it must read the entry too */
     { .name = "fingerprint", .set = cfg_set_template, .offset = offsetof(px_stream_conf, fingerprint), .offset2 = offsetof(px_stream_conf, fp_tpl), .flags = CFG_EMPTY_NULL | CFG_TPL_KEY },
@@ -1666,6 +1668,7 @@ static void cfg_stream_defaults(cfg_parser *p, px_stream_conf *s, const yaml_nod
     s->hash_tag = false;
     s->claim_idle_ms = PX_CONFIG_DEFAULT_CLAIM_IDLE_MS;
     s->batch_ms = PX_CONFIG_DEFAULT_BATCH_MS;
+    s->commit_ms = PX_CONFIG_DEFAULT_COMMIT_MS;
     s->line = (int)block->start_mark.line + 1;
     s->key_tpl = px_template_compile(s->key, err, sizeof err, &errcol);
     if (s->key_tpl == NULL)

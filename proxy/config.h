@@ -28,7 +28,7 @@ typedef enum { PX_LOG_ERROR = 0,
 typedef enum { PX_LOG_TEXT = 0,
                PX_LOG_JSON } px_log_format;
 
-#define PX_LINGER_MAX_MS 100 /* streams[].linger_ms and batch_ms at most */
+#define PX_LINGER_MAX_MS 100 /* streams[].linger_ms, batch_ms and commit_ms at most */
 
 typedef struct px_stream_conf {
     char *stream;                 /* stream key; required */
@@ -54,6 +54,7 @@ typedef struct px_stream_conf {
     long long claim_idle_ms;      /* default 30000 */
     long long linger_ms;          /* default 0: batch_ms decides; over 0, a fixed wait instead */
     long long batch_ms;           /* default 2: the batch window's bound (px_decide_batch_wait) */
+    long long commit_ms;          /* default 5: a done mark's wait for the next page's claims (px_decide_commit_wait) */
     bool hash_tag;                /* default false: true names keys prefix + "{" + key + "}" */
     px_template *key_tpl;         /* compiled 'key' */
     px_template *lock_tpl;        /* compiled 'lock_key'; NULL when none */

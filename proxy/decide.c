@@ -96,6 +96,12 @@ long long px_decide_batch_wait(const px_batch_view *v)
     return (double)v->got * (double)v->batch_ms >= v->gap_ms ? v->batch_ms : 0;
 }
 
+long long px_decide_commit_wait(const px_commit_view *v)
+{
+    if (v->carried || v->due || v->stopping || v->queued == 0 || v->queued >= PX_COMMIT_RIDE_MAX) return 0;
+    return v->wait_ms > 0 ? v->wait_ms : 0;
+}
+
 bool px_decide_error_expected(const char *err)
 {
     return err && strncmp(err, "BUSYGROUP", 9) == 0 && (err[9] == ' ' || err[9] == '\0');

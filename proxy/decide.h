@@ -179,6 +179,26 @@ typedef struct px_batch_view {
 
 long long px_decide_batch_wait(const px_batch_view *v);
 
+/*
+ * The done mark's ride (commit.c; docs/configuration.md, commit_ms): how long
+ * the commits queued in a loop turn that writes no claim may wait for the next
+ * page's claims, so they share one write and their replies one read (0: write
+ * them now). Only while the batch window of every queued entry's stream is
+ * open (a page is due within batch_ms, whose claims will carry them); never
+ * once the wait is over, the proxy stops, or PX_COMMIT_RIDE_MAX are queued.
+ */
+#define PX_COMMIT_RIDE_MAX 256
+
+typedef struct px_commit_view {
+    bool carried;      /* a claim is written in this loop turn */
+    bool due;          /* the wait armed before is over */
+    bool stopping;     /* SIGTERM: no waiting */
+    size_t queued;     /* commits queued */
+    long long wait_ms; /* the least commit_ms of their streams; 0 if one's window is shut */
+} px_commit_view;
+
+long long px_decide_commit_wait(const px_commit_view *v);
+
 /* An error reply that waiting can cure (a loading, busy, failing-over or
  * full server, a cluster in motion): true. WRONGTYPE, NOPERM, ERR and the
  * rest come back the same however often they are retried: false. */

@@ -648,7 +648,7 @@ static void flush_cb(struct ev_loop *loop, ev_prepare *w, int revents)
     (void)revents;
     px_proxy *px = w->data;
     size_t carriers = px_claim_flush(px);
-    carriers += px_commit_flush(px);
+    carriers += px_commit_flush(px, carriers > 0);
     px_commit_xack_flush(px, carriers > 0);
     px_deliver_flush(px);
     for (size_t s = 0; s < px->nstreams; s++) px_reader_kick(&px->streams[s]);
@@ -834,6 +834,8 @@ px_proxy *px_proxy_create(struct ev_loop *loop, px_config *conf, const char *pas
     px->password = NULL;
     ev_init(&px->xack_wait, px_commit_xack_wait_cb);
     px->xack_wait.data = px;
+    ev_init(&px->commit_wait, px_commit_wait_cb);
+    px->commit_wait.data = px;
     ev_prepare_init(&px->flush, flush_cb);
     px->flush.data = px;
     ev_prepare_start(loop, &px->flush);
@@ -874,6 +876,7 @@ void px_proxy_destroy(px_proxy *px)
     }
     ev_prepare_stop(px->loop, &px->flush);
     ev_timer_stop(px->loop, &px->xack_wait);
+    ev_timer_stop(px->loop, &px->commit_wait);
     ev_check_stop(px->loop, &px->woke);
     ev_prepare_stop(px->loop, &px->sleeps);
     ev_signal_stop(px->loop, &px->sigterm);

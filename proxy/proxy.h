@@ -137,15 +137,17 @@ struct px_proxy {
     size_t waiting_out; /* of those, copies parked behind another holder's lock */
     size_t leaving;     /* of those, committed (or copies) and only awaiting XACK */
     px_queue claim_q, send_q, commit_q, xack_q;
-    ev_timer xack_wait;  /* the longest an XACK waits for a claim or commit to ride with */
-    bool xack_due;       /* that wait is over: flush_cb sends the XACKs */
-    px_deliver *deliver; /* deliver.c state */
-    px_metrics *metrics; /* metrics.c state; NULL when disabled */
-    ev_prepare flush;    /* flushes the queues once per loop iteration */
-    ev_check woke;       /* loop_busy: the loop is back from epoll_wait ... */
-    ev_prepare sleeps;   /* ... and about to wait again (its last prepare) */
-    double woke_at;      /* monotonic seconds; 0 before the first wake-up */
-    px_hist loop_busy;   /* per loop iteration: woke -> sleeps */
+    ev_timer xack_wait;   /* the longest an XACK waits for a claim or commit to ride with */
+    bool xack_due;        /* that wait is over: flush_cb sends the XACKs */
+    ev_timer commit_wait; /* the longest a done mark waits for a claim to ride with */
+    bool commit_due;      /* that wait is over: flush_cb writes the commits */
+    px_deliver *deliver;  /* deliver.c state */
+    px_metrics *metrics;  /* metrics.c state; NULL when disabled */
+    ev_prepare flush;     /* flushes the queues once per loop iteration */
+    ev_check woke;        /* loop_busy: the loop is back from epoll_wait ... */
+    ev_prepare sleeps;    /* ... and about to wait again (its last prepare) */
+    double woke_at;       /* monotonic seconds; 0 before the first wake-up */
+    px_hist loop_busy;    /* per loop iteration: woke -> sleeps */
     ev_signal sigterm, sigint;
     ev_timer grace; /* shutdown grace */
     bool stopping;

@@ -104,6 +104,7 @@ struct px_reader {
     ev_timer janitor;                  /* group: idle consumer removal */
     ev_timer pause;                    /* a short wait after an error reply, then read again */
     ev_timer linger;                   /* the batch window after a short live page (px_decide_batch_wait) */
+    bool batching;                     /* the last live page opened the window: the next one is due soon */
     double last_page;                  /* ev_now of the last live page that brought entries; 0: none */
 };
 
@@ -153,6 +154,7 @@ static void reader_to(px_stream *st, r_state next)
         px_log_error("stream %s: the reader cannot go from %s to %s", st->conf->stream, name[rd->state],
                      name[next]);
     PX_ENSURE(reader_legal[rd->state][next]);
+    rd->batching = false;    /* a page read in the new state opens the window again */
     if (next == R_HISTORY) { /* a replay from the start, with nothing in flight */
         PX_ENSURE(st->conf->group && !rd->reading);
         strcpy(rd->last_id, "0");
@@ -653,6 +655,7 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
     /* The batch window: after a short live page, while entries arrive close
      * together, let more arrive so they are read, claimed and committed
      * together (batch_ms, or a fixed linger_ms). */
+    if (rd->state != R_LIVE || got == 0) rd->batching = false;
     if (rd->state == R_LIVE && got > 0) {
         double now = ev_now(st->px->loop);
         px_batch_view v = { .got = got,
@@ -662,6 +665,7 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
                             .batch_ms = st->conf->batch_ms };
         long long wait_ms = px_decide_batch_wait(&v);
         rd->last_page = now;
+        rd->batching = wait_ms > 0;
         if (wait_ms > 0) {
             ev_timer_set(&rd->linger, (double)wait_ms / 1000.0, 0.);
             ev_timer_start(st->px->loop, &rd->linger);
@@ -929,6 +933,16 @@ bool px_reader_live(px_stream *st)
 {
     px_reader *rd = st->reader;
     return rd->link && px_redis_is_up(rd->link) && (rd->state == R_LIVE || rd->state == R_HISTORY);
+}
+
+/* The last live page opened the batch window: the next page is read within
+ * batch_ms (or linger_ms), or its read is out, and its claims can carry the
+ * done marks queued meanwhile (commit.c). Until a page that does not open it,
+ * or an empty one. */
+bool px_reader_batching(px_stream *st)
+{
+    px_reader *rd = st->reader;
+    return rd != NULL && rd->state == R_LIVE && rd->batching;
 }
 
 void px_reader_kick(px_stream *st)

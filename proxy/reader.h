@@ -17,6 +17,7 @@ void px_reader_refresh_now(px_stream *st);
 void px_reader_stop(px_stream *st);     /* once stopped, again does nothing */
 void px_reader_free(px_stream *st);     /* after the command link is destroyed */
 bool px_reader_live(px_stream *st);     /* connected and reading */
+bool px_reader_batching(px_stream *st); /* its batch window is open: a page is due soon */
 void px_reader_delivering(px_entry *e); /* a delivery goes out: Redis counts it */
 void px_reader_waiting(px_entry *e);    /* it waits undelivered: Redis' count set back */
 

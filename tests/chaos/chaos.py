@@ -3,7 +3,7 @@
 
 One seed picks everything: a configuration (layout, group or not, lock_key,
 wait_ms, lease_ms, claim_idle_ms, ack_timeout_ms, max_inflight, on_busy, linger_ms, batch_ms,
-fingerprint and on_conflict, fencing, 1-4 replicas), a workload (copies of events,
+commit_ms, fingerprint and on_conflict, fencing, 1-4 replicas), a workload (copies of events,
 some with another payload, shared rooms, entries near and over max_entry_bytes, bad
 input, hostile producer entries, a lock_key of the wrong type; in fields mode, flat
 fields and field names of thousands of dotted parts), worker
@@ -205,6 +205,9 @@ def generate(seed):
     # streams[].batch_ms, from its own Random too: the default (not written, 2 ms)
     # in four seeds of six, and its extremes, 0 (never waits) and 100 (the most).
     c["batch_ms"] = random.Random(f"{seed}/batch").choice([None, None, None, None, 0, 100])
+    # streams[].commit_ms, the same way: the default (5 ms) in four seeds of six,
+    # 0 (done marks written at once) and 100 (the longest a done mark waits).
+    c["commit_ms"] = random.Random(f"{seed}/commit").choice([None, None, None, None, 0, 100])
     fields_mode(c, seed)
     return c
 
@@ -1119,6 +1122,8 @@ class Run:
             s["on_conflict"] = c["on_conflict"]
         if c.get("batch_ms") is not None:
             s["batch_ms"] = c["batch_ms"]
+        if c.get("commit_ms") is not None:
+            s["commit_ms"] = c["commit_ms"]
         return s
 
     def start_proxies(self):

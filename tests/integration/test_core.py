@@ -647,6 +647,64 @@ def test_batch_window_shares_reads_only_while_entries_arrive_close_together(env,
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_done_mark_rides_with_the_next_pages_claim(env, mode):
+    """streams[].commit_ms (default 5): while the batch window is open, an
+    acked entry's done mark waits for the claims of the next page and goes in
+    their write (issue 34), at most commit_ms. linger_ms 50 keeps the window
+    open after every page, commit_ms 100: the worker, handed e1, publishes e2
+    and then acks e1, so e2 is read when e1's window ends, some 50 ms after
+    e1's ACK. On the command link (MONITOR, by client) e1's done mark is the
+    command right after e2's claim, and in group mode e1's XACK comes after its
+    done mark; a done mark written at once went out before e2's claim."""
+    import threading
+    r = env.r
+    conf = batch_conf(mode, "room", linger_ms=50, commit_ms=100)
+    arrived = {}
+
+    def behave(d):
+        arrived.setdefault(d.key, time.monotonic())
+        if d.key == "e1":
+            publish(r, "room", [{"eventId": "e2"}])
+        return (pb.Ack.ACK, "")
+
+    p = env.proxy([conf])
+    env.worker(p.endpoint, behave=behave)
+    wait_for(lambda: p.metrics().get("idemproxy_workers_connected") == 1, what="the worker")
+    time.sleep(0.5)                         # the reader is live
+    seen, stop = [], threading.Event()
+
+    def watch():
+        with r.monitor() as m:
+            for c in m.listen():
+                seen.append((c.get("client_address"), c.get("client_port"), c.get("command", "")))
+                if stop.is_set():
+                    return
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    time.sleep(0.2)                         # MONITOR is on
+    (id1,) = publish(r, "room", [{"eventId": "e1"}])
+    wait_for(lambda: "e2" in arrived, 10, "e1 and e2 delivered")
+    wait_for(lambda: all((r.get(f"idem:{k}") or "")[:1] == "D" for k in ("e1", "e2")), 10, "both done")
+    if mode == "group":
+        wait_for(lambda: pending(r, "room", "game-server") == 0, 10, "both acked")
+    stop.set()
+    r.ping()                                # one more command ends the watch
+    t.join(5)
+    cmds = list(seen)
+    at = lambda pred: next(i for i, c in enumerate(cmds) if pred(c[2]))
+    claim2 = at(lambda c: c.startswith("SET idem:e2 L:"))
+    done1 = at(lambda c: c.startswith("SET idem:e1 D:"))
+    link = cmds[claim2][:2]
+    mine = [c[2].split(" ")[:2] for c in cmds[claim2:] if c[:2] == link]
+    assert claim2 < done1 and mine[:2] == [["SET", "idem:e2"], ["SET", "idem:e1"]], \
+        [c[2][:40] for c in cmds]
+    if mode == "group":
+        assert done1 < at(lambda c: c.startswith("XACK room") and str(id1) in c), "done mark first"
+    assert sorted(arrived) == ["e1", "e2"]
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_batch_window_never_holds_an_entry_after_a_quiet_spell(env, mode):
     """The window opens only after a page that came within 50 ms of the one
     before: an entry after a quiet spell is read at once, and so is one that

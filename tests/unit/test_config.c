@@ -156,10 +156,11 @@ static void test_full(void)
         test_cond("claim_idle_ms", s->claim_idle_ms == 60000);
         test_cond("linger_ms", s->linger_ms == 9);
         test_cond("batch_ms", s->batch_ms == 7);
+        test_cond("commit_ms", s->commit_ms == 3);
         test_cond("line of block 0", s->line == 21);
         test_streq("stream 2", c->streams[1].stream, "seat");
         test_streq("start entry id", c->streams[1].start, "1700000000000-5");
-        test_cond("line of block 1", c->streams[1].line == 47);
+        test_cond("line of block 1", c->streams[1].line == 48);
     }
     px_config_destroy(c);
 
@@ -224,6 +225,7 @@ static void test_defaults(void)
     test_cond("default claim_idle_ms", s->claim_idle_ms == 30000);
     test_cond("default linger_ms: 0", s->linger_ms == 0);
     test_cond("default batch_ms: 2", s->batch_ms == 2);
+    test_cond("default commit_ms: 5", s->commit_ms == 5);
     test_cond("line", s->line == 1);
     px_config_destroy(c);
 
@@ -352,6 +354,8 @@ static void test_errors(void)
                  "t.yaml:3:16: ", "linger_ms: must be at most 100 (got 101)");
     expect_error("batch_ms over 100", "streams:\n  - stream: room\n    batch_ms: 101\n",
                  "t.yaml:3:15: ", "batch_ms: must be at most 100 (got 101)");
+    expect_error("commit_ms over 100", "streams:\n  - stream: room\n    commit_ms: 101\n",
+                 "t.yaml:3:16: ", "commit_ms: must be at most 100 (got 101)");
     expect_error("max_entry_bytes 0", "app:\n  max_entry_bytes: 0\n" S,
                  "t.yaml:2:20: ", "app.max_entry_bytes: must be at least 1");
 

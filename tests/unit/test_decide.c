@@ -281,9 +281,30 @@ static void test_batch_wait(void)
         test_cond(rows[i].name, px_decide_batch_wait(&rows[i].v) == rows[i].want);
 }
 
+static void test_commit_wait(void)
+{
+    static const struct {
+        const char *name;
+        px_commit_view v;
+        long long want;
+    } rows[] = {
+        { "acked while the window is open, no claim this turn: wait 5", { false, false, false, 1, 5 }, 5 },
+        { "a claim is written this turn: ride it now", { true, false, false, 1, 5 }, 0 },
+        { "the wait is over: write now", { false, true, false, 3, 5 }, 0 },
+        { "stopping: write now", { false, false, true, 1, 5 }, 0 },
+        { "a window shut (or commit_ms 0): write now", { false, false, false, 1, 0 }, 0 },
+        { "nothing queued: nothing to wait for", { false, false, false, 0, 5 }, 0 },
+        { "255 queued: still waits", { false, false, false, 255, 5 }, 5 },
+        { "PX_COMMIT_RIDE_MAX queued: write now", { false, false, false, PX_COMMIT_RIDE_MAX, 5 }, 0 },
+    };
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+        test_cond(rows[i].name, px_decide_commit_wait(&rows[i].v) == rows[i].want);
+}
+
 int main(void)
 {
     test_reserve();
+    test_commit_wait();
     test_lock_reply();
     test_errors();
     test_claim();

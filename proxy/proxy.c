@@ -647,8 +647,13 @@ static void flush_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 {
     (void)revents;
     px_proxy *px = w->data;
-    size_t carriers = px_claim_flush(px);
-    carriers += px_commit_flush(px, carriers > 0);
+    /* With claims to write, the done marks go first in the write (they ride
+     * with the claims: px_commit_flush): a copy in the page then meets its key
+     * done, not its original's lock (counted busy, parked, claimed again). */
+    bool claims = px->claim_q.n > 0;
+    size_t carriers = claims ? px_commit_flush(px, true) : 0;
+    carriers += px_claim_flush(px);
+    if (!claims) carriers += px_commit_flush(px, false);
     px_commit_xack_flush(px, carriers > 0);
     px_deliver_flush(px);
     for (size_t s = 0; s < px->nstreams; s++) px_reader_kick(&px->streams[s]);

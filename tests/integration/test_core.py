@@ -654,8 +654,9 @@ def test_done_mark_rides_with_the_next_pages_claim(env, mode):
     open after every page, commit_ms 100: the worker, handed e1, publishes e2
     and then acks e1, so e2 is read when e1's window ends, some 50 ms after
     e1's ACK. On the command link (MONITOR, by client) e1's done mark is the
-    command right after e2's claim, and in group mode e1's XACK comes after its
-    done mark; a done mark written at once went out before e2's claim."""
+    command right before e2's claim (first in the write, so a copy in the page
+    finds its key done), and in group mode e1's XACK comes after its done mark;
+    a done mark written at once went out alone, well before e2's claim."""
     import threading
     r = env.r
     conf = batch_conf(mode, "room", linger_ms=50, commit_ms=100)
@@ -695,13 +696,42 @@ def test_done_mark_rides_with_the_next_pages_claim(env, mode):
     at = lambda pred: next(i for i, c in enumerate(cmds) if pred(c[2]))
     claim2 = at(lambda c: c.startswith("SET idem:e2 L:"))
     done1 = at(lambda c: c.startswith("SET idem:e1 D:"))
-    link = cmds[claim2][:2]
-    mine = [c[2].split(" ")[:2] for c in cmds[claim2:] if c[:2] == link]
-    assert claim2 < done1 and mine[:2] == [["SET", "idem:e2"], ["SET", "idem:e1"]], \
+    link = cmds[done1][:2]
+    mine = [c[2].split(" ")[:2] for c in cmds[done1:] if c[:2] == link]
+    assert done1 < claim2 and mine[:2] == [["SET", "idem:e1"], ["SET", "idem:e2"]], \
         [c[2][:40] for c in cmds]
     if mode == "group":
         assert done1 < at(lambda c: c.startswith("XACK room") and str(id1) in c), "done mark first"
     assert sorted(arrived) == ["e1", "e2"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_copy_read_while_its_original_rides_finds_it_done(env, mode):
+    """The ride's write puts the done marks before the claims: the worker,
+    handed e1, publishes a copy of e1 and acks; the copy is read in the page
+    e1's done mark waits for (linger_ms 50, commit_ms 100), and its claim
+    must find e1 done, a plain duplicate: not e1's own lock (counted busy,
+    parked behind it, claimed again), as when the claims went first."""
+    r = env.r
+    conf = batch_conf(mode, "room", linger_ms=50, commit_ms=100)
+    got = []
+
+    def behave(d):
+        got.append(d.key)
+        if len(got) == 1:
+            publish(r, "room", [{"eventId": "e1"}])
+        return (pb.Ack.ACK, "")
+
+    p = env.proxy([conf])
+    env.worker(p.endpoint, behave=behave)
+    wait_for(lambda: p.metrics().get("idemproxy_workers_connected") == 1, what="the worker")
+    time.sleep(0.5)                         # the reader is live
+    publish(r, "room", [{"eventId": "e1"}])
+    wait_for(lambda: outcomes(p, "room").get("duplicate", 0) >= 1, 10, "the copy skipped")
+    time.sleep(0.3)
+    assert got == ["e1"]
+    busy = sum(v for k, v in p.metrics().items() if k.startswith("idemproxy_lock_busy_total"))
+    assert busy == 0, "the copy met e1's lock, not its done mark"
 
 
 @pytest.mark.parametrize("mode", MODES)

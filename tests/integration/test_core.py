@@ -735,6 +735,53 @@ def test_a_copy_read_while_its_original_rides_finds_it_done(env, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_a_riding_done_mark_waits_commit_ms_at_most(env, mode):
+    """The ride is bounded: a lone entry, acked while its window is open
+    (linger_ms 50), with no page after it for its done mark to ride with,
+    is marked done when commit_ms (100) runs out, not when the reader's
+    blocking read (2 s) next comes back empty."""
+    r = env.r
+    acked = []
+
+    def behave(d):
+        acked.append(time.monotonic())
+        return (pb.Ack.ACK, "")
+
+    p = env.proxy([batch_conf(mode, "room", linger_ms=50, commit_ms=100)])
+    env.worker(p.endpoint, behave=behave)
+    wait_for(lambda: p.metrics().get("idemproxy_workers_connected") == 1, what="the worker")
+    time.sleep(0.5)                         # the reader is live
+    publish(r, "room", [{"eventId": "lone"}])
+    wait_for(lambda: (r.get("idem:lone") or "")[:1] == "D", 5, "lone done")
+    took = time.monotonic() - acked[0]
+    assert took < 0.6, f"done {took:.2f} s after the ACK"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sigterm_writes_a_riding_done_mark_at_once(env, mode):
+    """SIGTERM while a done mark waits to ride (commit_ms 100, a grace of
+    30 ms, shorter than the wait): it is written at once, then the XACK, and
+    the process exits 0 with the entry done and nothing pending."""
+    import threading
+    r = env.r
+    p = env.proxy([batch_conf(mode, "room", linger_ms=50, commit_ms=100)], shutdown_grace_ms=30)
+
+    def behave(d):
+        threading.Timer(0.005, lambda: p.proc and p.proc.send_signal(signal.SIGTERM)).start()
+        return (pb.Ack.ACK, "")
+
+    env.worker(p.endpoint, behave=behave)
+    wait_for(lambda: p.metrics().get("idemproxy_workers_connected") == 1, what="the worker")
+    time.sleep(0.5)                         # the reader is live
+    publish(r, "room", [{"eventId": "last"}])
+    wait_for(lambda: p.proc is None or p.proc.poll() is not None, 10, "the proxy gone after SIGTERM")
+    assert p.stop() == 0
+    assert (r.get("idem:last") or "")[:1] == "D"
+    if mode == "group":
+        assert pending(r, "room", "game-server") == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_batch_window_never_holds_an_entry_after_a_quiet_spell(env, mode):
     """The window opens only after a page that came within 50 ms of the one
     before: an entry after a quiet spell is read at once, and so is one that

@@ -782,6 +782,31 @@ def test_sigterm_writes_a_riding_done_mark_at_once(env, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_links_cut_while_a_done_mark_rides_write_it_after_the_reconnect(env, mode):
+    """Redis drops every link of the proxy (CLIENT KILL) 5 ms after the
+    worker's ACK, while the done mark waits to ride (commit_ms 100): it is
+    written once the links are back; the entry is done, delivered once and
+    (group) not pending."""
+    import threading
+    r = env.r
+    p = env.proxy([batch_conf(mode, "room", linger_ms=50, commit_ms=100)])
+
+    def behave(d):
+        threading.Timer(0.005, lambda: r.client_kill_filter(_type="normal", skipme=True)).start()
+        return (pb.Ack.ACK, "")
+
+    w = env.worker(p.endpoint, behave=behave)
+    wait_for(lambda: p.metrics().get("idemproxy_workers_connected") == 1, what="the worker")
+    time.sleep(0.5)                         # the reader is live
+    publish(r, "room", [{"eventId": "cut"}])
+    wait_for(lambda: (r.get("idem:cut") or "")[:1] == "D", 10, "cut done")
+    if mode == "group":
+        wait_for(lambda: pending(r, "room", "game-server") == 0, 10, "nothing pending")
+    time.sleep(0.5)                         # a second delivery would have come by now
+    assert w.keys() == ["cut"]
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_batch_window_never_holds_an_entry_after_a_quiet_spell(env, mode):
     """The window opens only after a page that came within 50 ms of the one
     before: an entry after a quiet spell is read at once, and so is one that

@@ -80,8 +80,6 @@ unsigned long long px_protocol_errors;
 typedef struct px_deliver {
     int sock;
     ev_io rcv_w, snd_w;
-    ev_timer hold_w;      /* answers held while a batch window is open (px_deliver_hold) */
-    bool held;
     px_entry **slots;     /* entry per slot, NULL when free */
     uint32_t *gens;       /* deliveries per slot, wrapping at gen_mask */
     uint32_t *ids;        /* the request id of each slot's delivery out */
@@ -189,14 +187,8 @@ static void ack_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop;
     (void)revents;
     px_entry *e = w->data;
-    px_proxy *px = e->st->px;
-    px_deliver *d = px->deliver;
-    uint32_t id = e->delivery.req_id;
-    if (d->held) { /* its answer may be waiting in the socket: read them first */
-        px_deliver_release(px, true);
-        if (slot_find(d, id) != e || e->state != PX_E_SENT) return; /* answered */
-    }
-    slot_put(d, id);
+    px_deliver *d = e->st->px->deliver;
+    slot_put(d, e->delivery.req_id);
     e->st->c.ack_timeouts++;
     window_timeout(e->st->px, d);
     px_log_entry(PX_LOG_WARN, e, "ack timeout");
@@ -408,45 +400,6 @@ static void rcv_cb(struct ev_loop *loop, ev_io *w, int revents)
     }
 }
 
-/* A batch window is open (reader.c): the workers' answers wait in the socket
- * until it ends, at most 'secs', and are read together in the turn that
- * reads the next page, so an answer does not wake the loop on its own (issue
- * 34). Only the loop's wake-up waits: the done mark rides with the next
- * page's claims anyway (commit.c), an ack timeout reads the held answers
- * before it judges, and no delivery waits on an answer unless the flow
- * control window is full. A hold already on keeps its end: no answer waits
- * longer than one window. Not while stopping. */
-void px_deliver_hold(px_proxy *px, double secs)
-{
-    px_deliver *d = px->deliver;
-    if (d == NULL || d->held || px->stopping || secs <= 0) return;
-    d->held = true;
-    ev_io_stop(px->loop, &d->rcv_w);
-    ev_timer_set(&d->hold_w, secs, 0.);
-    ev_timer_start(px->loop, &d->hold_w);
-}
-
-/* The hold ends: watch the socket again, and read what waits now ('now'),
- * or in this loop turn's callbacks (a reader stopping: not in the middle of
- * its teardown). */
-void px_deliver_release(px_proxy *px, bool now)
-{
-    px_deliver *d = px->deliver;
-    if (d == NULL || !d->held) return;
-    d->held = false;
-    ev_timer_stop(px->loop, &d->hold_w);
-    ev_io_start(px->loop, &d->rcv_w);
-    if (now) rcv_cb(px->loop, &d->rcv_w, EV_READ);
-    else ev_feed_event(px->loop, &d->rcv_w, EV_READ);
-}
-
-static void hold_cb(struct ev_loop *loop, ev_timer *w, int revents)
-{
-    (void)loop;
-    (void)revents;
-    px_deliver_release(w->data, true);
-}
-
 int px_deliver_init(px_proxy *px)
 {
     px_config *c = px->conf;
@@ -508,8 +461,6 @@ int px_deliver_init(px_proxy *px)
     ev_io_init(&d->rcv_w, rcv_cb, rfd, EV_READ);
     d->rcv_w.data = px;
     ev_io_start(px->loop, &d->rcv_w);
-    ev_init(&d->hold_w, hold_cb);
-    d->hold_w.data = px;
     ev_io_init(&d->snd_w, snd_cb, sfd, EV_READ);
     d->snd_w.data = px;
     px_log_info("app socket bound on %s", c->endpoint);
@@ -528,7 +479,6 @@ void px_deliver_deinit(px_proxy *px)
     if (d == NULL) return;
     ev_io_stop(px->loop, &d->rcv_w);
     ev_io_stop(px->loop, &d->snd_w);
-    ev_timer_stop(px->loop, &d->hold_w);
     if (d->sock >= 0) nn_close(d->sock);
     free(d->slots);
     free(d->gens);

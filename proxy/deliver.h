@@ -13,8 +13,6 @@ int px_deliver_workers(px_proxy *px);
 void px_deliver_forget(px_proxy *px, px_entry *e); /* drop e's slot (shutdown) */
 size_t px_deliver_size(px_proxy *px, px_entry *e); /* its Delivery's largest encoding */
 size_t px_deliver_window(px_proxy *px);            /* unanswered deliveries allowed now */
-void px_deliver_hold(px_proxy *px, double secs);   /* answers wait while a batch window is open */
-void px_deliver_release(px_proxy *px, bool now);   /* ... and are read */
 extern unsigned long long px_protocol_errors;
 
 #endif

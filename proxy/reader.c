@@ -23,7 +23,6 @@
 
 #include "claim.h"
 #include "decide.h"
-#include "deliver.h"
 #include "hooks.h"
 #include "log.h"
 #include "reader.h"
@@ -670,7 +669,6 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
         if (wait_ms > 0) {
             ev_timer_set(&rd->linger, (double)wait_ms / 1000.0, 0.);
             ev_timer_start(st->px->loop, &rd->linger);
-            px_deliver_hold(st->px, (double)wait_ms / 1000.0);
             return;
         }
     }
@@ -877,17 +875,6 @@ static void pause_cb(struct ev_loop *loop, ev_timer *w, int revents)
     read_next(w->data);
 }
 
-/* The batch window ends: the answers held meanwhile first (they free room
- * for the read), then the next page. */
-static void linger_cb(struct ev_loop *loop, ev_timer *w, int revents)
-{
-    (void)loop;
-    (void)revents;
-    px_stream *st = w->data;
-    px_deliver_release(st->px, true);
-    read_next(st);
-}
-
 static void link_state_cb(px_redis *r, bool up, void *udata)
 {
     (void)r;
@@ -917,7 +904,7 @@ void px_reader_start(px_stream *st)
     rd->page_count = PX_PAGE_FIRST;
     ev_timer_init(&rd->pause, pause_cb, 0.5, 0.);
     rd->pause.data = st;
-    ev_timer_init(&rd->linger, linger_cb, 0., 0.);
+    ev_timer_init(&rd->linger, pause_cb, 0., 0.);
     rd->linger.data = st;
     rd->link = px_redis_create(st->px->loop, &o, link_state_cb, st);
     if (st->conf->group) {
@@ -970,7 +957,6 @@ void px_reader_stop(px_stream *st)
     reader_to(st, R_STOPPED);
     ev_timer_stop(st->px->loop, &rd->pause);
     ev_timer_stop(st->px->loop, &rd->linger);
-    px_deliver_release(st->px, false);
     ev_timer_stop(st->px->loop, &rd->autoclaim);
     /* The refresh goes on (on the command link) while the drain waits for
      * the workers: what they still hold must not look idle and be taken over

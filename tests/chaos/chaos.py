@@ -1235,6 +1235,19 @@ class Run:
     def restart_replica(self, i):
         p = self.proxies[i]
         if p.proc is None:
+            # Its metrics port may have been taken while it was down (by an outgoing
+            # connection of another harness on this machine: --net seed 481 beside a
+            # CI run, every restart then exited 1): move it to a free one.
+            probe = socket.socket()
+            try:
+                probe.bind(("127.0.0.1", p.metrics_port))
+            except OSError:
+                old, p.metrics_port = p.metrics_port, pxtest.free_port()
+                p.config.write_text(p.config.read_text().replace(
+                    f"listen: 127.0.0.1:{old}\n", f"listen: 127.0.0.1:{p.metrics_port}\n"))
+                self.log(f"replica{i}'s metrics port {old} is taken: {p.metrics_port} now")
+            finally:
+                probe.close()
             self.start_proxy(p)
             self.log(f"replica{i} started again")
 

@@ -1085,3 +1085,26 @@ def test_a_mark_of_an_entry_a_replica_logged_exhausted_passes():
     run.proxies[0].text = ("2026-11-26T17:01:49.676Z warn  stream room entry 1-0 key k1 attempt 2: "
                            "max_deliveries (2) reached: chaos-retry\n")
     assert chaos.check(run) == []
+
+
+def test_a_replica_whose_metrics_port_was_taken_while_down_restarts_on_another(tmp_path):
+    """The harness, not the checker: a replica restarted after a stop finds its
+    metrics port taken (by another harness's outgoing connection: --net seed 481
+    beside a CI run) and moves to a free one, its config with it, instead of
+    exiting 1 on each restart."""
+    import socket
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
+    import pxtest
+    p = pxtest.Proxy(tmp_path, "replica0", "redis://127.0.0.1:1", "ipc:///nonexistent", [])
+    taker = socket.socket()
+    taker.bind(("127.0.0.1", p.metrics_port))
+    started, said = [], []
+    run = SimpleNamespace(proxies=[p], log=said.append, start_proxy=started.append)
+    try:
+        chaos.Run.restart_replica(run, 0)
+    finally:
+        taker.close()
+    old = int(said[0].split("port ")[1].split()[0])
+    assert started == [p] and p.metrics_port != old
+    assert f"listen: 127.0.0.1:{p.metrics_port}\n" in p.config.read_text()
+    assert f"127.0.0.1:{old}" not in p.config.read_text()

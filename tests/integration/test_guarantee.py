@@ -556,6 +556,9 @@ def test_retried_commit_reading_back_its_own_done_mark_is_no_lease_loss(env, tmp
         link.cut_reply_to(b"$6\r\nidem:a\r\n$15\r\nD:", applied=lambda: (r.get("idem:a") or "")[:1] == "D")
         publish(r, "room", [ev("x", eventId="a")])
         wait_for(lambda: finished(r), 15, "the entry acked")
+        # Redis applies the XACK before the proxy reads its reply and counts the outcome
+        wait_for(lambda: p.metrics().get('idemproxy_outcomes_total{stream="room",group="g",outcome="acked"}'),
+                 5, "the outcome counted")
         m = p.metrics()
         assert link.cuts == 1, "the done mark's reply was not cut"
         assert m['idemproxy_outcomes_total{stream="room",group="g",outcome="acked"}'] == 1

@@ -30,6 +30,9 @@ def test_done_mark_lost_with_its_link_is_written_again(env, tmp_path):
         link.refuse([b"$6\r\nidem:a\r\n$15\r\nD:"], 1.0)
         w.answer(pb.Ack.ACK)
         wait_for(lambda: r.xpending("room", "g")["pending"] == 0, 15, "the entry acked")
+        # Redis applies the XACK before the proxy reads its reply and counts the outcome
+        wait_for(lambda: p.metrics().get('idemproxy_outcomes_total{stream="room",group="g",outcome="acked"}'),
+                 5, "the outcome counted")
         assert link.refusing >= 1, "the done mark was not refused"
         assert (r.get("idem:a") or "")[:1] == "D", "acked without its done mark"
         m = p.metrics()

@@ -58,6 +58,9 @@ def test_numbers_add_up_after_copies_a_drop_and_a_bad_entry(env):
     wait_for(lambda: pending(r, "room", "g") == 0 and r.xlen("dlq") == 2, what="all done")
     wait_for(lambda: p.metrics()['idemproxy_outcomes_total{stream="room",group="g",outcome="duplicate"}'] == 5,
              what="duplicates counted")
+    # an acked entry is counted once its XACK's reply is read, after Redis applied it
+    wait_for(lambda: p.metrics()['idemproxy_outcomes_total{stream="room",group="g",outcome="acked"}'] == 5,
+             what="acks counted")
     m = p.metrics()
     g = lambda k: m[k.replace("S", 'stream="room",group="g"')]
     read = g("idemproxy_entries_read_total{S}")

@@ -24,6 +24,12 @@
 /* The hash slot of 'key' ('len' bytes), as CLUSTER KEYSLOT computes it. */
 unsigned px_cluster_slot(const char *key, size_t len);
 
+/* Appends to 'b' a hash tag's text that puts "...{tag}..." in the slot of the
+ * key 'name': its own tag, the whole name when it has no braces, else a number
+ * found in that slot. For keys idemproxy makes beside a user's key (a dead
+ * letter's written-mark, the batch window's key). */
+void px_cluster_tag(const char *name, px_buf *b);
+
 typedef struct px_redirect {
     bool ask; /* ASK (one-shot) rather than MOVED */
     unsigned slot;

@@ -107,32 +107,13 @@ static const char dead_letter_lua[] =
     "local id = redis.call('xadd', KEYS[1], '*', unpack(ARGV, 2)) "
     "redis.call('set', KEYS[2], id, 'px', ARGV[1]) return id";
 
-static void mark_tag(const char *dl, px_buf *b)
-{
-    const char *open = strchr(dl, '{'), *close = open ? strchr(open + 1, '}') : NULL;
-    if (close && close > open + 1) { /* its own hash tag */
-        px_buf_append(b, open + 1, (size_t)(close - open - 1));
-        return;
-    }
-    if (dl[0] && strchr(dl, '}') == NULL) { /* no tag: the whole name hashes */
-        px_buf_appends(b, dl);
-        return;
-    }
-    unsigned slot = px_cluster_slot(dl, strlen(dl));
-    char num[16];
-    for (unsigned i = 0;; i++) { /* every slot is reached within 2^17 */
-        int n = snprintf(num, sizeof(num), "%u", i);
-        if (px_cluster_slot(num, (size_t)n) == slot) break;
-    }
-    px_buf_appends(b, num);
-}
 
 /* The written-mark of a dead letter: one per entry and group (group-less:
  * one across every instance). */
 void px_dl_mark_name(const px_stream_conf *sc, const char *id, px_buf *b)
 {
     px_buf_appends(b, "idemproxy:dlw:{");
-    mark_tag(sc->dead_letter, b);
+    px_cluster_tag(sc->dead_letter, b);
     px_buf_printf(b, "}:%s:%s:%s", sc->stream, sc->group ? sc->group : "-", id);
 }
 
@@ -142,7 +123,7 @@ void px_dl_mark_name(const px_stream_conf *sc, const char *id, px_buf *b)
 void px_dl_redrive_claim_name(const px_stream_conf *sc, const char *dlid, px_buf *b)
 {
     px_buf_appends(b, "idemproxy:redrive:{");
-    mark_tag(sc->dead_letter, b);
+    px_cluster_tag(sc->dead_letter, b);
     px_buf_printf(b, "}:%s:%s", sc->dead_letter, dlid);
 }
 

@@ -1104,6 +1104,13 @@ static void complete(px_link *l, px_rcmd *c, redisReply *rep)
         rcmd_free(c);
         return;
     }
+    if (rep && rep->type == REDIS_REPLY_ERROR && strcmp(c->verb, "blpop") == 0) {
+        /* The batch window's wait in Redis (reader.c): any refusal keeps the
+         * window in the daemon on this link, which the reader says, once. */
+        if (c->cb) c->cb(l->owner, rep, c->priv);
+        rcmd_free(c);
+        return;
+    }
     if (rep && rep->type == REDIS_REPLY_ERROR && open && c->cb != version_reply_cb &&
         c->cb != script_load_reply_cb && acl_refusal(rep->str)) {
         /* A missing ACL permission: not ready until the command goes through.

@@ -22,6 +22,7 @@
 #include <strings.h>
 
 #include "claim.h"
+#include "cluster.h"
 #include "decide.h"
 #include "hooks.h"
 #include "log.h"
@@ -39,9 +40,19 @@
  * then copied once each, so a page of entries near max_entry_bytes (1 MiB)
  * costs a few pages' bytes, not 256 of them; an entry over max_entry_bytes is
  * elided as it is read (reply.h) but counts at its size. */
-#define PX_PAGE_FIRST       16
-#define PX_PAGE_BYTES       (4u << 20)
-#define PX_JANITOR_S        300.0
+#define PX_PAGE_FIRST 16
+#define PX_PAGE_BYTES (4u << 20)
+#define PX_JANITOR_S  300.0
+/* The batch window waits in Redis (docs/performance.md): a BLPOP with the
+ * window as its timeout, on a key that is never written, ahead of the next
+ * read on the reader's link. Redis ends a blocked command's timeout only when
+ * its loop next wakes (up to 1/hz s on an idle server), so at the window's end
+ * plus PX_WINDOW_WAKE_MS, if the BLPOP has not answered, a PING on the command
+ * link wakes it, again every PX_WINDOW_WAKE_MS up to PX_WINDOW_WAKES times.
+ * The BLPOP's deadline allows PX_WINDOW_SLACK_MS on top (a server at hz 1). */
+#define PX_WINDOW_WAKE_MS   1
+#define PX_WINDOW_WAKES     3
+#define PX_WINDOW_SLACK_MS  1000
 #define PX_IDLE_CONSUMER_MS 3600000LL
 
 /* Consumers idle this long with nothing pending are removed; tests shorten it
@@ -77,7 +88,16 @@ static long long idle_consumer_ms = PX_IDLE_CONSUMER_MS;
  * Beside the state: one read at a time ('reading', 'reading_history' when it
  * is a history read), one XAUTOCLAIM at a time ('reclaiming', LIVE only, and
  * none while a replay is due), and the XPENDING asks of replayed and
- * reclaimed batches (counts_ask). */
+ * reclaimed batches (counts_ask).
+ *
+ * The batch window (read_reply_cb, px_decide_batch_wait) is beside the state
+ * too, LIVE only: after a short page, either a BLPOP ahead of the next read on
+ * the link ('window_out', answered by window_reply_cb, woken by 'wake'), or,
+ * once Redis refused the BLPOP on this link (NOPERM, an unknown command, a
+ * window key of another type: 'window_local' until the link is up again),
+ * the 'linger' timer, during which read_next sends nothing. A read queued
+ * behind the BLPOP is an ordinary read in flight ('reading'): a link that
+ * drops answers both, the BLPOP first. */
 typedef enum { R_DOWN = 0,
                R_CREATE,
                R_HISTORY,
@@ -104,6 +124,12 @@ struct px_reader {
     ev_timer janitor;                  /* group: idle consumer removal */
     ev_timer pause;                    /* a short wait after an error reply, then read again */
     ev_timer linger;                   /* the batch window after a short live page (px_decide_batch_wait) */
+    ev_timer wake;                     /* the window in Redis past its end: PING the command link */
+    unsigned wakes;                    /* PINGs sent for the window out */
+    bool window_out;                   /* a BLPOP window is out ahead of the next read */
+    bool window_local;                 /* Redis refused it on this link: the linger timer until it is up again */
+    bool window_warned;                /* that refusal was logged */
+    char *window_key;                  /* the BLPOP's key: in the stream's cluster slot, never written */
     bool batching;                     /* the last live page opened the window: the next one is due soon */
     double last_page;                  /* ev_now of the last live page that brought entries; 0: none */
 };
@@ -170,6 +196,7 @@ static void reader_to(px_stream *st, r_state next)
 }
 
 static void read_next(px_stream *st);
+static bool window_in_redis(px_stream *st, long long wait_ms);
 
 static size_t batch_size(px_stream *st)
 {
@@ -666,6 +693,7 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
         long long wait_ms = px_decide_batch_wait(&v);
         rd->last_page = now;
         rd->batching = wait_ms > 0;
+        if (wait_ms > 0 && window_in_redis(st, wait_ms)) return;
         if (wait_ms > 0) {
             ev_timer_set(&rd->linger, (double)wait_ms / 1000.0, 0.);
             ev_timer_start(st->px->loop, &rd->linger);
@@ -673,6 +701,60 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
         }
     }
     read_next(st);
+}
+
+/* The BLPOP of a window answered: nil at its end, or at once with an element
+ * someone pushed to its key (the window is shorter, nothing else); an error
+ * is a refusal that keeps the window local on this link (docs/redis.md),
+ * unless it is one that passes (a cluster's MOVED, LOADING, ...). The read
+ * behind it went on in any case. */
+static void window_reply_cb(px_redis *r, redisReply *reply, void *priv)
+{
+    (void)r;
+    px_stream *st = priv;
+    px_reader *rd = st->reader;
+    rd->window_out = false;
+    ev_timer_stop(st->px->loop, &rd->wake);
+    if (reply == NULL || reply->type != REDIS_REPLY_ERROR || px_decide_error_passes(reply->str)) return;
+    rd->window_local = true;
+    if (!rd->window_warned)
+        px_log_warn("stream %s: the batch window waits in this process: BLPOP %s: %s (docs/redis.md)",
+                    st->conf->stream, rd->window_key, reply->str);
+    rd->window_warned = true;
+}
+
+/* The window's end passed and its BLPOP has not answered: wake Redis, whose
+ * loop then ends the blocked timeout and runs the read behind it. */
+static void wake_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)revents;
+    px_stream *st = w->data;
+    px_reader *rd = st->reader;
+    if (!rd->window_out || ++rd->wakes >= PX_WINDOW_WAKES) ev_timer_stop(loop, w);
+    if (!rd->window_out) return;
+    const char *argv[] = { "PING" };
+    px_redis_strv(st->px->redis, st->conf->stream, NULL, NULL, 1, argv);
+}
+
+/* Open a window of 'wait_ms' in Redis, the next read queued behind it: its
+ * page is then the only wake-up of this process. False: use the timer. */
+static bool window_in_redis(px_stream *st, long long wait_ms)
+{
+    px_reader *rd = st->reader;
+    if (rd->window_local) return false;
+    char secs[32];
+    snprintf(secs, sizeof(secs), "%.3f", (double)wait_ms / 1000.0);
+    const char *argv[] = { "BLPOP", rd->window_key, secs };
+    size_t lens[] = { 5, strlen(rd->window_key), strlen(secs) };
+    if (px_redis_argv(rd->link, st->conf->stream, wait_ms + PX_WINDOW_SLACK_MS, window_reply_cb, st, 3, argv,
+                      lens) != PX_OK)
+        return false;
+    rd->window_out = true;
+    rd->wakes = 0;
+    ev_timer_set(&rd->wake, (double)(wait_ms + PX_WINDOW_WAKE_MS) / 1000.0, (double)PX_WINDOW_WAKE_MS / 1000.0);
+    ev_timer_start(st->px->loop, &rd->wake);
+    read_next(st);
+    return true;
 }
 
 static void create_reply_cb(px_redis *r, redisReply *reply, void *priv)
@@ -886,6 +968,7 @@ static void link_state_cb(px_redis *r, bool up, void *udata)
         reader_to(st, R_DOWN);
         return;
     }
+    rd->window_local = false; /* a new connection: the window may wait in Redis again */
     /* Group mode starts over (the group may be gone, our history may hold
      * entries whose replies were lost); group-less resumes from the last id. */
     reader_to(st, st->conf->group == NULL && rd->last_id[0] ? R_LIVE : R_CREATE);
@@ -906,6 +989,13 @@ void px_reader_start(px_stream *st)
     rd->pause.data = st;
     ev_timer_init(&rd->linger, pause_cb, 0., 0.);
     rd->linger.data = st;
+    ev_timer_init(&rd->wake, wake_cb, 0., 0.);
+    rd->wake.data = st;
+    px_buf key = { 0 };
+    px_buf_appends(&key, "idemproxy:window:{");
+    px_cluster_tag(st->conf->stream, &key);
+    px_buf_printf(&key, "}:%s", st->conf->stream);
+    rd->window_key = key.data;
     rd->link = px_redis_create(st->px->loop, &o, link_state_cb, st);
     if (st->conf->group) {
         double every = (double)st->conf->claim_idle_ms / 2000.0;
@@ -957,6 +1047,7 @@ void px_reader_stop(px_stream *st)
     reader_to(st, R_STOPPED);
     ev_timer_stop(st->px->loop, &rd->pause);
     ev_timer_stop(st->px->loop, &rd->linger);
+    ev_timer_stop(st->px->loop, &rd->wake);
     ev_timer_stop(st->px->loop, &rd->autoclaim);
     /* The refresh goes on (on the command link) while the drain waits for
      * the workers: what they still hold must not look idle and be taken over
@@ -975,7 +1066,10 @@ void px_reader_stop(px_stream *st)
  * refreshes) find the reader until then. */
 void px_reader_free(px_stream *st)
 {
-    if (st->reader) ev_timer_stop(st->px->loop, &st->reader->refresh);
+    if (st->reader) {
+        ev_timer_stop(st->px->loop, &st->reader->refresh);
+        free(st->reader->window_key);
+    }
     free(st->reader);
     st->reader = NULL;
 }

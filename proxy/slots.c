@@ -112,3 +112,23 @@ bad:
     free(v);
     return -1;
 }
+
+void px_cluster_tag(const char *dl, px_buf *b)
+{
+    const char *open = strchr(dl, '{'), *close = open ? strchr(open + 1, '}') : NULL;
+    if (close && close > open + 1) { /* its own hash tag */
+        px_buf_append(b, open + 1, (size_t)(close - open - 1));
+        return;
+    }
+    if (dl[0] && strchr(dl, '}') == NULL) { /* no tag: the whole name hashes */
+        px_buf_appends(b, dl);
+        return;
+    }
+    unsigned slot = px_cluster_slot(dl, strlen(dl));
+    char num[16];
+    for (unsigned i = 0;; i++) { /* every slot is reached within 2^17 */
+        int n = snprintf(num, sizeof(num), "%u", i);
+        if (px_cluster_slot(num, (size_t)n) == slot) break;
+    }
+    px_buf_appends(b, num);
+}

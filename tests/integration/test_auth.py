@@ -115,6 +115,40 @@ def run_scenario(env, p, wait_ready=True):
     return w
 
 
+def blpop_calls(r):
+    return r.info("commandstats").get("cmdstat_blpop", {}).get("calls", 0)
+
+
+def trickle(r, n=12):
+    """Entries about 1 ms apart, after run_scenario: the batch window (batch_ms 2)
+    opens for them, its BLPOP as the user; all delivered."""
+    for i in range(n):
+        publish(r, "room", [{"eventId": f"t{i}", "seatId": "5"}])
+        time.sleep(0.0005)
+    wait_for(lambda: all(r.exists(f"done:t{i}") for i in range(n)), what="the trickle done")
+
+
+def test_a_user_without_blpop_keeps_the_batch_window_in_the_daemon(env, tmp_path):
+    """The minimal ACL without +blpop: the batch window's BLPOP is refused once
+    per connection (one ACL LOG line, its count 1), the window then waits in
+    the daemon, one warning says so, and everything is delivered."""
+    r = env.r
+    r.execute_command("ACL", "LOG", "RESET")
+    setuser(r, "app", *minimal_rules(drop=("blpop",)))
+    pw = tmp_path / "password"
+    pw.write_text(PASSWORD + "\n")
+    p = proxy(env, password_file=pw, username="app", streams=[dict(SCENARIO, lock_key="", fencing=False)])
+    w = env.worker(p.endpoint)
+    wait_for(lambda: ready(p), what="ready")
+    trickle(r)
+    trickle(r)
+    assert sorted(set(w.keys())) == sorted(f"t{i}" for i in range(12))
+    log = [(e["object"], int(e["count"])) for e in r.execute_command("ACL", "LOG")]
+    assert log == [("blpop", 1)], log
+    warned = lines(p, r"the batch window waits in this process")
+    assert len(warned) == 1 and "NOPERM" in warned[0], warned
+
+
 def test_no_password_and_an_empty_password_file_send_no_auth(env, tmp_path):
     """A Redis without a password and a password file that is empty (or only a
     line end): no AUTH (before: AUTH "" was refused, never ready)."""
@@ -142,6 +176,9 @@ def test_minimal_acl_runs_a_full_scenario(env, tmp_path):
     orphans(r)
     p = proxy(env, password_file=pw, username="app")
     run_scenario(env, p)
+    blpops = blpop_calls(r)
+    trickle(r)                               # close together: the batch window opens
+    assert blpop_calls(r) > blpops, "the window waited in Redis"
     assert r.execute_command("ACL", "LOG") == []
     assert not lines(p, r"NOPERM|AUTH refused|lacks permission")
     clients = [c for c in r.client_list() if c["user"] == "app"]

@@ -646,6 +646,85 @@ def test_batch_window_shares_reads_only_while_entries_arrive_close_together(env,
     assert reads["b0"] >= 9, reads
 
 
+def window_key(stream):
+    """The key the batch window's BLPOP waits on (never written): in the
+    stream's cluster slot, here its whole name (no braces)."""
+    return f"idemproxy:window:{{{stream}}}:{stream}"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_batch_window_waits_in_redis_and_ends_on_time_on_an_idle_server(env, mode):
+    """The batch window waits in Redis (issue 34): a BLPOP with the window as
+    its timeout ahead of the next read, so the page is the only wake-up. An
+    idle Redis ends a blocked timeout only when its loop next wakes (hz 1
+    here: up to a second); at the window's end the proxy wakes it. linger_ms
+    20 opens a window after every page; the worker, handed e<i>, publishes
+    e<i+1>, which so arrives inside e<i>'s window, and nothing else wakes
+    Redis once the done mark is written: at most one of seven may take over
+    150 ms to reach the worker (a margin for a loaded machine; left to Redis,
+    most took about a second)."""
+    r = env.r
+    conf = batch_conf(mode, "room", linger_ms=20)
+    sent, arrived = {}, {}
+
+    def behave(d):
+        arrived.setdefault(d.key, time.monotonic())
+        i = int(d.key[1:])
+        if i < 7 and f"e{i + 1}" not in sent:
+            sent[f"e{i + 1}"] = time.monotonic()
+            publish(r, "room", [{"eventId": f"e{i + 1}"}])
+        return (pb.Ack.ACK, "")
+
+    p = env.proxy([conf])
+    env.worker(p.endpoint, behave=behave)
+    wait_for(lambda: p.metrics().get("idemproxy_workers_connected") == 1, what="the worker")
+    time.sleep(0.5)                         # the reader is live
+    before = reads_of(r, "blpop")
+    hz = r.config_get("hz")["hz"]
+    r.config_set("hz", 1)
+    time.sleep(0.3)                         # the loop's wait set at hz 10 is over
+    try:
+        publish(r, "room", [{"eventId": "e0"}])
+        wait_for(lambda: "e7" in arrived, 20, "e0 to e7 delivered")
+    finally:
+        r.config_set("hz", hz)
+    waited = [arrived[k] - sent[k] for k in sorted(sent)]
+    assert len(waited) == 7
+    assert reads_of(r, "blpop") - before >= 7, "the windows waited in Redis"
+    assert not r.exists(window_key("room"))
+    assert len([x for x in waited if x > 0.15]) <= 1, [round(x * 1000) for x in waited]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_batch_window_waits_in_the_proxy_when_redis_refuses_its_blpop(env, mode):
+    """A BLPOP refused (here its key holds a string: WRONGTYPE; a user
+    without +blpop gets NOPERM, tests/integration/test_auth.py) keeps the
+    window in the proxy on that link: one warning, one refused BLPOP, and the
+    window still batches (twelve entries 20 ms apart, linger_ms 100: a few
+    reads take them all, as the linger test above). The key is left as it
+    was. Without the fallback every window would be refused at once and
+    each entry read on its own."""
+    r = env.r
+    r.set(window_key("room"), "not a list")
+    cmd = "xreadgroup" if mode == "group" else "xread"
+    conf = batch_conf(mode, "room", linger_ms=100)
+    p = env.proxy([conf])
+    w = env.worker(p.endpoint)
+    wait_for(lambda: p.metrics().get("idemproxy_workers_connected") == 1, what="the worker")
+    time.sleep(0.5)                         # the reader is live
+    before, blpops = reads_of(r, cmd), reads_of(r, "blpop")
+    for i in range(12):
+        publish(r, "room", [{"eventId": f"t{i}"}])
+        time.sleep(0.02)
+    wait_for(lambda: len(w.keys()) == 12, what="the trickle delivered")
+    assert sorted(w.keys()) == sorted(f"t{i}" for i in range(12))
+    assert reads_of(r, cmd) - before <= 6
+    assert reads_of(r, "blpop") - blpops == 1
+    warned = [ln for ln in p.log_text().splitlines() if "the batch window waits in this process" in ln]
+    assert len(warned) == 1 and "WRONGTYPE" in warned[0], warned
+    assert r.get(window_key("room")) == "not a list"
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_done_mark_rides_with_the_next_pages_claim(env, mode):
     """streams[].commit_ms (default 5): while the batch window is open, an

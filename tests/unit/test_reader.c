@@ -508,6 +508,50 @@ static void test_history_cut(void)
     teardown();
 }
 
+/* The batch window waits in Redis: after a short live page, a BLPOP on the
+ * window key with the window as its timeout, and the next read queued behind
+ * it on the reader's link. Not answered by the window's end: a PING on the
+ * command link wakes Redis, at most three. A refusal (NOPERM) keeps the window
+ * local on that link (the next read waits for the timer, no BLPOP) until the
+ * link is up again. */
+static void test_window(void)
+{
+    setup(16, 30000);
+    sconf.linger_ms = 5;
+    cmd *live = start_live();
+    answer(live, r_page(r_arr(1, r_entry("1-1"))));
+    cmd *b = pending("BLPOP", NULL);
+    test_cond("a short page: the window waits in Redis", b && b->link == reader_link);
+    test_streq("on the window key, in the stream's slot", b ? arg(b, 1) : NULL, "idemproxy:window:{s}:s");
+    test_streq("for the window", b ? arg(b, 2) : NULL, "0.005");
+    cmd *next = pending("XREADGROUP", NULL);
+    test_cond("the next read queued behind it", next && b && next > b && next->link == reader_link);
+    int from = ncmds;
+    double until = ev_time() + 0.05;
+    while (ev_time() < until) ev_run(loop, EVRUN_ONCE);
+    int pings = 0;
+    for (int i = from; i < ncmds; i++) pings += is(&cmds[i], "PING", NULL) && cmds[i].link == &commands;
+    test_cond("past its end: Redis woken, at most three times", pings == 3);
+    answer(b, r_new(REDIS_REPLY_NIL));
+    answer(next, r_page(r_arr(1, r_entry("1-2"))));
+    b = pending("BLPOP", NULL);
+    test_cond("the next short page: a window again", b != NULL);
+    next = pending("XREADGROUP", NULL);
+    answer(b, r_err("NOPERM User app has no permissions to run the 'blpop' command"));
+    answer(next, r_page(r_arr(1, r_entry("1-3"))));
+    test_cond("refused: no BLPOP on this link", pending("BLPOP", NULL) == NULL);
+    test_cond("the window waits here: no read yet", pending("XREADGROUP", NULL) == NULL);
+    next = await("XREADGROUP", NULL);
+    test_cond("the read after the window's timer", next != NULL);
+    answer(next, NULL); /* the link drops: every pending command lost */
+    reader_link->up = false;
+    reader_link->state_cb(reader_link, false, reader_link->udata);
+    live = start_live();
+    answer(live, r_page(r_arr(1, r_entry("1-4"))));
+    test_cond("up again: the window waits in Redis again", pending("BLPOP", NULL) != NULL);
+    teardown();
+}
+
 int main(void)
 {
     loop = ev_default_loop(0);
@@ -518,5 +562,6 @@ int main(void)
     test_reclaim_during_replay();
     test_takeover();
     test_history_cut();
+    test_window();
     return test_report();
 }

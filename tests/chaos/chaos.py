@@ -3,7 +3,8 @@
 
 One seed picks everything: a configuration (layout, group or not, lock_key,
 wait_ms, lease_ms, claim_idle_ms, ack_timeout_ms, max_inflight, on_busy, linger_ms, batch_ms,
-commit_ms, fingerprint and on_conflict, fencing, 1-4 replicas), a workload (copies of events,
+commit_ms, fingerprint and on_conflict, fencing, 1-4 replicas, the batch window's key
+taken by a string), a workload (copies of events,
 some with another payload, shared rooms, entries near and over max_entry_bytes, bad
 input, hostile producer entries, a lock_key of the wrong type; in fields mode, flat
 fields and field names of thousands of dotted parts), worker
@@ -208,6 +209,9 @@ def generate(seed):
     # streams[].commit_ms, the same way: the default (5 ms) in four seeds of six,
     # 0 (done marks written at once) and 100 (the longest a done mark waits).
     c["commit_ms"] = random.Random(f"{seed}/commit").choice([None, None, None, None, 0, 100])
+    # The batch window's key holds a string before the run in one seed of six:
+    # every BLPOP refused (WRONGTYPE), the window waits in the daemon.
+    c["window_key_taken"] = random.Random(f"{seed}/window-key").random() < 1 / 6
     fields_mode(c, seed)
     return c
 
@@ -417,7 +421,7 @@ def netize(c, seed):
 # XCLAIM the refresh and a count set back; SET the done mark and the claim's lock;
 # XAUTOCLAIM the takeover). "ALL": the link refused whatever it carries.
 REFUSE = {"XCLAIM": b"\r\nXCLAIM\r\n", "SET": b"\r\nSET\r\n", "EVAL": b"\r\nEVAL",
-          "XAUTOCLAIM": b"\r\nXAUTOCLAIM\r\n", "ALL": b"*"}
+          "XAUTOCLAIM": b"\r\nXAUTOCLAIM\r\n", "BLPOP": b"\r\nBLPOP\r\n", "ALL": b"*"}
 
 
 def link_faults(c, seed):
@@ -432,7 +436,8 @@ def link_faults(c, seed):
     - "foreign_lock": another service holds the dedup lock or the room's lock of
       some keys of a batch (SET NX with its own token and a TTL) as it is read;
     - retry_hold: a worker's RETRY comes only after 1.2-1.6 leases (often with
-      XCLAIM refused meanwhile, so the refresh of what it holds is lost).
+      XCLAIM refused meanwhile, so the refresh of what it holds is lost);
+    - a replica's links refused whenever they carry the batch window's BLPOP.
     Each is drawn on its own; 262 of seeds 0-299 get at least one."""
     rnd = random.Random(f"{seed}/link")
     lease = c["lease_ms"] / 1000.0
@@ -494,6 +499,12 @@ def link_faults(c, seed):
         t = rnd.choice(c["batches"]) + rnd.uniform(0.0, 0.5)
         for i in range(n):
             refuse(t, i, c["claim_idle_ms"] / 1000.0 + lease * 2, ["XCLAIM"])
+    # The batch window's BLPOP (issue 34), from its own Random: in one seed of
+    # four, one replica's link is closed whenever it carries one, for a while
+    # (the window and the read queued behind it lost together).
+    wr = random.Random(f"{seed}/window")
+    if wr.random() < 0.25:
+        refuse(wr.uniform(0.0, c["duration"]), wr.randrange(n), wr.choice([1.5, 3.0, 8.0]), ["BLPOP"])
     c["faults"] = sorted(c["faults"] + new, key=lambda f: f["t"])
 
 
@@ -1128,6 +1139,8 @@ class Run:
 
     def start_proxies(self):
         c = self.c
+        if c.get("window_key_taken"):
+            self.r().set(f"idemproxy:window:{{{STREAM}}}:{STREAM}", "taken")
         if c.get("tracing") is not None:
             self.collector = FlakyCollector(c["behaviour_seed"])
         for i in range(c["replicas"]):

@@ -127,6 +127,7 @@ struct px_reader {
     ev_timer wake;                     /* the window in Redis past its end: PING the command link */
     unsigned wakes;                    /* PINGs sent for the window out */
     bool window_out;                   /* a BLPOP window is out ahead of the next read */
+    long long window_ms;               /* its length */
     bool window_local;                 /* Redis refused it on this link: the linger timer until it is up again */
     bool window_warned;                /* that refusal was logged */
     char *window_key;                  /* the BLPOP's key: in the stream's cluster slot, never written */
@@ -741,7 +742,9 @@ static void wake_cb(struct ev_loop *loop, ev_timer *w, int revents)
 static bool window_in_redis(px_stream *st, long long wait_ms)
 {
     px_reader *rd = st->reader;
-    if (rd->window_local) return false;
+    /* One at a time: on a cluster the read may come back before its window
+     * (the BLPOP sent on to another node by an ASK while the slot migrates). */
+    if (rd->window_local || rd->window_out) return false;
     char secs[32];
     snprintf(secs, sizeof(secs), "%.3f", (double)wait_ms / 1000.0);
     const char *argv[] = { "BLPOP", rd->window_key, secs };
@@ -750,7 +753,9 @@ static bool window_in_redis(px_stream *st, long long wait_ms)
                       lens) != PX_OK)
         return false;
     rd->window_out = true;
+    rd->window_ms = wait_ms;
     rd->wakes = 0;
+    ev_now_update(st->px->loop); /* the end counts from now, not from this loop turn's start */
     ev_timer_set(&rd->wake, (double)(wait_ms + PX_WINDOW_WAKE_MS) / 1000.0, (double)PX_WINDOW_WAKE_MS / 1000.0);
     ev_timer_start(st->px->loop, &rd->wake);
     read_next(st);
@@ -820,6 +825,8 @@ static void read_next(px_stream *st)
     /* Wait for a useful batch of room (a quarter of one), so a full pipeline
      * is not read a few entries at a time; px_reader_kick resumes us. */
     size_t n = batch_size(st);
+    /* A read queued behind a window starts its BLOCK once the window ends. */
+    long long block_ms = PX_READER_BLOCK_MS + (rd->window_out ? rd->window_ms + PX_WINDOW_SLACK_MS : 0);
     size_t full = (size_t)st->px->conf->max_inflight < rd->page_count
                       ? (size_t)st->px->conf->max_inflight
                       : rd->page_count;
@@ -839,14 +846,14 @@ static void read_next(px_stream *st)
                                "BLOCK", block, "STREAMS", sc->stream, ">" };
         size_t lens[11];
         for (int i = 0; i < 11; i++) lens[i] = strlen(argv[i]);
-        rc = px_redis_argv(rd->link, sc->stream, PX_READER_BLOCK_MS, read_reply_cb, st, 11, argv,
+        rc = px_redis_argv(rd->link, sc->stream, block_ms, read_reply_cb, st, 11, argv,
                            lens);
     } else {
         const char *argv[] = { "XREAD", "COUNT", count, "BLOCK", block, "STREAMS", sc->stream,
                                rd->last_id };
         size_t lens[8];
         for (int i = 0; i < 8; i++) lens[i] = strlen(argv[i]);
-        rc = px_redis_argv(rd->link, sc->stream, PX_READER_BLOCK_MS, read_reply_cb, st, 8, argv,
+        rc = px_redis_argv(rd->link, sc->stream, block_ms, read_reply_cb, st, 8, argv,
                            lens);
     }
     if (rc == PX_OK) {

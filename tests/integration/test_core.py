@@ -696,6 +696,27 @@ def test_batch_window_waits_in_redis_and_ends_on_time_on_an_idle_server(env, mod
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_a_read_queued_behind_a_window_keeps_its_whole_block_time(env, mode):
+    """The read queued behind the window's BLPOP starts its BLOCK (2 s) only
+    once the window ends, so its deadline counts the window too: with
+    redis.timeout_ms 50 and a 100 ms window, an idle stream after one entry
+    keeps its link (before: timed out 2.05 s after the read was queued, while
+    Redis still held it, every time), and the next entry is delivered."""
+    r = env.r
+    p = env.proxy([batch_conf(mode, "room", linger_ms=100, lease_ms=1000)], timeout_ms=50)
+    w = env.worker(p.endpoint)
+    wait_for(lambda: p.metrics().get("idemproxy_workers_connected") == 1, what="the worker")
+    time.sleep(0.5)                         # the reader is live
+    publish(r, "room", [{"eventId": "a"}])
+    wait_for(lambda: w.keys() == ["a"], 10, "a delivered")
+    time.sleep(3.0)                         # idle: the window, then the read's 2 s block
+    publish(r, "room", [{"eventId": "b"}])
+    wait_for(lambda: sorted(w.keys()) == ["a", "b"], 10, "b delivered")
+    lost = [ln for ln in p.log_text().splitlines() if "link lost" in ln]
+    assert lost == [], lost
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_batch_window_waits_in_the_proxy_when_redis_refuses_its_blpop(env, mode):
     """A BLPOP refused (here its key holds a string: WRONGTYPE; a user
     without +blpop gets NOPERM, tests/integration/test_auth.py) keeps the

@@ -535,6 +535,35 @@ static void test_window(void)
     answer(b, r_new(REDIS_REPLY_NIL));
     answer(next, r_page(r_arr(1, r_entry("1-2"))));
     b = pending("BLPOP", NULL);
+    next = pending("XREADGROUP", NULL);
+    answer(b, r_new(REDIS_REPLY_NIL)); /* on time: no PING follows */
+    from = ncmds;
+    until = ev_time() + 0.03;
+    while (ev_time() < until) ev_run(loop, EVRUN_ONCE);
+    test_cond("a window answered in time: Redis not woken", !sent_since(from, "PING"));
+    answer(next, r_page(r_arr(1, r_entry("1-5"))));
+    /* The link drops with a window out, as link.c does it: the state
+     * callback first, then every pending command answered with no reply. */
+    b = pending("BLPOP", NULL);
+    next = pending("XREADGROUP", NULL);
+    test_cond("a window and its read out", b && next);
+    reader_link->up = false;
+    reader_link->state_cb(reader_link, false, reader_link->udata);
+    answer(b, NULL);
+    answer(next, NULL);
+    from = ncmds;
+    until = ev_time() + 0.03;
+    while (ev_time() < until) ev_run(loop, EVRUN_ONCE);
+    test_cond("dropped with a window out: Redis not woken", !sent_since(from, "PING"));
+    reader_link->up = true;
+    reader_link->state_cb(reader_link, true, reader_link->udata);
+    answer(await("XGROUP", "CREATE"), r_err("BUSYGROUP Consumer Group name already exists"));
+    cmd *h = await("XREADGROUP", NULL);
+    test_cond("up again: the replay", history_read(h));
+    answer(h, r_page(r_arr(0)));
+    live = await("XREADGROUP", NULL);
+    answer(live, r_page(r_arr(1, r_entry("1-6"))));
+    b = pending("BLPOP", NULL);
     test_cond("the next short page: a window again", b != NULL);
     next = pending("XREADGROUP", NULL);
     answer(b, r_err("NOPERM User app has no permissions to run the 'blpop' command"));

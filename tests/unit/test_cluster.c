@@ -20,29 +20,18 @@
 
 static void test_slots(void)
 {
-    static const struct {
-        const char *key;
-        unsigned slot;
-    } cases[] = {
+    static const struct { const char *key; unsigned slot; } cases[] = {
         /* CLUSTER KEYSLOT on redis-server 7.0.15 */
-        { "foo", 12182 },
-        { "bar", 5061 },
-        { "hello", 866 },
-        { "123456789", 12739 },
-        { "{user1000}.following", 3443 },
-        { "{user1000}.followers", 3443 },
-        { "foo{}{bar}", 8363 },    /* empty first tag: the whole key */
-        { "foo{{bar}}zap", 4015 }, /* the tag is "{bar" */
-        { "foo{bar}{zap}", 5061 }, /* the first tag only: "bar" */
+        { "foo", 12182 }, { "bar", 5061 }, { "hello", 866 }, { "123456789", 12739 },
+        { "{user1000}.following", 3443 }, { "{user1000}.followers", 3443 },
+        { "foo{}{bar}", 8363 },        /* empty first tag: the whole key */
+        { "foo{{bar}}zap", 4015 },     /* the tag is "{bar" */
+        { "foo{bar}{zap}", 5061 },     /* the first tag only: "bar" */
         { "{}foo", 9500 },
-        { "orders:{0}", 13907 },
-        { "orders:{7}", 1716 },
-        { "lock:{abc}", 7638 },
-        { "done:{abc}", 7638 }, /* hash_tag: one slot */
-        { "lock:abc", 6323 },
-        { "done:abc", 1922 }, /* without: two */
-        { "\xc3\xa9", 10180 },
-        { "", 0 },
+        { "orders:{0}", 13907 }, { "orders:{7}", 1716 },
+        { "lock:{abc}", 7638 }, { "done:{abc}", 7638 },   /* hash_tag: one slot */
+        { "lock:abc", 6323 }, { "done:abc", 1922 },       /* without: two */
+        { "\xc3\xa9", 10180 }, { "", 0 },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char name[80];
@@ -56,24 +45,15 @@ static void test_redirect(void)
 {
     px_redirect r;
     test_cond("MOVED", px_cluster_redirect("MOVED 3999 127.0.0.1:6381", &r) && !r.ask &&
-                           r.slot == 3999 && strcmp(r.addr, "127.0.0.1:6381") == 0);
+                       r.slot == 3999 && strcmp(r.addr, "127.0.0.1:6381") == 0);
     test_cond("ASK", px_cluster_redirect("ASK 12182 10.0.0.7:7000", &r) && r.ask &&
-                         r.slot == 12182 && strcmp(r.addr, "10.0.0.7:7000") == 0);
+                     r.slot == 12182 && strcmp(r.addr, "10.0.0.7:7000") == 0);
     test_cond("IPv6 host", px_cluster_redirect("MOVED 1 ::1:7000", &r) && strcmp(r.addr, "::1:7000") == 0);
     static const char *bad[] = {
-        "MOVED",
-        "MOVED 12",
-        "MOVED x 127.0.0.1:1",
-        "MOVED 16384 127.0.0.1:1",
-        "MOVED 1 host",
-        "MOVED 1 host:0",
-        "MOVED 1 host:70000",
-        "MOVED 1 :7000",
-        "MOVED 1 host:+7000",
-        "ERR unknown command",
-        "MOVEDX 1 a:1",
-        "TRYAGAIN Multiple keys request during rehashing of slot",
-        "CLUSTERDOWN The cluster is down",
+        "MOVED", "MOVED 12", "MOVED x 127.0.0.1:1", "MOVED 16384 127.0.0.1:1", "MOVED 1 host",
+        "MOVED 1 host:0", "MOVED 1 host:70000", "MOVED 1 :7000", "MOVED 1 host:+7000",
+        "ERR unknown command", "MOVEDX 1 a:1",
+        "TRYAGAIN Multiple keys request during rehashing of slot", "CLUSTERDOWN The cluster is down",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) test_cond(bad[i], !px_cluster_redirect(bad[i], &r));
 }
@@ -119,12 +99,12 @@ static void test_parse_slots(void)
     static const char *bad[] = {
         "-ERR This instance has cluster support disabled\r\n",
         "+OK\r\n",
-        "*1\r\n:1\r\n",                                         /* not a range */
-        "*1\r\n*2\r\n:0\r\n:10\r\n",                            /* no master */
-        "*1\r\n*3\r\n:10\r\n:5\r\n*2\r\n$1\r\nh\r\n:1\r\n",     /* end before start */
-        "*1\r\n*3\r\n:0\r\n:16384\r\n*2\r\n$1\r\nh\r\n:1\r\n",  /* past the last slot */
-        "*1\r\n*3\r\n:0\r\n:1\r\n*2\r\n:1\r\n:1\r\n",           /* host not a string */
-        "*1\r\n*3\r\n:0\r\n:1\r\n*2\r\n$1\r\nh\r\n$1\r\n1\r\n", /* port not an integer */
+        "*1\r\n:1\r\n",                                               /* not a range */
+        "*1\r\n*2\r\n:0\r\n:10\r\n",                                  /* no master */
+        "*1\r\n*3\r\n:10\r\n:5\r\n*2\r\n$1\r\nh\r\n:1\r\n",           /* end before start */
+        "*1\r\n*3\r\n:0\r\n:16384\r\n*2\r\n$1\r\nh\r\n:1\r\n",        /* past the last slot */
+        "*1\r\n*3\r\n:0\r\n:1\r\n*2\r\n:1\r\n:1\r\n",                 /* host not a string */
+        "*1\r\n*3\r\n:0\r\n:1\r\n*2\r\n$1\r\nh\r\n$1\r\n1\r\n",       /* port not an integer */
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         r = parse_resp(bad[i]);
@@ -144,11 +124,7 @@ static void test_parse_slots_bad_addresses(void)
     char longhost[400];
     memset(longhost, 'a', 300);
     longhost[300] = '\0';
-    static const struct {
-        const char *what, *host;
-        size_t hostlen;
-        long long port;
-    } cases[] = {
+    static const struct { const char *what, *host; size_t hostlen; long long port; } cases[] = {
         { "a host with '['", "[::1", 4, 7001 },
         { "a host with ']'", "::1]", 4, 7001 },
         { "port 0", "h", 1, 0 },
@@ -193,19 +169,19 @@ static void test_parse_slots_bad_addresses(void)
 typedef struct fake_node fake_node;
 typedef struct fake_conn {
     fake_node *node;
-    int fd;
-    ev_io w;
-    char buf[8192];
-    size_t len;
+    int        fd;
+    ev_io      w;
+    char       buf[8192];
+    size_t     len;
     struct fake_conn *next;
 } fake_conn;
 
 struct fake_node {
-    int port, lfd;
-    ev_io accept_w;
+    int        port, lfd;
+    ev_io      accept_w;
     fake_conn *conns;
-    void (*on_cmd)(fake_node *n, fake_conn *c, int argc, char **argv);
-    void *data;
+    void     (*on_cmd)(fake_node *n, fake_conn *c, int argc, char **argv);
+    void      *data;
 };
 
 static void fake_send(fake_conn *c, const char *s)
@@ -247,12 +223,7 @@ static void fake_read_cb(struct ev_loop *loop, ev_io *w, int revents)
     (void)revents;
     fake_conn *c = w->data;
     ssize_t r = read(c->fd, c->buf + c->len, sizeof(c->buf) - c->len - 1);
-    if (r <= 0) {
-        ev_io_stop(loop, w);
-        close(c->fd);
-        c->fd = -1;
-        return;
-    }
+    if (r <= 0) { ev_io_stop(loop, w); close(c->fd); c->fd = -1; return; }
     c->len += (size_t)r;
     for (;;) {
         char *argv[16];
@@ -301,17 +272,10 @@ static void fake_close(struct ev_loop *loop, fake_node *n)
     while (n->conns) {
         fake_conn *c = n->conns;
         n->conns = c->next;
-        if (c->fd >= 0) {
-            ev_io_stop(loop, &c->w);
-            close(c->fd);
-        }
+        if (c->fd >= 0) { ev_io_stop(loop, &c->w); close(c->fd); }
         free(c);
     }
-    if (n->lfd >= 0) {
-        ev_io_stop(loop, &n->accept_w);
-        close(n->lfd);
-        n->lfd = -1;
-    }
+    if (n->lfd >= 0) { ev_io_stop(loop, &n->accept_w); close(n->lfd); n->lfd = -1; }
 }
 
 /* Run the loop until *flag or 'secs' pass; every turn, the largest number of
@@ -334,10 +298,10 @@ static void run_until(struct ev_loop *loop, const bool *flag, double secs, px_re
  * right after a map reply, in the same read: the map's cleanup, due on the
  * next loop turn, must not free the node the slot table now points at. */
 typedef struct moved_case {
-    int port, other; /* this node's and the MOVED target's ports */
-    bool hold_slots; /* keep the next CLUSTER SLOTS reply */
+    int  port, other;            /* this node's and the MOVED target's ports */
+    bool hold_slots;             /* keep the next CLUSTER SLOTS reply */
     char held[256];
-    int moved_j;
+    int  moved_j;
 } moved_case;
 
 static void node_p(fake_node *n, fake_conn *c, int argc, char **argv)
@@ -349,13 +313,11 @@ static void node_p(fake_node *n, fake_conn *c, int argc, char **argv)
     } else if (argc >= 2 && strcasecmp(argv[0], "CLUSTER") == 0) {
         char map[200];
         snprintf(map, sizeof(map), "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:%d\r\n", m->port);
-        if (m->hold_slots) {
-            snprintf(m->held, sizeof(m->held), "%s", map);
-            m->hold_slots = false;
-        } else fake_send(c, map);
+        if (m->hold_slots) { snprintf(m->held, sizeof(m->held), "%s", map); m->hold_slots = false; }
+        else fake_send(c, map);
     } else if (argc >= 2 && strcmp(argv[1], "j") == 0 && m->moved_j++ == 0) {
         snprintf(out, sizeof(out), "-MOVED %u 127.0.0.1:%d\r\n", px_cluster_slot("j", 1), m->port);
-        fake_send(c, out); /* to itself: only to make the router ask for the map */
+        fake_send(c, out);              /* to itself: only to make the router ask for the map */
     } else if (argc >= 2 && strcmp(argv[1], "k") == 0 && m->held[0]) {
         /* The held map and a MOVED to the other node, in one write. */
         snprintf(out, sizeof(out), "%s-MOVED %u 127.0.0.1:%d\r\n", m->held, px_cluster_slot("k", 1),
@@ -367,10 +329,7 @@ static void node_p(fake_node *n, fake_conn *c, int argc, char **argv)
     }
 }
 
-typedef struct got {
-    bool done;
-    bool nil;
-} got;
+typedef struct got { bool done; bool nil; } got;
 
 static void got_cb(px_redis *r, redisReply *reply, void *priv)
 {
@@ -383,8 +342,8 @@ static void got_cb(px_redis *r, redisReply *reply, void *priv)
 static void test_moved_to_unmapped_node(void)
 {
     struct ev_loop *loop = EV_DEFAULT;
-    moved_case m = { 0 };
-    fake_node p = { .on_cmd = node_p, .data = &m }, q = { .on_cmd = NULL }; /* q never answers */
+    moved_case m = {0};
+    fake_node p = { .on_cmd = node_p, .data = &m }, q = { .on_cmd = NULL };   /* q never answers */
     fake_listen(loop, &p);
     fake_listen(loop, &q);
     m.port = p.port;
@@ -403,9 +362,9 @@ static void test_moved_to_unmapped_node(void)
     fake_close(loop, &q);
     run_until(loop, NULL, 2.0, NULL, NULL);
 
-    got gj = { 0 }, gk = { 0 };
+    got gj = {0}, gk = {0};
     size_t stale = 0;
-    m.hold_slots = true; /* the refresh that MOVED j causes: held */
+    m.hold_slots = true;               /* the refresh that MOVED j causes: held */
     const char *j[] = { "GET", "j" }, *k[] = { "GET", "k" };
     test_cond("GET j sent", px_redis_strv(r, "j", got_cb, &gj, 2, j) == PX_OK);
     run_until(loop, &gj.done, 3.0, r, &stale);
@@ -425,13 +384,8 @@ static void test_moved_to_unmapped_node(void)
 /* Issue 16: a command routes by the key its caller names, never by its second
  * argument. Two masters, each with half the slots; XINFO GROUPS <stream> must
  * reach the stream's master, though "GROUPS" hashes to the other one. */
-typedef struct route_map {
-    int port[2];
-} route_map;
-typedef struct route_node {
-    route_map *map;
-    int xinfo;
-} route_node;
+typedef struct route_map { int port[2]; } route_map;
+typedef struct route_node { route_map *map; int xinfo; } route_node;
 
 static void node_half(fake_node *n, fake_conn *c, int argc, char **argv)
 {
@@ -441,7 +395,7 @@ static void node_half(fake_node *n, fake_conn *c, int argc, char **argv)
     } else if (argc >= 2 && strcasecmp(argv[0], "CLUSTER") == 0) {
         char map[300];
         snprintf(map, sizeof(map), "*2\r\n*3\r\n:0\r\n:8191\r\n*2\r\n$9\r\n127.0.0.1\r\n:%d\r\n"
-                                   "*3\r\n:8192\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:%d\r\n",
+                 "*3\r\n:8192\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:%d\r\n",
                  rn->map->port[0], rn->map->port[1]);
         fake_send(c, map);
     } else if (argc >= 1 && strcasecmp(argv[0], "XINFO") == 0) {
@@ -477,7 +431,7 @@ static void test_explicit_routing_key(void)
     px_redis *r = px_redis_create(loop, &o, NULL, NULL);
     for (int i = 0; i < 5000 && !px_redis_is_up(r); i++) run_until(loop, NULL, 0.001, NULL, NULL);
     test_cond("two-master cluster up", px_redis_is_up(r));
-    got g = { 0 };
+    got g = {0};
     const char *xinfo[] = { "XINFO", "GROUPS", stream };
     test_cond("XINFO GROUPS sent", px_redis_strv(r, stream, got_cb, &g, 3, xinfo) == PX_OK);
     run_until(loop, &g.done, 3.0, NULL, NULL);

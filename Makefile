@@ -1,7 +1,7 @@
 # idemproxy - build, test, demo. `make` builds; `make deps` installs what is missing.
 
 CC       ?= cc
-PKGS      = hiredis nanomsg libprotobuf-c yaml-0.1 json-c libmicrohttpd openssl libcurl
+PKGS      = hiredis libprotobuf-c yaml-0.1 json-c libmicrohttpd openssl libcurl
 WARN      = -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wwrite-strings -Werror
 OPT      ?= -O2 -g
 CFLAGS   += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -MMD -MP -Iproxy -I$(B)/gen

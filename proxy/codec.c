@@ -6,8 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <nanomsg/nn.h>
-
 #include "idemproxy/v1/idemproxy.pb-c.h"
 
 /* Fill a stack Delivery that borrows from 'd'. 'fields' and 'ptrs' have
@@ -157,31 +155,4 @@ px_ack_status px_codec_ack_decode(const void *data, size_t len, const char *stre
     }
     idemproxy__v1__ack__free_unpacked(a, &ack_allocator);
     return st;
-}
-
-bool px_codec_reply_id(const void *ctrl, size_t ctrllen, uint32_t *id)
-{
-    const unsigned char *b = ctrl;
-    const size_t head = NN_CMSG_ALIGN_(sizeof(struct nn_cmsghdr));
-    size_t pos = 0;
-    while (ctrllen - pos >= head) {
-        struct nn_cmsghdr h;
-        memcpy(&h, b + pos, sizeof(h));
-        /* A message shorter than its header, or past the buffer, ends the walk
-         * (a zero length would read the same header for ever). */
-        if (h.cmsg_len < head || h.cmsg_len > ctrllen - pos) return false;
-        if (h.cmsg_level == PROTO_SP && h.cmsg_type == SP_HDR) {
-            size_t room = h.cmsg_len - head, len;
-            if (room < sizeof(len)) return false;
-            memcpy(&len, b + pos + head, sizeof(len));
-            if (len < 4 || len > room - sizeof(len)) return false;
-            const unsigned char *p = b + pos + head + sizeof(len);
-            *id = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-            return true;
-        }
-        size_t next = NN_CMSG_ALIGN_(h.cmsg_len);
-        if (next > ctrllen - pos) return false;
-        pos += next;
-    }
-    return false;
 }

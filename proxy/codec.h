@@ -58,16 +58,4 @@ px_ack_status px_codec_ack_decode(const void *data, size_t len, const char *stre
                                   const char *entry_id, char *reason, size_t reason_size,
                                   const char **why, uint32_t *retry_after_ms);
 
-/*
- * The request id of a reply, from the control data nn_recvmsg filled in
- * ('ctrl', 'ctrllen' bytes: the buffer given to it): the first SP_HDR
- * control message's header is a size_t length and that many bytes, the id
- * the first four (big-endian). Every length read is checked against the
- * message's cmsg_len and 'ctrllen' (a peer chooses the header; nanomsg writes
- * nothing when it does not fit, so the buffer must be zeroed before): false,
- * nothing read past 'ctrllen', when there is no such header of 4 bytes or
- * more. No alignment of 'ctrl' is assumed.
- */
-bool px_codec_reply_id(const void *ctrl, size_t ctrllen, uint32_t *id);
-
 #endif

@@ -1,11 +1,10 @@
 /*
- * deliver.c - the app socket (docs/protocol.md): one raw (AF_SP_RAW) NN_REQ
- * socket bound on app.endpoint, so any number of deliveries are in flight.
- * Workers connect cooked NN_REP sockets.
+ * deliver.c - the app socket (docs/protocol.md): the requesting side of SP's
+ * request/reply bound on app.endpoint (sp.c), so any number of deliveries are
+ * in flight. Workers connect REP sockets (nanomsg's, NNG's, their own).
  *
- * Raw REQ leaves the request id to us: it travels in the SP header, sent as a
- * PROTO_SP/SP_HDR control message (a size_t length, then the 4 header bytes)
- * and received the same way with the reply. Our id is a slot in a table of
+ * The request id is ours: it travels in the SP header in front of each
+ * Delivery and comes back in front of its reply. Our id is a slot in a table of
  * deliveries plus a generation, so a late reply to an earlier delivery of the
  * same slot is recognised and ignored:
  *
@@ -24,13 +23,12 @@
  * every other; with max_inflight 256 a slot's id repeats after 2^23 of its
  * own deliveries. A reply late enough to meet its id again is not a worry.
  *
- * NN_RCVFD and NN_SNDFD are eventfds that signal by becoming readable and are
- * level-triggered: both are watched for EV_READ and drained with NN_DONTWAIT
- * until EAGAIN. The send watcher runs only while deliveries wait for room.
+ * sp.c sends each delivery to the next worker in turn whose last one went out
+ * whole; with none, the delivery waits (still claimed) for room_cb.
  *
  * Flow control (docs/protocol.md): a worker is never sent more than it can
  * start before their ack timers fire, so the ack timeout measures the handler's
- * work and not a queue in front of it. Raw REQ spreads deliveries
+ * work and not a queue in front of it. sp.c spreads deliveries
  * round-robin over the workers, so a window of unanswered deliveries per
  * connected worker, 'w', paces them all. It adapts to what the answers say:
  * 'lmin', the quickest recent answer, is about one handler's time; an answer
@@ -47,10 +45,10 @@
  * waits about 0.5 s.
  *
  * The window is also bounded by PX_WORKER_WINDOW unanswered deliveries per connected worker:
- * libnanomsg's REP drops a reply silently when its pipe back to us is full
+ * a worker's libnanomsg REP drops a reply silently when its pipe back to us is full
  * ("if it cannot be sent because of pushback, drop it silently", rep.c), and
  * an ipc pipe we are slow to read holds only ~200 replies (~350 small ones).
- * A dropped ack would cost an ack timeout and a second delivery. Raw REQ
+ * A dropped ack would cost an ack timeout and a second delivery. sp.c
  * spreads requests round-robin over the workers, so no pipe owes us more
  * replies than that. Deliveries past the window wait, claimed, for replies.
  */
@@ -60,14 +58,12 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 
-#include <nanomsg/nn.h>
-#include <nanomsg/reqrep.h>
-
 #include "claim.h"
 #include "decide.h"
 #include "deliver.h"
 #include "log.h"
 #include "reader.h"
+#include "sp.h"
 #include "trace.h"
 
 #define PX_WORKER_WINDOW 128
@@ -78,8 +74,7 @@
 unsigned long long px_protocol_errors;
 
 typedef struct px_deliver {
-    int sock;
-    ev_io rcv_w, snd_w;
+    px_sp *sock;
     px_entry **slots;     /* entry per slot, NULL when free */
     uint32_t *gens;       /* deliveries per slot, wrapping at gen_mask */
     uint32_t *ids;        /* the request id of each slot's delivery out */
@@ -95,6 +90,7 @@ typedef struct px_deliver {
     bool shrunk;                        /* w has had to shrink once: grow by 1/w, not by 1 */
     double lmin, lmin_next, lmin_since; /* quickest answer (s), this period's, start */
     double calm_until;                  /* no shrink before this loop time (one round trip) */
+    bool blocked;                       /* a delivery waits for a worker with room */
 } px_deliver;
 
 /* An answer came back 'l' seconds after its delivery went out. */
@@ -250,30 +246,14 @@ static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
     px_codec_delivery_encode(&v, &d->enc);
 
     uint32_t id = slot_take(d, e);
-    unsigned char ctrl[NN_CMSG_SPACE(sizeof(size_t) + 4)];
-    memset(ctrl, 0, sizeof(ctrl));
-    struct nn_cmsghdr *cmsg = (struct nn_cmsghdr *)ctrl;
-    cmsg->cmsg_len = NN_CMSG_LEN(sizeof(size_t) + 4);
-    cmsg->cmsg_level = PROTO_SP;
-    cmsg->cmsg_type = SP_HDR;
-    unsigned char *data = NN_CMSG_DATA(cmsg);
-    size_t hlen = 4;
-    memcpy(data, &hlen, sizeof(hlen));
-    data[sizeof(size_t) + 0] = (unsigned char)(id >> 24);
-    data[sizeof(size_t) + 1] = (unsigned char)(id >> 16);
-    data[sizeof(size_t) + 2] = (unsigned char)(id >> 8);
-    data[sizeof(size_t) + 3] = (unsigned char)id;
-
-    struct nn_iovec iov = { d->enc.data, d->enc.len };
-    struct nn_msghdr hdr = { &iov, 1, ctrl, sizeof(ctrl) };
-    int sent = nn_sendmsg(d->sock, &hdr, NN_DONTWAIT);
-    /* nanomsg copied it: a large buffer (a Delivery near max_entry_bytes) is
-     * not kept for ever (docs/guarantee.md, "Known limits": memory). */
+    int sent = px_sp_send(d->sock, id, d->enc.data, d->enc.len);
+    /* sent, or queued in a copy: a large buffer (a Delivery near
+     * max_entry_bytes) is not kept for ever (docs/guarantee.md, "Known
+     * limits": memory). */
     if (d->enc.cap > PX_ENC_KEEP) px_buf_deinit(&d->enc);
-    if (sent < 0) {
+    if (sent < 0) { /* no worker, or none with room: on_room flushes again */
         slot_put(d, id);
-        if (nn_errno() == EAGAIN) return PX_EAGAIN;
-        px_log_error("app socket: send failed: %s", nn_strerror(nn_errno()));
+        d->blocked = true;
         return PX_EAGAIN;
     }
     e->delivery.req_id = id;
@@ -295,7 +275,7 @@ static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
 /* How many deliveries may be unanswered at once: the window per worker. */
 static size_t send_window(px_deliver *d)
 {
-    int workers = (int)nn_get_statistic(d->sock, NN_STAT_CURRENT_CONNECTIONS);
+    int workers = px_sp_workers(d->sock);
     return (size_t)(d->w * (workers > 1 ? workers : 1) + 0.5);
 }
 
@@ -322,7 +302,6 @@ void px_deliver_flush(px_proxy *px)
     px_queue unsure = { 0 };
     size_t window = 0;
     uint64_t now = 0;
-    bool blocked = false;
     while ((e = px->send_q.head) != NULL) {
         if (e->claim.lease_lost) { /* not delivered on a lock it no longer holds */
             px_queue_pop(&px->send_q);
@@ -336,10 +315,7 @@ void px_deliver_flush(px_proxy *px)
             px_queue_push(&unsure, px_queue_pop(&px->send_q));
             continue;
         }
-        if (send_one(px, d, e) != PX_OK) {
-            blocked = true;
-            break;
-        }
+        if (send_one(px, d, e) != PX_OK) break; /* room_cb flushes again */
         px_queue_pop(&px->send_q);
     }
     if (unsure.n) { /* back in front, in their order */
@@ -348,56 +324,40 @@ void px_deliver_flush(px_proxy *px)
         px->send_q.head = unsure.head;
         px->send_q.n += unsure.n;
     }
-    if (!blocked) ev_io_stop(px->loop, &d->snd_w);
-    else if (!ev_is_active(&d->snd_w)) ev_io_start(px->loop, &d->snd_w);
 }
 
-static void snd_cb(struct ev_loop *loop, ev_io *w, int revents)
+static void room_cb(void *arg)
 {
-    (void)loop;
-    (void)revents;
-    px_deliver_flush(w->data);
-}
-
-static void rcv_cb(struct ev_loop *loop, ev_io *w, int revents)
-{
-    (void)loop;
-    (void)revents;
-    px_proxy *px = w->data;
+    px_proxy *px = arg;
     px_deliver *d = px->deliver;
-    for (;;) {
-        void *body = NULL;
-        unsigned char ctrl[256] = { 0 }; /* nanomsg writes nothing when the header does not fit */
-        struct nn_iovec iov = { &body, NN_MSG };
-        struct nn_msghdr hdr = { &iov, 1, ctrl, sizeof(ctrl) };
-        int n = nn_recvmsg(d->sock, &hdr, NN_DONTWAIT);
-        if (n < 0) {
-            if (nn_errno() != EAGAIN && nn_errno() != EINTR)
-                px_log_error("app socket: receive failed: %s", nn_strerror(nn_errno()));
-            break;
-        }
-        uint32_t id = 0;
-        px_entry *e = px_codec_reply_id(ctrl, sizeof(ctrl), &id) ? slot_find(d, id) : NULL;
-        if (e == NULL || e->state != PX_E_SENT) {
-            px_log_debug("reply to no delivery in flight (late or unknown), %d bytes ignored", n);
-            nn_freemsg(body);
-            continue;
-        }
-        char reason[512];
-        const char *why = NULL;
-        px_ack_status st = px_codec_ack_decode(body, (size_t)n, e->st->conf->stream, e->id, reason,
-                                               sizeof(reason), &why, &e->delivery.retry_after_ms);
-        nn_freemsg(body);
-        slot_put(d, id);
-        ev_timer_stop(px->loop, &e->timer);
-        window_answer(px, d, ev_now(px->loop) - e->delivery.sent_at);
-        if (st == PX_ACK_INVALID) {
-            px_protocol_errors++;
-            px_log_entry(PX_LOG_WARN, e, "invalid reply: %s; treated as RETRY", why);
-            snprintf(reason, sizeof(reason), "invalid reply: %s", why);
-        }
-        px_proxy_on_answer(e, st, reason);
+    if (!d->blocked) return;
+    d->blocked = false;
+    px_deliver_flush(px);
+}
+
+/* A worker's reply, its request id cut from its front. */
+static void reply_cb(void *arg, uint32_t id, const unsigned char *body, size_t n)
+{
+    px_proxy *px = arg;
+    px_deliver *d = px->deliver;
+    px_entry *e = slot_find(d, id);
+    if (e == NULL || e->state != PX_E_SENT) {
+        px_log_debug("reply to no delivery in flight (late or unknown), %zu bytes ignored", n);
+        return;
     }
+    char reason[512];
+    const char *why = NULL;
+    px_ack_status st = px_codec_ack_decode(body, n, e->st->conf->stream, e->id, reason, sizeof(reason), &why,
+                                           &e->delivery.retry_after_ms);
+    slot_put(d, id);
+    ev_timer_stop(px->loop, &e->timer);
+    window_answer(px, d, ev_now(px->loop) - e->delivery.sent_at);
+    if (st == PX_ACK_INVALID) {
+        px_protocol_errors++;
+        px_log_entry(PX_LOG_WARN, e, "invalid reply: %s; treated as RETRY", why);
+        snprintf(reason, sizeof(reason), "invalid reply: %s", why);
+    }
+    px_proxy_on_answer(e, st, reason);
 }
 
 int px_deliver_init(px_proxy *px)
@@ -423,46 +383,28 @@ int px_deliver_init(px_proxy *px)
     d->lmin = d->lmin_next = 1e9;
     d->lmin_since = ev_now(px->loop);
 
-    d->sock = nn_socket(AF_SP_RAW, NN_REQ);
-    if (d->sock < 0) {
-        px_log_error("app socket: %s", nn_strerror(nn_errno()));
-        return PX_ERR;
-    }
-    int linger = 0;
-    nn_setsockopt(d->sock, NN_SOL_SOCKET, NN_LINGER, &linger, sizeof(linger));
     bool ipc = strncmp(c->endpoint, "ipc://", 6) == 0;
     /* The socket file is born with 'socket_mode': no window where others reach it. */
     mode_t old = ipc ? umask((mode_t)(~c->socket_mode & 0777)) : 0;
-    int ep = nn_bind(d->sock, c->endpoint);
+    char err[256];
+    d->sock = px_sp_bind(px->loop, c->endpoint, reply_cb, room_cb, px, err, sizeof(err));
+    int errn = errno;
     if (ipc) {
         umask(old);
-        if (ep >= 0) chmod(c->endpoint + 6, (mode_t)c->socket_mode);
+        if (d->sock) chmod(c->endpoint + 6, (mode_t)c->socket_mode);
     }
-    if (ep < 0) {
-        int err = nn_errno();
+    if (d->sock == NULL) {
         /* An ipc path whose directory is missing: say what to do about it. */
         const char *dir = c->endpoint + 6, *slash = ipc ? strrchr(dir, '/') : NULL;
-        if (err == ENOENT && slash != NULL && slash > dir)
+        if (errn == ENOENT && slash != NULL && slash > dir)
             px_log_error("app socket: bind %s: %s: create the directory %.*s, or set app.endpoint "
                          "(or IDEMPROXY_ENDPOINT) to a socket in one that exists, such as "
                          "ipc:///tmp/idemproxy.sock",
-                         c->endpoint, nn_strerror(err), (int)(slash - dir), dir);
+                         c->endpoint, err, (int)(slash - dir), dir);
         else
-            px_log_error("app socket: bind %s: %s", c->endpoint, nn_strerror(err));
+            px_log_error("app socket: bind %s: %s", c->endpoint, err);
         return PX_ERR;
     }
-    int rfd, sfd;
-    size_t sz = sizeof(int);
-    if (nn_getsockopt(d->sock, NN_SOL_SOCKET, NN_RCVFD, &rfd, &sz) < 0 ||
-        nn_getsockopt(d->sock, NN_SOL_SOCKET, NN_SNDFD, &sfd, &sz) < 0) {
-        px_log_error("app socket: %s", nn_strerror(nn_errno()));
-        return PX_ERR;
-    }
-    ev_io_init(&d->rcv_w, rcv_cb, rfd, EV_READ);
-    d->rcv_w.data = px;
-    ev_io_start(px->loop, &d->rcv_w);
-    ev_io_init(&d->snd_w, snd_cb, sfd, EV_READ);
-    d->snd_w.data = px;
     px_log_info("app socket bound on %s", c->endpoint);
     return PX_OK;
 }
@@ -477,9 +419,7 @@ void px_deliver_deinit(px_proxy *px)
 {
     px_deliver *d = px->deliver;
     if (d == NULL) return;
-    ev_io_stop(px->loop, &d->rcv_w);
-    ev_io_stop(px->loop, &d->snd_w);
-    if (d->sock >= 0) nn_close(d->sock);
+    px_sp_close(d->sock);
     free(d->slots);
     free(d->gens);
     free(d->ids);
@@ -493,5 +433,5 @@ void px_deliver_deinit(px_proxy *px)
 int px_deliver_workers(px_proxy *px)
 {
     px_deliver *d = px->deliver;
-    return d ? (int)nn_get_statistic(d->sock, NN_STAT_CURRENT_CONNECTIONS) : 0;
+    return d ? px_sp_workers(d->sock) : 0;
 }

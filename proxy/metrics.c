@@ -39,6 +39,7 @@
 
 #include "addr.h"
 #include "deliver.h"
+#include "sp.h"
 #include "log.h"
 #include "metrics.h"
 #include "reader.h"
@@ -291,8 +292,9 @@ void px_metrics_render(px_proxy *px, px_buf *b)
                      "idemproxy_redis_redirects_total{kind=\"ask\"} %llu\n",
                   px_redis_redirects[0], px_redis_redirects[1]);
     gauge(b, "idemproxy_protocol_errors_total", "counter",
-          "Worker replies that did not decode, were unspecified or echoed the wrong ids.",
-          (double)px_protocol_errors);
+          "Worker replies that did not decode, were unspecified or echoed the wrong ids, and "
+          "worker connections closed for breaking the SP wire.",
+          (double)(px_protocol_errors + px_sp_wire_errors));
     gauge(b, "idemproxy_spans_exported_total", "counter",
           "Spans the OTLP collector accepted (tracing).", (double)px_spans_exported);
     gauge(b, "idemproxy_spans_dropped_total", "counter",

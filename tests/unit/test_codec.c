@@ -4,7 +4,6 @@
  */
 #include <stdlib.h>
 
-#include <nanomsg/nn.h>
 
 #include "codec.h"
 #include "idemproxy/v1/idemproxy.pb-c.h"
@@ -120,67 +119,8 @@ static void test_ack(void)
     test_cond("a short ack after it still decodes", decode("\x08\x01", 2, &why, reason, sizeof(reason)) == PX_ACK_ACK);
 }
 
-/* Control data as nn_recvmsg writes it: one message of 'level'/'type' with
- * cmsg_len 'clen', a size_t 'len' and 'n' header bytes, at offset 'off' of
- * 'buf' (the rest zero). Returns the bytes used. */
-static size_t cmsg_put(unsigned char *buf, size_t off, size_t clen, int level, int type, size_t len,
-                       const unsigned char *hdr, size_t n)
-{
-    struct nn_cmsghdr h = { clen, level, type };
-    memcpy(buf + off, &h, sizeof(h));
-    size_t head = NN_CMSG_ALIGN_(sizeof(h));
-    memcpy(buf + off + head, &len, sizeof(len));
-    memcpy(buf + off + head + sizeof(len), hdr, n);
-    return off + head + sizeof(len) + n;
-}
-
-static void test_reply_id(void)
-{
-    static const unsigned char id4[] = { 0x80, 0x00, 0x01, 0x02 };
-    unsigned char buf[256];
-    uint32_t id = 0;
-
-    memset(buf, 0, sizeof(buf));
-    size_t n = cmsg_put(buf, 0, NN_CMSG_LEN(sizeof(size_t) + 4), PROTO_SP, SP_HDR, 4, id4, 4);
-    test_cond("the id", px_codec_reply_id(buf, n, &id) && id == 0x80000102u);
-    test_cond("the id, the buffer larger", px_codec_reply_id(buf, sizeof(buf), &id) && id == 0x80000102u);
-    /* After another control message. */
-    memset(buf, 0, sizeof(buf));
-    size_t off = NN_CMSG_SPACE(sizeof(size_t) + 4);
-    cmsg_put(buf, 0, NN_CMSG_LEN(sizeof(size_t) + 4), 7, 9, 4, id4, 4);
-    n = cmsg_put(buf, off, NN_CMSG_LEN(sizeof(size_t) + 4), PROTO_SP, SP_HDR, 4, id4, 4);
-    test_cond("the second message", px_codec_reply_id(buf, n, &id) && id == 0x80000102u);
-    /* Unaligned. */
-    unsigned char *odd = buf + 1;
-    memset(buf, 0, sizeof(buf));
-    n = cmsg_put(odd, 0, NN_CMSG_LEN(sizeof(size_t) + 4), PROTO_SP, SP_HDR, 4, id4, 4);
-    test_cond("an unaligned buffer", px_codec_reply_id(odd, n, &id) && id == 0x80000102u);
-
-    /* What a peer (or a header nanomsg could not fit) leaves: each refused,
-     * nothing read past the buffer (the buffer is exactly the bytes given). */
-    struct { const char *what; size_t clen, len, n, give; int level; } bad[] = {
-        { "no data after the header", sizeof(struct nn_cmsghdr), 0, 0, sizeof(struct nn_cmsghdr), PROTO_SP },
-        { "a length past cmsg_len", NN_CMSG_LEN(sizeof(size_t) + 4), 1000, 4, 0, PROTO_SP },
-        { "cmsg_len past the buffer", 200, 4, 4, 0, PROTO_SP },
-        { "cmsg_len zero (a walk that never moves)", 0, 4, 4, 0, 0 },
-        { "a header of 3 bytes", NN_CMSG_LEN(sizeof(size_t) + 3), 3, 3, 0, PROTO_SP },
-        { "no SP header", NN_CMSG_LEN(sizeof(size_t) + 4), 4, 4, 0, 5 },
-    };
-    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        unsigned char tmp[64] = { 0 };
-        size_t used = cmsg_put(tmp, 0, bad[i].clen, bad[i].level, SP_HDR, bad[i].len, id4, bad[i].n);
-        size_t give = bad[i].give ? bad[i].give : used;
-        unsigned char *exact = malloc(give);
-        memcpy(exact, tmp, give);
-        test_cond(bad[i].what, !px_codec_reply_id(exact, give, &id));
-        free(exact);
-    }
-    test_cond("an empty buffer", !px_codec_reply_id(buf, 0, &id));
-}
-
 int main(void)
 {
-    test_reply_id();
     test_delivery_roundtrip();
     test_ack();
     return test_report();

@@ -1,0 +1,514 @@
+/*
+ * sp.c - the app socket's wire on the daemon's loop (docs/protocol.md).
+ *
+ * What a raw NN_REQ socket of nanomsg 1.1.5 did for deliver.c, and nothing
+ * more: listen on ipc:// or tcp://, take each connection through SP's
+ * 8-byte header (ours says REQ, 0x30; the peer's must say REP, 0x31), then
+ * send each request to the next connection in turn whose last write went out
+ * whole, as one frame (ipc: a type byte 01; both: a 64-bit big-endian length,
+ * the 4-byte request id, the body), and hand each reply frame back with the
+ * request id cut from its front.
+ *
+ * Why not nanomsg: its I/O runs in a thread of its own. Each answer woke that
+ * thread twice (the answer, and re-arming for the next) and the loop once
+ * through an eventfd, with a contended mutex between them each time: at
+ * 1,000 entries/s a third of the daemon's CPU (docs/performance.md). Here a
+ * reply wakes the loop once, and one read takes every reply that has come.
+ * Workers see the same wire: their nanomsg, NNG or hand-written SP sockets
+ * are unchanged.
+ *
+ * A peer that breaks the wire loses its connection and nothing else: a
+ * header that is not SP's or not from a REP peer, one not complete within
+ * PX_SP_HANDSHAKE_S, an ipc frame whose type byte is not 01 (nanomsg aborted
+ * the whole process on that one), a frame over PX_SP_RCVMAX. A reply under 4
+ * bytes is dropped, as nanomsg did. A connection closed with deliveries on it
+ * leaves them to their ack timeouts, as before.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "addr.h"
+#include "log.h"
+#include "px.h"
+#include "sp.h"
+
+#define PX_SP_HANDSHAKE_S 1.0          /* nanomsg's own limit for the header */
+#define PX_SP_BUF         (128 * 1024) /* SO_SNDBUF and SO_RCVBUF, nanomsg's defaults */
+#define PX_SP_READ        (64 * 1024)  /* bytes asked of each read */
+#define PX_SP_READS       16           /* reads per wake-up, so one peer cannot hold the loop */
+#define PX_SP_ACCEPT_WAIT 0.1          /* out of descriptors: try again after this */
+
+unsigned long long px_sp_wire_errors;
+
+static const unsigned char sp_req_header[8] = { 0x00, 'S', 'P', 0x00, 0x00, 0x30, 0x00, 0x00 };
+
+typedef struct sp_pipe {
+    struct sp_pipe *prev, *next; /* every connection, in turn order */
+    px_sp *sp;
+    int fd;
+    ev_io rw, ww;
+    ev_timer hs_timer; /* the header's deadline */
+    bool open;         /* header done: it takes requests */
+    bool dead;         /* closed; freed once no callback is on its stack */
+    int busy;          /* callbacks of this pipe on the stack */
+    px_buf in;         /* bytes read, not yet a whole frame */
+    size_t in_off;     /* consumed from the front of 'in' */
+    px_buf out;        /* bytes that did not go out at once */
+    size_t out_off;
+} sp_pipe;
+
+struct px_sp {
+    struct ev_loop *loop;
+    int lfd;
+    bool ipc;
+    char *path; /* ipc: the socket file */
+    dev_t dev;  /* ... and its identity, to remove only our own */
+    ino_t ino;
+    ev_io accept_w;
+    ev_timer accept_wait;
+    sp_pipe *head, *turn; /* the next to be sent to */
+    int workers;
+    px_sp_reply_cb on_reply;
+    px_sp_room_cb on_room;
+    void *arg;
+};
+
+static void pipe_free(sp_pipe *p)
+{
+    px_buf_deinit(&p->in);
+    px_buf_deinit(&p->out);
+    free(p);
+}
+
+static void pipe_close(sp_pipe *p, const char *why)
+{
+    if (p->dead) return;
+    px_sp *sp = p->sp;
+    p->dead = true;
+    ev_io_stop(sp->loop, &p->rw);
+    ev_io_stop(sp->loop, &p->ww);
+    ev_timer_stop(sp->loop, &p->hs_timer);
+    close(p->fd);
+    if (p->open) sp->workers--;
+    if (p->next == p) {
+        sp->head = sp->turn = NULL;
+    } else { /* out of the ring; its own next stays, for a walk that is on it */
+        p->prev->next = p->next;
+        p->next->prev = p->prev;
+        if (sp->head == p) sp->head = p->next;
+        if (sp->turn == p) sp->turn = p->next;
+    }
+    if (why) px_log_debug("app socket: a worker's connection closed: %s", why);
+    if (p->busy == 0) pipe_free(p);
+}
+
+/* A peer broke the wire: its connection is closed, and that is all. */
+static void pipe_broken(sp_pipe *p, const char *why)
+{
+    px_sp_wire_errors++;
+    px_log_warn("app socket: closed a worker's connection: %s", why);
+    pipe_close(p, NULL);
+}
+
+/* Write what waits in p->out; false if the connection broke. */
+static bool pipe_flush(sp_pipe *p)
+{
+    while (p->out_off < p->out.len) {
+        ssize_t n = send(p->fd, p->out.data + p->out_off, p->out.len - p->out_off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            ev_io_start(p->sp->loop, &p->ww);
+            return true;
+        }
+        if (n <= 0) {
+            pipe_close(p, strerror(errno));
+            return false;
+        }
+        p->out_off += (size_t)n;
+    }
+    ev_io_stop(p->sp->loop, &p->ww);
+    px_buf_reset(&p->out);
+    p->out_off = 0;
+    if (p->out.cap > PX_SP_BUF) px_buf_deinit(&p->out); /* a large Delivery is not kept */
+    return true;
+}
+
+static void pipe_write_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    sp_pipe *p = w->data;
+    px_sp *sp = p->sp;
+    if (pipe_flush(p) && p->open && p->out_off == p->out.len && sp->on_room) sp->on_room(sp->arg);
+}
+
+static uint64_t get_be64(const unsigned char *b)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v = v << 8 | b[i];
+    return v;
+}
+
+/* The peer's header in 'b' (8 bytes): SP's, from a REP socket? The two
+ * reserved bytes are not looked at, as nanomsg does not. */
+static bool header_ok(const unsigned char *b)
+{
+    return memcmp(b, "\0SP\0", 4) == 0 && b[4] == 0x00 && b[5] == 0x31;
+}
+
+/* The frames whole in p->in, handed on; false if the connection is closed. */
+static bool pipe_frames(sp_pipe *p)
+{
+    px_sp *sp = p->sp;
+    for (;;) {
+        const unsigned char *b = (const unsigned char *)p->in.data + p->in_off;
+        size_t have = p->in.len - p->in_off;
+        if (!p->open) {
+            if (have < 8) return true;
+            if (!header_ok(b)) {
+                pipe_broken(p, "its header is not an SP REP socket's");
+                return false;
+            }
+            p->in_off += 8;
+            p->open = true;
+            ev_timer_stop(sp->loop, &p->hs_timer);
+            sp->workers++;
+            px_log_debug("app socket: a worker connected (%d)", sp->workers);
+            if (p->out_off == p->out.len && sp->on_room) sp->on_room(sp->arg);
+            if (p->dead) return false;
+            continue;
+        }
+        size_t hl = sp->ipc ? 9 : 8;
+        if (have < hl) return true;
+        if (sp->ipc && b[0] != 0x01) {
+            pipe_broken(p, "an ipc frame whose type byte is not 01");
+            return false;
+        }
+        uint64_t size = get_be64(b + hl - 8);
+        if (size > PX_SP_RCVMAX) {
+            pipe_broken(p, "a frame over 1 MiB");
+            return false;
+        }
+        if (have - hl < size) {
+            px_buf_reserve(&p->in, (size_t)size + hl - have);
+            return true;
+        }
+        p->in_off += hl + (size_t)size;
+        if (size >= 4) {
+            const unsigned char *f = b + hl;
+            uint32_t id = (uint32_t)f[0] << 24 | (uint32_t)f[1] << 16 | (uint32_t)f[2] << 8 | f[3];
+            sp->on_reply(sp->arg, id, f + 4, (size_t)size - 4);
+            if (p->dead) return false;
+        }
+    }
+}
+
+static void pipe_read_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    sp_pipe *p = w->data;
+    p->busy++;
+    for (int i = 0; i < PX_SP_READS && !p->dead; i++) {
+        if (p->in_off == p->in.len) {
+            px_buf_reset(&p->in);
+            p->in_off = 0;
+            if (p->in.cap > 2 * PX_SP_READ) px_buf_deinit(&p->in); /* a large reply is not kept */
+        } else if (p->in_off > 0 && p->in_off >= p->in.len / 2) {
+            memmove(p->in.data, p->in.data + p->in_off, p->in.len - p->in_off);
+            p->in.len -= p->in_off;
+            p->in_off = 0;
+        }
+        px_buf_reserve(&p->in, PX_SP_READ);
+        size_t room = p->in.cap - p->in.len - 1;
+        ssize_t n = recv(p->fd, p->in.data + p->in.len, room, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        if (n <= 0) {
+            pipe_close(p, n == 0 ? "closed by the worker" : strerror(errno));
+            break;
+        }
+        p->in.len += (size_t)n;
+        if (!pipe_frames(p) || (size_t)n < room) break;
+    }
+    if (--p->busy == 0 && p->dead) pipe_free(p);
+}
+
+static void pipe_hs_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    pipe_broken(w->data, "no SP header within a second");
+}
+
+static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)revents;
+    px_sp *sp = w->data;
+    for (;;) {
+        int fd = accept4(sp->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            /* Out of descriptors (or memory): the pending ones wait, not spin. */
+            px_log_warn("app socket: accept: %s; trying again in %.0f ms", strerror(errno),
+                        PX_SP_ACCEPT_WAIT * 1000);
+            ev_io_stop(loop, &sp->accept_w);
+            ev_timer_start(loop, &sp->accept_wait);
+            return;
+        }
+        int buf = PX_SP_BUF, one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+        if (!sp->ipc) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        sp_pipe *p = px_calloc(1, sizeof(*p));
+        p->sp = sp;
+        p->fd = fd;
+        ev_io_init(&p->rw, pipe_read_cb, fd, EV_READ);
+        ev_io_init(&p->ww, pipe_write_cb, fd, EV_WRITE);
+        ev_timer_init(&p->hs_timer, pipe_hs_cb, PX_SP_HANDSHAKE_S, 0.);
+        p->rw.data = p->ww.data = p->hs_timer.data = p;
+        if (sp->head == NULL) {
+            sp->head = p->prev = p->next = p;
+        } else { /* last in turn */
+            p->next = sp->head;
+            p->prev = sp->head->prev;
+            p->prev->next = p;
+            sp->head->prev = p;
+        }
+        ev_io_start(loop, &p->rw);
+        ev_timer_start(loop, &p->hs_timer);
+        px_buf_append(&p->out, sp_req_header, sizeof(sp_req_header));
+        pipe_flush(p);
+    }
+}
+
+static void accept_wait_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)revents;
+    px_sp *sp = w->data;
+    ev_io_start(loop, &sp->accept_w);
+}
+
+/* Frame and send on 'p' (open, nothing waiting): 0, or -1 if it broke. */
+static int pipe_send(sp_pipe *p, uint32_t id, const void *body, size_t len)
+{
+    unsigned char head[13];
+    size_t hl = 0;
+    if (p->sp->ipc) head[hl++] = 0x01;
+    uint64_t size = (uint64_t)len + 4;
+    for (int i = 7; i >= 0; i--) head[hl++] = (unsigned char)(size >> (8 * i));
+    head[hl++] = (unsigned char)(id >> 24);
+    head[hl++] = (unsigned char)(id >> 16);
+    head[hl++] = (unsigned char)(id >> 8);
+    head[hl++] = (unsigned char)id;
+    struct iovec iov[2] = { { head, hl }, { (void *)body, len } };
+    struct msghdr msg = { .msg_iov = iov, .msg_iovlen = len ? 2 : 1 };
+    size_t total = hl + len, done = 0;
+    for (;;) {
+        ssize_t n = sendmsg(p->fd, &msg, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+            pipe_close(p, strerror(errno));
+            return -1;
+        }
+        done = n > 0 ? (size_t)n : 0;
+        break;
+    }
+    if (done < total) { /* the rest goes out when it can; no more for p until then */
+        if (done < hl) {
+            px_buf_append(&p->out, head + done, hl - done);
+            px_buf_append(&p->out, body, len);
+        } else {
+            px_buf_append(&p->out, (const char *)body + (done - hl), total - done);
+        }
+        ev_io_start(p->sp->loop, &p->ww);
+    }
+    return 0;
+}
+
+int px_sp_send(px_sp *sp, uint32_t id, const void *body, size_t len)
+{
+    sp_pipe *first = sp->turn ? sp->turn : sp->head;
+    if (first == NULL) return -1;
+    sp_pipe *p = first;
+    for (;;) {
+        sp_pipe *next = p->next;
+        bool last = next == first;
+        if (p->open && p->out_off == p->out.len) {
+            p->busy++;
+            int rc = pipe_send(p, id, body, len);
+            bool gone = p->dead;
+            if (--p->busy == 0 && gone) pipe_free(p);
+            if (rc == 0) {
+                sp->turn = next != p && sp->head ? next : sp->head;
+                return 0;
+            }
+            if (sp->head == NULL) return -1;
+            if (gone && p == first) { /* the walk started on it: start again where it was */
+                first = next;
+                p = next;
+                continue;
+            }
+        }
+        if (last) return -1;
+        p = next;
+    }
+}
+
+int px_sp_workers(const px_sp *sp)
+{
+    return sp ? sp->workers : 0;
+}
+
+/* "*" or an interface's name (as nanomsg took), else a literal or a name. */
+static bool tcp_addr(const char *host, int port, struct sockaddr_storage *ss, socklen_t *sl)
+{
+    memset(ss, 0, sizeof(*ss));
+    if (strcmp(host, "*") == 0 || host[0] == '\0') {
+        struct sockaddr_in *in = (struct sockaddr_in *)ss;
+        in->sin_family = AF_INET;
+        in->sin_port = htons((uint16_t)port);
+        in->sin_addr.s_addr = htonl(INADDR_ANY);
+        *sl = sizeof(*in);
+        return true;
+    }
+    struct addrinfo hints = { .ai_flags = AI_PASSIVE | AI_NUMERICSERV, .ai_socktype = SOCK_STREAM };
+    struct addrinfo *res = NULL;
+    char ps[8];
+    snprintf(ps, sizeof(ps), "%d", port);
+    if (getaddrinfo(host, ps, &hints, &res) == 0 && res) {
+        struct addrinfo *a = res; /* IPv4 first, as workers dialing "localhost" try it first */
+        while (a->ai_next && a->ai_family != AF_INET) a = a->ai_next;
+        if (a->ai_family != AF_INET) a = res;
+        memcpy(ss, a->ai_addr, a->ai_addrlen);
+        *sl = a->ai_addrlen;
+        freeaddrinfo(res);
+        return true;
+    }
+    struct ifaddrs *ifs = NULL;
+    bool found = false;
+    if (getifaddrs(&ifs) == 0) {
+        for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
+            if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || strcmp(i->ifa_name, host) != 0)
+                continue;
+            struct sockaddr_in *in = (struct sockaddr_in *)ss;
+            memcpy(in, i->ifa_addr, sizeof(*in));
+            in->sin_port = htons((uint16_t)port);
+            *sl = sizeof(*in);
+            found = true;
+        }
+        freeifaddrs(ifs);
+    }
+    return found;
+}
+
+/* An ipc path taken by a socket file nobody listens on (a daemon that
+ * died) is taken over; one somebody listens on is not. */
+static bool ipc_stale(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    struct sockaddr_un un = { .sun_family = AF_UNIX };
+    memcpy(un.sun_path, path, strlen(path) + 1);
+    bool stale = connect(fd, (struct sockaddr *)&un, sizeof(un)) != 0 && errno == ECONNREFUSED;
+    close(fd);
+    return stale;
+}
+
+px_sp *px_sp_bind(struct ev_loop *loop, const char *endpoint, px_sp_reply_cb on_reply,
+                  px_sp_room_cb on_room, void *arg, char *err, size_t errlen)
+{
+    px_sp *sp = px_calloc(1, sizeof(*sp));
+    sp->loop = loop;
+    sp->on_reply = on_reply;
+    sp->on_room = on_room;
+    sp->arg = arg;
+    sp->lfd = -1;
+    int e = 0;
+    if (strncmp(endpoint, "ipc://", 6) == 0) {
+        const char *path = endpoint + 6;
+        struct sockaddr_un un = { .sun_family = AF_UNIX };
+        if (strlen(path) >= sizeof(un.sun_path)) {
+            e = ENAMETOOLONG;
+            goto fail;
+        }
+        memcpy(un.sun_path, path, strlen(path) + 1);
+        sp->ipc = true;
+        sp->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (sp->lfd < 0) goto fail_errno;
+        if (ipc_stale(path)) unlink(path);
+        if (bind(sp->lfd, (struct sockaddr *)&un, sizeof(un)) != 0) goto fail_errno;
+        struct stat st;
+        if (stat(path, &st) == 0) {
+            sp->dev = st.st_dev;
+            sp->ino = st.st_ino;
+        }
+        sp->path = px_strdup(path);
+    } else if (strncmp(endpoint, "tcp://", 6) == 0) {
+        char host[PX_ADDR_HOST_MAX];
+        int port;
+        struct sockaddr_storage ss;
+        socklen_t sl;
+        if (!px_addr_split(endpoint + 6, host, sizeof(host), &port, PX_ADDR_BARE_IPV6)) {
+            e = EINVAL;
+            goto fail;
+        }
+        if (!tcp_addr(host, port, &ss, &sl)) {
+            e = ENODEV;
+            goto fail;
+        }
+        sp->lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (sp->lfd < 0) goto fail_errno;
+        int one = 1;
+        setsockopt(sp->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (bind(sp->lfd, (struct sockaddr *)&ss, sl) != 0) goto fail_errno;
+    } else {
+        e = EPROTONOSUPPORT;
+        goto fail;
+    }
+    if (listen(sp->lfd, SOMAXCONN) != 0) goto fail_errno;
+    ev_io_init(&sp->accept_w, accept_cb, sp->lfd, EV_READ);
+    sp->accept_w.data = sp;
+    ev_timer_init(&sp->accept_wait, accept_wait_cb, PX_SP_ACCEPT_WAIT, 0.);
+    sp->accept_wait.data = sp;
+    ev_io_start(loop, &sp->accept_w);
+    return sp;
+fail_errno:
+    e = errno;
+fail:
+    snprintf(err, errlen, "%s", strerror(e));
+    if (sp->lfd >= 0) close(sp->lfd);
+    free(sp->path);
+    free(sp);
+    errno = e;
+    return NULL;
+}
+
+void px_sp_close(px_sp *sp)
+{
+    if (sp == NULL) return;
+    while (sp->head) pipe_close(sp->head, NULL);
+    ev_io_stop(sp->loop, &sp->accept_w);
+    ev_timer_stop(sp->loop, &sp->accept_wait);
+    close(sp->lfd);
+    struct stat st;
+    if (sp->path && stat(sp->path, &st) == 0 && st.st_dev == sp->dev && st.st_ino == sp->ino) unlink(sp->path);
+    free(sp->path);
+    free(sp);
+}

@@ -1,0 +1,42 @@
+/*
+ * sp.h - the app socket's wire on the daemon's own loop: the listening side
+ * of SP's request/reply protocol over ipc:// and tcp:// (docs/protocol.md),
+ * what a raw NN_REQ socket of nanomsg does, without its thread.
+ */
+#ifndef PX_SP_H
+#define PX_SP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ev.h>
+
+/* The largest frame a worker may send (its request id and its Ack): over it,
+ * the connection is closed, as nanomsg's default NN_RCVMAXSIZE did. */
+#define PX_SP_RCVMAX (1024 * 1024)
+
+typedef struct px_sp px_sp;
+
+/* Connections closed for breaking the wire (idemproxy_protocol_errors_total). */
+extern unsigned long long px_sp_wire_errors;
+
+/* A reply: its request id (the first 4 bytes of the frame, big-endian) and
+ * the body after it. 'body' is valid during the call only. */
+typedef void (*px_sp_reply_cb)(void *arg, uint32_t id, const unsigned char *body, size_t len);
+/* A connection that had no room has room again. */
+typedef void (*px_sp_room_cb)(void *arg);
+
+/* Listen on 'endpoint' (ipc:///path or tcp://host:port). NULL with the
+ * reason in 'err', and errno set, when it cannot. */
+px_sp *px_sp_bind(struct ev_loop *loop, const char *endpoint, px_sp_reply_cb on_reply,
+                  px_sp_room_cb on_room, void *arg, char *err, size_t errlen);
+/* Send a request with id 'id' to the next worker in turn that has room: 0,
+ * or -1 when none has (on_room says when one has again). */
+int px_sp_send(px_sp *sp, uint32_t id, const void *body, size_t len);
+/* Workers connected (their handshake done). */
+int px_sp_workers(const px_sp *sp);
+/* Close every connection and the listening socket (an ipc socket file is
+ * removed, unless another process has bound the path since). */
+void px_sp_close(px_sp *sp);
+
+#endif

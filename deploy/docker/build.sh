@@ -39,7 +39,7 @@ fi
 case "$what" in
 idemproxy)
     pkgs="make gcc libc6-dev pkg-config protobuf-c-compiler libhiredis-dev libev-dev
-          libnanomsg-dev libprotobuf-c-dev libyaml-dev libjson-c-dev libmicrohttpd-dev libssl-dev
+          libprotobuf-c-dev libyaml-dev libjson-c-dev libmicrohttpd-dev libssl-dev
           libcurl4-openssl-dev
           ca-certificates"
     bin=build/idemproxy

@@ -212,6 +212,17 @@ def generate(seed):
     # The batch window's key holds a string before the run in one seed of six:
     # every BLPOP refused (WRONGTYPE), the window waits in the daemon.
     c["window_key_taken"] = random.Random(f"{seed}/window-key").random() < 1 / 6
+    # A peer that breaks the app socket's wire (the daemon's own SP side since
+    # issue 34), from its own Random: in one seed of four, at a random moment,
+    # a peer on one replica's socket sends a bad header, an ipc frame of type 2
+    # or one of 2^40 bytes, after taking the delivery it may be sent meanwhile
+    # (GarbagePeer). Only its connection may close; the run goes on.
+    pr = random.Random(f"{seed}/peer")
+    if seed not in PRE_FINGERPRINT_SEEDS and pr.random() < 0.25:
+        c["faults"].append({"t": round(pr.uniform(0.2, c["duration"]), 2), "kind": "peer_garbage",
+                            "replica": pr.randrange(c["replicas"]), "down": 0, "pause_ms": 0,
+                            "how": pr.choice(["header", "type", "huge"])})
+        c["faults"].sort(key=lambda f: f["t"])
     fields_mode(c, seed)
     return c
 
@@ -771,6 +782,76 @@ class History:
         with self.lock:
             self.faults.append(f)
         return f
+
+
+class GarbagePeer:
+    """A peer on replica i's ipc socket that breaks the SP wire ('how'): a
+    header that is not a REP's; or a REP header, then, after whatever delivery
+    the daemon sends it within 50 ms (recorded as received by a worker that
+    crashed: it is delivered again after its ack timeout), an ipc frame of type
+    2 ("type") or one announcing 2^40 bytes ("huge"). The daemon must close that
+    connection and nothing else (nanomsg 1.1.5 aborted on "type")."""
+
+    def __init__(self, run, replica, how):
+        self.run_, self.replica, self.how = run, replica, how
+
+    def run(self):
+        path = f"{self.run_.tmp}/app{self.replica}.sock"
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(1.0)
+        try:
+            s.connect(path)
+        except OSError:
+            return                              # the replica is down: nothing to break
+        try:
+            proto = 0x30 if self.how == "header" else 0x31
+            s.sendall(b"\x00SP\x00" + proto.to_bytes(2, "big") + b"\x00\x00")
+            if self.how != "header":
+                buf, t_end = b"", time.time() + 0.05
+                s.settimeout(0.01)
+                while time.time() < t_end:
+                    try:
+                        chunk = s.recv(1 << 16)
+                    except socket.timeout:
+                        continue
+                    if not chunk:
+                        break
+                    buf += chunk
+                size = 4 if self.how == "type" else 1 << 40
+                s.sendall((b"\x02" if self.how == "type" else b"\x01") + size.to_bytes(8, "big") + b"abcd")
+                s.settimeout(2.0)
+                while True:                         # until the daemon closes it
+                    chunk = s.recv(1 << 16)
+                    if not chunk:
+                        break
+                    buf += chunk
+                self.record(buf[8:])                # what was sent to it, up to the close
+            else:
+                s.settimeout(2.0)
+                while s.recv(1 << 16):
+                    pass
+        except OSError:
+            pass
+        finally:
+            s.close()
+
+    def record(self, frames):
+        """Each whole Delivery in 'frames' (ipc: 01, a 64-bit length, the
+        request id, the body): received by a worker that crashed."""
+        while len(frames) >= 9:
+            n = int.from_bytes(frames[1:9], "big")
+            if len(frames) < 9 + n or n < 4:
+                break
+            d = pb.Delivery()
+            d.ParseFromString(frames[13:9 + n])
+            frames = frames[9 + n:]
+            now = time.time()
+            self.run_.hist.add({"replica": self.replica, "worker": f"garbage{self.replica}", "key": d.key,
+                                "entry": d.entry_id, "attempt": d.attempt, "token": d.fencing_token,
+                                "start": now, "end": now, "answer": "crash",
+                                "deadline": d.deadline_unix_ms / 1000.0, "size": n - 4,
+                                "room": delivered_room(d)})
+            self.run_.hist.fault("worker_crash", self.replica)
 
 
 class Worker(threading.Thread):
@@ -1411,6 +1492,9 @@ class Run:
                     w.absent_until = t0 + f["down"]
                     w.reconnect.set()
             return                                       # recorded by each worker as it leaves
+        elif kind == "peer_garbage":
+            GarbagePeer(self, i, f["how"]).run()
+            i_ = i
         elif kind == "foreign_lock":
             r = self.control()
             for n, name in enumerate(f["locks"]):

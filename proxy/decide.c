@@ -93,7 +93,12 @@ long long px_decide_batch_wait(const px_batch_view *v)
     if (v->linger_ms > 0) return v->linger_ms;       /* a fixed wait */
     if (v->batch_ms <= 0 || v->gap_ms < 0 || v->gap_ms > PX_BATCH_QUIET_MS) return 0;
     /* got entries in gap_ms: another due within batch_ms? */
-    return (double)v->got * (double)v->batch_ms >= v->gap_ms ? v->batch_ms : 0;
+    if ((double)v->got * (double)v->batch_ms < v->gap_ms) return 0;
+    /* Yes: as many whole ms as PX_BATCH_PAGE entries take to come at that
+     * rate, at most batch_ms (Redis keeps a blocked command's time in ms). */
+    for (long long w = 1; w < v->batch_ms; w++)
+        if ((double)v->got * (double)w >= PX_BATCH_PAGE * v->gap_ms) return w;
+    return v->batch_ms;
 }
 
 long long px_decide_commit_wait(const px_commit_view *v)

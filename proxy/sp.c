@@ -63,6 +63,7 @@ typedef struct sp_pipe {
     ev_timer hs_timer; /* the header's deadline */
     bool open;         /* header done: it takes requests */
     bool dead;         /* closed; freed once no callback is on its stack */
+    bool gone;         /* a send found the worker gone: nothing more is sent; read to its end */
     int busy;          /* callbacks of this pipe on the stack */
     px_buf in;         /* bytes read, not yet a whole frame */
     size_t in_off;     /* consumed from the front of 'in' */
@@ -115,6 +116,21 @@ static void pipe_close(sp_pipe *p, const char *why)
     if (p->busy == 0) pipe_free(p);
 }
 
+/* A write found the worker gone (it closed, or reset): nothing more is sent
+ * on it, and it is closed only once what it sent before is read (the read
+ * watcher sees the end), so an answer written just before a close is not
+ * lost to a delivery that tried to follow it. Other errors close at once. */
+static void pipe_gone(sp_pipe *p, int err)
+{
+    if (err != EPIPE && err != ECONNRESET) {
+        pipe_close(p, strerror(err));
+        return;
+    }
+    p->gone = true;
+    ev_io_stop(p->sp->loop, &p->ww);
+    px_log_debug("app socket: a worker's connection went away while writing to it: %s", strerror(err));
+}
+
 /* A peer broke the wire: its connection is closed, and that is all. */
 static void pipe_broken(sp_pipe *p, const char *why)
 {
@@ -134,7 +150,7 @@ static bool pipe_flush(sp_pipe *p)
             return true;
         }
         if (n <= 0) {
-            pipe_close(p, strerror(errno));
+            pipe_gone(p, n < 0 ? errno : EPIPE);
             return false;
         }
         p->out_off += (size_t)n;
@@ -216,12 +232,9 @@ static bool pipe_frames(sp_pipe *p)
     }
 }
 
-static void pipe_read_cb(struct ev_loop *loop, ev_io *w, int revents)
+/* Read what the peer sent and hand on its frames (p->busy held by the caller). */
+static void pipe_read(sp_pipe *p)
 {
-    (void)loop;
-    (void)revents;
-    sp_pipe *p = w->data;
-    p->busy++;
     for (int i = 0; i < PX_SP_READS && !p->dead; i++) {
         if (p->in_off == p->in.len) {
             px_buf_reset(&p->in);
@@ -244,14 +257,29 @@ static void pipe_read_cb(struct ev_loop *loop, ev_io *w, int revents)
         p->in.len += (size_t)n;
         if (!pipe_frames(p) || (size_t)n < room) break;
     }
+}
+
+static void pipe_read_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    sp_pipe *p = w->data;
+    p->busy++;
+    pipe_read(p);
     if (--p->busy == 0 && p->dead) pipe_free(p);
 }
 
+/* The header's second is up. A loop that stalled that long may not have read
+ * a header that came in time (libev runs this before the read): read first. */
 static void pipe_hs_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop;
     (void)revents;
-    pipe_broken(w->data, "no SP header within a second");
+    sp_pipe *p = w->data;
+    p->busy++;
+    pipe_read(p);
+    if (!p->dead && !p->open) pipe_broken(p, "no SP header within a second");
+    if (--p->busy == 0 && p->dead) pipe_free(p);
 }
 
 static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
@@ -264,9 +292,11 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
             if (errno == EINTR || errno == ECONNABORTED) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) return;
             /* Out of descriptors (or memory): the pending ones wait, not spin. */
-            px_log_warn("app socket: accept: %s; trying again in %.0f ms", strerror(errno),
-                        PX_SP_ACCEPT_WAIT * 1000);
+            static px_log_limit limit;
+            px_log_limited(&limit, 10.0, PX_LOG_WARN, "app socket: accept: %s; trying again in %.0f ms",
+                           strerror(errno), PX_SP_ACCEPT_WAIT * 1000);
             ev_io_stop(loop, &sp->accept_w);
+            ev_timer_set(&sp->accept_wait, PX_SP_ACCEPT_WAIT, 0.);
             ev_timer_start(loop, &sp->accept_wait);
             return;
         }
@@ -322,7 +352,7 @@ static int pipe_send(sp_pipe *p, uint32_t id, const void *body, size_t len)
         ssize_t n = sendmsg(p->fd, &msg, MSG_NOSIGNAL);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-            pipe_close(p, strerror(errno));
+            pipe_gone(p, errno);
             return -1;
         }
         done = n > 0 ? (size_t)n : 0;
@@ -348,17 +378,17 @@ int px_sp_send(px_sp *sp, uint32_t id, const void *body, size_t len)
     for (;;) {
         sp_pipe *next = p->next;
         bool last = next == first;
-        if (p->open && p->out_off == p->out.len) {
+        if (p->open && !p->gone && p->out_off == p->out.len) {
             p->busy++;
             int rc = pipe_send(p, id, body, len);
-            bool gone = p->dead;
-            if (--p->busy == 0 && gone) pipe_free(p);
+            bool closed = p->dead;
+            if (--p->busy == 0 && closed) pipe_free(p);
             if (rc == 0) {
                 sp->turn = next != p && sp->head ? next : sp->head;
                 return 0;
             }
             if (sp->head == NULL) return -1;
-            if (gone && p == first) { /* the walk started on it: start again where it was */
+            if (closed && p == first) { /* the walk started on it: start again where it was */
                 first = next;
                 p = next;
                 continue;
@@ -374,7 +404,23 @@ int px_sp_workers(const px_sp *sp)
     return sp ? sp->workers : 0;
 }
 
-/* "*" or an interface's name (as nanomsg took), else a literal or a name. */
+/* Where to listen: "*" (every IPv4 address, as nanomsg took it), a literal
+ * address, an interface's name (its IPv4 address), else a name to resolve
+ * ("localhost"), IPv4 first, as workers that dial it try it first. */
+static bool resolve(const char *host, const char *port, int flags, struct sockaddr_storage *ss, socklen_t *sl)
+{
+    struct addrinfo hints = { .ai_flags = AI_PASSIVE | AI_NUMERICSERV | flags, .ai_socktype = SOCK_STREAM };
+    struct addrinfo *res = NULL;
+    if (getaddrinfo(host, port, &hints, &res) != 0 || res == NULL) return false;
+    struct addrinfo *a = res;
+    while (a->ai_next && a->ai_family != AF_INET) a = a->ai_next;
+    if (a->ai_family != AF_INET) a = res;
+    memcpy(ss, a->ai_addr, a->ai_addrlen);
+    *sl = a->ai_addrlen;
+    freeaddrinfo(res);
+    return true;
+}
+
 static bool tcp_addr(const char *host, int port, struct sockaddr_storage *ss, socklen_t *sl)
 {
     memset(ss, 0, sizeof(*ss));
@@ -386,19 +432,9 @@ static bool tcp_addr(const char *host, int port, struct sockaddr_storage *ss, so
         *sl = sizeof(*in);
         return true;
     }
-    struct addrinfo hints = { .ai_flags = AI_PASSIVE | AI_NUMERICSERV, .ai_socktype = SOCK_STREAM };
-    struct addrinfo *res = NULL;
     char ps[8];
     snprintf(ps, sizeof(ps), "%d", port);
-    if (getaddrinfo(host, ps, &hints, &res) == 0 && res) {
-        struct addrinfo *a = res; /* IPv4 first, as workers dialing "localhost" try it first */
-        while (a->ai_next && a->ai_family != AF_INET) a = a->ai_next;
-        if (a->ai_family != AF_INET) a = res;
-        memcpy(ss, a->ai_addr, a->ai_addrlen);
-        *sl = a->ai_addrlen;
-        freeaddrinfo(res);
-        return true;
-    }
+    if (resolve(host, ps, AI_NUMERICHOST, ss, sl)) return true;
     struct ifaddrs *ifs = NULL;
     bool found = false;
     if (getifaddrs(&ifs) == 0) {
@@ -413,7 +449,7 @@ static bool tcp_addr(const char *host, int port, struct sockaddr_storage *ss, so
         }
         freeifaddrs(ifs);
     }
-    return found;
+    return found || resolve(host, ps, 0, ss, sl);
 }
 
 /* An ipc path taken by a socket file nobody listens on (a daemon that

@@ -1,0 +1,160 @@
+/*
+ * test_sp.c - the app socket's SP side (proxy/sp.c) on a real libev loop and
+ * real UNIX sockets, in the orders a whole daemon makes happen only by
+ * chance: a send to a worker that answered and closed before the loop read
+ * it, a loop that stalled past a peer's header deadline, accept out of
+ * descriptors.
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <ev.h>
+
+#include "sp.h"
+#include "test.h"
+
+static int replies;
+static uint32_t last_id;
+
+static void on_reply(void *arg, uint32_t id, const unsigned char *body, size_t n)
+{
+    (void)arg;
+    (void)body;
+    (void)n;
+    replies++;
+    last_id = id;
+}
+
+static void on_room(void *arg)
+{
+    (void)arg;
+}
+
+static char path[108];
+
+static px_sp *bind_here(struct ev_loop *loop, const char *name)
+{
+    char ep[128], err[128];
+    snprintf(path, sizeof(path), "/tmp/px-test-sp-%d-%s.sock", (int)getpid(), name);
+    unlink(path);
+    snprintf(ep, sizeof(ep), "ipc://%s", path);
+    return px_sp_bind(loop, ep, on_reply, on_room, NULL, err, sizeof(err));
+}
+
+static int dial(bool header)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un un = { .sun_family = AF_UNIX };
+    memcpy(un.sun_path, path, strlen(path) + 1);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&un, sizeof(un)) != 0) return -1;
+    if (header && write(fd, "\0SP\0\0\x31\0\0", 8) != 8) return -1;
+    return fd;
+}
+
+/* Turns of the loop for 's' seconds, without waiting in between. */
+static void spin(struct ev_loop *loop, double s)
+{
+    ev_tstamp end = ev_time() + s;
+    while (ev_time() < end) {
+        ev_run(loop, EVRUN_NOWAIT);
+        usleep(1000);
+    }
+}
+
+/* A worker reads its delivery, answers, and closes at once; a send to it
+ * comes before the loop reads the answer (EPIPE). The answer is handed on. */
+static void test_answer_before_close(void)
+{
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    px_sp *sp = bind_here(loop, "close");
+    int fd = dial(true);
+    spin(loop, 0.05);
+    test_cond("the worker is connected", px_sp_workers(sp) == 1);
+    test_cond("a delivery is sent", px_sp_send(sp, 0x80000001u, "d1", 2) == 0);
+    spin(loop, 0.02);
+    unsigned char buf[64];
+    ssize_t n = read(fd, buf, sizeof(buf));
+    test_cond("the worker reads our header and the frame", n == 8 + 9 + 4 + 2);
+    const unsigned char ack[] = { 1, 0, 0, 0, 0, 0, 0, 0, 7, 0x80, 0, 0, 1, 'A', 'C', 'K' };
+    test_cond("the answer is written", write(fd, ack, sizeof(ack)) == (ssize_t)sizeof(ack));
+    close(fd);
+    usleep(20000);
+    test_cond("a send to it finds it gone", px_sp_send(sp, 0x80000002u, "d2", 2) != 0);
+    spin(loop, 0.05);
+    test_cond("its answer, written before the close, is handed on", replies == 1 && last_id == 0x80000001u);
+    test_cond("then the connection is closed", px_sp_workers(sp) == 0);
+    px_sp_close(sp);
+    ev_loop_destroy(loop);
+}
+
+/* The header came in time, but the loop stalled past its second: read, not
+ * closed as a peer that sent none. */
+static void test_header_after_a_stall(void)
+{
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    px_sp *sp = bind_here(loop, "stall");
+    unsigned long long errors = px_sp_wire_errors;
+    int fd = dial(false);
+    ev_run(loop, EVRUN_NOWAIT); /* accepted: its second runs */
+    test_cond("the header is written", write(fd, "\0SP\0\0\x31\0\0", 8) == 8);
+    usleep(1100000); /* the loop is busy elsewhere */
+    ev_run(loop, EVRUN_NOWAIT);
+    test_cond("the worker is connected", px_sp_workers(sp) == 1);
+    test_cond("no wire error counted", px_sp_wire_errors == errors);
+    close(fd);
+    px_sp_close(sp);
+    ev_loop_destroy(loop);
+}
+
+static int turns;
+static void count_cb(struct ev_loop *loop, ev_check *w, int revents)
+{
+    (void)loop;
+    (void)w;
+    (void)revents;
+    turns++;
+}
+
+/* Out of descriptors, accept waits 100 ms between tries, every time. */
+static void test_accept_out_of_descriptors(void)
+{
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    px_sp *sp = bind_here(loop, "emfile");
+    int fds[4];
+    for (int i = 0; i < 4; i++) fds[i] = dial(true);
+    struct rlimit old, low;
+    getrlimit(RLIMIT_NOFILE, &old);
+    int top = dup(0); /* the lowest free descriptor: accept needs one more */
+    close(top);
+    low = old;
+    low.rlim_cur = (rlim_t)top;
+    test_cond("the limit is lowered", setrlimit(RLIMIT_NOFILE, &low) == 0);
+    ev_check chk;
+    ev_check_init(&chk, count_cb);
+    ev_check_start(loop, &chk);
+    turns = 0;
+    ev_tstamp end = ev_time() + 0.45;
+    while (ev_time() < end) ev_run(loop, EVRUN_ONCE);
+    setrlimit(RLIMIT_NOFILE, &old);
+    test_cond("a few tries, not a spin", turns > 0 && turns < 20);
+    spin(loop, 0.3);
+    test_cond("the workers connect once there are descriptors", px_sp_workers(sp) == 4);
+    ev_check_stop(loop, &chk);
+    for (int i = 0; i < 4; i++) close(fds[i]);
+    px_sp_close(sp);
+    ev_loop_destroy(loop);
+}
+
+int main(void)
+{
+    test_answer_before_close();
+    test_header_after_a_stall();
+    test_accept_out_of_descriptors();
+    return test_report();
+}

@@ -165,11 +165,11 @@ size_t px_decide_reserve(size_t max_inflight, size_t nstreams);
  * page came within PX_BATCH_QUIET_MS of the one before and its rate (got
  * entries in gap_ms) says another is due within batch_ms; so a page after a
  * quiet spell, and a trickle slower than one entry per batch_ms, are followed
- * by a read at once (and no timer wakes the loop for them). The window is not
- * longer than it takes PX_BATCH_PAGE more entries to come at that rate, in
- * whole ms (at least 1): at 5,000 entries/s 1 ms, not batch_ms 2, since a
- * page of a few entries already shares the wake-ups and a longer wait would
- * only add latency (issue 34).
+ * by a read at once (and no timer wakes the loop for them). Redis ends a
+ * window up to a millisecond late, so when a millisecond less would still
+ * gather PX_BATCH_PAGE more entries at that rate, the window is batch_ms - 1:
+ * with the default, 1 ms from about 3,000 entries/s, where a page of a few
+ * entries already shares the wake-ups (issue 34).
  */
 #define PX_BATCH_QUIET_MS 50.0
 #define PX_BATCH_PAGE     3.0

@@ -4,7 +4,7 @@
 # one count per target, and exits non-zero when a target failed.
 #
 #   tests/fuzz/run.sh [TARGET...]        fuzz (all of template event ack config
-#                                        cluster sphdr replies sentinel traceparent)
+#                                        cluster replies sentinel traceparent)
 #   tests/fuzz/run.sh merge [TARGET...]  fold what earlier runs found into the
 #                                        committed corpus, minimised (-set_cover_merge=1)
 #
@@ -23,7 +23,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
-ALL="template event ack config cluster sphdr replies sentinel traceparent"
+ALL="template event ack config cluster replies sentinel traceparent"
 
 # Bounds on every run (issue 37): an input is at most max_len bytes (per
 # target, below: several times the largest input the target's seeds need,
@@ -42,7 +42,6 @@ max_len() {
         event) echo 65536 ;;     # payloads and dotted names up to the depth limit and past it
         config) echo 16384 ;;    # a few stream blocks of YAML
         cluster|replies) echo 8192 ;;
-        sphdr) echo 1024 ;;      # control data: the daemon's buffer is 256 bytes
         *) echo 4096 ;;          # template, ack, sentinel
     esac
 }

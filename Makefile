@@ -65,7 +65,7 @@ $(B)/tests/test_entry:    $(B)/proxy/entry.o $(B)/proxy/log.o $(B)/proxy/px.o
 # The reader against a stand-in for its links and the hub (in the test).
 $(B)/tests/test_reader:   $(B)/proxy/reader.o $(B)/proxy/slots.o $(B)/proxy/addr.o $(B)/proxy/replies.o $(B)/proxy/entry.o $(B)/proxy/decide.o $(B)/proxy/hooks.o $(B)/proxy/log.o $(B)/proxy/px.o
 $(B)/tests/test_cluster:  $(LIB_OBJ)
-$(B)/tests/test_sp:       $(B)/proxy/sp.o $(B)/proxy/addr.o $(B)/proxy/log.o $(B)/proxy/px.o $(B)/proxy/hooks.o
+$(B)/tests/test_sp:       $(B)/proxy/sp.o $(B)/proxy/spframe.o $(B)/proxy/addr.o $(B)/proxy/log.o $(B)/proxy/px.o $(B)/proxy/hooks.o
 $(B)/tests/test_redis:    $(LIB_OBJ)
 $(B)/tests/test_%: tests/unit/test_%.c
 	@mkdir -p $(dir $@)

@@ -7,7 +7,8 @@
  * send each request to the next connection in turn whose last write went out
  * whole, as one frame (ipc: a type byte 01; both: a 64-bit big-endian length,
  * the 4-byte request id, the body), and hand each reply frame back with the
- * request id cut from its front.
+ * request id cut from its front. What the peer's bytes hold (its header, a
+ * frame, not yet, or a broken wire) is read by spframe.c, without I/O.
  *
  * Why not nanomsg: its I/O runs in a thread of its own. Each answer woke that
  * thread twice (the answer, and re-arming for the next) and the loop once
@@ -44,6 +45,7 @@
 #include "log.h"
 #include "px.h"
 #include "sp.h"
+#include "spframe.h"
 
 #define PX_SP_HANDSHAKE_S 1.0          /* nanomsg's own limit for the header */
 #define PX_SP_BUF         (128 * 1024) /* SO_SNDBUF and SO_RCVBUF, nanomsg's defaults */
@@ -92,6 +94,19 @@ static void pipe_free(sp_pipe *p)
     px_buf_deinit(&p->in);
     px_buf_deinit(&p->out);
     free(p);
+}
+
+/* Around a call that may close 'p' (a callback of its, a send): while it is
+ * held, pipe_close leaves it allocated for the caller to look at... */
+static void pipe_hold(sp_pipe *p)
+{
+    p->busy++;
+}
+
+/* ... and the last release frees it if it was closed meanwhile. */
+static void pipe_release(sp_pipe *p)
+{
+    if (--p->busy == 0 && p->dead) pipe_free(p);
 }
 
 static void pipe_close(sp_pipe *p, const char *why)
@@ -171,20 +186,6 @@ static void pipe_write_cb(struct ev_loop *loop, ev_io *w, int revents)
     if (pipe_flush(p) && p->open && p->out_off == p->out.len && sp->on_room) sp->on_room(sp->arg);
 }
 
-static uint64_t get_be64(const unsigned char *b)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v = v << 8 | b[i];
-    return v;
-}
-
-/* The peer's header in 'b' (8 bytes): SP's, from a REP socket? The two
- * reserved bytes are not looked at, as nanomsg does not. */
-static bool header_ok(const unsigned char *b)
-{
-    return memcmp(b, "\0SP\0", 4) == 0 && b[4] == 0x00 && b[5] == 0x31;
-}
-
 /* The frames whole in p->in, handed on; false if the connection is closed. */
 static bool pipe_frames(sp_pipe *p)
 {
@@ -192,13 +193,18 @@ static bool pipe_frames(sp_pipe *p)
     for (;;) {
         const unsigned char *b = (const unsigned char *)p->in.data + p->in_off;
         size_t have = p->in.len - p->in_off;
+        px_spf f;
+        px_spf_status st = p->open ? px_spf_frame(b, have, sp->ipc, &f) : px_spf_header(b, have, &f);
+        if (st == PX_SPF_BAD) {
+            pipe_broken(p, f.why);
+            return false;
+        }
+        if (st == PX_SPF_MORE) {
+            if (f.need) px_buf_reserve(&p->in, f.need - have); /* room for the rest of its frame */
+            return true;
+        }
+        p->in_off += f.used;
         if (!p->open) {
-            if (have < 8) return true;
-            if (!header_ok(b)) {
-                pipe_broken(p, "its header is not an SP REP socket's");
-                return false;
-            }
-            p->in_off += 8;
             p->open = true;
             ev_timer_stop(sp->loop, &p->hs_timer);
             sp->workers++;
@@ -207,32 +213,16 @@ static bool pipe_frames(sp_pipe *p)
             if (p->dead) return false;
             continue;
         }
-        size_t hl = sp->ipc ? 9 : 8;
-        if (have < hl) return true;
-        if (sp->ipc && b[0] != 0x01) {
-            pipe_broken(p, "an ipc frame whose type byte is not 01");
-            return false;
-        }
-        uint64_t size = get_be64(b + hl - 8);
-        if (size > PX_SP_RCVMAX) {
-            pipe_broken(p, "a frame over 1 MiB");
-            return false;
-        }
-        if (have - hl < size) {
-            px_buf_reserve(&p->in, (size_t)size + hl - have);
-            return true;
-        }
-        p->in_off += hl + (size_t)size;
-        if (size >= 4) {
-            const unsigned char *f = b + hl;
-            uint32_t id = (uint32_t)f[0] << 24 | (uint32_t)f[1] << 16 | (uint32_t)f[2] << 8 | f[3];
-            sp->on_reply(sp->arg, id, f + 4, (size_t)size - 4);
+        if (f.len >= 4) {
+            const unsigned char *r = b + f.off;
+            uint32_t id = (uint32_t)r[0] << 24 | (uint32_t)r[1] << 16 | (uint32_t)r[2] << 8 | r[3];
+            sp->on_reply(sp->arg, id, r + 4, f.len - 4);
             if (p->dead) return false;
         }
     }
 }
 
-/* Read what the peer sent and hand on its frames (p->busy held by the caller). */
+/* Read what the peer sent and hand on its frames (p held by the caller). */
 static void pipe_read(sp_pipe *p)
 {
     for (int i = 0; i < PX_SP_READS && !p->dead; i++) {
@@ -264,9 +254,9 @@ static void pipe_read_cb(struct ev_loop *loop, ev_io *w, int revents)
     (void)loop;
     (void)revents;
     sp_pipe *p = w->data;
-    p->busy++;
+    pipe_hold(p);
     pipe_read(p);
-    if (--p->busy == 0 && p->dead) pipe_free(p);
+    pipe_release(p);
 }
 
 /* The header's second is up. A loop that stalled that long may not have read
@@ -276,10 +266,10 @@ static void pipe_hs_cb(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop;
     (void)revents;
     sp_pipe *p = w->data;
-    p->busy++;
+    pipe_hold(p);
     pipe_read(p);
     if (!p->dead && !p->open) pipe_broken(p, "no SP header within a second");
-    if (--p->busy == 0 && p->dead) pipe_free(p);
+    pipe_release(p);
 }
 
 static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
@@ -379,10 +369,10 @@ int px_sp_send(px_sp *sp, uint32_t id, const void *body, size_t len)
         sp_pipe *next = p->next;
         bool last = next == first;
         if (p->open && !p->gone && p->out_off == p->out.len) {
-            p->busy++;
+            pipe_hold(p);
             int rc = pipe_send(p, id, body, len);
             bool closed = p->dead;
-            if (--p->busy == 0 && closed) pipe_free(p);
+            pipe_release(p);
             if (rc == 0) {
                 sp->turn = next != p && sp->head ? next : sp->head;
                 return 0;

@@ -11,9 +11,7 @@
 
 #include <ev.h>
 
-/* The largest frame a worker may send (its request id and its Ack): over it,
- * the connection is closed, as nanomsg's default NN_RCVMAXSIZE did. */
-#define PX_SP_RCVMAX (1024 * 1024)
+#include "spframe.h" /* PX_SP_RCVMAX, the largest frame a worker may send */
 
 typedef struct px_sp px_sp;
 

@@ -3,9 +3,12 @@
  * real UNIX sockets, in the orders a whole daemon makes happen only by
  * chance: a send to a worker that answered and closed before the loop read
  * it, a loop that stalled past a peer's header deadline, accept out of
- * descriptors.
+ * descriptors, replies split over many reads. And the frame limits of
+ * spframe.c, which tests/fuzz/fuzz_spframe.c fuzzes.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,14 +25,18 @@
 
 static int replies;
 static uint32_t last_id;
+static size_t last_len;
+static size_t lens[8];         /* each reply's length and the sum of its bytes, by id & 7 */
+static unsigned long sums[8];
 
 static void on_reply(void *arg, uint32_t id, const unsigned char *body, size_t n)
 {
     (void)arg;
-    (void)body;
-    (void)n;
     replies++;
     last_id = id;
+    last_len = lens[id & 7] = n;
+    sums[id & 7] = 0;
+    for (size_t i = 0; i < n; i++) sums[id & 7] += body[i];
 }
 
 static void on_room(void *arg)
@@ -113,6 +120,86 @@ static void test_header_after_a_stall(void)
     ev_loop_destroy(loop);
 }
 
+/* An ipc frame: type 01, the length, the request id, the body. */
+static size_t frame(unsigned char *out, uint32_t id, const unsigned char *body, size_t n)
+{
+    uint64_t size = n + 4;
+    out[0] = 1;
+    for (int i = 0; i < 8; i++) out[1 + i] = (unsigned char)(size >> (56 - 8 * i));
+    for (int i = 0; i < 4; i++) out[9 + i] = (unsigned char)(id >> (24 - 8 * i));
+    memcpy(out + 13, body, n);
+    return 13 + n;
+}
+
+/* A worker that writes its header and replies a byte at a time: each reply is
+ * handed on once its last byte is read, not before; then a reply larger
+ * than a read (and than the socket's buffer), with a small one right behind
+ * it in the same write, comes over many reads: both whole, in order. */
+static void test_replies_split_over_reads(void)
+{
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    px_sp *sp = bind_here(loop, "split");
+    unsigned long long errors = px_sp_wire_errors;
+    int fd = dial(false);
+    ev_run(loop, EVRUN_NOWAIT);
+    unsigned char in[64];
+    memcpy(in, "\0SP\0\0\x31\0\0", 8);
+    size_t end1 = 8 + frame(in + 8, 0x80000001u, (const unsigned char *)"ok", 2);
+    size_t end2 = end1 + frame(in + end1, 0x80000002u, (const unsigned char *)"", 0);
+    replies = 0;
+    bool in_time = true;
+    for (size_t i = 0; i < end2; i++) {
+        if (write(fd, in + i, 1) != 1) in_time = false;
+        for (int t = 0; t < 3; t++) ev_run(loop, EVRUN_NOWAIT);
+        int want = (i + 1 >= end1) + (i + 1 >= end2);
+        if (replies != want || px_sp_workers(sp) != (i + 1 >= 8)) in_time = false;
+    }
+    test_cond("a reply a byte at a time is handed on at its last byte, once", in_time);
+    test_cond("... whole", replies == 2 && last_id == 0x80000002u && last_len == 0);
+
+    size_t big = 300 * 1000, total = 2 * 13 + big + 3;
+    unsigned char *body = malloc(big), *out = malloc(total);
+    unsigned long sum = 0;
+    for (size_t i = 0; i < big; i++) sum += body[i] = (unsigned char)(i * 7);
+    size_t len = frame(out, 0x80000003u, body, big);
+    len += frame(out + len, 0x80000004u, (const unsigned char *)"end", 3);
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    for (size_t off = 0; off < len;) {
+        ssize_t n = write(fd, out + off, len - off);
+        if (n < 0 && errno != EAGAIN) break; /* closed on us: the checks below say so */
+        if (n > 0) off += (size_t)n;
+        ev_run(loop, EVRUN_NOWAIT);
+    }
+    spin(loop, 0.05);
+    test_cond("a reply over many reads is handed on whole", lens[3] == big && sums[3] == sum);
+    test_cond("... and the one behind it", replies == 4 && last_id == 0x80000004u && last_len == 3);
+    test_cond("no wire error counted, the worker still connected",
+              px_sp_wire_errors == errors && px_sp_workers(sp) == 1);
+    free(body);
+    free(out);
+    close(fd);
+    px_sp_close(sp);
+    ev_loop_destroy(loop);
+}
+
+/* The limits, on the bytes alone: the request id counts in the 1 MiB, and a
+ * length over it, or another ipc type byte, is bad before the frame's bytes
+ * come. */
+static void test_frame_limits(void)
+{
+    unsigned char b[9] = { 1, 0, 0, 0, 0, 0, 0x10, 0, 0 }; /* ipc, 1 MiB */
+    px_spf f;
+    test_cond("a frame of 1 MiB waits for its bytes",
+              px_spf_frame(b, 9, true, &f) == PX_SPF_MORE && f.need == 9 + PX_SP_RCVMAX);
+    test_cond("... so does it on tcp", px_spf_frame(b + 1, 8, false, &f) == PX_SPF_MORE && f.need == 8 + PX_SP_RCVMAX);
+    b[8] = 1;
+    test_cond("a frame of 1 MiB + 1 is bad at once", px_spf_frame(b, 9, true, &f) == PX_SPF_BAD && f.why);
+    b[6] = 0; /* 1 byte */
+    b[0] = 2;
+    test_cond("an ipc type byte 02 is bad", px_spf_frame(b, 9, true, &f) == PX_SPF_BAD && f.why);
+    test_cond("... once its 9 bytes have come", px_spf_frame(b, 8, true, &f) == PX_SPF_MORE && f.need == 0);
+}
+
 static int turns;
 static void count_cb(struct ev_loop *loop, ev_check *w, int revents)
 {
@@ -160,8 +247,11 @@ static void test_accept_out_of_descriptors(void)
 
 int main(void)
 {
+    signal(SIGPIPE, SIG_IGN); /* a write to a connection the daemon closed fails, and says so */
     test_answer_before_close();
     test_header_after_a_stall();
     test_accept_out_of_descriptors();
+    test_replies_split_over_reads();
+    test_frame_limits();
     return test_report();
 }

@@ -4,7 +4,7 @@
 # one count per target, and exits non-zero when a target failed.
 #
 #   tests/fuzz/run.sh [TARGET...]        fuzz (all of template event ack config
-#                                        cluster replies sentinel traceparent)
+#                                        cluster replies sentinel traceparent spframe)
 #   tests/fuzz/run.sh merge [TARGET...]  fold what earlier runs found into the
 #                                        committed corpus, minimised (-set_cover_merge=1)
 #
@@ -23,7 +23,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
-ALL="template event ack config cluster replies sentinel traceparent"
+ALL="template event ack config cluster replies sentinel traceparent spframe"
 
 # Bounds on every run (issue 37): an input is at most max_len bytes (per
 # target, below: several times the largest input the target's seeds need,
@@ -35,13 +35,14 @@ ALL="template event ack config cluster replies sentinel traceparent"
 # 31 levels (event.c, jscan.c), hiredis' reader at most 7 levels of arrays;
 # the RESP targets feed hiredis no aggregate declaring more than 4096
 # elements (resp.h: hiredis allocates the array from the header, which the
-# daemon caps itself, reply.h). Config, ack and the SP header have no
+# daemon caps itself, reply.h). Config, ack and the SP frames have no
 # recursion.
 max_len() {
     case $1 in
         event) echo 65536 ;;     # payloads and dotted names up to the depth limit and past it
         config) echo 16384 ;;    # a few stream blocks of YAML
         cluster|replies) echo 8192 ;;
+        spframe) echo 2048 ;;    # a header and a few frames; each input is read again split at every point
         *) echo 4096 ;;          # template, ack, sentinel
     esac
 }

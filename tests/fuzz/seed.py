@@ -15,10 +15,14 @@ names them), so running it again is harmless. What it seeds:
             parses (captured by linking it with --wrap=px_config_parse)
   traceparent  W3C traceparents: valid ones (sampled or not) and the usual
             malformations (fuzz_traceparent.c)
+  spframe   a flags byte (ipc, header done) and what a peer sends: its SP
+            header, replies back to back, split, empty, under 4 bytes, at
+            and over the 1 MiB limit, another ipc type byte (fuzz_spframe.c)
 
 After a long run, `tests/fuzz/run.sh merge` folds what the fuzzers found back
 into these directories, minimised with -merge=1.
 """
+import functools
 import hashlib
 import json
 import os
@@ -288,12 +292,38 @@ def seed_traceparent():
         put("traceparent", s)
 
 
+def seed_spframe():
+    rep, req = b"\0SP\0\0\x31\0\0", b"\0SP\0\0\x30\0\0"
+    ack = b"\x80\x00\x00\x01\x08\x01"                 # request id, Ack{status: ACK}
+
+    def frame(ipc, payload, size=None, type_byte=1):
+        n = len(payload) if size is None else size
+        return (bytes([type_byte]) if ipc else b"") + struct.pack(">Q", n) + payload
+
+    for ipc in (0, 1):
+        for open_ in (0, 2):
+            head = b"" if open_ else rep
+            f = functools.partial(frame, ipc)
+            for stream in (
+                f(ack),
+                f(ack) + f(b"\x80\x00\x00\x02\x08\x03" + ld(2, "bad input")) + f(b"") + f(b"abc"),
+                f(ack)[:5], f(ack)[:-1], f(b"\x80\x00\x00\x03" + b"x" * 200),
+                f(b"", size=1024 * 1024), f(b"", size=1024 * 1024 + 1), f(b"", size=1 << 40),
+                f(b"", size=(1 << 64) - 1), f(ack, type_byte=2), f(ack, type_byte=0), b"",
+            ):
+                put("spframe", bytes([ipc | open_]) + head + stream)
+        for bad in (req, rep[:5], b"\0SP\0\0\x10\0\0", b"\0SP\x01\0\x31\0\0", b"GET / HTTP/1.1\r\n",
+                    b"\0SP\0\0\x31\xff\xff"):      # the last: reserved bytes are not looked at
+            put("spframe", bytes([ipc]) + bad + frame(ipc, ack))
+
+
 if __name__ == "__main__":
+    seed_spframe()
     seed_traceparent()
     seed_template()
     seed_event()
     seed_ack()
     seed_config()
-    for t in ("template", "event", "ack", "config", "traceparent"):
+    for t in ("template", "event", "ack", "config", "traceparent", "spframe"):
         d = os.path.join(HERE, "corpus", t)
         print(f"{t}: {len(os.listdir(d))} files")

@@ -2,6 +2,7 @@
  * decide.c - see decide.h. No I/O, no state: every rule of the dedup
  * protocol that can be written as a function of what Redis and the app said.
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -100,6 +101,36 @@ long long px_decide_batch_wait(const px_batch_view *v)
     if (v->batch_ms >= 2 && (double)v->got * (double)(v->batch_ms - 1) >= PX_BATCH_PAGE * v->gap_ms)
         return v->batch_ms - 1;
     return v->batch_ms;
+}
+
+long long px_decide_window_ask(long long wait_ms, double redis_frac)
+{
+    if (wait_ms < 2 || redis_frac < 0) return wait_ms;
+    return redis_frac < PX_WINDOW_PHASE ? wait_ms - 1 : wait_ms;
+}
+
+void px_redis_clock_sample(px_redis_clock *c, double now_ms, double id_ms)
+{
+    double s = now_ms - id_ms;
+    if (!(s <= PX_CLOCK_SAMPLE_MAX_MS && s >= -PX_CLOCK_SAMPLE_MAX_MS)) return; /* also NaN */
+    if (c->second == 0 || now_ms - c->second >= 1000.0 || now_ms < c->second) {
+        /* a second passed (or more: then the last second saw nothing) */
+        bool next = c->second != 0 && now_ms - c->second < 2000.0 && now_ms >= c->second;
+        c->least[1] = next ? c->least[0] : 2 * PX_CLOCK_SAMPLE_MAX_MS;
+        c->least[0] = 2 * PX_CLOCK_SAMPLE_MAX_MS;
+        c->second = now_ms;
+    }
+    if (s < c->least[0]) c->least[0] = s;
+}
+
+double px_redis_clock_frac(const px_redis_clock *c, double now_ms)
+{
+    if (c->second == 0 || now_ms - c->second >= 2000.0 || now_ms < c->second) return -1; /* stale */
+    double least = c->least[0] < c->least[1] ? c->least[0] : c->least[1];
+    if (least > PX_CLOCK_SAMPLE_MAX_MS) return -1;
+    double r = now_ms - least; /* their ms, give or take the shortest way here */
+    double f = r - floor(r);
+    return f >= 0 && f < 1 ? f : 0;
 }
 
 long long px_decide_commit_wait(const px_commit_view *v)

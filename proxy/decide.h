@@ -185,6 +185,41 @@ typedef struct px_batch_view {
 long long px_decide_batch_wait(const px_batch_view *v);
 
 /*
+ * Where the window's BLPOP ends. Redis takes its timeout in whole ms: a BLPOP
+ * of n ms run when its clock reads T + f (T whole ms, 0 <= f < 1) times out at
+ * the first wake-up of its loop from T + n + 1, so it lasts n + 1 - f ms, not n.
+ * Knowing f (its clock's fraction of a ms as it runs the command), the reader
+ * asks for n - 1 while f < PX_WINDOW_PHASE, so a window of n ms lasts
+ * n +- 1/2 ms rather than n to n + 1 (issue 34: at 1,000 entries/s the p99 is
+ * an entry that waited the longest window; an A/B at 1,000/s of six rounds:
+ * p99 over the floor 2.30 -> 1.25 ms, 0.72 -> 0.74 x the guard's CPU).
+ * f < 0 (not known) or n < 2 (a BLPOP of 0 never ends): ask n.
+ */
+#define PX_WINDOW_PHASE 0.5
+long long px_decide_window_ask(long long wait_ms, double redis_frac);
+
+/*
+ * Redis's clock, seen from ours, from the entries it sends: an entry's id
+ * starts with its server's clock in ms when it was added (truncated), so
+ * (our clock as its page is read) - (its ms) is at least (its fraction of a
+ * ms) + (the way here) - (their clock - ours), and the least of many is
+ * about -(their clock - ours) + the shortest way here. The least is kept
+ * per second (this second's and the last), so a clock that drifts, or an id
+ * a producer set, is forgotten in two seconds; a sample more than
+ * PX_CLOCK_SAMPLE_MAX_MS away is not Redis's clock (an id from the past or
+ * the future) and is not taken.
+ */
+#define PX_CLOCK_SAMPLE_MAX_MS 1000.0
+typedef struct px_redis_clock {
+    double least[2]; /* this second's least sample, the last second's; > PX_CLOCK_SAMPLE_MAX_MS: none */
+    double second;   /* our ms when this second began; 0: not yet */
+} px_redis_clock;    /* zeroed: nothing known */
+
+void px_redis_clock_sample(px_redis_clock *c, double now_ms, double id_ms);
+/* Redis's clock's fraction of a ms at our 'now_ms' (0 <= f < 1), or -1: not known. */
+double px_redis_clock_frac(const px_redis_clock *c, double now_ms);
+
+/*
  * The done mark's ride (commit.c; docs/configuration.md, commit_ms): how long
  * the commits queued in a loop turn that writes no claim may wait for the next
  * page's claims, so they share one write and their replies one read (0: write

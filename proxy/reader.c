@@ -133,6 +133,7 @@ struct px_reader {
     char *window_key;                  /* the BLPOP's key: in the stream's cluster slot, never written */
     bool batching;                     /* the last live page opened the window: the next one is due soon */
     double last_page;                  /* ev_now of the last live page that brought entries; 0: none */
+    px_redis_clock clock;              /* the link's server's clock, from the ids it sends (the window's end) */
 };
 
 #define T(from, to) [R_##from][R_##to] = true
@@ -637,6 +638,17 @@ static size_t take_entries(px_stream *st, redisReply *entries, bool fresh, bool 
     return entries->elements;
 }
 
+/* The newest entry of a live page: its id's ms is its server's clock. */
+static void clock_sample(px_stream *st, const redisReply *reply, double now)
+{
+    const redisReply *sr = reply->element[reply->elements - 1];
+    if (sr->type != REDIS_REPLY_ARRAY || sr->elements != 2 || sr->element[1]->type != REDIS_REPLY_ARRAY ||
+        sr->element[1]->elements == 0)
+        return;
+    const char *id = entry_id(sr->element[1]->element[sr->element[1]->elements - 1]);
+    if (id) px_redis_clock_sample(&st->reader->clock, now * 1000.0, strtod(id, NULL));
+}
+
 static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
 {
     (void)r;
@@ -693,6 +705,7 @@ static void read_reply_cb(px_redis *r, redisReply *reply, void *priv)
                             .batch_ms = st->conf->batch_ms };
         long long wait_ms = px_decide_batch_wait(&v);
         rd->last_page = now;
+        clock_sample(st, reply, now);
         rd->batching = wait_ms > 0;
         if (wait_ms > 0 && window_in_redis(st, wait_ms)) return;
         if (wait_ms > 0) {
@@ -745,8 +758,10 @@ static bool window_in_redis(px_stream *st, long long wait_ms)
     /* One at a time: on a cluster the read may come back before its window
      * (the BLPOP sent on to another node by an ASK while the slot migrates). */
     if (rd->window_local || rd->window_out) return false;
+    /* Asked a millisecond less when that ends it nearer wait_ms (decide.h). */
+    long long ask = px_decide_window_ask(wait_ms, px_redis_clock_frac(&rd->clock, ev_time() * 1000.0));
     char secs[32];
-    snprintf(secs, sizeof(secs), "%.3f", (double)wait_ms / 1000.0);
+    snprintf(secs, sizeof(secs), "%.3f", (double)ask / 1000.0);
     const char *argv[] = { "BLPOP", rd->window_key, secs };
     size_t lens[] = { 5, strlen(rd->window_key), strlen(secs) };
     if (px_redis_argv(rd->link, st->conf->stream, wait_ms + PX_WINDOW_SLACK_MS, window_reply_cb, st, 3, argv,
@@ -975,7 +990,8 @@ static void link_state_cb(px_redis *r, bool up, void *udata)
         reader_to(st, R_DOWN);
         return;
     }
-    rd->window_local = false; /* a new connection: the window may wait in Redis again */
+    rd->window_local = false;                 /* a new connection: the window may wait in Redis again */
+    memset(&rd->clock, 0, sizeof(rd->clock)); /* perhaps to another server, with another clock */
     /* Group mode starts over (the group may be gone, our history may hold
      * entries whose replies were lost); group-less resumes from the last id. */
     reader_to(st, st->conf->group == NULL && rd->last_id[0] ? R_LIVE : R_CREATE);

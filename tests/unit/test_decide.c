@@ -1,6 +1,7 @@
 /*
  * test_decide.c - the dedup protocol's decisions (proxy/decide.c), by table.
  */
+#include <math.h>
 #include <string.h>
 
 #include "decide.h"
@@ -287,6 +288,68 @@ static void test_batch_wait(void)
         test_cond(rows[i].name, px_decide_batch_wait(&rows[i].v) == rows[i].want);
 }
 
+static void test_window_ask(void)
+{
+    /* Redis ends a BLPOP of n ms run at T + f at T + n + 1: asked n - 1 while
+     * f < PX_WINDOW_PHASE, a window of n lasts n - PX_WINDOW_PHASE .. n + 1 - PX_WINDOW_PHASE. */
+    test_cond("2 ms early in Redis's ms: ask 1 (ends in 1.9)", px_decide_window_ask(2, 0.1) == 1);
+    test_cond("2 ms at 0.49 of its ms: ask 1 (ends in 1.51)", px_decide_window_ask(2, 0.49) == 1);
+    test_cond("2 ms at 0.5 of its ms: ask 2 (ends in 2.5)", px_decide_window_ask(2, 0.5) == 2);
+    test_cond("2 ms late in its ms: ask 2 (ends in 2.1)", px_decide_window_ask(2, 0.9) == 2);
+    test_cond("2 ms, Redis's clock not known: ask 2", px_decide_window_ask(2, -1) == 2);
+    test_cond("1 ms early in its ms: ask 1 (a BLPOP of 0 never ends)", px_decide_window_ask(1, 0.1) == 1);
+    test_cond("100 ms early in its ms: ask 99", px_decide_window_ask(100, 0.2) == 99);
+    for (double f = 0; f < 1; f += 0.01) {
+        long long ask = px_decide_window_ask(2, f);
+        double lasts = (double)ask + 1 - f;
+        if (!(lasts > 2 - PX_WINDOW_PHASE - 1e-9 && lasts <= 3 - PX_WINDOW_PHASE + 1e-9)) {
+            test_cond("a window of 2 ms lasts 1.5 .. 2.5 ms at every fraction", false);
+            return;
+        }
+    }
+    test_cond("a window of 2 ms lasts 1.5 .. 2.5 ms at every fraction", true);
+}
+
+static void test_redis_clock(void)
+{
+    px_redis_clock c;
+    memset(&c, 0, sizeof(c));
+    test_cond("no sample: not known", px_redis_clock_frac(&c, 1e12) < 0);
+    /* Redis's clock 0.25 ms ahead of ours; entries reach us 0.05 ms after they
+     * are added, at every tenth of Redis's ms: the least sample is the one
+     * added at the start of its ms, and says Redis's clock is 0.2 ms ahead
+     * (the way here is not seen). */
+    const double t0 = 1700000000000.0;
+    double ahead = 0.25, now = t0;
+    for (int i = 0; i < 200; i++) {
+        double added = t0 + i + (i % 10) * 0.1; /* their clock */
+        now = added - ahead + 0.05;
+        px_redis_clock_sample(&c, now, floor(added));
+    }
+    now = floor(now) + 1;
+    double f = px_redis_clock_frac(&c, now); /* their clock reads now + 0.25 */
+    test_cond("Redis's fraction of a ms, less the way here", f >= 0.19 && f <= 0.21);
+    test_cond("an id from the future (a producer's) is not taken",
+              (px_redis_clock_sample(&c, now, now + 5000), px_redis_clock_frac(&c, now) == f));
+    test_cond("an id from the past neither",
+              (px_redis_clock_sample(&c, now, now - 5000), px_redis_clock_frac(&c, now) == f));
+    test_cond("NaN neither", (px_redis_clock_sample(&c, now, NAN), px_redis_clock_frac(&c, now) == f));
+    test_cond("two seconds without a sample: not known", px_redis_clock_frac(&c, now + 2100) < 0);
+    /* Their clock stepped: 0.85 ms ahead now. Within two seconds of samples
+     * the old least is forgotten. */
+    ahead = 0.85;
+    double t1 = floor(now) + 10;
+    for (int i = 0; i < 2200; i++) {
+        double added = t1 + i + (i % 10) * 0.1;
+        now = added - ahead + 0.05;
+        px_redis_clock_sample(&c, now, floor(added));
+    }
+    now = floor(now) + 1;
+    f = px_redis_clock_frac(&c, now);
+    test_cond("a clock that stepped is followed within two seconds", f >= 0.79 && f <= 0.81);
+    test_cond("our clock stepped back: not known", px_redis_clock_frac(&c, now - 5000) < 0);
+}
+
 static void test_commit_wait(void)
 {
     static const struct {
@@ -323,5 +386,7 @@ int main(void)
     test_attempt();
     test_done_mark();
     test_batch_wait();
+    test_window_ask();
+    test_redis_clock();
     return test_report();
 }

@@ -150,7 +150,8 @@ static void pipe_gone(sp_pipe *p, int err)
 static void pipe_broken(sp_pipe *p, const char *why)
 {
     px_sp_wire_errors++;
-    px_log_warn("app socket: closed a worker's connection: %s", why);
+    static px_log_limit limit; /* a peer that breaks it in a loop does not fill the log */
+    px_log_limited(&limit, 1.0, PX_LOG_WARN, "app socket: closed a worker's connection: %s", why);
     pipe_close(p, NULL);
 }
 

@@ -358,3 +358,47 @@ def test_replies_that_name_no_delivery_are_ignored(env, transport):
     assert acks(p, "invalid") == 0, "a reply to no delivery was counted as an invalid reply"
     assert m.get("idemproxy_protocol_errors_total") == 0, m.get("idemproxy_protocol_errors_total")
     assert workers(p) == 1, "the connection was dropped"
+
+
+# --- 8. a peer that breaks the wire in a loop ------------------------------------------
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_peer_that_breaks_the_wire_in_a_loop_does_not_fill_the_log(env, transport):
+    """300 connections, each with a wrong header, one after another: each is
+    closed and counted in idemproxy_protocol_errors_total, but the log says so
+    at most once a second (the next line counts the ones left out), and the
+    good worker beside them gets every entry."""
+    import socket
+    p = start(env, transport)
+    w = good_worker(env, p)
+    before = p.metrics().get("idemproxy_protocol_errors_total", 0)
+    lines0 = p.log_text().count("closed a worker's connection")
+
+    def break_one():
+        if transport == "tcp":
+            host, port = p.endpoint[len("tcp://"):].rsplit(":", 1)
+            s = socket.create_connection((host, int(port)))
+        else:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(p.endpoint[len("ipc://"):])
+        s.sendall(b"GARBAGE!")
+        s.recv(64)              # idemproxy's header, then the close (or a reset)
+        s.close()
+    t0 = time.monotonic()
+    for _ in range(300):
+        break_one()
+    keys = keys_of("flood", 10)
+    publish(env.r, "room", [{"eventId": k} for k in keys])
+    wait_all_to(env, p, w, keys)
+    wait_for(lambda: p.metrics().get("idemproxy_protocol_errors_total", 0) - before == 300, 10,
+             "every broken connection counted")
+    elapsed = time.monotonic() - t0
+    lines = p.log_text().count("closed a worker's connection") - lines0
+    assert 1 <= lines <= elapsed + 2, f"{lines} lines in {elapsed:.1f} s"
+    time.sleep(1.1)             # a quiet second: the next line counts what was left out
+    break_one()
+    wait_for(lambda: p.metrics().get("idemproxy_protocol_errors_total", 0) - before == 301, 10,
+             "the last broken connection counted")
+    wait_for(lambda: f"(and {301 - lines - 1} more like it since the last)" in p.log_text(), 5,
+             f"a line counting the {301 - lines - 1} left out")
+    alive(p)

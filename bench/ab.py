@@ -51,6 +51,14 @@ def main(args):
     cpu = {r: {n: [] for n, _, _ in builds} for r in rates}
     over = {r: {n: [] for n, _, _ in builds} for r in rates}
     guard = {r: [] for r in rates}
+    try:
+        run_rounds(b, builds, copies, rounds, secs, rates, cpu, over, guard)
+    finally:
+        b.close()
+    report(builds, rates, cpu, over, guard)
+
+
+def run_rounds(b, builds, copies, rounds, secs, rates, cpu, over, guard):
     for rnd in range(rounds):
         for rate in rates:
             floor = R.latency_floor(b, rate, secs)
@@ -62,6 +70,9 @@ def main(args):
             guard[rate].append(R.live_guard(b, rate)["cpu_per_1k"] * 1000)
             print(f"round {rnd} at {rate}/s: guard {guard[rate][-1]:.1f} µs/entry; "
                   + ", ".join(f"{n} {cpu[rate][n][-1]:.1f}" for n, _, _ in builds), flush=True)
+
+
+def report(builds, rates, cpu, over, guard):
     print(json.dumps({"cpu_us_per_entry": cpu, "p99_over_floor_ms": over, "guard_us_per_entry": guard}))
     for rate in rates:
         g = guard[rate]

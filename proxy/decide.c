@@ -109,28 +109,45 @@ long long px_decide_window_ask(long long wait_ms, double redis_frac)
     return redis_frac < PX_WINDOW_PHASE ? wait_ms - 1 : wait_ms;
 }
 
+static void least_add(px_least *l, double now_ms, double x)
+{
+    if (l->second == 0 || now_ms - l->second >= 1000.0 || now_ms < l->second) {
+        /* a second passed: this one's least is the last one's (more than a
+         * second, or our clock went back: none) */
+        bool next = l->second != 0 && now_ms - l->second < 2000.0 && now_ms >= l->second;
+        l->v[1] = next ? l->v[0] : NAN;
+        l->v[0] = NAN;
+        l->second = now_ms;
+    }
+    if (isnan(l->v[0]) || x < l->v[0]) l->v[0] = x;
+}
+
+/* The least of the last one to two seconds; NAN: none, or too old. */
+static double least_get(const px_least *l, double now_ms)
+{
+    if (l->second == 0 || now_ms - l->second >= 2000.0 || now_ms < l->second) return NAN;
+    return isnan(l->v[1]) || l->v[0] < l->v[1] ? l->v[0] : l->v[1];
+}
+
 void px_redis_clock_sample(px_redis_clock *c, double now_ms, double id_ms)
 {
     double s = now_ms - id_ms;
-    if (!(s <= PX_CLOCK_SAMPLE_MAX_MS && s >= -PX_CLOCK_SAMPLE_MAX_MS)) return; /* also NaN */
-    if (c->second == 0 || now_ms - c->second >= 1000.0 || now_ms < c->second) {
-        /* a second passed (or more: then the last second saw nothing) */
-        bool next = c->second != 0 && now_ms - c->second < 2000.0 && now_ms >= c->second;
-        c->least[1] = next ? c->least[0] : 2 * PX_CLOCK_SAMPLE_MAX_MS;
-        c->least[0] = 2 * PX_CLOCK_SAMPLE_MAX_MS;
-        c->second = now_ms;
-    }
-    if (s < c->least[0]) c->least[0] = s;
+    if (s <= PX_CLOCK_SAMPLE_MAX_MS && s >= -PX_CLOCK_SAMPLE_MAX_MS) least_add(&c->ids, now_ms, s); /* not NaN */
+}
+
+void px_redis_clock_window(px_redis_clock *c, double sent_ms, double now_ms, long long asked_ms)
+{
+    double way = now_ms - sent_ms - (double)asked_ms;
+    if (way >= 0 && way < 1.0) least_add(&c->way, now_ms, way); /* more says nothing more */
 }
 
 double px_redis_clock_frac(const px_redis_clock *c, double now_ms)
 {
-    if (c->second == 0 || now_ms - c->second >= 2000.0 || now_ms < c->second) return -1; /* stale */
-    double least = c->least[0] < c->least[1] ? c->least[0] : c->least[1];
-    if (least > PX_CLOCK_SAMPLE_MAX_MS) return -1;
-    double r = now_ms - least; /* their ms, give or take the shortest way here */
+    double least = least_get(&c->ids, now_ms), way = least_get(&c->way, now_ms);
+    if (isnan(least)) return -1;
+    double r = now_ms - least + (isnan(way) ? 0 : way); /* their ms as it runs there */
     double f = r - floor(r);
-    return f >= 0 && f < 1 ? f : 0;
+    return f >= 0 && f < 1 ? f : -1;
 }
 
 long long px_decide_commit_wait(const px_commit_view *v)

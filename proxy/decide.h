@@ -166,8 +166,10 @@ size_t px_decide_reserve(size_t max_inflight, size_t nstreams);
  * entries in gap_ms) says another is due within batch_ms; so a page after a
  * quiet spell, and a trickle slower than one entry per batch_ms, are followed
  * by a read at once (and no timer wakes the loop for them). Redis ends a
- * window up to a millisecond late, so when a millisecond less would still
- * gather PX_BATCH_PAGE more entries at that rate, the window is batch_ms - 1:
+ * window up to a millisecond late (half a millisecond, once it knows Redis's
+ * clock: px_decide_window_ask, which never shortens a window of 1 ms), so
+ * when a millisecond less would still gather PX_BATCH_PAGE more entries at
+ * that rate, the window is batch_ms - 1:
  * with the default, 1 ms from about 3,000 entries/s, where a page of a few
  * entries already shares the wake-ups (issue 34).
  */
@@ -190,7 +192,10 @@ long long px_decide_batch_wait(const px_batch_view *v);
  * the first wake-up of its loop from T + n + 1, so it lasts n + 1 - f ms, not n.
  * Knowing f (its clock's fraction of a ms as it runs the command), the reader
  * asks for n - 1 while f < PX_WINDOW_PHASE, so a window of n ms lasts
- * n +- 1/2 ms rather than n to n + 1 (issue 34: at 1,000 entries/s the p99 is
+ * n +- 1/2 ms rather than n to n + 1, plus the wait for Redis's next event
+ * (px_redis_clock_frac knows f to about the way to Redis and back: with an
+ * f that is wrong, the window lasts n - 1 to n + 1 ms, never longer than
+ * before) (issue 34: at 1,000 entries/s the p99 is
  * an entry that waited the longest window; an A/B at 1,000/s of six rounds:
  * p99 over the floor 2.30 -> 1.25 ms, 0.72 -> 0.74 x the guard's CPU).
  * f < 0 (not known) or n < 2 (a BLPOP of 0 never ends): ask n.
@@ -199,24 +204,40 @@ long long px_decide_batch_wait(const px_batch_view *v);
 long long px_decide_window_ask(long long wait_ms, double redis_frac);
 
 /*
- * Redis's clock, seen from ours, from the entries it sends: an entry's id
- * starts with its server's clock in ms when it was added (truncated), so
- * (our clock as its page is read) - (its ms) is at least (its fraction of a
- * ms) + (the way here) - (their clock - ours), and the least of many is
- * about -(their clock - ours) + the shortest way here. The least is kept
- * per second (this second's and the last), so a clock that drifts, or an id
- * a producer set, is forgotten in two seconds; a sample more than
- * PX_CLOCK_SAMPLE_MAX_MS away is not Redis's clock (an id from the past or
- * the future) and is not taken.
+ * Redis's clock, seen from ours, without asking it.
+ * - From the entries it sends: an entry's id starts with its server's clock
+ *   in ms when it was added (truncated), so (our clock as its page is read) -
+ *   (its ms) is (its fraction of a ms) + (the way here) - (their clock - ours),
+ *   and the least of many is about the shortest way here - (their clock -
+ *   ours). A sample more than PX_CLOCK_SAMPLE_MAX_MS away is not Redis's clock
+ *   (an id a producer set, or one read long after it was added): not taken.
+ *   An id a producer set less than that ahead is taken, and makes the estimate
+ *   wrong (the window then lasts n - 1 to n + 1 ms) until it is forgotten.
+ * - That reads Redis's clock early by the way here, and a BLPOP runs later
+ *   still, by the way there (and the rest of our loop turn). The windows
+ *   measure both: a window asked for a ms answers (reply - send) = the ways
+ *   there and back + (1 - f) + the wait for Redis's next event, whose least
+ *   over many windows is about the ways there and back.
+ * Each least is over the last one to two seconds of samples (this second's
+ * and the last; up to four when they are sparse), so a clock that drifts or
+ * steps, or a producer's id, is forgotten; a reconnect starts over.
  */
 #define PX_CLOCK_SAMPLE_MAX_MS 1000.0
+typedef struct px_least {
+    double v[2];   /* this second's least, the last second's; NAN: none */
+    double second; /* our ms when this second began; 0: no sample yet */
+} px_least;
 typedef struct px_redis_clock {
-    double least[2]; /* this second's least sample, the last second's; > PX_CLOCK_SAMPLE_MAX_MS: none */
-    double second;   /* our ms when this second began; 0: not yet */
-} px_redis_clock;    /* zeroed: nothing known */
+    px_least ids; /* our ms at a page - its newest id's ms */
+    px_least way; /* a window's answer - its send - the ms asked */
+} px_redis_clock; /* zeroed: nothing known */
 
 void px_redis_clock_sample(px_redis_clock *c, double now_ms, double id_ms);
-/* Redis's clock's fraction of a ms at our 'now_ms' (0 <= f < 1), or -1: not known. */
+/* A window asked for 'asked_ms' at our 'sent_ms' timed out in Redis; its
+ * answer came at our 'now_ms'. */
+void px_redis_clock_window(px_redis_clock *c, double sent_ms, double now_ms, long long asked_ms);
+/* Redis's clock's fraction of a ms as a command sent at our 'now_ms' runs
+ * there (0 <= f < 1), or -1: not known. */
 double px_redis_clock_frac(const px_redis_clock *c, double now_ms);
 
 /*

@@ -128,6 +128,8 @@ struct px_reader {
     unsigned wakes;                    /* PINGs sent for the window out */
     bool window_out;                   /* a BLPOP window is out ahead of the next read */
     long long window_ms;               /* its length */
+    long long window_asked;            /* the BLPOP's timeout, ms: window_ms or a ms less (px_decide_window_ask) */
+    double window_sent;                /* ev_time in ms when it was sent */
     bool window_local;                 /* Redis refused it on this link: the linger timer until it is up again */
     bool window_warned;                /* that refusal was logged */
     char *window_key;                  /* the BLPOP's key: in the stream's cluster slot, never written */
@@ -729,6 +731,8 @@ static void window_reply_cb(px_redis *r, redisReply *reply, void *priv)
     px_reader *rd = st->reader;
     rd->window_out = false;
     ev_timer_stop(st->px->loop, &rd->wake);
+    if (reply && reply->type == REDIS_REPLY_NIL && rd->wakes == 0) /* timed out in Redis, unwoken */
+        px_redis_clock_window(&rd->clock, rd->window_sent, ev_now(st->px->loop) * 1000.0, rd->window_asked);
     if (reply == NULL || reply->type != REDIS_REPLY_ERROR || px_decide_error_passes(reply->str)) return;
     rd->window_local = true;
     if (!rd->window_warned)
@@ -759,7 +763,8 @@ static bool window_in_redis(px_stream *st, long long wait_ms)
      * (the BLPOP sent on to another node by an ASK while the slot migrates). */
     if (rd->window_local || rd->window_out) return false;
     /* Asked a millisecond less when that ends it nearer wait_ms (decide.h). */
-    long long ask = px_decide_window_ask(wait_ms, px_redis_clock_frac(&rd->clock, ev_time() * 1000.0));
+    double now_ms = ev_time() * 1000.0;
+    long long ask = px_decide_window_ask(wait_ms, px_redis_clock_frac(&rd->clock, now_ms));
     char secs[32];
     snprintf(secs, sizeof(secs), "%.3f", (double)ask / 1000.0);
     const char *argv[] = { "BLPOP", rd->window_key, secs };
@@ -769,6 +774,8 @@ static bool window_in_redis(px_stream *st, long long wait_ms)
         return false;
     rd->window_out = true;
     rd->window_ms = wait_ms;
+    rd->window_asked = ask;
+    rd->window_sent = now_ms;
     rd->wakes = 0;
     ev_now_update(st->px->loop); /* the end counts from now, not from this loop turn's start */
     ev_timer_set(&rd->wake, (double)(wait_ms + PX_WINDOW_WAKE_MS) / 1000.0, (double)PX_WINDOW_WAKE_MS / 1000.0);

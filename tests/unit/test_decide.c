@@ -350,6 +350,69 @@ static void test_redis_clock(void)
     test_cond("our clock stepped back: not known", px_redis_clock_frac(&c, now - 5000) < 0);
 }
 
+/* Pages every ms for 'ms' ms from our 't', Redis's clock 'ahead' of ours, the
+ * way here 'back': one entry added at every hundredth of Redis's ms in turn.
+ * Returns our clock after the last. */
+static double pages(px_redis_clock *c, double t, int ms, double ahead, double back)
+{
+    double now = t;
+    for (int i = 0; i < ms; i++) {
+        double added = t + ahead + i + (i % 100) * 0.01; /* their clock */
+        now = added - ahead + back;
+        px_redis_clock_sample(c, now, floor(added));
+    }
+    return now;
+}
+
+static void test_redis_clock_ways(void)
+{
+    const double t0 = 1700000000000.0;
+    px_redis_clock c;
+    memset(&c, 0, sizeof(c));
+    /* Their clock 0.25 ms ahead, 0.05 ms each way: the ids alone read it
+     * 0.05 early at our end, and a command runs there 0.05 later still. */
+    double now = floor(pages(&c, t0, 500, 0.25, 0.05)) + 1;
+    double f = px_redis_clock_frac(&c, now);
+    test_cond("the ids alone: early by the ways there and back", f >= 0.19 && f <= 0.21);
+    /* Windows of 1 ms sent at every hundredth of their ms, each answered at
+     * the ms it ends in Redis (no other wait): (answer - send - 1) is 0.1 +
+     * (1 - f), least 0.11. */
+    for (int i = 0; i < 300; i++) {
+        double sent = now + i * 1.0 + (i % 100) * 0.01, runs = sent + 0.05 + 0.25; /* their clock */
+        double answered = floor(runs) + 2 - 0.25 + 0.05;
+        px_redis_clock_window(&c, sent, answered, 1);
+    }
+    now = floor(now) + 301;
+    now = floor(pages(&c, now, 10, 0.25, 0.05)) + 1;
+    f = px_redis_clock_frac(&c, now); /* it runs there at their now + 0.25 + 0.05 */
+    test_cond("with the windows: the fraction as the command runs there", f >= 0.29 && f <= 0.32);
+    double before = f;
+    px_redis_clock_window(&c, now + 0.5, now, 1); /* -1.5: our clock went back */
+    test_cond("a window answered before its time is not taken", px_redis_clock_frac(&c, now) == before);
+    memset(&c, 0, sizeof(c));
+    now = floor(pages(&c, t0, 500, 0.25, 0.05)) + 1;
+    before = px_redis_clock_frac(&c, now);
+    px_redis_clock_window(&c, now - 2.05, now, 1); /* 1.05: ended late by something else */
+    test_cond("a window a ms late or more is not taken", px_redis_clock_frac(&c, now) == before);
+
+    /* The last second's least is kept: a second of pages, then one late
+     * page opens the next second; the estimate is still the first second's. */
+    memset(&c, 0, sizeof(c));
+    now = pages(&c, t0, 500, 0.25, 0.05);
+    now = floor(now) + 600.5;
+    px_redis_clock_sample(&c, now, floor(now + 0.25 - 0.3)); /* a page that took 0.55 */
+    f = px_redis_clock_frac(&c, floor(now) + 1);
+    test_cond("the last second's least is used", f >= 0.19 && f <= 0.21);
+
+    /* Their clock fell back, from 0.85 to 0.25 ahead: the old least (the
+     * smaller) is forgotten within two and a half seconds. */
+    memset(&c, 0, sizeof(c));
+    now = pages(&c, t0, 1500, 0.85, 0.05);
+    now = pages(&c, floor(now) + 1, 2500, 0.25, 0.05);
+    f = px_redis_clock_frac(&c, floor(now) + 1);
+    test_cond("a clock that fell back is followed within 2.5 s", f >= 0.19 && f <= 0.21);
+}
+
 static void test_commit_wait(void)
 {
     static const struct {
@@ -388,5 +451,6 @@ int main(void)
     test_batch_wait();
     test_window_ask();
     test_redis_clock();
+    test_redis_clock_ways();
     return test_report();
 }

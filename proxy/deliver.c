@@ -91,6 +91,7 @@ typedef struct px_deliver {
     double lmin, lmin_next, lmin_since; /* quickest answer (s), this period's, start */
     double calm_until;                  /* no shrink before this loop time (one round trip) */
     bool blocked;                       /* a delivery waits for a worker with room */
+    ev_timer unhold;                    /* a delivery waits for room: read the held answers */
 } px_deliver;
 
 /* An answer came back 'l' seconds after its delivery went out. */
@@ -180,10 +181,16 @@ static px_entry *slot_find(px_deliver *d, uint32_t req_id)
 /* The ack timeout of one delivery. */
 static void ack_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    (void)loop;
     (void)revents;
     px_entry *e = w->data;
     px_deliver *d = e->st->px->deliver;
+    if (px_sp_held(d->sock) && !e->delivery.held_read) { /* its answer may be held: read, look again */
+        e->delivery.held_read = true;
+        ev_timer_set(w, 0., 0.);
+        ev_timer_start(loop, w);
+        px_sp_read_held(d->sock); /* may answer e: nothing of e is touched after it */
+        return;
+    }
     slot_put(d, e->delivery.req_id);
     e->st->c.ack_timeouts++;
     window_timeout(e->st->px, d);
@@ -258,6 +265,7 @@ static int send_one(px_proxy *px, px_deliver *d, px_entry *e)
     }
     e->delivery.req_id = id;
     e->delivery.sent_at = ev_now(px->loop);
+    e->delivery.held_read = false;
     e->delivery.attempt++;
     px_reader_delivering(e);
     e->delivery.deadline_ms = v.deadline_unix_ms;
@@ -309,13 +317,19 @@ void px_deliver_flush(px_proxy *px)
             continue;
         }
         if (window == 0) window = send_window(d);
-        if (d->nslots - d->nfree >= window) break; /* a reply frees room: the next flush */
+        if (d->nslots - d->nfree >= window) {                              /* a reply frees room: the next flush */
+            if (px_sp_held(d->sock)) ev_timer_start(px->loop, &d->unhold); /* one may be held */
+            break;
+        }
         if (now == 0) now = px_mono_ms();
         if (!px_claim_held(e, now)) {
             px_queue_push(&unsure, px_queue_pop(&px->send_q));
             continue;
         }
-        if (send_one(px, d, e) != PX_OK) break; /* room_cb flushes again */
+        if (send_one(px, d, e) != PX_OK) { /* room_cb flushes again */
+            if (px_sp_held(d->sock)) ev_timer_start(px->loop, &d->unhold);
+            break;
+        }
         px_queue_pop(&px->send_q);
     }
     if (unsure.n) { /* back in front, in their order */
@@ -324,6 +338,24 @@ void px_deliver_flush(px_proxy *px)
         px->send_q.head = unsure.head;
         px->send_q.n += unsure.n;
     }
+}
+
+static void unhold_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    px_proxy *px = w->data;
+    px_sp_read_held(px->deliver->sock);
+}
+
+void px_deliver_hold(px_proxy *px)
+{
+    if (px->deliver) px_sp_hold(px->deliver->sock);
+}
+
+void px_deliver_unhold(px_proxy *px)
+{
+    if (px->deliver) px_sp_unhold(px->deliver->sock);
 }
 
 static void room_cb(void *arg)
@@ -382,6 +414,8 @@ int px_deliver_init(px_proxy *px)
     d->w = PX_WINDOW_START;
     d->lmin = d->lmin_next = 1e9;
     d->lmin_since = ev_now(px->loop);
+    ev_timer_init(&d->unhold, unhold_cb, 0., 0.);
+    d->unhold.data = px;
 
     bool ipc = strncmp(c->endpoint, "ipc://", 6) == 0;
     /* The socket file is born with 'socket_mode': no window where others reach it. */
@@ -419,6 +453,7 @@ void px_deliver_deinit(px_proxy *px)
 {
     px_deliver *d = px->deliver;
     if (d == NULL) return;
+    ev_timer_stop(px->loop, &d->unhold);
     px_sp_close(d->sock);
     free(d->slots);
     free(d->gens);

@@ -127,6 +127,7 @@ struct px_entry {
         uint32_t req_id;         /* SP request id of the current delivery */
         uint64_t deadline_ms;    /* ack deadline of the current delivery */
         double sent_at;          /* loop time the current delivery went out (ack_latency) */
+        bool held_read;          /* its ack timer fired once and read the held answers first */
         uint32_t retry_after_ms; /* the worker's RETRY asked for this wait (protocol 1.1), else 0 */
     } delivery;
 

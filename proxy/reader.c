@@ -24,6 +24,7 @@
 #include "claim.h"
 #include "cluster.h"
 #include "decide.h"
+#include "deliver.h"
 #include "hooks.h"
 #include "log.h"
 #include "reader.h"
@@ -50,10 +51,11 @@
  * plus PX_WINDOW_WAKE_MS, if the BLPOP has not answered, a PING on the command
  * link wakes it, again every PX_WINDOW_WAKE_MS up to PX_WINDOW_WAKES times.
  * The BLPOP's deadline allows PX_WINDOW_SLACK_MS on top (a server at hz 1). */
-#define PX_WINDOW_WAKE_MS   1
-#define PX_WINDOW_WAKES     3
-#define PX_WINDOW_SLACK_MS  1000
-#define PX_IDLE_CONSUMER_MS 3600000LL
+#define PX_WINDOW_WAKE_MS    1
+#define PX_WINDOW_WAKES      3
+#define PX_WINDOW_SLACK_MS   1000
+#define PX_WINDOW_HOLD_RATIO 16
+#define PX_IDLE_CONSUMER_MS  3600000LL
 
 /* Consumers idle this long with nothing pending are removed; tests shorten it
  * with a hook (hooks.h) instead of waiting an hour. */
@@ -130,6 +132,7 @@ struct px_reader {
     long long window_ms;               /* its length */
     long long window_asked;            /* the BLPOP's timeout, ms: window_ms or a ms less (px_decide_window_ask) */
     double window_sent;                /* ev_time in ms when it was sent */
+    bool window_holds;                 /* the workers' answers wait for its end (px_deliver_hold) */
     bool window_local;                 /* Redis refused it on this link: the linger timer until it is up again */
     bool window_warned;                /* that refusal was logged */
     char *window_key;                  /* the BLPOP's key: in the stream's cluster slot, never written */
@@ -731,6 +734,10 @@ static void window_reply_cb(px_redis *r, redisReply *reply, void *priv)
     px_reader *rd = st->reader;
     rd->window_out = false;
     ev_timer_stop(st->px->loop, &rd->wake);
+    if (rd->window_holds) { /* the answers it held first: their done marks ride with the page behind it */
+        rd->window_holds = false;
+        px_deliver_unhold(st->px);
+    }
     if (reply && reply->type == REDIS_REPLY_NIL && rd->wakes == 0) /* timed out in Redis, unwoken */
         px_redis_clock_window(&rd->clock, rd->window_sent, ev_now(st->px->loop) * 1000.0, rd->window_asked);
     if (reply == NULL || reply->type != REDIS_REPLY_ERROR || px_decide_error_passes(reply->str)) return;
@@ -752,6 +759,18 @@ static void wake_cb(struct ev_loop *loop, ev_timer *w, int revents)
     if (!rd->window_out) return;
     const char *argv[] = { "PING" };
     px_redis_strv(st->px->redis, st->conf->stream, NULL, NULL, 1, argv);
+}
+
+/* The longest window whose end the workers' answers may wait for: no longer
+ * than any stream's commit_ms (an answer is then read and its done mark
+ * written within it, whichever stream's window held it; commit_ms 0: never),
+ * and short beside ack_timeout_ms, whose flow control times the answers. */
+static long long hold_limit_ms(const px_proxy *px)
+{
+    long long limit = px->conf->ack_timeout_ms / PX_WINDOW_HOLD_RATIO;
+    for (size_t i = 0; i < px->conf->nstreams; i++)
+        if (px->conf->streams[i].commit_ms < limit) limit = px->conf->streams[i].commit_ms;
+    return limit;
 }
 
 /* Open a window of 'wait_ms' in Redis, the next read queued behind it: its
@@ -777,6 +796,10 @@ static bool window_in_redis(px_stream *st, long long wait_ms)
     rd->window_asked = ask;
     rd->window_sent = now_ms;
     rd->wakes = 0;
+    /* The workers' answers wait for its end, in their sockets (sp.h): the
+     * page behind it wakes this process for both. */
+    rd->window_holds = wait_ms <= hold_limit_ms(st->px);
+    if (rd->window_holds) px_deliver_hold(st->px);
     ev_now_update(st->px->loop); /* the end counts from now, not from this loop turn's start */
     ev_timer_set(&rd->wake, (double)(wait_ms + PX_WINDOW_WAKE_MS) / 1000.0, (double)PX_WINDOW_WAKE_MS / 1000.0);
     ev_timer_start(st->px->loop, &rd->wake);

@@ -18,6 +18,16 @@
  * Workers see the same wire: their nanomsg, NNG or hand-written SP sockets
  * are unchanged.
  *
+ * Reads are watched in an epoll set of our own, itself watched by the loop,
+ * so a connection can leave the watch at once (libev stops watching a
+ * descriptor only after one more wake-up). That is the hold: while the
+ * reader's batch window is out (px_sp_hold), a connection sent a request
+ * leaves the set, and its worker's answer waits in the socket for the
+ * window's end, which wakes the loop anyway (px_sp_unhold reads it then).
+ * At 1,000 entries/s that is one wake-up fewer per page, about half of them
+ * (docs/performance.md). Whatever needs an answer sooner reads them first:
+ * an ack timer, a delivery waiting for room (deliver.c).
+ *
  * A peer that breaks the wire loses its connection and nothing else: a
  * header that is not SP's or not from a REP peer, one not complete within
  * PX_SP_HANDSHAKE_S, an ipc frame whose type byte is not 01 (nanomsg aborted
@@ -35,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -52,6 +63,7 @@
 #define PX_SP_READ        (64 * 1024)  /* bytes asked of each read */
 #define PX_SP_READS       16           /* reads per wake-up, so one peer cannot hold the loop */
 #define PX_SP_ACCEPT_WAIT 0.1          /* out of descriptors: try again after this */
+#define PX_SP_EVENTS      64           /* connections read per wake-up of the epoll set */
 
 unsigned long long px_sp_wire_errors;
 
@@ -61,11 +73,12 @@ typedef struct sp_pipe {
     struct sp_pipe *prev, *next; /* every connection, in turn order */
     px_sp *sp;
     int fd;
-    ev_io rw, ww;
+    ev_io ww;          /* reads are watched in sp->efd (see px_sp_hold) */
     ev_timer hs_timer; /* the header's deadline */
     bool open;         /* header done: it takes requests */
     bool dead;         /* closed; freed once no callback is on its stack */
     bool gone;         /* a send found the worker gone: nothing more is sent; read to its end */
+    bool held;         /* out of sp->efd: its replies wait for px_sp_read_held */
     int busy;          /* callbacks of this pipe on the stack */
     px_buf in;         /* bytes read, not yet a whole frame */
     size_t in_off;     /* consumed from the front of 'in' */
@@ -82,6 +95,11 @@ struct px_sp {
     ino_t ino;
     ev_io accept_w;
     ev_timer accept_wait;
+    int efd; /* an epoll set of the connections' reads, itself watched by 'ew' */
+    ev_io ew;
+    int holds;            /* px_sp_hold minus px_sp_unhold */
+    ev_prepare rearm;     /* the holds are over: held connections back in the epoll set */
+    int held;             /* connections out of efd */
     sp_pipe *head, *turn; /* the next to be sent to */
     int workers;
     px_sp_reply_cb on_reply;
@@ -114,7 +132,12 @@ static void pipe_close(sp_pipe *p, const char *why)
     if (p->dead) return;
     px_sp *sp = p->sp;
     p->dead = true;
-    ev_io_stop(sp->loop, &p->rw);
+    if (p->held) {
+        p->held = false;
+        sp->held--;
+    } else {
+        epoll_ctl(sp->efd, EPOLL_CTL_DEL, p->fd, NULL);
+    }
     ev_io_stop(sp->loop, &p->ww);
     ev_timer_stop(sp->loop, &p->hs_timer);
     close(p->fd);
@@ -250,14 +273,107 @@ static void pipe_read(sp_pipe *p)
     }
 }
 
-static void pipe_read_cb(struct ev_loop *loop, ev_io *w, int revents)
+/* Read each connection of 'b' (each held by pipe_hold: a reply handed on may
+ * close any of them, send on them, or end a hold, which reads again). */
+static void read_batch(sp_pipe **b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!b[i]->dead) pipe_read(b[i]);
+    for (size_t i = 0; i < n; i++) pipe_release(b[i]);
+}
+
+/* The connections' epoll set is readable: read the ones it names. */
+static void efd_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
     (void)loop;
     (void)revents;
-    sp_pipe *p = w->data;
-    pipe_hold(p);
-    pipe_read(p);
-    pipe_release(p);
+    px_sp *sp = w->data;
+    struct epoll_event ev[PX_SP_EVENTS];
+    sp_pipe *b[PX_SP_EVENTS];
+    int n = epoll_wait(sp->efd, ev, PX_SP_EVENTS, 0);
+    for (int i = 0; i < n; i++) {
+        b[i] = ev[i].data.ptr;
+        pipe_hold(b[i]);
+    }
+    if (n > 0) read_batch(b, (size_t)n);
+}
+
+/* Take 'p' out of the epoll set while the hold lasts: what its worker answers
+ * waits in the socket, without waking the loop, for px_sp_read_held. */
+static void pipe_hold_replies(sp_pipe *p)
+{
+    px_sp *sp = p->sp;
+    if (p->held || p->dead || p->gone || epoll_ctl(sp->efd, EPOLL_CTL_DEL, p->fd, NULL) != 0) return;
+    p->held = true;
+    sp->held++;
+}
+
+void px_sp_hold(px_sp *sp)
+{
+    if (sp) sp->holds++;
+}
+
+/* A hold ended: read what the held connections hold now. They stay out of
+ * the epoll set until the loop is about to sleep ('rearm'): by then the
+ * reader has mostly opened its next window, and they stay held, with no
+ * epoll_ctl at all while windows follow one another. */
+void px_sp_unhold(px_sp *sp)
+{
+    if (sp == NULL) return;
+    if (sp->holds > 0) sp->holds--;
+    px_sp_read_held(sp);
+}
+
+int px_sp_held(const px_sp *sp)
+{
+    return sp ? sp->held : 0;
+}
+
+/* The held connections: into 'out' (each held by pipe_hold) and still out
+ * of the epoll set, or (out NULL) back in it. */
+static size_t take_held(px_sp *sp, sp_pipe **out)
+{
+    size_t n = 0;
+    int left = sp->held;
+    sp_pipe *p = sp->head;
+    while (left > 0) {
+        sp_pipe *next = p->next;
+        if (p->held) {
+            left--;
+            if (out) {
+                pipe_hold(p);
+                out[n++] = p;
+            } else {
+                struct epoll_event ev = { .events = EPOLLIN, .data.ptr = p };
+                p->held = false;
+                sp->held--;
+                if (epoll_ctl(sp->efd, EPOLL_CTL_ADD, p->fd, &ev) != 0)
+                    pipe_close(p, strerror(errno)); /* (ENOMEM): it could never be read again */
+            }
+        }
+        p = next;
+    }
+    return n;
+}
+
+void px_sp_read_held(px_sp *sp)
+{
+    if (sp == NULL || sp->held == 0) return;
+    sp_pipe *local[PX_SP_EVENTS];
+    sp_pipe **b = sp->held <= PX_SP_EVENTS ? local : px_malloc(sizeof(*b) * (size_t)sp->held);
+    read_batch(b, take_held(sp, b));
+    if (b != local) free(b);
+    if (sp->held > 0 && sp->holds == 0) ev_prepare_start(sp->loop, &sp->rearm);
+}
+
+/* The loop is about to sleep: connections still held with no hold on go
+ * back in the epoll set (what came since is then read at once). */
+static void rearm_cb(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+    (void)revents;
+    px_sp *sp = w->data;
+    ev_prepare_stop(loop, w);
+    if (sp->holds == 0) take_held(sp, NULL);
 }
 
 /* The header's second is up. A loop that stalled that long may not have read
@@ -298,10 +414,16 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
         sp_pipe *p = px_calloc(1, sizeof(*p));
         p->sp = sp;
         p->fd = fd;
-        ev_io_init(&p->rw, pipe_read_cb, fd, EV_READ);
         ev_io_init(&p->ww, pipe_write_cb, fd, EV_WRITE);
         ev_timer_init(&p->hs_timer, pipe_hs_cb, PX_SP_HANDSHAKE_S, 0.);
-        p->rw.data = p->ww.data = p->hs_timer.data = p;
+        p->ww.data = p->hs_timer.data = p;
+        struct epoll_event ev = { .events = EPOLLIN, .data.ptr = p };
+        if (epoll_ctl(sp->efd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+            px_log_warn("app socket: a worker's connection refused: epoll_ctl: %s", strerror(errno));
+            close(fd);
+            free(p);
+            continue;
+        }
         if (sp->head == NULL) {
             sp->head = p->prev = p->next = p;
         } else { /* last in turn */
@@ -310,7 +432,6 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
             p->prev->next = p;
             sp->head->prev = p;
         }
-        ev_io_start(loop, &p->rw);
         ev_timer_start(loop, &p->hs_timer);
         px_buf_append(&p->out, sp_req_header, sizeof(sp_req_header));
         pipe_flush(p);
@@ -373,6 +494,7 @@ int px_sp_send(px_sp *sp, uint32_t id, const void *body, size_t len)
             pipe_hold(p);
             int rc = pipe_send(p, id, body, len);
             bool closed = p->dead;
+            if (rc == 0 && sp->holds > 0) pipe_hold_replies(p);
             pipe_release(p);
             if (rc == 0) {
                 sp->turn = next != p && sp->head ? next : sp->head;
@@ -466,7 +588,7 @@ px_sp *px_sp_bind(struct ev_loop *loop, const char *endpoint, px_sp_reply_cb on_
     sp->on_reply = on_reply;
     sp->on_room = on_room;
     sp->arg = arg;
-    sp->lfd = -1;
+    sp->lfd = sp->efd = -1;
     int e = 0;
     if (strncmp(endpoint, "ipc://", 6) == 0) {
         const char *path = endpoint + 6;
@@ -510,6 +632,13 @@ px_sp *px_sp_bind(struct ev_loop *loop, const char *endpoint, px_sp_reply_cb on_
         goto fail;
     }
     if (listen(sp->lfd, SOMAXCONN) != 0) goto fail_errno;
+    sp->efd = epoll_create1(EPOLL_CLOEXEC);
+    if (sp->efd < 0) goto fail_errno;
+    ev_io_init(&sp->ew, efd_cb, sp->efd, EV_READ);
+    sp->ew.data = sp;
+    ev_io_start(loop, &sp->ew);
+    ev_prepare_init(&sp->rearm, rearm_cb);
+    sp->rearm.data = sp;
     ev_io_init(&sp->accept_w, accept_cb, sp->lfd, EV_READ);
     sp->accept_w.data = sp;
     ev_timer_init(&sp->accept_wait, accept_wait_cb, PX_SP_ACCEPT_WAIT, 0.);
@@ -533,6 +662,9 @@ void px_sp_close(px_sp *sp)
     while (sp->head) pipe_close(sp->head, NULL);
     ev_io_stop(sp->loop, &sp->accept_w);
     ev_timer_stop(sp->loop, &sp->accept_wait);
+    ev_io_stop(sp->loop, &sp->ew);
+    ev_prepare_stop(sp->loop, &sp->rearm);
+    close(sp->efd);
     close(sp->lfd);
     struct stat st;
     if (sp->path && stat(sp->path, &st) == 0 && st.st_dev == sp->dev && st.st_ino == sp->ino) unlink(sp->path);

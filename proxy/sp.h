@@ -31,6 +31,17 @@ px_sp *px_sp_bind(struct ev_loop *loop, const char *endpoint, px_sp_reply_cb on_
 /* Send a request with id 'id' to the next worker in turn that has room: 0,
  * or -1 when none has (on_room says when one has again). */
 int px_sp_send(px_sp *sp, uint32_t id, const void *body, size_t len);
+/* Hold the replies (docs/performance.md): while px_sp_hold outnumbers
+ * px_sp_unhold, a connection sent a request is taken out of the loop's
+ * watch, so its worker's answer does not wake the loop; it waits in the
+ * socket until px_sp_read_held, which each px_sp_unhold calls. A hold is
+ * bounded by its caller (the batch window); NULL is ignored. */
+void px_sp_hold(px_sp *sp);
+void px_sp_unhold(px_sp *sp);
+/* Put the held connections back in the watch and read what they hold. */
+void px_sp_read_held(px_sp *sp);
+/* Connections held now. */
+int px_sp_held(const px_sp *sp);
 /* Workers connected (their handshake done). */
 int px_sp_workers(const px_sp *sp);
 /* Close every connection and the listening socket (an ipc socket file is

@@ -695,6 +695,83 @@ def test_batch_window_waits_in_redis_and_ends_on_time_on_an_idle_server(env, mod
     assert len([x for x in waited if x > 0.15]) <= 1, [round(x * 1000) for x in waited]
 
 
+def loop_iterations(p):
+    return p.metrics().get("idemproxy_loop_busy_seconds_count", 0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_answers_wait_for_the_windows_end_and_wake_the_proxy_once_per_page(env, mode):
+    """While a batch window is out, the workers' answers wait in their sockets
+    (issue 34): the page at the window's end wakes the proxy for both, one
+    wake-up a page fewer. 150 entries about 3 ms apart, linger_ms 5 (a window
+    after every page), read twice by the same proxy build: with commit_ms 5
+    (the answers may wait up to 5 ms) and with commit_ms 0 (done marks at once:
+    nothing waits), each delivered once either way. The loop turns per entry
+    (idemproxy_loop_busy_seconds_count) are fewer with the hold; before it, a
+    page cost a turn for its window's end, one for its claims and one for each
+    answer, with either setting."""
+    r = env.r
+    turns = {}
+    for name, commit in (("hold", 5), ("at once", 0)):
+        stream = "room" if name == "hold" else "room2"
+        p = env.proxy([batch_conf(mode, stream, linger_ms=5, commit_ms=commit)])
+        w = env.worker(p.endpoint)
+        wait_for(lambda: p.metrics().get("idemproxy_workers_connected") == 1, what="the worker")
+        time.sleep(0.5)                     # the reader is live
+        before = loop_iterations(p)
+        keys = [f"{name}-{i}" for i in range(150)]
+        for k in keys:
+            publish(r, stream, [{"eventId": k}])
+            time.sleep(0.003)
+        wait_for(lambda: sorted(w.keys()) == sorted(keys), what=f"{name}: each delivered")
+        wait_for(lambda: all(r.exists(f"idem:{k}") for k in keys), what=f"{name}: done marks")
+        turns[name] = (loop_iterations(p) - before) / len(keys)
+        assert p.metrics().get("idemproxy_ack_timeouts_total", 0) == 0
+        w.close()
+        p.stop()
+    print("loop turns per entry", turns)
+    assert turns["hold"] < 0.85 * turns["at once"], turns
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_ack_timer_reads_the_held_answers_before_it_times_out(env, mode):
+    """An answer held for the window's end (above) is not an ack timeout:
+    when an ack timer fires while answers are held, the proxy reads them
+    first. linger_ms 100 and commit_ms 100 (windows and holds of 100 ms, kept
+    open by a copy published every 10 ms), ack_timeout_ms 1600; five workers
+    each answer ACK 1560 ms after their delivery, so each answer waits for a
+    window's end that falls after its ack timer about three times in five.
+    Each entry is delivered once, no ack times out, each is done; without the
+    read first most of them were timed out and delivered a second time."""
+    r = env.r
+    conf = batch_conf(mode, "room", linger_ms=100, commit_ms=100)
+    p = env.proxy([conf], ack_timeout_ms=1600)
+
+    def slow(d):
+        if d.key != "filler":
+            time.sleep(1.56)
+        return (pb.Ack.ACK, "")
+
+    ws = [env.worker(p.endpoint, behave=slow) for _ in range(5)]
+    wait_for(lambda: p.metrics().get("idemproxy_workers_connected") == 5, what="the workers")
+    time.sleep(0.5)                         # the reader is live
+    publish(r, "room", [{"eventId": "filler"}])
+    wait_for(lambda: r.exists("idem:filler"), what="the filler done: the rest are copies")
+    keys = [f"u{i}" for i in range(5)]
+    t_end = time.monotonic() + 3.5
+    i = 0
+    while time.monotonic() < t_end:
+        if i % 3 == 0 and i // 3 < len(keys):
+            publish(r, "room", [{"eventId": keys[i // 3]}])
+        publish(r, "room", [{"eventId": "filler"}])
+        i += 1
+        time.sleep(0.01)
+    wait_for(lambda: all(r.exists(f"idem:{k}") for k in keys), what="each done")
+    got = [(d.key, d.attempt) for w in ws for d in w.got if d.key != "filler"]
+    assert sorted(got) == [(k, 1) for k in keys], got
+    assert p.metrics().get("idemproxy_ack_timeouts_total", 0) == 0
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_read_queued_behind_a_window_keeps_its_whole_block_time(env, mode):
     """The read queued behind the window's BLPOP starts its BLOCK (2 s) only

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "deliver.h"
 #include "reader.h"
 #include "trace.h"
 #include "step.h"
@@ -130,6 +131,20 @@ static px_stream_conf sconf;
 static px_proxy proxy;
 static px_stream stream;
 static char taken_ids[512], trimmed_ids[512];
+
+/* The windows' holds on the workers' answers (deliver.c): opened less ended. */
+static int holds;
+void px_deliver_hold(px_proxy *px)
+{
+    (void)px;
+    holds++;
+}
+
+void px_deliver_unhold(px_proxy *px)
+{
+    (void)px;
+    holds--;
+}
 
 /* px_entry_create (entry.c) made it: tracked, and on to its claim. */
 void px_proxy_read(px_entry *e)
@@ -513,15 +528,23 @@ static void test_history_cut(void)
  * it on the reader's link. Not answered by the window's end: a PING on the
  * command link wakes Redis, at most three. A refusal (NOPERM) keeps the window
  * local on that link (the next read waits for the timer, no BLPOP) until the
- * link is up again. */
+ * link is up again. While a window is out the workers' answers are held
+ * (commit_ms 5 allows it), and every way it ends (nil, no reply, an error)
+ * ends the hold. */
 static void test_window(void)
 {
     setup(16, 30000);
     sconf.linger_ms = 5;
+    sconf.commit_ms = 5;
+    config.ack_timeout_ms = 30000;
+    config.streams = &sconf;
+    config.nstreams = 1;
+    holds = 0;
     cmd *live = start_live();
     answer(live, r_page(r_arr(1, r_entry("1-1"))));
     cmd *b = pending("BLPOP", NULL);
     test_cond("a short page: the window waits in Redis", b && b->link == reader_link);
+    test_cond("... and holds the answers", holds == 1);
     test_streq("on the window key, in the stream's slot", b ? arg(b, 1) : NULL, "idemproxy:window:{s}:s");
     test_streq("for the window", b ? arg(b, 2) : NULL, "0.005");
     cmd *next = pending("XREADGROUP", NULL);
@@ -533,6 +556,7 @@ static void test_window(void)
     for (int i = from; i < ncmds; i++) pings += is(&cmds[i], "PING", NULL) && cmds[i].link == &commands;
     test_cond("past its end: Redis woken, at most three times", pings == 3);
     answer(b, r_new(REDIS_REPLY_NIL));
+    test_cond("its end ends the hold", holds == 0);
     answer(next, r_page(r_arr(1, r_entry("1-2"))));
     b = pending("BLPOP", NULL);
     next = pending("XREADGROUP", NULL);
@@ -550,6 +574,7 @@ static void test_window(void)
     reader_link->up = false;
     reader_link->state_cb(reader_link, false, reader_link->udata);
     answer(b, NULL);
+    test_cond("dropped: the hold ends", holds == 0);
     answer(next, NULL);
     from = ncmds;
     until = ev_time() + 0.03;
@@ -566,7 +591,9 @@ static void test_window(void)
     b = pending("BLPOP", NULL);
     test_cond("the next short page: a window again", b != NULL);
     next = pending("XREADGROUP", NULL);
+    test_cond("held again", holds == 1);
     answer(b, r_err("NOPERM User app has no permissions to run the 'blpop' command"));
+    test_cond("refused: the hold ends", holds == 0);
     answer(next, r_page(r_arr(1, r_entry("1-3"))));
     test_cond("refused: no BLPOP on this link", pending("BLPOP", NULL) == NULL);
     test_cond("the window waits here: no read yet", pending("XREADGROUP", NULL) == NULL);
@@ -577,7 +604,15 @@ static void test_window(void)
     reader_link->state_cb(reader_link, false, reader_link->udata);
     live = start_live();
     answer(live, r_page(r_arr(1, r_entry("1-4"))));
-    test_cond("up again: the window waits in Redis again", pending("BLPOP", NULL) != NULL);
+    b = pending("BLPOP", NULL);
+    test_cond("up again: the window waits in Redis again, held", b != NULL && holds == 1);
+    sconf.commit_ms = 2; /* shorter than the window: no answer may wait for its end */
+    answer(b, r_new(REDIS_REPLY_NIL));
+    answer(pending("XREADGROUP", NULL), r_page(r_arr(1, r_entry("1-7"))));
+    b = pending("BLPOP", NULL);
+    test_cond("a window longer than a stream's commit_ms holds nothing", b != NULL && holds == 0);
+    answer(b, r_new(REDIS_REPLY_NIL));
+    test_cond("... and its end ends none", holds == 0);
     teardown();
 }
 

@@ -757,6 +757,10 @@ static void wake_cb(struct ev_loop *loop, ev_timer *w, int revents)
     px_reader *rd = st->reader;
     if (!rd->window_out || ++rd->wakes >= PX_WINDOW_WAKES) ev_timer_stop(loop, w);
     if (!rd->window_out) return;
+    if (rd->window_holds) { /* overdue (a slow link, a paused Redis): the answers wait no longer */
+        rd->window_holds = false;
+        px_deliver_unhold(st->px);
+    }
     const char *argv[] = { "PING" };
     px_redis_strv(st->px->redis, st->conf->stream, NULL, NULL, 1, argv);
 }

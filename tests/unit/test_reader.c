@@ -555,12 +555,15 @@ static void test_window(void)
     int pings = 0;
     for (int i = from; i < ncmds; i++) pings += is(&cmds[i], "PING", NULL) && cmds[i].link == &commands;
     test_cond("past its end: Redis woken, at most three times", pings == 3);
+    test_cond("... and the hold over: answers do not wait for a late window", holds == 0);
     answer(b, r_new(REDIS_REPLY_NIL));
-    test_cond("its end ends the hold", holds == 0);
+    test_cond("its end ends no hold twice", holds == 0);
     answer(next, r_page(r_arr(1, r_entry("1-2"))));
     b = pending("BLPOP", NULL);
     next = pending("XREADGROUP", NULL);
+    test_cond("held again", holds == 1);
     answer(b, r_new(REDIS_REPLY_NIL)); /* on time: no PING follows */
+    test_cond("its end ends the hold", holds == 0);
     from = ncmds;
     until = ev_time() + 0.03;
     while (ev_time() < until) ev_run(loop, EVRUN_ONCE);

@@ -317,8 +317,9 @@ void px_deliver_flush(px_proxy *px)
             continue;
         }
         if (window == 0) window = send_window(d);
-        if (d->nslots - d->nfree >= window) {                              /* a reply frees room: the next flush */
-            if (px_sp_held(d->sock)) ev_timer_start(px->loop, &d->unhold); /* one may be held */
+        if (d->nslots - d->nfree >= window) {
+            /* A reply frees room: the next flush. One may be held: read them. */
+            if (px_sp_held(d->sock)) ev_timer_start(px->loop, &d->unhold);
             break;
         }
         if (now == 0) now = px_mono_ms();
@@ -345,7 +346,7 @@ static void unhold_cb(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop;
     (void)revents;
     px_proxy *px = w->data;
-    px_sp_read_held(px->deliver->sock);
+    px_sp_release_held(px->deliver->sock); /* not read again each turn until the window ends */
 }
 
 void px_deliver_hold(px_proxy *px)

@@ -316,7 +316,8 @@ void px_sp_hold(px_sp *sp)
 /* A hold ended: read what the held connections hold now. They stay out of
  * the epoll set until the loop is about to sleep ('rearm'): by then the
  * reader has mostly opened its next window, and they stay held, with no
- * epoll_ctl at all while windows follow one another. */
+ * epoll_ctl at all while windows follow one another. Read only, they are
+ * not polled: an answer that is not there yet is read at the next end. */
 void px_sp_unhold(px_sp *sp)
 {
     if (sp == NULL) return;
@@ -363,17 +364,24 @@ void px_sp_read_held(px_sp *sp)
     sp_pipe **b = sp->held <= PX_SP_EVENTS ? local : px_malloc(sizeof(*b) * (size_t)sp->held);
     read_batch(b, take_held(sp, b));
     if (b != local) free(b);
-    if (sp->held > 0 && sp->holds == 0) ev_prepare_start(sp->loop, &sp->rearm);
 }
 
-/* The loop is about to sleep: connections still held with no hold on go
- * back in the epoll set (what came since is then read at once). */
+void px_sp_release_held(px_sp *sp)
+{
+    if (sp == NULL || sp->held == 0) return;
+    px_sp_read_held(sp);
+    take_held(sp, NULL);
+}
+
+/* Each time the loop is about to sleep, after link.c's writes (whose failure
+ * may end a hold): connections still held with no hold on go back in the
+ * epoll set, and what came since is read at once. */
 static void rearm_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 {
+    (void)loop;
     (void)revents;
     px_sp *sp = w->data;
-    ev_prepare_stop(loop, w);
-    if (sp->holds == 0) take_held(sp, NULL);
+    if (sp->holds == 0 && sp->held > 0) take_held(sp, NULL);
 }
 
 /* The header's second is up. A loop that stalled that long may not have read
@@ -638,7 +646,9 @@ px_sp *px_sp_bind(struct ev_loop *loop, const char *endpoint, px_sp_reply_cb on_
     sp->ew.data = sp;
     ev_io_start(loop, &sp->ew);
     ev_prepare_init(&sp->rearm, rearm_cb);
+    ev_set_priority(&sp->rearm, EV_MINPRI); /* after link.c's flush_prepare_cb */
     sp->rearm.data = sp;
+    ev_prepare_start(loop, &sp->rearm);
     ev_io_init(&sp->accept_w, accept_cb, sp->lfd, EV_READ);
     sp->accept_w.data = sp;
     ev_timer_init(&sp->accept_wait, accept_wait_cb, PX_SP_ACCEPT_WAIT, 0.);

@@ -38,8 +38,11 @@ int px_sp_send(px_sp *sp, uint32_t id, const void *body, size_t len);
  * bounded by its caller (the batch window); NULL is ignored. */
 void px_sp_hold(px_sp *sp);
 void px_sp_unhold(px_sp *sp);
-/* Put the held connections back in the watch and read what they hold. */
+/* Read what the held connections hold; they stay held. */
 void px_sp_read_held(px_sp *sp);
+/* ... and put them back in the watch: the next answer wakes the loop (for
+ * a caller that waits for one, not for the hold's end). */
+void px_sp_release_held(px_sp *sp);
 /* Connections held now. */
 int px_sp_held(const px_sp *sp);
 /* Workers connected (their handshake done). */

@@ -616,6 +616,25 @@ static void test_window(void)
     test_cond("a window longer than a stream's commit_ms holds nothing", b != NULL && holds == 0);
     answer(b, r_new(REDIS_REPLY_NIL));
     test_cond("... and its end ends none", holds == 0);
+    /* Two stream blocks share the workers' connections: the smaller
+     * commit_ms decides, whichever stream's window it is. */
+    px_stream_conf two[2] = { sconf, sconf };
+    two[0].commit_ms = 5;
+    two[1].commit_ms = 0;
+    sconf.commit_ms = 5;
+    config.streams = two;
+    config.nstreams = 2;
+    answer(pending("XREADGROUP", NULL), r_page(r_arr(1, r_entry("1-8"))));
+    b = pending("BLPOP", NULL);
+    test_cond("another stream's commit_ms 0: no hold", b != NULL && holds == 0);
+    answer(b, r_new(REDIS_REPLY_NIL));
+    two[1].commit_ms = 100;
+    answer(pending("XREADGROUP", NULL), r_page(r_arr(1, r_entry("1-9"))));
+    b = pending("BLPOP", NULL);
+    test_cond("both at least the window: held", b != NULL && holds == 1);
+    answer(b, r_new(REDIS_REPLY_NIL));
+    config.streams = &sconf;
+    config.nstreams = 1;
     teardown();
 }
 
